@@ -1,0 +1,127 @@
+"""msgpack codec with validation and size limits (the only msgpack import).
+
+Documents are msgpack maps with string keys; values are None, bool, 64-bit
+ints, floats, str, bytes, lists and maps. Anything else is refused before it
+is stored, with an error naming the offending field.
+"""
+from __future__ import annotations
+
+import msgpack
+
+from raymx.errors import CorruptEntry, DocumentTooLarge, InvalidDocument
+
+_SCALARS = (type(None), bool, int, float, str, bytes)
+_I64_MIN, _U64_MAX = -(1 << 63), (1 << 64) - 1
+
+
+def pack(obj) -> bytes:
+    """Encode trusted, already validated data (entries, catalog records)."""
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(b: bytes, what: str = "record", max_bytes: int | None = None):
+    """Decode stored or received bytes; anything malformed is a CorruptEntry."""
+    if max_bytes is not None and len(b) > max_bytes:
+        raise CorruptEntry(f"{what} of {len(b)} bytes exceeds the limit of {max_bytes}")
+    try:
+        return msgpack.unpackb(b, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises several unrelated types
+        raise CorruptEntry(f"{what} is not valid msgpack: {e}") from None
+
+
+_SCALAR_SET = frozenset(_SCALARS) - {int}
+
+
+def check_value(v, path: str = "") -> None:
+    """Raise InvalidDocument naming the first field msgpack must not carry."""
+    t = type(v)
+    if t is dict:
+        for k, x in v.items():
+            if type(k) is not str:
+                raise InvalidDocument(f"field {path + '.' if path else ''}{k!r}: keys must be strings")
+            tx = type(x)
+            if tx in _SCALAR_SET or (tx is int and _I64_MIN <= x <= _U64_MAX):
+                continue  # the common flat case, without a call
+            check_value(x, f"{path}.{k}" if path else k)
+    elif t is list or t is tuple:
+        for i, x in enumerate(v):
+            check_value(x, f"{path}.{i}")
+    elif t is int:
+        if not _I64_MIN <= v <= _U64_MAX:
+            raise InvalidDocument(f"field {path or '<value>'}: integer {v} does not fit in 64 bits")
+    elif t not in _SCALARS:
+        raise InvalidDocument(
+            f"field {path or '<value>'}: type {t.__name__} cannot be stored "
+            "(allowed: None, bool, int, float, str, bytes, list, dict)")
+
+
+def pack_document(doc, max_bytes: int) -> bytes:
+    if type(doc) is not dict:
+        raise InvalidDocument(f"a document must be a dict, got {type(doc).__name__}")
+    check_value(doc)
+    for k in doc:
+        if k[:1] == "$":
+            raise InvalidDocument(f"field name {k!r} may not start with '$'")
+    b = msgpack.packb(doc, use_bin_type=True)
+    if len(b) > max_bytes:
+        raise DocumentTooLarge(f"document _id={doc.get('_id')!r:.60} is {len(b)} bytes, "
+                               f"over the limit of {max_bytes}", size=len(b), limit=max_bytes)
+    return b
+
+
+def unpack_document(b: bytes):
+    return msgpack.unpackb(b, raw=False)
+
+
+# --- building entries from already packed parts (no re-encoding) ---------
+_P = msgpack.Packer(use_bin_type=True)
+
+
+def array_header(n: int) -> bytes:
+    return _P.pack_array_header(n)
+
+
+def map_header(n: int) -> bytes:
+    return _P.pack_map_header(n)
+
+
+_K_OP, _K_NS, _K_PRE, _K_POST = (pack(k) for k in ("op", "ns", "pre", "post"))
+_OPS = {k: pack(k) for k in "iudcn"}
+
+
+def pack_image_op(kind: str, ns: str, pre: bytes | None, post: bytes | None) -> bytes:
+    """Pack an i/u/d op from documents that are already msgpack bytes."""
+    parts = [_K_OP, _OPS[kind], _K_NS, pack(ns)]
+    if pre is not None:
+        parts += (_K_PRE, pre)
+    if post is not None:
+        parts += (_K_POST, post)
+    return map_header(len(parts) // 2) + b"".join(parts)
+
+
+# --- client-port frames: 4-byte big-endian length, then one msgpack map ---
+FRAME_HEADER_BYTES = 4
+
+
+def pack_frame(obj) -> bytes:
+    b = msgpack.packb(obj, use_bin_type=True)
+    return len(b).to_bytes(4, "big") + b
+
+
+def frame_length(header: bytes, max_bytes: int) -> int:
+    n = int.from_bytes(header, "big")
+    if n == 0 or n > max_bytes:
+        from raymx.errors import ProtocolError
+        raise ProtocolError(f"frame of {n} bytes refused (limit {max_bytes})")
+    return n
+
+
+def unpack_frame(body: bytes) -> dict:
+    from raymx.errors import ProtocolError
+    try:
+        obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as e:
+        raise ProtocolError(f"frame is not valid msgpack: {e}") from None
+    if type(obj) is not dict:
+        raise ProtocolError(f"a frame must be a msgpack map, got {type(obj).__name__}")
+    return obj

@@ -1,0 +1,935 @@
+"""The document engine: collections, indexes, queries, transactions and the oplog.
+
+Key layout inside the fixed sub-databases (``raymx.storage.store.DBS``):
+
+=============  ==============================================  =====================
+sub-database   key                                             value
+=============  ==============================================  =====================
+meta           b"term", b"next_id", b"next_spill", ...         msgpack scalar
+catalog        namespace (utf-8)                               {"id", "indexes"}
+docs           collection id (4 bytes) + encode_key(_id)       msgpack document
+index          index id (4 bytes) + encode_key(v1..vn) + pk    pk (encode_key(_id))
+oplog          GTID (16 bytes, big-endian)                     entry (raymx.storage.oplog)
+oplog.refs     spill id (8 bytes) + chunk number (4 bytes)     msgpack array of ops
+unapplied      GTID                                            b""
+replInfo       b"min_unapplied", b"min_uncommitted"            GTID bytes
+range          b"range"                                        {"first", "last", ...}
+=============  ==============================================  =====================
+
+Every statement is atomic: it runs in a nested LMDB transaction (a savepoint)
+inside the caller's transaction, and its ops are logged only if it succeeds.
+The data change and the oplog entry commit in the same LMDB transaction.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from raymx import errors
+from raymx.storage import codec, oplog, query, update as upd
+from raymx.storage.gtid import GTID, ZERO
+from raymx.storage.keys import encode_key, prefix_end
+from raymx.storage.limits import DEFAULT, Limits
+
+_U32 = struct.Struct(">I")
+_BAD_DB_CHARS = set('/\\. "$*<>:|?\x00')
+RANGE_KEY = b"range"
+_ENTRY_TS = codec.map_header(3) + codec.pack("ts")
+_ENTRY_H = codec.pack("h")
+_ENTRY_OPS = codec.pack("ops")
+
+
+# --- names and ids -------------------------------------------------------
+_VALID_NS: dict[str, tuple[str, str]] = {}
+
+
+def split_ns(ns, limits: Limits = DEFAULT) -> tuple[str, str]:
+    """Validate ``"db.coll"`` and return its parts; raise InvalidName otherwise."""
+    hit = _VALID_NS.get(ns) if type(ns) is str else None
+    if hit is not None:
+        return hit
+    if type(ns) is not str or "." not in ns:
+        raise errors.InvalidName(f"namespace {ns!r} must be a string 'db.collection'")
+    db, coll = ns.split(".", 1)
+    if not db or len(db) > 64 or _BAD_DB_CHARS & set(db):
+        raise errors.InvalidName(f"invalid database name {db!r}: 1-64 characters, none of "
+                                 "/\\. \"$*<>:|? or NUL")
+    if (not coll or len(coll) > limits.name_chars_max or "$" in coll or "\x00" in coll
+            or coll.startswith((".", "system.")) or coll.endswith(".")):
+        raise errors.InvalidName(f"invalid collection name {coll!r}: 1-{limits.name_chars_max} "
+                                 "characters, no '$' or NUL, not starting with 'system.' or '.'")
+    if len(_VALID_NS) < 100_000:
+        _VALID_NS[ns] = (db, coll)
+    return db, coll
+
+
+_OID_PROC = os.urandom(5).hex()
+_oid_lock = threading.Lock()
+_oid_counter = [int.from_bytes(os.urandom(3), "big")]
+
+
+def new_id() -> str:
+    """A time-ordered 24-hex-digit id (seconds, process nonce, counter), like ObjectId."""
+    with _oid_lock:
+        _oid_counter[0] = (_oid_counter[0] + 1) & 0xFFFFFF
+        c = _oid_counter[0]
+    return f"{int(time.time()) & 0xFFFFFFFF:08x}{_OID_PROC}{c:06x}"
+
+
+def normalize_index_key(key) -> list[list]:
+    """Accept ``"a"``, ``[("a", 1), ("b", -1)]`` or ``{"a": 1}``; return ``[[path, dir]]``."""
+    if isinstance(key, str):
+        key = [(key, 1)]
+    elif isinstance(key, dict):
+        key = list(key.items())
+    if not isinstance(key, (list, tuple)) or not key:
+        raise errors.InvalidOperation(f"index key {key!r} must be a field name, a list of "
+                                      "(field, direction) pairs or a dict")
+    out = []
+    for item in key:
+        if isinstance(item, str):
+            item = (item, 1)
+        if (not isinstance(item, (list, tuple)) or len(item) != 2 or not isinstance(item[0], str)
+                or not item[0] or item[0].startswith("$") or item[1] not in (1, -1)):
+            raise errors.InvalidOperation(f"bad index key element {item!r}: "
+                                          "expected (field, 1 or -1)")
+        out.append([item[0], int(item[1])])
+    if len({p for p, _ in out}) != len(out):
+        raise errors.InvalidOperation(f"index key {key!r} repeats a field")
+    return out
+
+
+def index_name(key: list[list]) -> str:
+    return "_".join(f"{p}_{d}" for p, d in key)
+
+
+@dataclass
+class IndexInfo:
+    name: str
+    id: int
+    key: list  # [[path, dir], ...]
+    unique: bool
+
+    @property
+    def prefix(self) -> bytes:
+        return _U32.pack(self.id)
+
+    def spec(self) -> dict:
+        return {"key": self.key, "unique": self.unique}
+
+
+@dataclass
+class CollInfo:
+    ns: str
+    id: int
+    indexes: dict[str, IndexInfo] = field(default_factory=dict)
+
+    @property
+    def prefix(self) -> bytes:
+        return _U32.pack(self.id)
+
+    def record(self) -> bytes:
+        return codec.pack({"id": self.id, "indexes": {
+            n: {"id": i.id, "key": i.key, "unique": i.unique} for n, i in self.indexes.items()}})
+
+    @classmethod
+    def from_record(cls, ns: str, b: bytes) -> "CollInfo":
+        r = codec.unpack(b, "catalog record")
+        return cls(ns, r["id"], {n: IndexInfo(n, i["id"], i["key"], i["unique"])
+                                 for n, i in r["indexes"].items()})
+
+
+def _index_entry(ix: IndexInfo, doc: dict, pk: bytes) -> tuple[bytes, bytes]:
+    """(prefix that a unique index must not repeat, full key)."""
+    pre = ix.prefix
+    for p, _ in ix.key:
+        v = doc.get(p, None) if "." not in p else _none(query.get_path(doc, p))
+        pre += encode_key(v)
+    return pre, pre + pk
+
+
+def _none(v):
+    return None if v is query.MISSING else v
+
+
+# --- results -------------------------------------------------------------
+@dataclass
+class WriteResult:
+    """What a statement did. ``gtid`` is set once its transaction commits."""
+
+    inserted_ids: list = field(default_factory=list)
+    matched: int = 0
+    modified: int = 0
+    deleted: int = 0
+    upserted_id: object = None
+    gtid: GTID | None = None
+
+
+@dataclass
+class RangeRecord:
+    """The durable range of a member's oplog (after JE's VLSNIndex)."""
+
+    first: GTID | None = None
+    last: GTID | None = None
+    last_applied: GTID | None = None
+    majority: GTID | None = None
+    terms: list = field(default_factory=list)  # [[term, first seq], ...]
+
+    def pack(self) -> bytes:
+        g = lambda x: None if x is None else list(x)  # noqa: E731
+        return codec.pack({"first": g(self.first), "last": g(self.last),
+                           "last_applied": g(self.last_applied), "majority": g(self.majority),
+                           "terms": self.terms})
+
+    @classmethod
+    def unpack(cls, b: bytes) -> "RangeRecord":
+        r = codec.unpack(b, "range record")
+        g = lambda x: None if x is None else GTID(*x)  # noqa: E731
+        return cls(g(r["first"]), g(r["last"]), g(r["last_applied"]), g(r["majority"]),
+                   r["terms"])
+
+    def extend(self, gtid: GTID) -> None:
+        if self.first is None:
+            self.first = gtid
+        if not self.terms or self.terms[-1][0] != gtid.term:
+            self.terms.append([gtid.term, gtid.seq])
+        self.last = gtid
+
+
+# --- reading -------------------------------------------------------------
+class Stats:
+    """Counters a query fills in; tests use ``examined`` to see index use."""
+
+    def __init__(self):
+        self.examined = 0
+        self.plan = None
+
+
+def _range_bounds(prefix: bytes, b: query.Bounds):
+    """Key range [start, stop) for a one-field range condition on an index."""
+    lo, hi = b.low, b.high
+    tag = encode_key((lo or hi)[0])[:1]
+    start = prefix + tag
+    stop = prefix + bytes((tag[0] + 1,))
+    if lo is not None:
+        k = prefix + encode_key(lo[0])
+        start = k if lo[1] else (prefix_end(k) or stop)
+    if hi is not None:
+        k = prefix + encode_key(hi[0])
+        stop = (prefix_end(k) or stop) if hi[1] else k
+    return start, stop
+
+
+class Reader:
+    """Queries over one transaction (a read snapshot, or a write txn seeing its own writes)."""
+
+    def __init__(self, engine: "Engine", txn):
+        self.e = engine
+        self.t = txn
+
+    def coll(self, ns: str) -> CollInfo | None:
+        """The catalog entry, parsed once per record version; callers may mutate the copy."""
+        b = self.t.get("catalog", ns.encode())
+        if b is None:
+            return None
+        hit = self.e._catalog_cache.get(ns)
+        if hit is None or hit[0] != b:
+            hit = self.e._catalog_cache[ns] = (b, CollInfo.from_record(ns, b))
+        c = hit[1]
+        return CollInfo(c.ns, c.id, dict(c.indexes))
+
+    def _get_pk(self, c: CollInfo, pk: bytes):
+        b = self.t.get("docs", c.prefix + pk)
+        return None if b is None else codec.unpack_document(b)
+
+    def _candidates(self, c: CollInfo, flt, stats: Stats) -> Iterator[tuple[bytes, dict]]:
+        bounds = query.extract_bounds(flt)
+        b = bounds.get("_id")
+        if b is not None and b.points is not None:
+            stats.plan = "IDHACK"
+            for pk in sorted({encode_key(v) for v in b.points}):
+                d = self._get_pk(c, pk)
+                if d is not None:
+                    yield pk, d
+            return
+        if b is not None:
+            stats.plan = "IXSCAN _id_"
+            start, stop = _range_bounds(c.prefix, b)
+            for k, v in self.t.scan("docs", start, stop):
+                yield k[4:], codec.unpack_document(v)
+            return
+        best = None
+        for ix in c.indexes.values():
+            ib = bounds.get(ix.key[0][0])
+            if ib is None:
+                continue
+            score = (ib.points is not None, ix.unique and len(ix.key) == 1)
+            if best is None or score > best[0]:
+                best = (score, ix, ib)
+        if best is not None:
+            _, ix, ib = best
+            stats.plan = f"IXSCAN {ix.name}"
+            if ib.points is not None:
+                ranges = []
+                for v in sorted({encode_key(v) for v in ib.points}):
+                    ranges.append((ix.prefix + v, prefix_end(ix.prefix + v)))
+            else:
+                ranges = [_range_bounds(ix.prefix, ib)]
+            seen = set()
+            for start, stop in ranges:
+                for _, pk in self.t.scan("index", start, stop):
+                    if pk in seen:
+                        continue
+                    seen.add(pk)
+                    d = self._get_pk(c, pk)
+                    if d is not None:
+                        yield pk, d
+            return
+        stats.plan = "COLLSCAN"
+        for k, v in self.t.scan("docs", c.prefix, prefix_end(c.prefix)):
+            yield k[4:], codec.unpack_document(v)
+
+    def matching(self, ns: str, flt, stats: Stats | None = None) -> Iterator[tuple[bytes, dict]]:
+        """(pk, doc) of every document matching ``flt``, in plan order."""
+        stats = stats if stats is not None else Stats()
+        split_ns(ns, self.e.limits)
+        match = query.compile_filter(flt)
+        c = self.coll(ns)
+        if c is None:
+            stats.plan = "EOF"
+            return
+        for pk, d in self._candidates(c, flt, stats):
+            stats.examined += 1
+            if match(d):
+                yield pk, d
+
+    def find(self, ns: str, flt=None, projection=None, sort=None, skip: int = 0,
+             limit: int = 0, stats: Stats | None = None) -> Iterator[dict]:
+        if not isinstance(skip, int) or skip < 0 or not isinstance(limit, int) or limit < 0:
+            raise errors.InvalidFilter("skip and limit must be non-negative integers")
+        if projection is not None:
+            query.project({}, projection)  # validate before doing any work
+        keyf = query.sort_key(sort) if sort else None
+        docs: Iterator[dict] = (d for _, d in self.matching(ns, flt, stats))
+        if keyf is not None:
+            docs = iter(sorted(docs, key=keyf))
+        n = 0
+        for i, d in enumerate(docs):
+            if i < skip:
+                continue
+            yield d if projection is None else query.project(d, projection)
+            n += 1
+            if limit and n >= limit:
+                return
+
+    def count(self, ns: str, flt=None) -> int:
+        return sum(1 for _ in self.matching(ns, flt))
+
+    def list_collections(self) -> list[str]:
+        return [k.decode() for k, _ in self.t.scan("catalog")]
+
+
+# --- writing -------------------------------------------------------------
+class Transaction(Reader):
+    """One LMDB write transaction and the oplog entry it will commit.
+
+    ``log=False`` applies ops without logging them (a secondary applying
+    entries its producer already wrote, or a rollback undoing entries it is
+    about to truncate).
+    """
+
+    def __init__(self, engine: "Engine", txn, log: bool = True, autocommit: bool = False):
+        super().__init__(engine, txn)
+        self._log_on = log
+        self._autocommit = autocommit  # one statement: no savepoint needed
+        self._buf: list[bytes] = []
+        self._buf_bytes = 0
+        self._bytes = 0
+        self._nops = 0
+        self._digest = oplog.OpsDigest()
+        self._spill: int | None = None
+        self._chunks = 0
+        self._done = False
+
+    # statements run here, atomically
+    def statement(self, fn: Callable, *a, **kw):
+        if self._done:
+            raise errors.TransactionAborted("the transaction has already finished")
+        if self._autocommit:
+            return fn(*a, **kw)
+        sp = (list(self._buf), self._buf_bytes, self._bytes, self._nops,
+              self._digest.copy(), self._spill, self._chunks)
+        parent = self.t
+        self.t = parent.nested()
+        try:
+            out = fn(*a, **kw)
+            self.t.commit()
+            return out
+        except BaseException:
+            self.t.abort()
+            (self._buf, self._buf_bytes, self._bytes, self._nops, self._digest,
+             self._spill, self._chunks) = sp
+            raise
+        finally:
+            self.t = parent
+
+    def _log(self, packed: bytes) -> None:
+        self._log_many((packed,))
+
+    def _log_many(self, ops) -> None:
+        if not self._log_on:
+            return
+        spill = self.e.limits.spill_bytes
+        for packed in ops:
+            self._bytes += len(packed)
+            self._digest.add(packed)
+            self._buf.append(packed)
+            self._buf_bytes += len(packed)
+            self._nops += 1
+            if self._buf_bytes >= spill:
+                self._flush_spill()
+        if self._bytes > self.e.limits.transaction_bytes_max:
+            raise errors.TransactionTooLarge(
+                f"transaction ops exceed {self.e.limits.transaction_bytes_max} bytes",
+                limit=self.e.limits.transaction_bytes_max)
+
+    def _flush_spill(self) -> None:
+        if not self._buf:
+            return
+        if self._spill is None:
+            self._spill = self.e._next_counter(self.t, b"next_spill")
+        self.t.put("oplog.refs", oplog.spill_key(self._spill, self._chunks),
+                   codec.array_header(len(self._buf)) + b"".join(self._buf))
+        self._chunks += 1
+        self._buf, self._buf_bytes = [], 0
+
+    # catalog
+    def _coll_for_write(self, ns: str, create: bool = True) -> CollInfo | None:
+        split_ns(ns, self.e.limits)
+        c = self.coll(ns)
+        if c is None and create:
+            c = CollInfo(ns, self.e._next_counter(self.t, b"next_id"))
+            self._save_coll(c)
+            self._log(codec.pack({"op": "c", "ns": ns, "cmd": "create"}))
+        return c
+
+    def _save_coll(self, c: CollInfo) -> None:
+        self.t.put("catalog", c.ns.encode(), c.record())
+
+    # document writes with index maintenance; the primary and the applier share them
+    def _unindex(self, c: CollInfo, pk: bytes, doc: dict) -> None:
+        for ix in c.indexes.values():
+            self.t.delete("index", _index_entry(ix, doc, pk)[1])
+
+    def _index(self, c: CollInfo, pk: bytes, doc: dict, check_unique: bool) -> None:
+        for ix in c.indexes.values():
+            pre, key = _index_entry(ix, doc, pk)
+            if ix.unique and check_unique:
+                for k, other in self.t.scan("index", pre, prefix_end(pre)):
+                    if other != pk:
+                        vals = {p: _none(query.get_path(doc, p)) for p, _ in ix.key}
+                        raise errors.DuplicateKey(
+                            f"duplicate key in unique index {ix.name} of {c.ns}: {vals!r:.200}",
+                            ns=c.ns, index=ix.name)
+            self.t.put("index", key, pk)
+
+    def _write_doc(self, c: CollInfo, pk: bytes, old: dict | None, new: dict, new_b: bytes,
+                   check_unique: bool) -> None:
+        if old is not None:
+            self._unindex(c, pk, old)
+        self.t.put("docs", c.prefix + pk, new_b)
+        self._index(c, pk, new, check_unique)
+
+    def _delete_doc(self, c: CollInfo, pk: bytes, old: dict) -> None:
+        self._unindex(c, pk, old)
+        self.t.delete("docs", c.prefix + pk)
+
+    # public statements
+    def insert(self, ns: str, docs: list[dict]) -> WriteResult:
+        return self.statement(self._insert, ns, docs)
+
+    def _insert(self, ns, docs):
+        if not isinstance(docs, (list, tuple)):
+            raise errors.InvalidDocument("insert needs a list of documents")
+        c = self._coll_for_write(ns)
+        res = WriteResult()
+        lim = self.e.limits.document_bytes_max
+        put, cprefix, indexed = self.t.put, c.prefix, bool(c.indexes)
+        ops = []
+        for doc in docs:
+            if type(doc) is not dict:
+                raise errors.InvalidDocument(f"a document must be a dict, got {type(doc).__name__}")
+            if "_id" not in doc:
+                doc = {"_id": new_id(), **doc}
+            b = codec.pack_document(doc, lim)
+            pk = _pk(doc["_id"])
+            # overwrite=False: the put itself is the duplicate check, no extra lookup
+            if not put("docs", cprefix + pk, b, overwrite=False):
+                raise errors.DuplicateKey(f"duplicate _id {doc['_id']!r:.100} in {ns}",
+                                          ns=ns, index="_id_")
+            if indexed:
+                self._index(c, pk, doc, True)
+            ops.append(codec.pack_image_op("i", ns, None, b))
+            res.inserted_ids.append(doc["_id"])
+        self._log_many(ops)
+        return res
+
+    def update(self, ns: str, flt, update, multi: bool = False, upsert: bool = False,
+               replace: bool = False) -> WriteResult:
+        return self.statement(self._update, ns, flt, update, multi, upsert, replace)
+
+    def _update(self, ns, flt, update, multi, upsert, replace):
+        if type(update) is not dict:
+            raise errors.InvalidUpdate("an update must be a dict")
+        if replace and upd.is_operator_update(update):
+            raise errors.InvalidUpdate("a replacement document cannot contain $ operators")
+        if not replace and not upd.is_operator_update(update):
+            raise errors.InvalidUpdate("update_one/update_many need $ operators "
+                                       "(use replace_one to replace a document)")
+        lim = self.e.limits.document_bytes_max
+        res = WriteResult()
+        hits = list(self.matching(ns, flt))
+        if not multi:
+            hits = hits[:1]
+        c = self.coll(ns)
+        for pk, old in hits:
+            res.matched += 1
+            new = upd.apply_update(old, update)
+            old_b = codec.pack(old)
+            new_b = codec.pack_document(new, lim)
+            if new_b == old_b:
+                continue
+            self._write_doc(c, pk, old, new, new_b, True)
+            self._log(codec.pack_image_op("u", ns, old_b, new_b))
+            res.modified += 1
+        if not hits and upsert:
+            seed = upd.upsert_seed(flt if flt is not None else {})
+            doc = upd.apply_update(seed, update)
+            if "_id" not in doc:
+                doc = {"_id": seed.get("_id", new_id()), **doc}
+            res.upserted_id = doc["_id"]
+            self._insert(ns, [doc])
+        return res
+
+    def delete(self, ns: str, flt, multi: bool = False) -> WriteResult:
+        return self.statement(self._delete, ns, flt, multi)
+
+    def _delete(self, ns, flt, multi):
+        res = WriteResult()
+        hits = list(self.matching(ns, flt))
+        if not multi:
+            hits = hits[:1]
+        c = self.coll(ns)
+        for pk, old in hits:
+            self._delete_doc(c, pk, old)
+            self._log(codec.pack_image_op("d", ns, codec.pack(old), None))
+            res.deleted += 1
+        return res
+
+    def create_collection(self, ns: str) -> bool:
+        def run():
+            if self.coll(ns) is not None:
+                return False
+            self._coll_for_write(ns)
+            return True
+        return self.statement(run)
+
+    def drop_collection(self, ns: str) -> bool:
+        def run():
+            split_ns(ns, self.e.limits)
+            c = self.coll(ns)
+            if c is None:
+                return False
+            self._drop(c)
+            self._log(codec.pack({"op": "c", "ns": ns, "cmd": "drop", "irreversible": True}))
+            return True
+        return self.statement(run)
+
+    def _drop(self, c: CollInfo) -> None:
+        _delete_range(self.t, "docs", c.prefix)
+        for ix in c.indexes.values():
+            _delete_range(self.t, "index", ix.prefix)
+        self.t.delete("catalog", c.ns.encode())
+
+    def create_index(self, ns: str, key, unique: bool = False, name: str | None = None) -> str:
+        return self.statement(self._create_index, ns, key, unique, name, True)
+
+    def _create_index(self, ns, key, unique, name, check_unique):
+        key = normalize_index_key(key)
+        name = name or index_name(key)
+        if not isinstance(name, str) or not name or name == "_id_" or "\x00" in name:
+            raise errors.InvalidName(f"invalid index name {name!r}")
+        if key == [["_id", 1]]:
+            return "_id_"
+        c = self._coll_for_write(ns)
+        old = c.indexes.get(name)
+        if old is not None:
+            if old.key == key and old.unique == bool(unique):
+                return name
+            raise errors.InvalidOperation(f"index {name} already exists on {ns} with "
+                                          f"a different spec {old.spec()}")
+        ix = IndexInfo(name, self.e._next_counter(self.t, b"next_id"), key, bool(unique))
+        for k, v in self.t.scan("docs", c.prefix, prefix_end(c.prefix)):
+            # build one index at a time: _index checks uniqueness within it
+            only = CollInfo(ns, c.id, {name: ix})
+            self._index(only, k[4:], codec.unpack_document(v), check_unique)
+        c.indexes[name] = ix
+        self._save_coll(c)
+        self._log(codec.pack({"op": "c", "ns": ns, "cmd": "createIndex", "name": name,
+                              "spec": ix.spec()}))
+        return name
+
+    def drop_index(self, ns: str, name: str) -> None:
+        def run():
+            split_ns(ns, self.e.limits)
+            c = self.coll(ns)
+            if name == "_id_":
+                raise errors.InvalidOperation("the _id_ index cannot be dropped")
+            if c is None or name not in c.indexes:
+                raise errors.IndexNotFound(f"index {name!r} not found on {ns}", ns=ns)
+            ix = c.indexes.pop(name)
+            _delete_range(self.t, "index", ix.prefix)
+            self._save_coll(c)
+            self._log(codec.pack({"op": "c", "ns": ns, "cmd": "dropIndex", "name": name,
+                                  "spec": ix.spec()}))
+        return self.statement(run)
+
+    # applying logged ops (secondaries, rollback, revert): no uniqueness checks,
+    # the primary has already decided; images make it idempotent per document
+    def apply_op(self, op: dict) -> None:
+        kind = op["op"]
+        if kind == "n":
+            return
+        ns = op["ns"]
+        if kind == "c":
+            cmd = op["cmd"]
+            c = self.coll(ns)
+            if cmd == "create":
+                self._coll_for_write(ns)
+            elif cmd == "drop":
+                if c is not None:
+                    self._drop(c)
+            elif cmd == "createIndex":
+                self._create_index(ns, op["spec"]["key"], op["spec"]["unique"], op["name"], False)
+            elif cmd == "dropIndex":
+                if c is not None and op["name"] in c.indexes:
+                    ix = c.indexes.pop(op["name"])
+                    _delete_range(self.t, "index", ix.prefix)
+                    self._save_coll(c)
+            if self._log_on and cmd in ("drop", "dropIndex"):
+                self._log(codec.pack(op))
+            return
+        c = self._coll_for_write(ns)
+        if kind == "d":
+            pk = _pk(op["pre"]["_id"])
+            cur = self._get_pk(c, pk)
+            if cur is not None:
+                self._delete_doc(c, pk, cur)
+            self._log(codec.pack(op))
+            return
+        post = op["post"]
+        pk = _pk(post["_id"])
+        self._write_doc(c, pk, self._get_pk(c, pk), post, codec.pack(post), False)
+        self._log(codec.pack(op))
+
+    def undo_ops(self, ops: list[dict]) -> None:
+        """Undo ``ops`` (one entry's, in their logged order) newest first."""
+        inv = [oplog.invert(op) for op in reversed(ops)]  # raises before writing anything
+        for op in inv:
+            self.apply_op(op)
+
+    # finishing
+    @property
+    def nops(self) -> int:
+        return self._nops
+
+    def commit(self, gtid: GTID | None = None, ts_ms: int | None = None) -> GTID | None:
+        """Write the oplog entry and commit. Returns its GTID (None if nothing changed).
+
+        Without ``gtid`` the engine takes the next one under its durable term
+        (the writer lock serialises commits, so that is dense and ordered).
+        """
+        if self._done:
+            raise errors.TransactionAborted("the transaction has already finished")
+        self._done = True
+        if not self._log_on or self._nops == 0:
+            self.t.commit()
+            return None
+        try:
+            gtid, h = self.e._append(self.t, gtid, ts_ms, self)
+            self.t.commit()
+        except BaseException:
+            self.t.abort()
+            raise
+        self.e._committed(gtid, h)
+        return gtid
+
+    def abort(self) -> None:
+        if not self._done:
+            self._done = True
+            self.t.abort()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, e, tb):
+        if et is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def _pk(_id) -> bytes:
+    if type(_id) in (dict, list) and _contains_op(_id):
+        raise errors.InvalidDocument(f"_id {_id!r:.60} may not contain $ fields")
+    return encode_key(_id)
+
+
+def _contains_op(v) -> bool:
+    if isinstance(v, dict):
+        return any(k.startswith("$") or _contains_op(x) for k, x in v.items())
+    if isinstance(v, list):
+        return any(_contains_op(x) for x in v)
+    return False
+
+
+def _delete_range(t, db: str, prefix: bytes) -> None:
+    for k in [k for k, _ in t.scan(db, prefix, prefix_end(prefix))]:
+        t.delete(db, k)
+
+
+# --- the engine ----------------------------------------------------------
+class Engine:
+    """Collections and the oplog over one store.
+
+    Writers take turns (the store's writer lock); readers run on snapshots.
+    """
+
+    def __init__(self, store, limits: Limits = DEFAULT,
+                 now_ms: Callable[[], int] | None = None):
+        self.store = store
+        self.limits = limits
+        self._now_ms = now_ms or (lambda: int(time.time() * 1000))
+        self._tail: tuple[GTID, int] | None = None  # (last GTID, its hash), a cache
+        self._catalog_cache: dict[str, tuple[bytes, CollInfo]] = {}
+        with store.write() as t:
+            if t.get("meta", b"format") is None:
+                t.put("meta", b"format", codec.pack(1))
+                t.put("meta", b"term", codec.pack(0))
+
+    # meta
+    def _next_counter(self, t, key: bytes) -> int:
+        b = t.get("meta", key)
+        n = 1 if b is None else codec.unpack(b) + 1
+        t.put("meta", key, codec.pack(n))
+        return n
+
+    @property
+    def term(self) -> int:
+        with self.store.read() as t:
+            return codec.unpack(t.get("meta", b"term"))
+
+    def set_term(self, term: int, sync: bool = True) -> None:
+        """Record a term durably; terms never go down."""
+        with self.store.write() as t:
+            cur = codec.unpack(t.get("meta", b"term"))
+            if term < cur:
+                raise errors.StaleTerm(f"term {term} is below the durable term {cur}")
+            t.put("meta", b"term", codec.pack(term))
+        if sync:
+            self.store.sync()
+
+    def get_meta(self, key: str, default=None):
+        with self.store.read() as t:
+            b = t.get("meta", key.encode())
+            return default if b is None else codec.unpack(b)
+
+    def put_meta(self, key: str, value) -> None:
+        with self.store.write() as t:
+            t.put("meta", key.encode(), codec.pack(value))
+
+    # transactions
+    def begin(self, log: bool = True, autocommit: bool = False) -> Transaction:
+        return Transaction(self, self.store.write(), log=log, autocommit=autocommit)
+
+    def reader(self) -> Reader:
+        return Reader(self, self.store.read())
+
+    def sync(self) -> None:
+        self.store.sync()
+
+    # oplog append: called with the writer held
+    def _tail_of(self, t) -> tuple[GTID, int]:
+        last = t.last("oplog")
+        if last is None:
+            return ZERO, 0
+        g = GTID.from_bytes(last[0])
+        if self._tail is not None and self._tail[0] == g:
+            return self._tail
+        # another process appended (a producer), or a rollback truncated: reload
+        e = codec.unpack(last[1], "oplog entry")
+        return g, e["h"]
+
+    def _append(self, t, gtid: GTID | None, ts_ms: int | None, tx: Transaction):
+        last, prev_h = self._tail_of(t)
+        if gtid is None:
+            term = codec.unpack(t.get("meta", b"term"))
+            gtid = GTID(max(term, last.term), last.seq + 1)
+        if not (gtid > last and gtid.seq == last.seq + 1):
+            raise AssertionError(f"GTID {gtid} does not follow the oplog's last {last}")
+        h = oplog.chain_hash(prev_h, gtid, tx._digest.digest())
+        ts = self._now_ms() if ts_ms is None else ts_ms
+        if tx._spill is not None:
+            tx._flush_spill()
+            entry = {"ts": ts, "h": h, "ref": tx._spill, "chunks": tx._chunks}
+            value = codec.pack(entry)
+        else:
+            value = (_ENTRY_TS + codec.pack(ts) + _ENTRY_H + codec.pack(h) + _ENTRY_OPS
+                     + codec.array_header(len(tx._buf)) + b"".join(tx._buf))
+        t.put("oplog", gtid.to_bytes(), value)
+        if gtid.term != last.term or last.seq == 0:
+            # The range record is written only when something the oplog's ends
+            # cannot tell changes (a term boundary); first and last are read
+            # from the oplog itself, as JE rebuilds its VLSN range at start-up.
+            self._update_range(t, lambda r: r.extend(gtid))
+        return gtid, h
+
+    def _committed(self, gtid: GTID, h: int) -> None:
+        self._tail = (gtid, h)
+
+    def write_noop(self, gtid: GTID | None = None, ts_ms: int | None = None) -> GTID:
+        """Write an ``n`` entry: a GTID taken by a transaction that then failed."""
+        tx = self.begin(autocommit=True)
+        tx._log(codec.pack({"op": "n"}))
+        return tx.commit(gtid, ts_ms)
+
+    # range record
+    def _update_range(self, t, fn) -> RangeRecord:
+        b = t.get("range", RANGE_KEY)
+        r = RangeRecord() if b is None else RangeRecord.unpack(b)
+        fn(r)
+        t.put("range", RANGE_KEY, r.pack())
+        return r
+
+    def range(self) -> RangeRecord:
+        """The range record, with first/last/last_applied read from the oplog's ends."""
+        with self.store.read() as t:
+            b = t.get("range", RANGE_KEY)
+            r = RangeRecord() if b is None else RangeRecord.unpack(b)
+            first, last = t.first("oplog"), t.last("oplog")
+            r.first = None if first is None else GTID.from_bytes(first[0])
+            r.last = None if last is None else GTID.from_bytes(last[0])
+            mu = t.first("unapplied")
+            if mu is None:
+                r.last_applied = r.last
+            else:
+                prev = next(iter(t.scan("oplog", None, mu[0], reverse=True)), None)
+                r.last_applied = None if prev is None else GTID.from_bytes(prev[0])
+            return r
+
+    def last(self) -> tuple[GTID, int]:
+        with self.store.read() as t:
+            return self._tail_of(t)
+
+    # reading the oplog
+    def entry_ops(self, t, entry: dict) -> list[dict]:
+        if "ops" in entry:
+            return entry["ops"]
+        ops = []
+        for i in range(entry["chunks"]):
+            b = t.get("oplog.refs", oplog.spill_key(entry["ref"], i))
+            if b is None:
+                raise errors.CorruptEntry(f"spilled chunk {i} of ref {entry['ref']} is missing")
+            ops.extend(codec.unpack(b, "spilled ops"))
+        return ops
+
+    def read_oplog(self, after: GTID | None = None, limit: int | None = None
+                   ) -> Iterator[tuple[GTID, dict]]:
+        """Entries after ``after`` in GTID order, with spilled ops resolved."""
+        start = None if after is None else prefix_end(GTID.parse(after).to_bytes())
+        n = 0
+        with self.store.read() as t:
+            for k, v in t.scan("oplog", start):
+                e = codec.unpack(v, "oplog entry")
+                e["ops"] = self.entry_ops(t, e)
+                e.pop("ref", None)
+                e.pop("chunks", None)
+                yield GTID.from_bytes(k), e
+                n += 1
+                if limit is not None and n >= limit:
+                    return
+
+    def verify_oplog(self) -> int:
+        """Check density and the hash chain from the first entry; return the count."""
+        prev = None
+        n = 0
+        for g, e in self.read_oplog():
+            if prev is not None:
+                pg, ph = prev
+                if g.seq != pg.seq + 1 or g < pg:
+                    raise errors.CorruptEntry(f"oplog gap between {pg} and {g}")
+                if oplog.chain_hash(ph, g, oplog.digest_of(e["ops"])) != e["h"]:
+                    raise errors.CorruptEntry(f"hash chain broken at {g}")
+            prev = (g, e["h"])
+            n += 1
+        return n
+
+    # convenience wrappers: one statement, one transaction
+    def run(self, fn: Callable[[Transaction], object]) -> tuple[object, GTID | None]:
+        tx = self.begin(autocommit=True)
+        try:
+            out = fn(tx)
+        except BaseException:
+            tx.abort()
+            raise
+        return out, tx.commit()
+
+    def insert_many(self, ns: str, docs: list[dict]) -> WriteResult:
+        res, res_gtid = self.run(lambda tx: tx.insert(ns, docs))
+        res.gtid = res_gtid
+        return res
+
+    def find(self, ns: str, flt=None, **kw) -> list[dict]:
+        r = self.reader()
+        try:
+            return list(r.find(ns, flt, **kw))
+        finally:
+            r.t.abort()
+
+    def count(self, ns: str, flt=None) -> int:
+        r = self.reader()
+        try:
+            return r.count(ns, flt)
+        finally:
+            r.t.abort()
+
+    def apply_entry(self, ops: list[dict]) -> None:
+        """Apply one entry's ops without logging them (the entry is already stored)."""
+        with self.begin(log=False, autocommit=True) as tx:
+            for op in ops:
+                tx.apply_op(op)
+
+    def undo_entry(self, ops: list[dict]) -> None:
+        with self.begin(log=False, autocommit=True) as tx:
+            tx.undo_ops(ops)
+
+    def snapshot_state(self) -> dict:
+        """Every collection's documents and index entries: for equality tests."""
+        out = {}
+        with self.store.read() as t:
+            r = Reader(self, t)
+            for ns in r.list_collections():
+                c = r.coll(ns)
+                docs = [codec.unpack_document(v)
+                        for _, v in t.scan("docs", c.prefix, prefix_end(c.prefix))]
+                ixs = {}
+                for name, ix in c.indexes.items():
+                    ixs[name] = (ix.spec(), [k[4:] for k, _ in
+                                             t.scan("index", ix.prefix, prefix_end(ix.prefix))])
+                out[ns] = {"docs": docs, "indexes": ixs}
+        return out
+

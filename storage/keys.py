@@ -1,0 +1,108 @@
+"""Order-preserving key encoding: the one documented comparison order.
+
+``encode_key(v)`` turns a value into bytes whose byte order is raymx's value
+order, so the same function serves primary keys, index keys, ``sort`` and the
+comparison operators. The order across types (MongoDB's, minus the types
+msgpack lacks):
+
+    null/missing < numbers (int and float together) < strings < maps < arrays
+    < binary < booleans
+
+Within a type: numbers numerically (1 == 1.0), strings by UTF-8 bytes, maps
+field by field (name, then value, in stored order), arrays element by element
+(a prefix sorts first), binary bytewise, false < true.
+
+Every encoding is self-delimiting (strings and binary escape 0x00 and end with
+0x00 0x00; maps and arrays end with 0x00, below every type tag), so the
+concatenation of several encodings (a compound index key) still sorts field by
+field and a prefix scan finds all keys that start with given values.
+"""
+from __future__ import annotations
+
+import math
+import struct
+
+from raymx.errors import InvalidDocument
+
+T_NULL = 0x05
+T_NUM = 0x10
+T_STR = 0x20
+T_MAP = 0x30
+T_ARR = 0x40
+T_BIN = 0x50
+T_BOOL = 0x60
+END = b"\x00"
+
+# Type brackets: comparison operators ($gt, $lt, ...) only match values of the
+# same bracket as the operand, as in MongoDB: {"a": {"$gt": 5}} never matches a
+# string. The bracket is the first byte of the encoding.
+_D = struct.Struct(">d")
+_Q = struct.Struct(">Q")
+_EXACT = 1 << 53
+
+
+def _num(v) -> bytes:
+    f = float(v)
+    (bits,) = _Q.unpack(_D.pack(f + 0.0))  # + 0.0 folds -0.0 into 0.0
+    bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | (1 << 63)
+    if f != f:
+        bits = 0  # every NaN is one value, below -inf (as in MongoDB)
+    out = bytes((T_NUM,)) + _Q.pack(bits)
+    if _EXACT <= abs(f) < math.inf:
+        # Past 2**53 a double skips integers: append the exact distance from the
+        # double so distinct large ints never collide in a unique index. Floats
+        # there (all integral) get it too, so 2**60 and 2.0**60 encode the same
+        # and the length still follows from the first 9 bytes (self-delimiting).
+        out += _Q.pack(int(v) - int(f) + (1 << 63))
+    return out
+
+
+def _escaped(tag: int, b: bytes) -> bytes:
+    return bytes((tag,)) + b.replace(b"\x00", b"\x00\xff") + b"\x00\x00"
+
+
+def encode_key(v) -> bytes:
+    if v is None:
+        return bytes((T_NULL,))
+    t = type(v)
+    if t is bool:
+        return bytes((T_BOOL, 1 if v else 0))
+    if t is int or t is float:
+        if t is int and not -(1 << 63) <= v < (1 << 64):
+            raise InvalidDocument(f"integer {v} does not fit in 64 bits")
+        return _num(v)
+    if t is str:
+        return _escaped(T_STR, v.encode("utf-8", "surrogatepass"))
+    if t is bytes or t is bytearray or t is memoryview:
+        return _escaped(T_BIN, bytes(v))
+    if t is dict:
+        parts = [bytes((T_MAP,))]
+        for k, x in v.items():
+            if type(k) is not str:
+                raise InvalidDocument(f"map key {k!r} is not a string")
+            parts.append(_escaped(T_STR, k.encode("utf-8", "surrogatepass")))
+            parts.append(encode_key(x))
+        parts.append(END)
+        return b"".join(parts)
+    if t is list or t is tuple:
+        return bytes((T_ARR,)) + b"".join(encode_key(x) for x in v) + END
+    for base in (int, float, str, bytes, dict, list):  # subclasses: IntEnum, OrderedDict...
+        if isinstance(v, base):
+            return encode_key(base(v))
+    raise InvalidDocument(f"value of type {type(v).__name__} cannot be stored: {v!r:.80}")
+
+
+def bracket(v) -> int:
+    """The type bracket of a value (its encoding's first byte)."""
+    return encode_key(v)[0]
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with ``prefix``."""
+    p = bytearray(prefix)
+    while p:
+        if p[-1] != 0xFF:
+            p[-1] += 1
+            return bytes(p)
+        p.pop()
+    return None

@@ -1,0 +1,64 @@
+"""Every limit in one place, units last. Relations between them are checked once."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from raymx.errors import ConfigError
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+
+@dataclass(frozen=True)
+class Limits:
+    # Documents and transactions (DESIGN section 10).
+    document_bytes_max: int = 16 * MiB
+    transaction_bytes_max: int = 512 * MiB
+    # A transaction's ops spill to oplog.refs past this many bytes, so a large
+    # transaction does not sit in memory; the oplog entry then holds a reference.
+    spill_bytes: int = 1 * MiB
+    name_chars_max: int = 120
+    # LMDB map: virtual address space, not disk; raise it for big data sets.
+    map_bytes: int = 64 * GiB
+    # Client port: one frame never exceeds this (a document plus overhead).
+    frame_bytes_max: int = 48 * MiB
+    cursor_batch_docs: int = 1000
+    cursor_batch_bytes: int = 4 * MiB
+    # Group commit: default (j=False) writes are synced within this interval.
+    sync_interval_ms: int = 100
+    # Interactive transactions hold the shard's writer; abort after this long.
+    transaction_lifetime_ms: int = 60_000
+    # Applier batches (DESIGN section 4).
+    apply_batch_ms: int = 1000
+    apply_batch_ops: int = 5000
+    apply_batch_bytes: int = 100 * MiB
+    # Feeder pulls.
+    pull_entries_max: int = 5000
+    pull_bytes_max: int = 16 * MiB
+    pull_wait_ms: int = 500
+    # Elections and heartbeats.
+    heartbeat_interval_ms: int = 200
+    heartbeat_timeout_ms: int = 1000
+    rollback_ops_max: int = 100_000
+
+    def __post_init__(self):
+        for k, v in asdict(self).items():
+            if not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"limit {k} must be a positive integer, got {v!r}")
+        if self.spill_bytes > self.transaction_bytes_max:
+            raise ConfigError("spill_bytes must not exceed transaction_bytes_max")
+        if self.document_bytes_max + 64 * KiB > self.frame_bytes_max:
+            raise ConfigError("frame_bytes_max must exceed document_bytes_max by 64 KiB "
+                              "(a frame carries one document plus overhead)")
+        if self.heartbeat_timeout_ms <= self.heartbeat_interval_ms:
+            raise ConfigError("heartbeat_timeout_ms must be greater than heartbeat_interval_ms")
+
+    def with_(self, **kw) -> "Limits":
+        unknown = set(kw) - set(asdict(self))
+        if unknown:
+            raise ConfigError(f"unknown limits: {sorted(unknown)}")
+        return replace(self, **kw)
+
+
+DEFAULT = Limits()

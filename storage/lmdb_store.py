@@ -1,0 +1,118 @@
+"""The LMDB store (the only lmdb import).
+
+Opened with ``sync=False``: a commit is atomic and visible at once but reaches
+the disk only at ``sync()``, which is how group commit shares one fsync among
+many transactions. LMDB keeps ACI without the sync (no writemap), so a crash
+loses at most the unsynced tail, never consistency.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import lmdb
+
+from raymx.storage.store import DBS, _TxnBase
+
+# LMDB refuses to open one path twice in a process, so environments are shared
+# per path (with a reference count) by every store object in the process.
+_ENVS: dict[str, list] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def make_private_dir(path: str) -> str:
+    path = os.path.abspath(path)
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+class _Txn(_TxnBase):
+    def __init__(self, store: "LMDBStore", txn, write: bool, parent=None):
+        self._s = store
+        self._t = txn
+        self._write = write
+        self._parent = parent
+
+    def get(self, db, key):
+        return self._t.get(bytes(key), db=self._s._dbs[db])
+
+    def scan(self, db, start=None, stop=None, reverse=False):
+        with self._t.cursor(db=self._s._dbs[db]) as c:
+            if not reverse:
+                ok = c.set_range(start) if start is not None else c.first()
+                while ok:
+                    k = c.key()
+                    if stop is not None and k >= stop:
+                        return
+                    yield k, c.value()
+                    ok = c.next()
+            else:
+                if stop is not None:
+                    ok = c.set_range(stop)
+                    ok = c.prev() if ok else c.last()
+                else:
+                    ok = c.last()
+                while ok:
+                    k = c.key()
+                    if start is not None and k < start:
+                        return
+                    yield k, c.value()
+                    ok = c.prev()
+
+    def put(self, db, key, value, overwrite=True):
+        return self._t.put(key, value, db=self._s._dbs[db], overwrite=overwrite)
+
+    def delete(self, db, key):
+        return self._t.delete(key, db=self._s._dbs[db])
+
+    def nested(self):
+        return _Txn(self._s, self._s._env.begin(write=True, parent=self._t), True, self)
+
+    def commit(self):
+        self._t.commit()
+
+    def abort(self):
+        self._t.abort()
+
+
+class LMDBStore:
+    def __init__(self, path: str, map_bytes: int = 64 << 30):
+        self.path = make_private_dir(path)
+        with _ENVS_LOCK:
+            ent = _ENVS.get(self.path)
+            if ent is None:
+                env = lmdb.open(self.path, map_size=map_bytes, max_dbs=len(DBS) + 2,
+                                subdir=True, sync=False, metasync=False, mode=0o600,
+                                max_readers=1024, readahead=False)
+                dbs = {name: env.open_db(name.encode()) for name in DBS}
+                ent = _ENVS[self.path] = [env, dbs, 0]
+            ent[2] += 1
+        self._env, self._dbs = ent[0], ent[1]
+        self._closed = False
+
+    def read(self):
+        return _Txn(self, self._env.begin(write=False, buffers=False), False)
+
+    def write(self):
+        return _Txn(self, self._env.begin(write=True), True)
+
+    def sync(self):
+        self._env.sync(True)
+
+    def stat(self) -> dict:
+        info = self._env.info()
+        return {"map_bytes": info["map_size"], "last_page": info["last_pgno"],
+                "page_bytes": self._env.stat()["psize"]}
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        with _ENVS_LOCK:
+            ent = _ENVS.get(self.path)
+            if ent is not None:
+                ent[2] -= 1
+                if ent[2] == 0:
+                    ent[0].close()
+                    del _ENVS[self.path]

@@ -1,0 +1,389 @@
+"""The query language: filters, index bounds, projection and sort.
+
+Values compare by ``encode_key`` (see ``keys.py``), so equality is numeric
+across int and float and ``sort`` uses the same order as the indexes.
+
+Paths are dotted and resolved by ``get_path``: a component walks into a dict,
+or indexes a list when it is a decimal number. Unlike MongoDB, a path does not
+fan out over an array of subdocuments: ``{"a.b": 1}`` does not look inside
+``{"a": [{"b": 1}]}`` (``{"a.0.b": 1}`` does). At the end of the path the
+MongoDB array rule applies: a condition on an array value matches if the whole
+array or any one element satisfies it.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Container, Iterable, NamedTuple
+
+from raymx.errors import InvalidDocument, InvalidFilter
+from raymx.storage.keys import END, T_ARR, T_NULL, encode_key
+
+
+class _Missing:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __reduce__(self) -> str:
+        return "MISSING"  # unpickles as this module's singleton
+
+
+MISSING: Any = _Missing()
+_NULL = bytes((T_NULL,))
+_ARRAY = (list, tuple)
+_COMPARE = {"$gt", "$gte", "$lt", "$lte"}
+_LOGICAL = {"$and", "$or", "$nor"}
+
+Predicate = Callable[[Any], bool]
+
+
+def _parts(path: Any, err: type[Exception] = InvalidFilter) -> list[str]:
+    if not isinstance(path, str):
+        raise err(f"field name {path!r} is not a string")
+    parts = path.split(".")
+    if not all(parts):
+        raise err(f"field path {path!r} has an empty component")
+    return parts
+
+
+def _walk(cur: Any, parts: Iterable[str]) -> Any:
+    for p in parts:
+        if isinstance(cur, dict):
+            cur = cur.get(p, MISSING)
+            if cur is MISSING:
+                return MISSING
+        elif isinstance(cur, _ARRAY) and p.isascii() and p.isdigit() and int(p) < len(cur):
+            cur = cur[int(p)]
+        else:
+            return MISSING
+    return cur
+
+
+def get_path(doc: Any, path: str) -> Any:
+    """The value at dotted ``path`` in ``doc``, or ``MISSING``."""
+    return _walk(doc, path.split("."))
+
+
+# --- filters ---------------------------------------------------------------
+def _key(v: Any, what: str) -> bytes:
+    try:
+        return encode_key(v)
+    except InvalidDocument as e:
+        raise InvalidFilter(f"{what}: {e.msg}") from None
+
+
+def _candidates(v: Any) -> list[bytes]:
+    """Keys a condition may match: the value (None if missing), and each element of an array."""
+    if v is MISSING:
+        return [_NULL]
+    if isinstance(v, _ARRAY):
+        ks = [encode_key(x) for x in v]
+        return [bytes((T_ARR,)) + b"".join(ks) + END, *ks]
+    return [encode_key(v)]
+
+
+def _is_ops(cond: Any) -> bool:
+    """Whether a field's condition is an operator dict (else it is a value to equal)."""
+    if not isinstance(cond, dict) or not cond:
+        return False
+    ops = [isinstance(k, str) and k.startswith("$") for k in cond]
+    if any(ops) and not all(ops):
+        raise InvalidFilter(f"condition {cond!r:.80} mixes $operators and field names")
+    return ops[0]
+
+
+OpPred = Callable[[Any, list[bytes]], bool]  # (value or MISSING, its candidate keys)
+
+
+def _compile_op(path: str, op: str, arg: Any) -> OpPred:
+    what = f"{op} on {path!r}"
+    if op in ("$eq", "$ne"):
+        k = _key(arg, what)
+        if op == "$eq":
+            return lambda v, ks: k in ks
+        return lambda v, ks: k not in ks
+    if op in ("$in", "$nin"):
+        if not isinstance(arg, _ARRAY):
+            raise InvalidFilter(f"{what} needs a list, got {type(arg).__name__}")
+        s = {_key(x, what) for x in arg}
+        if op == "$in":
+            return lambda v, ks: any(x in s for x in ks)
+        return lambda v, ks: not any(x in s for x in ks)
+    if op in _COMPARE:
+        k = _key(arg, what)
+        b = k[0]
+        if op == "$gt":
+            return lambda v, ks: any(x[0] == b and x > k for x in ks)
+        if op == "$gte":
+            return lambda v, ks: any(x[0] == b and x >= k for x in ks)
+        if op == "$lt":
+            return lambda v, ks: any(x[0] == b and x < k for x in ks)
+        return lambda v, ks: any(x[0] == b and x <= k for x in ks)
+    if op == "$exists":
+        if type(arg) is not bool:
+            raise InvalidFilter(f"{what} needs true or false, got {arg!r:.40}")
+        return lambda v, ks: (v is not MISSING) == arg
+    if op == "$not":
+        if not isinstance(arg, dict) or not _is_ops(arg):
+            raise InvalidFilter(f"{what} needs an operator dict such as {{'$gt': 1}}")
+        inner = _compile_ops(path, arg)
+        return lambda v, ks: not inner(v, ks)
+    if op in _LOGICAL:
+        raise InvalidFilter(f"{op} is only allowed at the top level of a filter, not on {path!r}")
+    raise InvalidFilter(f"unknown operator {op} on {path!r}", operator=op)
+
+
+def _compile_ops(path: str, ops: dict) -> OpPred:
+    preds = [_compile_op(path, op, arg) for op, arg in ops.items()]
+    return preds[0] if len(preds) == 1 else lambda v, ks: all(p(v, ks) for p in preds)
+
+
+def _compile_field(path: str, cond: Any) -> Predicate:
+    parts = _parts(path)
+    pred = _compile_ops(path, cond) if _is_ops(cond) else _compile_op(path, "$eq", cond)
+
+    def match(doc: Any) -> bool:
+        v = _walk(doc, parts)
+        return pred(v, _candidates(v))
+    return match
+
+
+def _compile(flt: Any) -> Predicate:
+    if not isinstance(flt, dict):
+        raise InvalidFilter(f"a filter must be a dict, got {type(flt).__name__}")
+    preds: list[Predicate] = []
+    for k, cond in flt.items():
+        if isinstance(k, str) and k.startswith("$"):
+            if k not in _LOGICAL:
+                raise InvalidFilter(f"unknown top-level operator {k}", operator=k)
+            if not isinstance(cond, _ARRAY) or not cond or not all(isinstance(c, dict) for c in cond):
+                raise InvalidFilter(f"{k} needs a non-empty list of filter dicts")
+            subs = [_compile(c) for c in cond]
+            if k == "$and":
+                preds.append(lambda d, subs=subs: all(s(d) for s in subs))
+            elif k == "$or":
+                preds.append(lambda d, subs=subs: any(s(d) for s in subs))
+            else:
+                preds.append(lambda d, subs=subs: not any(s(d) for s in subs))
+        else:
+            preds.append(_compile_field(k, cond))
+    if not preds:
+        return lambda d: True
+    return preds[0] if len(preds) == 1 else lambda d: all(p(d) for p in preds)
+
+
+def compile_filter(flt: dict | None) -> Callable[[dict], bool]:
+    """A predicate for ``flt``; every malformation raises ``InvalidFilter`` here, not at match time."""
+    return (lambda d: True) if flt is None else _compile(flt)
+
+
+# --- index bounds ----------------------------------------------------------
+class Bounds(NamedTuple):
+    """What a matching document's value at one path must satisfy.
+
+    ``points``: it equals one of them (sorted by key, distinct). Otherwise
+    ``low``/``high`` as ``(value, inclusive)``, either may be None. Comparison
+    operators match only their operand's type bracket, so a scan may stop at
+    the end of that bracket. ``low`` may sort above ``high`` (nothing matches).
+    """
+
+    points: list | None
+    low: tuple[Any, bool] | None
+    high: tuple[Any, bool] | None
+
+
+def index_keys(doc: Any, path: str) -> list[bytes]:
+    """The index keys under which ``doc`` must be found for ``extract_bounds`` to be safe.
+
+    The whole value's key (None's when missing) and, for an array, each
+    element's key (a "multikey" entry), sorted and distinct.
+    """
+    return sorted(set(_candidates(get_path(doc, path))))
+
+
+def extract_bounds(flt: dict | None, *, multikey: bool | Container[str] = True) -> dict[str, Bounds]:
+    """Per path, bounds implied by the top-level conjunction of ``flt`` (index selection).
+
+    Contract: for every document ``d`` matching ``flt`` and every ``(p, b)`` in
+    the result, some key of ``index_keys(d, p)`` satisfies ``b``. An index
+    that stores only the whole value (``encode_key(get_path(d, p))``, None if
+    missing) is therefore safe only for documents that hold no array at ``p``:
+    ``{"a": 5}`` matches ``{"a": [5, 6]}`` through an element.
+
+    When ``p`` may hold an array (``multikey`` is True, or a container holding
+    ``p``), ``low`` and ``high`` are never both given, because
+    ``{"a": {"$gt": 5, "$lt": 10}}`` matches ``{"a": [1, 20]}`` through
+    different elements; only ``low`` is kept. Pass ``multikey=False`` (or the
+    set of paths that may hold arrays) to get both sides.
+
+    Only necessary conditions are used ($eq, plain values, $in, $gt/$gte/
+    $lt/$lte at the top level or in a top-level $and); a condition whose value
+    is a list or dict is skipped. Bounds are a superset: re-check every
+    candidate with ``compile_filter``.
+    """
+    compile_filter(flt)  # validates
+    acc: dict[str, tuple[list[list], list, list]] = {}
+
+    def scalar(v: Any) -> bool:
+        return not isinstance(v, (dict, *_ARRAY))
+
+    def add(path: str, cond: Any) -> None:
+        points, lows, highs = acc.setdefault(path, ([], [], []))
+        ops = cond if _is_ops(cond) else {"$eq": cond}
+        for op, arg in ops.items():
+            if op == "$eq" and scalar(arg):
+                points.append([arg])
+            elif op == "$in" and all(scalar(x) for x in arg):
+                points.append(list(arg))
+            elif op in ("$gt", "$gte") and scalar(arg):
+                lows.append((arg, op == "$gte"))
+            elif op in ("$lt", "$lte") and scalar(arg):
+                highs.append((arg, op == "$lte"))
+
+    def walk(f: dict) -> None:
+        for k, cond in f.items():
+            if k == "$and":
+                for c in cond:
+                    walk(c)
+            elif not k.startswith("$"):
+                add(k, cond)
+
+    walk(flt or {})
+    out = {}
+    for path, (points, lows, highs) in acc.items():
+        if points:
+            # Each equality alone is necessary: keep the most selective one.
+            best = min(points, key=len)
+            out[path] = Bounds([v for _, v in sorted({encode_key(v): v for v in best}.items())],
+                               None, None)
+        elif lows or highs:
+            # The tightest low is necessary too (a value above it is above every low).
+            low = max(lows, key=lambda t: (encode_key(t[0]), not t[1])) if lows else None
+            high = min(highs, key=lambda t: (encode_key(t[0]), t[1])) if highs else None
+            mk = multikey if isinstance(multikey, bool) else path in multikey
+            if mk and low is not None:
+                high = None
+            out[path] = Bounds(None, low, high)
+    return out
+
+
+# --- projection ------------------------------------------------------------
+Tree = dict  # field -> True (the whole field) or a subtree
+
+
+def _projection(projection: Any) -> tuple[bool, Tree]:
+    """(inclusion?, tree of paths) for a validated projection."""
+    if isinstance(projection, _ARRAY):
+        projection = {p: 1 for p in projection}
+    if not isinstance(projection, dict):
+        raise InvalidFilter(f"a projection must be a dict or a list of paths, "
+                            f"got {type(projection).__name__}")
+    spec: dict[str, bool] = {}
+    for path, flag in projection.items():
+        _parts(path)
+        if type(flag) not in (bool, int) or flag not in (0, 1):
+            raise InvalidFilter(f"projection of {path!r} must be 0, 1, true or false, got {flag!r:.40}")
+        spec[path] = bool(flag)
+    modes = {flag for path, flag in spec.items() if path != "_id"}
+    if len(modes) > 1:
+        raise InvalidFilter("a projection cannot mix inclusion and exclusion (except of _id)")
+    include = modes.pop() if modes else spec.get("_id", True)
+    if include and not any(p == "_id" or p.startswith("_id.") for p in spec):
+        spec["_id"] = True
+    tree: Tree = {}
+    for path in sorted(p for p, flag in spec.items() if flag == include):
+        *head, last = path.split(".")
+        node = tree
+        for p in head:
+            node = node.setdefault(p, {})
+            if node is True:
+                raise InvalidFilter(f"projection path {path!r} collides with a parent path")
+        if last in node:
+            raise InvalidFilter(f"projection path {path!r} collides with a sub-path")
+        node[last] = True
+    return include, tree
+
+
+def _include(d: dict, tree: Tree) -> dict:
+    out = {}
+    for k, v in d.items():
+        t = tree.get(k)
+        if t is True:
+            out[k] = v
+        elif t is not None and isinstance(v, dict):
+            out[k] = _include(v, t)
+    return out
+
+
+def _exclude(d: dict, tree: Tree) -> dict:
+    out = {}
+    for k, v in d.items():
+        t = tree.get(k)
+        if t is None:
+            out[k] = v
+        elif t is not True:
+            out[k] = _exclude(v, t) if isinstance(v, dict) else v
+    return out
+
+
+def project(doc: dict, projection: Any) -> dict:
+    """A new dict with the projected fields of ``doc``, in the document's field order.
+
+    ``projection`` is None (everything), ``{path: 0|1|True|False}`` or a list
+    of paths to include. ``_id`` is kept unless excluded. Dotted paths walk
+    dicts only; ``{"a.b": 1}`` keeps ``a: {}`` when ``a`` is a dict without
+    ``b``. Values are shared with ``doc``, not copied.
+    """
+    if projection is None:
+        return dict(doc)
+    include, tree = _projection(projection)
+    if not projection:
+        return dict(doc)
+    return _include(doc, tree) if include else _exclude(doc, tree)
+
+
+# --- sort --------------------------------------------------------------------
+_INVERT = bytes(range(255, -1, -1))
+
+
+def _sort_spec(spec: Any) -> list[tuple[list[str], int]]:
+    if isinstance(spec, str):
+        spec = [(spec, 1)]
+    elif isinstance(spec, dict):
+        spec = list(spec.items())
+    if not isinstance(spec, _ARRAY):
+        raise InvalidFilter(f"a sort must be a list of (path, direction), got {type(spec).__name__}")
+    out = []
+    for item in spec:
+        if isinstance(item, str):
+            item = (item, 1)
+        if not isinstance(item, _ARRAY) or len(item) != 2:
+            raise InvalidFilter(f"sort item {item!r:.60} is not (path, direction)")
+        path, direction = item
+        if type(direction) is not int or direction not in (1, -1):
+            raise InvalidFilter(f"sort direction of {path!r} must be 1 or -1, got {direction!r:.40}")
+        out.append((_parts(path), direction))
+    return out
+
+
+def sort_key(spec: Any) -> Callable[[dict], tuple]:
+    """A ``sorted(..., key=)`` function: by ``encode_key`` of each path (missing as None).
+
+    Whole values are compared (an array sorts as an array, not by its
+    elements). Descending fields use the complemented key, which reverses the
+    order because encodings are prefix-free (self-delimiting).
+    """
+    fields = _sort_spec(spec)
+
+    def key(doc: dict) -> tuple:
+        out = []
+        for parts, direction in fields:
+            v = _walk(doc, parts)
+            k = _NULL if v is MISSING else encode_key(v)
+            out.append(k if direction == 1 else k.translate(_INVERT))
+        return tuple(out)
+    return key
+
+
+__all__ = ["MISSING", "Bounds", "compile_filter", "extract_bounds", "get_path", "index_keys",
+           "project", "sort_key"]

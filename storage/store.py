@@ -1,0 +1,249 @@
+"""The storage seam: one contract, two stores (LMDB and in-memory).
+
+A store is a set of named sorted byte-key sub-databases (``DBS``) with
+transactions: any number of readers, each a consistent snapshot, and one writer
+at a time. Writes become visible at commit, in submission order, and durable at
+``sync()``; ``MemoryStore.crash()`` drops whatever was not synced, as a machine
+crash would drop LMDB's unsynced commits. The contract tests in
+tests/test_store_contract.py run against both stores.
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+from typing import Iterator, Protocol
+
+# The fixed layout (DESIGN section 3). Keys inside each are described in
+# raymx.storage.engine.
+DBS = ("meta", "catalog", "docs", "index", "oplog", "oplog.refs", "unapplied",
+       "replInfo", "range")
+
+
+class ReadTxn(Protocol):
+    def get(self, db: str, key: bytes) -> bytes | None: ...
+    def scan(self, db: str, start: bytes | None = None, stop: bytes | None = None,
+             reverse: bool = False) -> Iterator[tuple[bytes, bytes]]: ...
+    def first(self, db: str) -> tuple[bytes, bytes] | None: ...
+    def last(self, db: str) -> tuple[bytes, bytes] | None: ...
+    def abort(self) -> None: ...
+
+
+class WriteTxn(ReadTxn, Protocol):
+    def put(self, db: str, key: bytes, value: bytes, overwrite: bool = True) -> bool: ...
+    def delete(self, db: str, key: bytes) -> bool: ...
+    def nested(self) -> "WriteTxn": ...  # a savepoint: commit merges, abort discards
+    def commit(self) -> None: ...
+
+
+class Store(Protocol):
+    path: str
+
+    def read(self) -> ReadTxn: ...
+    def write(self) -> WriteTxn: ...
+    def sync(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class _TxnBase:
+    """first/last and context-manager behaviour shared by both stores."""
+
+    def first(self, db):
+        return next(iter(self.scan(db)), None)
+
+    def last(self, db):
+        return next(iter(self.scan(db, reverse=True)), None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, e, tb):
+        if et is None and getattr(self, "_write", False):
+            self.commit()
+        else:
+            self.abort()
+
+
+# --- in-memory store ----------------------------------------------------
+class _Table:
+    """An immutable sorted table: a key list and a dict (copy on write)."""
+
+    __slots__ = ("keys", "vals")
+
+    def __init__(self, keys=None, vals=None):
+        self.keys: list[bytes] = keys if keys is not None else []
+        self.vals: dict[bytes, bytes] = vals if vals is not None else {}
+
+    def range_keys(self, start, stop):
+        lo = 0 if start is None else bisect.bisect_left(self.keys, start)
+        hi = len(self.keys) if stop is None else bisect.bisect_left(self.keys, stop)
+        return self.keys[lo:hi]
+
+
+class _MemRead(_TxnBase):
+    def __init__(self, tables: dict[str, _Table]):
+        self._tables = tables
+        self._open = True
+
+    def _check(self, db):
+        if not self._open:
+            raise RuntimeError("transaction is finished")
+        if db not in self._tables:
+            raise KeyError(f"unknown sub-database {db!r}")
+
+    def get(self, db, key):
+        self._check(db)
+        return self._tables[db].vals.get(bytes(key))
+
+    def scan(self, db, start=None, stop=None, reverse=False):
+        self._check(db)
+        t = self._tables[db]
+        ks = t.range_keys(start, stop)
+        for k in (reversed(ks) if reverse else ks):
+            yield k, t.vals[k]
+
+    def abort(self):
+        self._open = False
+
+
+class _MemWrite(_TxnBase):
+    """Writes go to an overlay over the parent (a snapshot or another txn)."""
+
+    _write = True
+
+    def __init__(self, store: "MemoryStore | None", parent):
+        self._store = store  # None for a nested txn
+        self._parent = parent
+        self._over: dict[str, dict[bytes, bytes | None]] = {}
+        self._open = True
+        self._child = None
+
+    def _check(self, db):
+        if not self._open:
+            raise RuntimeError("transaction is finished")
+        if self._child is not None:
+            raise RuntimeError("a nested transaction is open")
+        if db not in DBS:
+            raise KeyError(f"unknown sub-database {db!r}")
+
+    def _lookup(self, db, key):
+        o = self._over.get(db)
+        if o is not None and key in o:
+            return o[key]
+        p = self._parent
+        return p._lookup(db, key) if isinstance(p, _MemWrite) else p[db].vals.get(key)
+
+    def _keys(self, db, start, stop) -> set:
+        ks = set(k for k in self._over.get(db, ())
+                 if (start is None or k >= start) and (stop is None or k < stop))
+        p = self._parent
+        ks.update(p._keys(db, start, stop) if isinstance(p, _MemWrite)
+                  else p[db].range_keys(start, stop))
+        return ks
+
+    def get(self, db, key):
+        self._check(db)
+        return self._lookup(db, bytes(key))
+
+    def scan(self, db, start=None, stop=None, reverse=False):
+        self._check(db)
+        for k in sorted(self._keys(db, start, stop), reverse=reverse):
+            v = self._lookup(db, k)
+            if v is not None:
+                yield k, v
+
+    def put(self, db, key, value, overwrite=True):
+        self._check(db)
+        key = bytes(key)
+        if not overwrite and self._lookup(db, key) is not None:
+            return False
+        self._over.setdefault(db, {})[key] = bytes(value)
+        return True
+
+    def delete(self, db, key):
+        self._check(db)
+        key = bytes(key)
+        existed = self._lookup(db, key) is not None
+        if existed:
+            self._over.setdefault(db, {})[key] = None
+        return existed
+
+    def nested(self):
+        self._check("meta")
+        self._child = _MemWrite(None, self)
+        return self._child
+
+    def commit(self):
+        if not self._open:
+            raise RuntimeError("transaction is finished")
+        self._open = False
+        if self._store is None:
+            p = self._parent
+            p._child = None
+            for db, o in self._over.items():
+                p._over.setdefault(db, {}).update(o)
+        else:
+            self._store._commit(self._over)
+
+    def abort(self):
+        if not self._open:
+            return
+        self._open = False
+        if self._store is None:
+            self._parent._child = None
+        else:
+            self._store._release()
+
+
+class MemoryStore:
+    """LMDB's semantics in memory: one writer at a time (others wait, in order),
+    snapshot readers, commits visible at once and durable only after ``sync``."""
+
+    def __init__(self, path: str = "<memory>"):
+        self.path = path
+        self._tables = {db: _Table() for db in DBS}
+        self._durable = self._tables
+        self._writer = threading.Lock()
+        self._closed = False
+
+    def read(self):
+        self._alive()
+        return _MemRead(self._tables)
+
+    def write(self):
+        self._alive()
+        self._writer.acquire()
+        return _MemWrite(self, self._tables)
+
+    def _commit(self, over):
+        try:
+            tables = dict(self._tables)
+            for db, o in over.items():
+                t = tables[db]
+                vals = dict(t.vals)
+                for k, v in o.items():
+                    if v is None:
+                        vals.pop(k, None)
+                    else:
+                        vals[k] = v
+                tables[db] = _Table(sorted(vals), vals)
+            self._tables = tables
+        finally:
+            self._writer.release()
+
+    def _release(self):
+        self._writer.release()
+
+    def sync(self):
+        self._alive()
+        self._durable = self._tables
+
+    def crash(self):
+        """Simulate a machine crash: everything not synced is gone."""
+        self._tables = self._durable
+
+    def close(self):
+        self._closed = True
+
+    def _alive(self):
+        if self._closed:
+            raise RuntimeError(f"store {self.path} is closed")

@@ -1,0 +1,384 @@
+"""Update documents: $operators, full replacement and the upsert seed.
+
+``apply_update`` never mutates its input. It copies the dicts and lists on
+the paths it changes and shares every untouched sub-object with the input, so
+treat both documents as immutable afterwards (or deep-copy one).
+
+Paths are dotted as in ``query``: a decimal component indexes a list
+(``$set`` past the end pads with None, ``$unset`` of an element sets it to
+None); there is no positional ``$`` operator.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from raymx.errors import InvalidDocument, InvalidFilter, InvalidUpdate
+from raymx.storage.keys import encode_key
+from raymx.storage.query import MISSING, compile_filter
+
+_ARRAY = (list, tuple)
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1  # what codec stores
+_PAD_MAX = 100_000  # the furthest past a list's end a $set may write
+_LOGICAL = {"$and", "$or", "$nor"}
+
+Container = dict | list
+Loc = tuple[Container, Any]  # (container, key or list index)
+
+
+def is_operator_update(u: Any) -> bool:
+    """Whether ``u`` uses $operators (else it is a replacement document)."""
+    return isinstance(u, dict) and any(isinstance(k, str) and k.startswith("$") for k in u)
+
+
+def _fresh(v: Any, where: str) -> Any:
+    """A deep copy of a value from the caller, checking its field names."""
+    if isinstance(v, dict):
+        out = {}
+        for k, x in v.items():
+            if not isinstance(k, str):
+                raise InvalidUpdate(f"{where}: field name {k!r} is not a string")
+            if k.startswith("$"):
+                raise InvalidUpdate(f"{where}: field name {k!r} may not start with '$'")
+            out[k] = _fresh(x, where)
+        return out
+    if isinstance(v, _ARRAY):
+        return [_fresh(x, where) for x in v]
+    return v
+
+
+def _key(v: Any, where: str) -> bytes:
+    try:
+        return encode_key(v)
+    except InvalidDocument as e:
+        raise InvalidUpdate(f"{where}: {e.msg}") from None
+
+
+def _split(op: str, path: Any) -> list[str]:
+    if not isinstance(path, str) or not path:
+        raise InvalidUpdate(f"{op}: field path {path!r} must be a non-empty string", operator=op)
+    parts = path.split(".")
+    if not all(parts):
+        raise InvalidUpdate(f"{op} {path!r}: the path has an empty component", operator=op,
+                            field=path)
+    if any(p.startswith("$") for p in parts):
+        raise InvalidUpdate(f"{op} {path!r}: field names may not start with '$' "
+                            "(positional operators are not supported)", operator=op, field=path)
+    return parts
+
+
+# --- copy-on-write access to the new document --------------------------------
+def _index(cur: Container, p: str) -> Any:
+    """The key for ``p`` in ``cur``: the name, a list index, or None if a list cannot take it."""
+    if isinstance(cur, dict):
+        return p
+    return int(p) if p.isascii() and p.isdigit() else None
+
+
+def _get(c: Container, k: Any) -> Any:
+    if isinstance(c, dict):
+        return c.get(k, MISSING)
+    return c[k] if k < len(c) else MISSING
+
+
+def _put(c: Container, k: Any, v: Any, where: str) -> None:
+    if isinstance(c, dict):
+        c[k] = v
+        return
+    if k >= len(c):
+        if k - len(c) > _PAD_MAX:
+            raise InvalidUpdate(f"{where}: index {k} is too far past the end of the array")
+        c.extend([None] * (k + 1 - len(c)))
+    c[k] = v
+
+
+def _delete(c: Container, k: Any) -> None:
+    if isinstance(c, dict):
+        c.pop(k, None)
+    elif k < len(c):
+        c[k] = None
+
+
+class _Cow:
+    """The new document; containers are copied the first time a path goes through them."""
+
+    def __init__(self, doc: dict):
+        self.root: dict = dict(doc)
+        self._own: dict[int, Container] = {id(self.root): self.root}  # keeps ids unique
+
+    def _owned(self, c: Container) -> bool:
+        return self._own.get(id(c)) is c
+
+    def loc(self, where: str, parts: list[str], create: bool) -> Loc | None:
+        """(container, key) of the last component; None if absent and not ``create``."""
+        cur: Container = self.root
+        for i, p in enumerate(parts):
+            k = _index(cur, p)
+            if k is None:
+                if not create:
+                    return None
+                raise InvalidUpdate(f"{where}: cannot use {p!r} to index an array")
+            if i == len(parts) - 1:
+                return cur, k
+            nxt = _get(cur, k)
+            if isinstance(nxt, (dict, *_ARRAY)):
+                if not self._owned(nxt):
+                    nxt = dict(nxt) if isinstance(nxt, dict) else list(nxt)
+                    _put(cur, k, nxt, where)
+            elif nxt is MISSING and create:
+                nxt = {}
+                _put(cur, k, nxt, where)
+            elif create:
+                raise InvalidUpdate(f"{where}: {p!r} holds {nxt!r:.40}, which cannot have fields")
+            else:
+                return None
+            self._own[id(nxt)] = nxt
+            cur = nxt
+        raise AssertionError("unreachable")
+
+
+# --- operators -----------------------------------------------------------------
+def _where(op: str, path: str) -> str:
+    return f"{op} on {path!r}"
+
+
+def _set(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+    c, k = d.loc(_where(op, path), parts, True)
+    _put(c, k, _fresh(arg, _where(op, path)), _where(op, path))
+
+
+def _unset(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+    loc = d.loc(_where(op, path), parts, False)
+    if loc is not None:
+        _delete(*loc)
+
+
+def _is_number(v: Any) -> bool:
+    return type(v) in (int, float)
+
+
+def _inc(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+    w = _where(op, path)
+    if not _is_number(arg):
+        raise InvalidUpdate(f"{w}: the increment must be a number, got {arg!r:.40}",
+                            operator=op, field=path)
+    c, k = d.loc(w, parts, True)
+    cur = _get(c, k)
+    if cur is MISSING:
+        cur = 0
+    elif not _is_number(cur):
+        raise InvalidUpdate(f"{w}: the field holds a non-number {cur!r:.40}", operator=op,
+                            field=path)
+    new = cur + arg
+    if type(new) is int and not _INT_MIN <= new <= _INT_MAX:
+        raise InvalidUpdate(f"{w}: the result {new} does not fit in 64 bits", operator=op,
+                            field=path)
+    _put(c, k, new, w)
+
+
+def _min_max(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+    w = _where(op, path)
+    new = _fresh(arg, w)
+    c, k = d.loc(w, parts, True)
+    cur = _get(c, k)
+    if cur is MISSING:
+        _put(c, k, new, w)
+        return
+    kn, kc = _key(new, w), _key(cur, w)
+    if (kn < kc) if op == "$min" else (kn > kc):
+        _put(c, k, new, w)
+
+
+def _each(op: str, path: str, arg: Any, modifiers: set[str]) -> tuple[list, dict]:
+    """(items, modifiers) of a $push/$addToSet argument."""
+    w = _where(op, path)
+    if isinstance(arg, dict) and any(isinstance(k, str) and k.startswith("$") for k in arg):
+        if "$each" not in arg:
+            raise InvalidUpdate(f"{w}: modifiers need $each", operator=op, field=path)
+        bad = set(arg) - {"$each"} - modifiers
+        if bad:
+            raise InvalidUpdate(f"{w}: unknown modifier {sorted(map(str, bad))[0]}",
+                                operator=op, field=path)
+        if not isinstance(arg["$each"], _ARRAY):
+            raise InvalidUpdate(f"{w}: $each needs a list", operator=op, field=path)
+        for m in modifiers & set(arg):
+            if type(arg[m]) is not int:
+                raise InvalidUpdate(f"{w}: {m} needs an integer", operator=op, field=path)
+        return _fresh(arg["$each"], w), arg
+    return [_fresh(arg, w)], {}
+
+
+def _array(d: _Cow, op: str, path: str, parts: list[str], create: bool) -> tuple[Loc, list] | None:
+    w = _where(op, path)
+    loc = d.loc(w, parts, create)
+    if loc is None:
+        return None
+    cur = _get(*loc)
+    if cur is MISSING:
+        return (loc, []) if create else None
+    if not isinstance(cur, _ARRAY):
+        raise InvalidUpdate(f"{w}: the field holds a non-array {cur!r:.40}", operator=op,
+                            field=path)
+    return loc, list(cur)
+
+
+def _push(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+    items, mods = _each(op, path, arg, {"$position", "$slice"})
+    (c, k), cur = _array(d, op, path, parts, True)
+    pos = mods.get("$position", len(cur))
+    new = cur[:pos] + items + cur[pos:]
+    if "$slice" in mods:
+        n = mods["$slice"]
+        new = new[:n] if n >= 0 else new[n:]
+    _put(c, k, new, _where(op, path))
+
+
+def _add_to_set(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+    items, _ = _each(op, path, arg, set())
+    (c, k), cur = _array(d, op, path, parts, True)
+    seen = {_key(x, _where(op, path)) for x in cur}
+    for x in items:
+        kx = _key(x, _where(op, path))
+        if kx not in seen:
+            seen.add(kx)
+            cur.append(x)
+    _put(c, k, cur, _where(op, path))
+
+
+def _pull_match(op: str, path: str, arg: Any) -> Callable[[Any], bool]:
+    """Which elements ``$pull`` removes: equal ones, or ones matching a condition."""
+    w = _where(op, path)
+    if not isinstance(arg, dict) or not arg:
+        k = _key(arg, w)
+        return lambda x: encode_key(x) == k
+    try:
+        names = [k for k in arg if isinstance(k, str)]
+        if len(names) == len(arg) and all(k.startswith("$") and k not in _LOGICAL for k in names):
+            m = compile_filter({"v": arg})  # an operator condition on each element
+            return lambda x: m({"v": x})
+        sub = compile_filter(arg)  # a filter on subdocument elements
+        return lambda x: isinstance(x, dict) and sub(x)
+    except InvalidFilter as e:
+        raise InvalidUpdate(f"{w}: {e.msg}", operator=op, field=path) from None
+
+
+def _pull(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+    match = _pull_match(op, path, arg)
+    found = _array(d, op, path, parts, False)
+    if found is not None:
+        (c, k), cur = found
+        _put(c, k, [x for x in cur if not match(x)], _where(op, path))
+
+
+def _rename(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+    w = _where(op, path)
+    src = d.loc(w, parts, False)
+    if src is None or _get(*src) is MISSING:
+        return
+    dst = d.loc(w, _split(op, arg), True)
+    if isinstance(src[0], list) or isinstance(dst[0], list):
+        raise InvalidUpdate(f"{w}: $rename cannot move array elements", operator=op, field=path)
+    v = src[0].pop(src[1])
+    _put(*dst, v, w)
+
+
+_APPLY: dict[str, Callable[[_Cow, str, str, list[str], Any], None]] = {
+    "$set": _set, "$unset": _unset, "$inc": _inc, "$min": _min_max, "$max": _min_max,
+    "$push": _push, "$addToSet": _add_to_set, "$pull": _pull, "$rename": _rename,
+}
+
+
+def _replace(doc: dict, repl: dict) -> dict:
+    new = _fresh(repl, "replacement document")
+    if "_id" in doc:
+        if "_id" in new and _key(new["_id"], "_id") != _key(doc["_id"], "_id"):
+            raise InvalidUpdate("a replacement may not change _id", field="_id")
+        new.pop("_id", None)
+        return {"_id": doc["_id"], **new}
+    return {"_id": new.pop("_id"), **new} if "_id" in new else new
+
+
+def apply_update(doc: dict, update: dict) -> dict:
+    """The document after ``update`` ($operators, or a replacement that keeps ``_id``).
+
+    Errors raise ``InvalidUpdate`` and leave ``doc`` untouched. Paths in one
+    update must be disjoint (``a`` with ``a`` or ``a.b`` is a conflict, also
+    across operators and with $rename's target). ``_id`` may not change (a
+    ``$set`` to an equal value is a no-op; a ``doc`` without ``_id`` may gain one).
+    """
+    if not isinstance(update, dict):
+        raise InvalidUpdate(f"an update must be a dict, got {type(update).__name__}")
+    if not update:
+        raise InvalidUpdate("the update is empty")
+    if not is_operator_update(update):
+        return _replace(doc, update)
+    steps = []
+    touched: list[tuple[list[str], str]] = []
+    for op, args in update.items():
+        if not isinstance(op, str) or not op.startswith("$"):
+            raise InvalidUpdate(f"an update cannot mix $operators with plain fields ({op!r})",
+                                field=op)
+        if op not in _APPLY:
+            raise InvalidUpdate(f"unknown update operator {op}", operator=op)
+        if not isinstance(args, dict):
+            raise InvalidUpdate(f"{op} needs a dict of field: value, got {type(args).__name__}",
+                                operator=op)
+        for path, arg in args.items():
+            parts = _split(op, path)
+            touched.append((parts, f"{path!r} ({op})"))
+            if op == "$rename":
+                touched.append((_split(op, arg), f"{arg!r} ({op} target)"))
+            steps.append((op, path, parts, arg))
+    touched.sort(key=lambda t: t[0])
+    for (a, wa), (b, wb) in zip(touched, touched[1:]):
+        if b[:len(a)] == a:  # sorted, so any prefix pair also shows up as a neighbour pair
+            raise InvalidUpdate(f"updating {wb} conflicts with {wa}")
+    d = _Cow(doc)
+    for op, path, parts, arg in steps:
+        _APPLY[op](d, op, path, parts, arg)
+    new = d.root
+    if "_id" in doc:
+        if "_id" not in new or _key(new["_id"], "_id") != _key(doc["_id"], "_id"):
+            raise InvalidUpdate("an update may not change _id", field="_id")
+        new["_id"] = doc["_id"]  # not even from 1 to 1.0
+    return new
+
+
+def upsert_seed(flt: dict | None) -> dict:
+    """The document an upsert starts from: the filter's equality conditions.
+
+    Top-level fields and members of a top-level ``$and``, with a plain value
+    or ``$eq``; dotted paths become nested dicts. A path given twice with
+    different values, or as both ``a`` and ``a.b``, raises ``InvalidUpdate``.
+    """
+    compile_filter(flt)  # validates
+    seed: dict = {}
+
+    def put(path: str, v: Any) -> None:
+        *head, last = path.split(".")
+        node = seed
+        for p in head:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise InvalidUpdate(f"upsert: {path!r} conflicts with another equality", field=path)
+        v = _fresh(v, f"upsert field {path!r}")
+        if last in node and _key(node[last], path) != _key(v, path):
+            raise InvalidUpdate(f"upsert: {path!r} conflicts with another equality", field=path)
+        node[last] = v
+
+    def walk(f: dict) -> None:
+        for k, cond in f.items():
+            if k == "$and":
+                for c in cond:
+                    walk(c)
+            elif not k.startswith("$"):
+                first = next(iter(cond), None) if isinstance(cond, dict) else None
+                if not (isinstance(first, str) and first.startswith("$")):
+                    put(k, cond)
+                elif "$eq" in cond:
+                    put(k, cond["$eq"])
+
+    walk(flt or {})
+    return seed
+
+
+__all__ = ["apply_update", "is_operator_update", "upsert_seed"]

@@ -1,0 +1,260 @@
+"""The document engine over both stores: collections, indexes, queries, updates,
+atomic statements and transactions, the oplog, apply and undo."""
+import copy
+
+import pytest
+
+from raymx import errors
+from raymx.storage import codec
+from raymx.storage.engine import Engine, Stats
+from raymx.storage.gtid import GTID
+from raymx.storage.limits import Limits
+from raymx.storage.store import MemoryStore
+
+NS = "app.users"
+
+
+def state(e):
+    return e.snapshot_state()
+
+
+def test_insert_generates_time_ordered_ids_and_find_by_id(engine):
+    r = engine.insert_many(NS, [{"name": "a"}, {"name": "b"}, {"_id": 7, "name": "c"}])
+    assert r.gtid == GTID(0, 1)
+    a, b, _ = r.inserted_ids
+    assert isinstance(a, str) and len(a) == 24 and a < b
+    st = Stats()
+    rd = engine.reader()
+    assert list(rd.find(NS, {"_id": 7}, stats=st)) == [{"_id": 7, "name": "c"}]
+    assert st.plan == "IDHACK" and st.examined == 1
+
+
+def test_secondary_index_is_used_and_built_for_existing_data(engine):
+    engine.insert_many(NS, [{"_id": i, "age": i % 50, "city": f"c{i % 7}"} for i in range(500)])
+    with engine.begin() as tx:
+        tx.create_index(NS, "age")
+        tx.create_index(NS, [("city", 1), ("age", -1)])
+    st = Stats()
+    got = list(engine.reader().find(NS, {"age": 7}, stats=st))
+    assert len(got) == 10 and st.plan == "IXSCAN age_1" and st.examined == 10
+    st = Stats()
+    got = list(engine.reader().find(NS, {"age": {"$gte": 48}}, stats=st))
+    assert len(got) == 20 and st.examined == 20
+    st = Stats()
+    got = list(engine.reader().find(NS, {"city": {"$in": ["c1", "c2"]}, "age": {"$lt": 3}}, stats=st))
+    assert st.plan.startswith("IXSCAN") and st.examined < 200
+    assert sorted(d["_id"] for d in got) == sorted(
+        i for i in range(500) if i % 7 in (1, 2) and i % 50 < 3)
+    st = Stats()
+    assert engine.count(NS, {"nope": 1}) == 0
+    list(engine.reader().find(NS, {"nope": 1}, stats=st))
+    assert st.plan == "COLLSCAN" and st.examined == 500
+
+
+def test_find_projection_sort_skip_limit(engine):
+    engine.insert_many(NS, [{"_id": i, "a": {"b": 10 - i}, "x": i} for i in range(10)])
+    got = list(engine.reader().find(NS, {"a.b": {"$gt": 3}}, projection={"a.b": 1},
+                                    sort=[("a.b", 1)], skip=1, limit=2))
+    assert got == [{"_id": 5, "a": {"b": 5}}, {"_id": 4, "a": {"b": 6}}]
+
+
+def test_update_many_is_one_gtid_with_all_ops(engine):
+    engine.insert_many(NS, [{"_id": i, "n": 0} for i in range(100)])
+    with engine.begin() as tx:
+        r = tx.update(NS, {}, {"$inc": {"n": 1}}, multi=True)
+    assert r.matched == 100 and r.modified == 100
+    (g, e), = list(engine.read_oplog(after=GTID(0, 1)))
+    assert g == GTID(0, 2) and len(e["ops"]) == 100
+    assert all(op["op"] == "u" and op["pre"]["n"] == 0 and op["post"]["n"] == 1 for op in e["ops"])
+
+
+def test_insert_many_with_duplicate_inserts_nothing(engine):
+    engine.insert_many(NS, [{"_id": 3}])
+    before = state(engine)
+    with pytest.raises(errors.DuplicateKey):
+        engine.insert_many(NS, [{"_id": 1}, {"_id": 2}, {"_id": 3}])
+    assert state(engine) == before
+    assert engine.last()[0] == GTID(0, 1)
+
+
+def test_unique_index_violation_and_upsert(engine):
+    with engine.begin() as tx:
+        tx.create_index(NS, "email", unique=True)
+    engine.insert_many(NS, [{"_id": 1, "email": "a@x"}])
+    before = state(engine)
+    with pytest.raises(errors.DuplicateKey):
+        engine.insert_many(NS, [{"_id": 2, "email": "a@x"}])
+    with pytest.raises(errors.DuplicateKey):
+        with engine.begin() as tx:
+            tx.insert(NS, [{"_id": 3, "email": "b@x"}])
+            tx.update(NS, {"_id": 3}, {"$set": {"email": "a@x"}})
+    assert state(engine) == before
+    with engine.begin() as tx:
+        r = tx.update(NS, {"email": "z@x"}, {"$set": {"n": 1}}, upsert=True)
+    assert r.upserted_id is not None
+    assert engine.find(NS, {"email": "z@x"})[0]["n"] == 1
+
+
+def test_multi_statement_transaction_commits_atomically_or_leaves_no_trace(engine):
+    engine.insert_many(NS, [{"_id": 1, "bal": 100}, {"_id": 2, "bal": 0}])
+    with engine.begin() as tx:
+        tx.update(NS, {"_id": 1}, {"$inc": {"bal": -30}})
+        tx.update(NS, {"_id": 2}, {"$inc": {"bal": 30}})
+        # reads inside see the transaction's own writes
+        assert list(tx.find(NS, {"_id": 2}))[0]["bal"] == 30
+    last = engine.last()[0]
+    assert len(list(engine.read_oplog(after=GTID(0, 1)))[0][1]["ops"]) == 2
+    before = state(engine)
+    with pytest.raises(RuntimeError):
+        with engine.begin() as tx:
+            tx.update(NS, {"_id": 1}, {"$inc": {"bal": -30}})
+            raise RuntimeError("application error")
+    assert state(engine) == before and engine.last()[0] == last
+    # a statement that fails inside a transaction rolls back alone
+    with engine.begin() as tx:
+        tx.insert(NS, [{"_id": 9}])
+        with pytest.raises(errors.DuplicateKey):
+            tx.insert(NS, [{"_id": 10}, {"_id": 9}])
+    assert engine.count(NS, {"_id": {"$in": [9, 10]}}) == 1
+
+
+def test_aborted_gtid_becomes_noop_so_seqs_stay_dense(engine):
+    engine.insert_many(NS, [{"_id": 1}])
+    g = engine.write_noop()
+    assert g == GTID(0, 2)
+    engine.insert_many(NS, [{"_id": 2}])
+    ops = [e["ops"] for _, e in engine.read_oplog()]
+    assert ops[1] == [{"op": "n"}]
+    assert engine.verify_oplog() == 3
+
+
+def test_new_term_continues_seq(engine):
+    engine.insert_many(NS, [{"_id": 1}])
+    engine.set_term(4)
+    r = engine.insert_many(NS, [{"_id": 2}])
+    assert r.gtid == GTID(4, 2)
+    assert engine.range().terms == [[0, 1], [4, 2]]
+    with pytest.raises(errors.StaleTerm):
+        engine.set_term(3)
+
+
+def test_large_transaction_spills_to_refs(store):
+    e = Engine(store, Limits(spill_bytes=4096))
+    docs = [{"_id": i, "pad": "x" * 200} for i in range(100)]
+    r = e.insert_many(NS, docs)
+    with store.read() as t:
+        raw = codec.unpack(t.get("oplog", r.gtid.to_bytes()))
+        assert "ref" in raw and raw["chunks"] >= 5 and "ops" not in raw
+        assert len(list(t.scan("oplog.refs"))) == raw["chunks"]
+    (g, ent), = list(e.read_oplog())
+    assert [op["post"] for op in ent["ops"][1:]] == docs
+    assert e.verify_oplog() == 1
+
+
+def test_apply_to_another_store_then_undo_restores_exact_state(engine):
+    src = engine
+    dst = Engine(MemoryStore())
+    src.insert_many(NS, [{"_id": i, "a": i, "tags": ["x"]} for i in range(20)])
+    with src.begin() as tx:
+        tx.create_index(NS, "a", unique=True)
+    for g, e in src.read_oplog():
+        dst.apply_entry(e["ops"])
+    assert dst.snapshot_state() == src.snapshot_state()
+    snap = copy.deepcopy(dst.snapshot_state())
+    with src.begin() as tx:
+        tx.update(NS, {"a": {"$lt": 5}}, {"$set": {"b": 1}, "$push": {"tags": "y"}}, multi=True)
+        tx.delete(NS, {"a": {"$gte": 15}}, multi=True)
+        tx.insert(NS, [{"_id": 100, "a": 100}])
+        tx.create_index(NS, [("b", 1), ("a", 1)])
+        tx.drop_index(NS, "a_1")
+    (g, e), = list(src.read_oplog(after=src.last()[0].__class__(0, src.last()[0].seq - 1)))
+    dst.apply_entry(e["ops"])
+    assert dst.snapshot_state() == src.snapshot_state()
+    dst.undo_entry(e["ops"])
+    assert dst.snapshot_state() == snap
+
+
+def test_undo_refuses_drop_collection(engine):
+    engine.insert_many(NS, [{"_id": 1}])
+    with engine.begin() as tx:
+        tx.drop_collection(NS)
+    (_, e), = list(engine.read_oplog(after=GTID(0, 1)))
+    before = state(engine)
+    with pytest.raises(errors.IrreversibleOp):
+        engine.undo_entry(e["ops"])
+    assert state(engine) == before
+
+
+@pytest.mark.parametrize("bad, err", [
+    ({"_id": 1, "s": {1, 2}}, errors.InvalidDocument),
+    ({"_id": 1, 5: "x"}, errors.InvalidDocument),
+    ({"_id": 1, "n": 1 << 70}, errors.InvalidDocument),
+    ({"_id": 1, "$x": 1}, errors.InvalidDocument),
+    ({"_id": 1, "big": "x" * 3000}, errors.DocumentTooLarge),
+    ("not a dict", errors.InvalidDocument),
+])
+def test_bad_documents_write_nothing(store, bad, err):
+    e = Engine(store, Limits(document_bytes_max=2048, frame_bytes_max=1 << 20))
+    e.insert_many(NS, [{"_id": 0}])
+    before = state(e)
+    with pytest.raises(err):
+        e.insert_many(NS, [{"_id": 9}, bad])
+    assert state(e) == before and e.verify_oplog() == 1
+
+
+def test_transaction_size_limit(store):
+    e = Engine(store, Limits(transaction_bytes_max=10_000, spill_bytes=1000))
+    with pytest.raises(errors.TransactionTooLarge):
+        e.insert_many(NS, [{"_id": i, "p": "x" * 100} for i in range(200)])
+    assert e.count(NS) == 0 and e.last()[0] == GTID(0, 0)
+
+
+@pytest.mark.parametrize("ns", ["nodot", "a.system.x", "a$b.c", ".c", "a.", "a.b$c", 5, "a b.c"])
+def test_invalid_names(engine, ns):
+    with pytest.raises(errors.InvalidName):
+        engine.insert_many(ns, [{"_id": 1}])
+
+
+@pytest.mark.parametrize("flt", [{"a": {"$bogus": 1}}, {"$or": "x"}, {"a": {"$in": 3}}, [1]])
+def test_malformed_filters(engine, flt):
+    engine.insert_many(NS, [{"_id": 1}])
+    with pytest.raises(errors.InvalidFilter):
+        engine.find(NS, flt)
+
+
+@pytest.mark.parametrize("u", [{"$bogus": {"a": 1}}, {"$inc": {"a": "x"}}, {"$set": {"_id": 2}},
+                               {"$set": {"a": 1}, "b": 2}])
+def test_bad_updates_write_nothing(engine, u):
+    engine.insert_many(NS, [{"_id": 1, "a": 0}])
+    before = state(engine)
+    with pytest.raises(errors.InvalidUpdate):
+        with engine.begin() as tx:
+            tx.update(NS, {"_id": 1}, u)
+    assert state(engine) == before
+
+
+def test_index_create_fails_on_existing_duplicates_and_drop_cleans(engine):
+    engine.insert_many(NS, [{"_id": 1, "a": 1}, {"_id": 2, "a": 1}])
+    before = state(engine)
+    with pytest.raises(errors.DuplicateKey):
+        with engine.begin() as tx:
+            tx.create_index(NS, "a", unique=True)
+    assert state(engine) == before
+    with engine.begin() as tx:
+        tx.create_index(NS, "a")
+        tx.drop_index(NS, "a_1")
+    with engine.store.read() as t:
+        assert list(t.scan("index")) == []
+    with pytest.raises(errors.IndexNotFound):
+        with engine.begin() as tx:
+            tx.drop_index(NS, "a_1")
+
+
+def test_replace_and_delete(engine):
+    engine.insert_many(NS, [{"_id": 1, "a": 1, "b": 2}])
+    with engine.begin() as tx:
+        tx.update(NS, {"_id": 1}, {"x": 1}, replace=True)
+    assert engine.find(NS) == [{"_id": 1, "x": 1}]
+    with engine.begin() as tx:
+        assert tx.delete(NS, {"x": 1}).deleted == 1
+    assert engine.count(NS) == 0

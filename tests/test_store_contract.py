@@ -1,0 +1,127 @@
+"""One contract, two stores: LMDB and the in-memory store the simulation uses."""
+import os
+import stat
+import threading
+import time
+
+import pytest
+
+from raymx.storage.lmdb_store import LMDBStore
+from raymx.storage.store import MemoryStore
+
+
+def test_put_get_delete_and_snapshot_isolation(store):
+    with store.write() as t:
+        t.put("docs", b"a", b"1")
+        t.put("docs", b"b", b"2")
+    r = store.read()
+    with store.write() as t:
+        t.put("docs", b"c", b"3")
+        assert t.delete("docs", b"a")
+        assert not t.delete("docs", b"zz")
+    # the old reader still sees its snapshot
+    assert [k for k, _ in r.scan("docs")] == [b"a", b"b"]
+    r.abort()
+    with store.read() as r2:
+        assert [k for k, _ in r2.scan("docs")] == [b"b", b"c"]
+        assert r2.get("docs", b"a") is None
+        assert r2.get("docs", b"c") == b"3"
+
+
+def test_scan_ranges_and_reverse(store):
+    with store.write() as t:
+        for i in range(10):
+            t.put("oplog", bytes([i]), bytes([i]))
+    with store.read() as t:
+        assert [k[0] for k, _ in t.scan("oplog", bytes([3]), bytes([6]))] == [3, 4, 5]
+        assert [k[0] for k, _ in t.scan("oplog", bytes([3]), bytes([6]), reverse=True)] == [5, 4, 3]
+        assert [k[0] for k, _ in t.scan("oplog", None, bytes([2]), reverse=True)] == [1, 0]
+        assert [k[0] for k, _ in t.scan("oplog", bytes([8]), None, reverse=True)] == [9, 8]
+        assert t.first("oplog")[0] == bytes([0]) and t.last("oplog")[0] == bytes([9])
+        assert t.first("unapplied") is None and t.last("unapplied") is None
+
+
+def test_abort_and_exception_discard_writes(store):
+    t = store.write()
+    t.put("meta", b"x", b"1")
+    t.abort()
+    with pytest.raises(ZeroDivisionError):
+        with store.write() as t:
+            t.put("meta", b"x", b"1")
+            1 / 0
+    with store.read() as r:
+        assert r.get("meta", b"x") is None
+
+
+def test_nested_savepoint(store):
+    with store.write() as t:
+        t.put("docs", b"keep", b"1")
+        n = t.nested()
+        n.put("docs", b"gone", b"1")
+        assert n.get("docs", b"keep") == b"1"
+        n.abort()
+        n = t.nested()
+        n.put("docs", b"merged", b"1")
+        n.delete("docs", b"keep")
+        n.commit()
+        assert t.get("docs", b"keep") is None
+    with store.read() as r:
+        assert sorted(k for k, _ in r.scan("docs")) == [b"merged"]
+
+
+def test_one_writer_at_a_time_in_submission_order(store):
+    order = []
+    t = store.write()
+
+    def second():
+        with store.write() as t2:
+            order.append("second")
+            t2.put("meta", b"k", b"2")
+
+    th = threading.Thread(target=second)
+    th.start()
+    time.sleep(0.1)
+    order.append("first")  # the second writer is still waiting
+    t.put("meta", b"k", b"1")
+    t.commit()
+    th.join(5)
+    assert order == ["first", "second"]
+    with store.read() as r:
+        assert r.get("meta", b"k") == b"2"
+
+
+def test_memory_store_crash_drops_unsynced():
+    s = MemoryStore()
+    with s.write() as t:
+        t.put("oplog", b"1", b"a")
+    s.sync()
+    with s.write() as t:
+        t.put("oplog", b"2", b"b")
+    s.crash()
+    with s.read() as r:
+        assert [k for k, _ in r.scan("oplog")] == [b"1"]
+
+
+def test_lmdb_dir_is_owner_only_and_reopens(tmp_path):
+    p = tmp_path / "member"
+    s = LMDBStore(str(p), map_bytes=1 << 28)
+    with s.write() as t:
+        t.put("meta", b"a", b"b")
+    s.sync()
+    s.close()
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o700
+    s = LMDBStore(str(p), map_bytes=1 << 28)
+    with s.read() as r:
+        assert r.get("meta", b"a") == b"b"
+    # a second store object on the same path shares the environment
+    s2 = LMDBStore(str(p), map_bytes=1 << 28)
+    with s2.read() as r:
+        assert r.get("meta", b"a") == b"b"
+    s2.close()
+    s.close()
+
+
+def test_unknown_subdatabase_is_refused(store):
+    with pytest.raises(KeyError):
+        with store.read() as r:
+            r.get("nope", b"x")
