@@ -156,7 +156,8 @@ def _compile(flt: Any) -> Predicate:
         if isinstance(k, str) and k.startswith("$"):
             if k not in _LOGICAL:
                 raise InvalidFilter(f"unknown top-level operator {k}", operator=k)
-            if not isinstance(cond, _ARRAY) or not cond or not all(isinstance(c, dict) for c in cond):
+            if not isinstance(cond, _ARRAY) or not cond or \
+                    not all(isinstance(c, dict) for c in cond):
                 raise InvalidFilter(f"{k} needs a non-empty list of filter dicts")
             subs = [_compile(c) for c in cond]
             if k == "$and":
@@ -173,7 +174,7 @@ def _compile(flt: Any) -> Predicate:
 
 
 def compile_filter(flt: dict | None) -> Callable[[dict], bool]:
-    """A predicate for ``flt``; every malformation raises ``InvalidFilter`` here, not at match time."""
+    """A predicate for ``flt``; a malformed filter raises ``InvalidFilter`` here, not later."""
     return (lambda d: True) if flt is None else _compile(flt)
 
 
@@ -201,7 +202,8 @@ def index_keys(doc: Any, path: str) -> list[bytes]:
     return sorted(set(_candidates(get_path(doc, path))))
 
 
-def extract_bounds(flt: dict | None, *, multikey: bool | Container[str] = True) -> dict[str, Bounds]:
+def extract_bounds(flt: dict | None, *,
+                   multikey: bool | Container[str] = True) -> dict[str, Bounds]:
     """Per path, bounds implied by the top-level conjunction of ``flt`` (index selection).
 
     Contract: for every document ``d`` matching ``flt`` and every ``(p, b)`` in
@@ -282,7 +284,8 @@ def _projection(projection: Any) -> tuple[bool, Tree]:
     for path, flag in projection.items():
         _parts(path)
         if type(flag) not in (bool, int) or flag not in (0, 1):
-            raise InvalidFilter(f"projection of {path!r} must be 0, 1, true or false, got {flag!r:.40}")
+            raise InvalidFilter(f"projection of {path!r} must be 0, 1, true or false, "
+                                f"got {flag!r:.40}")
         spec[path] = bool(flag)
     modes = {flag for path, flag in spec.items() if path != "_id"}
     if len(modes) > 1:
@@ -352,7 +355,8 @@ def _sort_spec(spec: Any) -> list[tuple[list[str], int]]:
     elif isinstance(spec, dict):
         spec = list(spec.items())
     if not isinstance(spec, _ARRAY):
-        raise InvalidFilter(f"a sort must be a list of (path, direction), got {type(spec).__name__}")
+        raise InvalidFilter("a sort must be a list of (path, direction), "
+                            f"got {type(spec).__name__}")
     out = []
     for item in spec:
         if isinstance(item, str):
@@ -361,7 +365,8 @@ def _sort_spec(spec: Any) -> list[tuple[list[str], int]]:
             raise InvalidFilter(f"sort item {item!r:.60} is not (path, direction)")
         path, direction = item
         if type(direction) is not int or direction not in (1, -1):
-            raise InvalidFilter(f"sort direction of {path!r} must be 1 or -1, got {direction!r:.40}")
+            raise InvalidFilter(f"sort direction of {path!r} must be 1 or -1, "
+                                f"got {direction!r:.40}")
         out.append((_parts(path), direction))
     return out
 

@@ -12,7 +12,7 @@ from raymx.storage.keys import encode_key
 from raymx.storage.query import (MISSING, Bounds, compile_filter, extract_bounds, get_path,
                                  index_keys, project, sort_key)
 
-FAST = settings(max_examples=150, deadline=None)
+FAST = settings(max_examples=100, deadline=None)
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 64) - 1),
                     st.floats(allow_nan=False), st.text(max_size=4), st.binary(max_size=4))
@@ -62,7 +62,8 @@ def test_keys_are_prefix_free(a, b):
 ])
 def test_get_path(path, expected):
     doc = {"a": {"b": [10, {"c": 1}]}, "n": None}
-    assert get_path(doc, path) == expected if expected is not MISSING else get_path(doc, path) is MISSING
+    got = get_path(doc, path)
+    assert got is MISSING if expected is MISSING else got == expected
 
 
 def test_missing_is_a_picklable_singleton():
@@ -82,8 +83,10 @@ DOC = {"_id": 1, "n": 5, "f": 2.5, "s": "abc", "t": True, "z": None, "arr": [1, 
     ({"n": 5, "s": "abc"}, True), ({"n": 5, "s": "abd"}, False),
     # missing and null
     ({"missing": None}, True), ({"z": None}, True), ({"missing": {"$eq": None}}, True),
-    ({"missing": {"$ne": None}}, False), ({"z": {"$ne": None}}, False), ({"n": {"$ne": None}}, True),
-    ({"missing": 0}, False), ({"missing": {"$gte": None}}, True), ({"missing": {"$gt": None}}, False),
+    ({"missing": {"$ne": None}}, False), ({"z": {"$ne": None}}, False),
+    ({"n": {"$ne": None}}, True),
+    ({"missing": 0}, False), ({"missing": {"$gte": None}}, True),
+    ({"missing": {"$gt": None}}, False),
     ({"missing": {"$lte": None}}, True), ({"missing": {"$lt": None}}, False),
     ({"missing": {"$in": [None, 1]}}, True), ({"missing": {"$nin": [None]}}, False),
     # $ne, $in, $nin
@@ -104,9 +107,11 @@ DOC = {"_id": 1, "n": 5, "f": 2.5, "s": "abc", "t": True, "z": None, "arr": [1, 
     # arrays: the whole array or any one element
     ({"arr": 5}, True), ({"arr": "x"}, True), ({"arr": 7}, False), ({"arr": [7]}, True),
     ({"arr": [1, 5, "x", [7]]}, True), ({"arr": [1, 5]}, False), ({"arr": {"$ne": 5}}, False),
-    ({"arr": {"$ne": 6}}, True), ({"arr": {"$nin": [6, 5]}}, False), ({"arr": {"$in": [6, "x"]}}, True),
-    ({"arr": {"$gt": 4}}, True), ({"arr": {"$gt": 5}}, False), ({"arr": {"$gt": 2, "$lt": 3}}, True),
-    ({"arr": {"$lt": "y"}}, True), ({"arr": {"$gt": [1]}}, True), ({"arr": {"$size": 4}} , None),
+    ({"arr": {"$ne": 6}}, True), ({"arr": {"$nin": [6, 5]}}, False),
+    ({"arr": {"$in": [6, "x"]}}, True),
+    ({"arr": {"$gt": 4}}, True), ({"arr": {"$gt": 5}}, False),
+    ({"arr": {"$gt": 2, "$lt": 3}}, True),
+    ({"arr": {"$lt": "y"}}, True), ({"arr": {"$gt": [1]}}, True),
     ({"arr.1": 5}, True), ({"arr.3": 7}, True), ({"arr.3.0": 7}, True), ({"arr": None}, False),
     ({"empty": []}, True), ({"empty": None}, False), ({"empty": {"$exists": True}}, True),
     ({"arr": {"$not": {"$gt": 4}}}, False), ({"arr": {"$not": {"$gt": 5}}}, True),
@@ -123,15 +128,12 @@ DOC = {"_id": 1, "n": 5, "f": 2.5, "s": "abc", "t": True, "z": None, "arr": [1, 
     ({"$or": [{"$and": [{"n": 5}, {"$nor": [{"t": False}]}]}], "f": {"$gte": 2.5}}, True),
 ])
 def test_filter(flt, expected):
-    if expected is None:
-        with pytest.raises(InvalidFilter, match=r"\$size"):
-            compile_filter(flt)
-    else:
-        assert match(flt, DOC) is expected
+    assert match(flt, DOC) is expected
 
 
 def test_filter_on_big_ints_and_nested_arrays():
-    assert match({"a": 2.0 ** 60}, {"a": 2 ** 60}) and not match({"a": 2 ** 60 + 1}, {"a": 2.0 ** 60})
+    assert match({"a": 2.0 ** 60}, {"a": 2 ** 60})
+    assert not match({"a": 2 ** 60 + 1}, {"a": 2.0 ** 60})
     assert not match({"a": 7}, {"a": [[7]]}) and match({"a": [7]}, {"a": [[7]]})  # one level only
     assert match({"a": {"$gt": 1}}, {"a": (0, 2)})  # tuples are arrays too
     assert not match({"a": 1}, 5) and match({"a": None}, 5)
@@ -140,11 +142,14 @@ def test_filter_on_big_ints_and_nested_arrays():
 @pytest.mark.parametrize("flt, message", [
     ([("a", 1)], "must be a dict"), ("a", "must be a dict"),
     ({1: 2}, "field name 1 is not a string"), ({"a..b": 1}, "empty component"), ({"": 1}, "empty"),
-    ({"a": {"$foo": 1}}, r"unknown operator \$foo on 'a'"), ({"$where": "x"}, r"\$where"),
-    ({"$and": []}, "non-empty list"), ({"$or": {"a": 1}}, "non-empty list"), ({"$nor": [1]}, "dicts"),
+    ({"a": {"$foo": 1}}, r"unknown operator \$foo on 'a'"), ({"a": {"$size": 1}}, r"\$size"),
+    ({"$where": "x"}, r"\$where"),
+    ({"$and": []}, "non-empty list"), ({"$or": {"a": 1}}, "non-empty list"),
+    ({"$nor": [1]}, "dicts"),
     ({"$and": [{"a": {"$bad": 1}}]}, r"\$bad"), ({"a": {"$in": 5}}, r"\$in on 'a' needs a list"),
     ({"a": {"$nin": "ab"}}, r"\$nin .* needs a list"), ({"a": {"$exists": 1}}, "true or false"),
-    ({"a": {"$not": 5}}, r"\$not"), ({"a": {"$not": {}}}, r"\$not"), ({"a": {"$not": {"b": 1}}}, r"\$not"),
+    ({"a": {"$not": 5}}, r"\$not"), ({"a": {"$not": {}}}, r"\$not"),
+    ({"a": {"$not": {"b": 1}}}, r"\$not"),
     ({"a": {"$gt": 1, "b": 2}}, "mixes"), ({"a": {"$or": [{"b": 1}]}}, "top level"),
     ({"a": {1: 2}}, "not a string"), ({"a": object()}, "cannot be stored"),
     ({"a": {"$in": [1, object()]}}, r"\$in on 'a'"), ({"a": {"$gt": 1 << 70}}, "64 bits"),
@@ -163,7 +168,8 @@ def test_unknown_operator_is_named_in_info():
 # --- index bounds -------------------------------------------------------------------
 @pytest.mark.parametrize("flt, expected", [
     (None, {}), ({}, {}),
-    ({"a": 5}, {"a": Bounds([5], None, None)}), ({"a": {"$eq": "x"}}, {"a": Bounds(["x"], None, None)}),
+    ({"a": 5}, {"a": Bounds([5], None, None)}),
+    ({"a": {"$eq": "x"}}, {"a": Bounds(["x"], None, None)}),
     ({"a": None}, {"a": Bounds([None], None, None)}),
     ({"a": {"$in": [3, "b", 1, 3.0]}}, {"a": Bounds([1, 3, "b"], None, None)}),
     ({"a": {"$gt": 1}}, {"a": Bounds(None, (1, False), None)}),
@@ -173,16 +179,20 @@ def test_unknown_operator_is_named_in_info():
     ({"a": {"$gte": 2}, "$and": [{"a": {"$gt": 2}}, {"a": {"$gt": 1}}]},
      {"a": Bounds(None, (2, False), None)}),
     ({"a": {"$gt": 1, "$in": [4, 5]}}, {"a": Bounds([4, 5], None, None)}),  # points win
-    ({"a": {"$in": [1, 2, 3]}, "$and": [{"a": 2}]}, {"a": Bounds([2], None, None)}),  # fewest points
-    ({"a.b": 1, "c": {"$lt": "q"}}, {"a.b": Bounds([1], None, None), "c": Bounds(None, None, ("q", False))}),
+    ({"a": {"$in": [1, 2, 3]}, "$and": [{"a": 2}]}, {"a": Bounds([2], None, None)}), # fewest points
+    ({"a.b": 1, "c": {"$lt": "q"}},
+     {"a.b": Bounds([1], None, None), "c": Bounds(None, None, ("q", False))}),
     # skipped: not necessary, or a list/dict operand
-    ({"$or": [{"a": 1}, {"b": 2}]}, {}), ({"$nor": [{"a": 1}]}, {}), ({"a": {"$not": {"$eq": 1}}}, {}),
-    ({"a": {"$ne": 1, "$nin": [2], "$exists": True}}, {}), ({"a": [1, 2]}, {}), ({"a": {"b": 1}}, {}),
+    ({"$or": [{"a": 1}, {"b": 2}]}, {}), ({"$nor": [{"a": 1}]}, {}),
+    ({"a": {"$not": {"$eq": 1}}}, {}),
+    ({"a": {"$ne": 1, "$nin": [2], "$exists": True}}, {}), ({"a": [1, 2]}, {}),
+    ({"a": {"b": 1}}, {}),
     ({"a": {"$in": [1, [2]]}}, {}), ({"a": {"$gt": [1]}}, {}), ({"a": {"$eq": {"x": 1}}}, {}),
-    ({"a": {"$in": [1, {"x": 1}]}, "$and": [{"a": {"$gt": 0}}]}, {"a": Bounds(None, (0, False), None)}),
+    ({"a": {"$in": [1, {"x": 1}]}, "$and": [{"a": {"$gt": 0}}]},
+     {"a": Bounds(None, (0, False), None)}),
 ])
 def test_extract_bounds(flt, expected):
-    assert {p: b for p, b in extract_bounds(flt).items() if b != Bounds(None, None, None)} == expected
+    assert extract_bounds(flt) == expected
 
 
 def test_extract_bounds_both_sides_when_no_arrays():
@@ -202,22 +212,25 @@ def test_extract_bounds_validates():
 def test_index_keys():
     assert index_keys({}, "a") == [encode_key(None)]
     assert index_keys({"a": 3}, "a") == [encode_key(3)]
-    assert index_keys({"a": [2, 1, 2]}, "a") == sorted({encode_key(1), encode_key(2), encode_key([2, 1, 2])})
+    assert index_keys({"a": [2, 1, 2]}, "a") == sorted(map(encode_key, [1, 2, [2, 1, 2]]))
 
 
-POOL = st.sampled_from([None, 0, 1, 2, 2.5, 3, "a", "b", True, False])
+POOL = st.sampled_from([None, 1, 2, 2.5, "a", True])
 conds = st.one_of(
     POOL, st.lists(POOL, max_size=2),
     st.dictionaries(st.sampled_from(["$eq", "$ne", "$gt", "$gte", "$lt", "$lte"]), POOL,
-                    min_size=1, max_size=3),
-    st.builds(lambda op, xs: {op: xs}, st.sampled_from(["$in", "$nin"]), st.lists(POOL, max_size=3)),
+                    min_size=1, max_size=2),
+    st.builds(lambda op, xs: {op: xs}, st.sampled_from(["$in", "$nin"]),
+              st.lists(POOL, max_size=3)),
     st.builds(lambda b: {"$exists": b}, st.booleans()))
-simple = st.dictionaries(st.sampled_from(["a", "b", "c.d"]), conds, max_size=2)
-filters = st.one_of(simple, st.builds(lambda f, xs: {**f, "$and": xs}, simple, st.lists(simple, min_size=1, max_size=2)),
-                    st.builds(lambda f, xs: {**f, "$or": xs}, simple, st.lists(simple, min_size=1, max_size=2)))
-field_values = st.one_of(POOL, st.lists(POOL, max_size=3))
-docs = st.fixed_dictionaries({}, optional={"a": field_values, "b": field_values,
-                                           "c": st.fixed_dictionaries({}, optional={"d": field_values})})
+simple = st.dictionaries(st.sampled_from(["a", "b", "c.d"]), conds, min_size=1, max_size=2)
+members = st.lists(simple, min_size=1, max_size=2)
+filters = st.one_of(simple, st.builds(lambda f, xs: {**f, "$and": xs}, simple, members),
+                    st.builds(lambda f, xs: {**f, "$or": xs}, simple, members))
+# Every filter is checked against a fixed universe of documents, so many of them match.
+_VS = [MISSING, None, 1, 2, 2.5, "a", True, [], [1, "a"], [2.5, None], [True, 2, 1]]
+UNIVERSE = [{k: v for k, v in (("a", x), ("b", y), ("c", {"d": _VS[(i + j) % len(_VS)]}))
+             if v is not MISSING} for i, x in enumerate(_VS) for j, y in enumerate(_VS)]
 
 
 def _satisfies(key: bytes, b: Bounds) -> bool:
@@ -234,12 +247,12 @@ def _satisfies(key: bytes, b: Bounds) -> bool:
     return True
 
 
-@settings(max_examples=400, deadline=None)
-@given(filters, st.lists(docs, min_size=1, max_size=6))
-def test_extract_bounds_is_conservative(flt, ds):
+@settings(max_examples=200, deadline=None)
+@given(filters)
+def test_extract_bounds_is_conservative(flt):
     m = compile_filter(flt)
     mk, whole = extract_bounds(flt), extract_bounds(flt, multikey=False)
-    for d in filter(m, ds):
+    for d in filter(m, UNIVERSE):
         for p, b in mk.items():
             assert any(_satisfies(k, b) for k in index_keys(d, p)), (p, b, d)
         for p, b in whole.items():
@@ -257,9 +270,11 @@ P = {"_id": 7, "a": {"b": 1, "c": {"d": 2, "e": 3}}, "x": [1, {"y": 2}], "s": "t
     ({"s": 1}, {"_id": 7, "s": "t"}), ({"s": True, "a": 1}, {"_id": 7, "a": P["a"], "s": "t"}),
     (["s", "x"], {"_id": 7, "x": [1, {"y": 2}], "s": "t"}), ({"s": 1, "_id": 0}, {"s": "t"}),
     ({"_id": 1}, {"_id": 7}), ({"_id": 0}, {k: v for k, v in P.items() if k != "_id"}),
-    ({"a.c.d": 1}, {"_id": 7, "a": {"c": {"d": 2}}}), ({"a.zz": 1, "s": 1}, {"_id": 7, "a": {}, "s": "t"}),
+    ({"a.c.d": 1}, {"_id": 7, "a": {"c": {"d": 2}}}),
+    ({"a.zz": 1, "s": 1}, {"_id": 7, "a": {}, "s": "t"}),
     ({"s.q": 1}, {"_id": 7}), ({"x.y": 1}, {"_id": 7}), ({"nope": 1}, {"_id": 7}),
-    ({"s": 0}, {"_id": 7, "a": P["a"], "x": P["x"]}), ({"s": False, "_id": 0}, {"a": P["a"], "x": P["x"]}),
+    ({"s": 0}, {"_id": 7, "a": P["a"], "x": P["x"]}),
+    ({"s": False, "_id": 0}, {"a": P["a"], "x": P["x"]}),
     ({"a.c.e": 0, "x": 0, "s": 0}, {"_id": 7, "a": {"b": 1, "c": {"d": 2}}}),
     ({"a.b": 0, "_id": 1, "x": 0, "s": 0}, {"_id": 7, "a": {"c": {"d": 2, "e": 3}}}),
     ({"s.q": 0, "nope": 0, "x.y": 0, "a": 0}, {"_id": 7, "x": P["x"], "s": "t"}),
@@ -289,7 +304,8 @@ def test_project_errors(projection, message):
 
 @FAST
 @given(st.dictionaries(st.sampled_from(["_id", "a", "b", "c"]), values, max_size=4),
-       st.lists(st.sampled_from(["a", "b", "a.x", "c.0", "b.y.z"]), max_size=3, unique=True), st.booleans())
+       st.lists(st.sampled_from(["a", "b", "a.x", "c.0", "b.y.z"]), max_size=3, unique=True),
+       st.booleans())
 def test_project_never_mutates(doc, paths, include):
     before = copy.deepcopy(doc)
     try:
@@ -305,21 +321,25 @@ def _ids(ds, spec):
 
 
 SD = [{"_id": 1, "a": 2, "b": "x"}, {"_id": 2, "a": 1, "b": "y"}, {"_id": 3, "b": "x"},
-      {"_id": 4, "a": "s", "b": "z"}, {"_id": 5, "a": 1.5, "b": "x"}, {"_id": 6, "a": None, "b": "w"}]
+      {"_id": 4, "a": "s", "b": "z"}, {"_id": 5, "a": 1.5, "b": "x"},
+      {"_id": 6, "a": None, "b": "w"}]
 
 
 @pytest.mark.parametrize("spec, expected", [
     ("a", [3, 6, 2, 5, 1, 4]), ([("a", 1)], [3, 6, 2, 5, 1, 4]), ({"a": -1}, [4, 1, 5, 2, 3, 6]),
     ([("b", 1), ("a", -1)], [6, 1, 5, 3, 2, 4]), ([["b", -1], ["_id", 1]], [4, 2, 1, 3, 5, 6]),
-    (["b", ("_id", -1)], [6, 5, 3, 1, 2, 4]), ([], [1, 2, 3, 4, 5, 6]), ({"c.d": 1}, [1, 2, 3, 4, 5, 6]),
+    (["b", ("_id", -1)], [6, 5, 3, 1, 2, 4]), ([], [1, 2, 3, 4, 5, 6]),
+    ({"c.d": 1}, [1, 2, 3, 4, 5, 6]),
 ])
 def test_sort_key(spec, expected):
     assert _ids(SD, spec) == expected
 
 
 @pytest.mark.parametrize("spec, message", [
-    ([("a", 2)], "1 or -1"), ([("a", True)], "1 or -1"), ({"a": "asc"}, "1 or -1"), ([("a",)], "not"),
-    (5, "list"), ([("a", 1, 2)], "not"), ([(1, 1)], "not a string"), ("a..b", "empty"), ([("a", 1.0)], "1 or -1"),
+    ([("a", 2)], "1 or -1"), ([("a", True)], "1 or -1"), ({"a": "asc"}, "1 or -1"),
+    ([("a",)], "not"),
+    (5, "list"), ([("a", 1, 2)], "not"), ([(1, 1)], "not a string"), ("a..b", "empty"),
+    ([("a", 1.0)], "1 or -1"),
 ])
 def test_sort_key_errors(spec, message):
     with pytest.raises(InvalidFilter, match=message):

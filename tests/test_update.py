@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 from raymx.errors import InvalidFilter, InvalidUpdate
 from raymx.storage.update import apply_update, is_operator_update, upsert_seed
 
-D = {"_id": 1, "n": 5, "f": 1.5, "s": "x", "t": True, "l": [1, 2, 3, 2], "e": {"a": 1, "b": {"c": 2}},
+D = {"_id": 1, "n": 5, "f": 1.5, "s": "x", "t": True, "l": [1, 2, 3, 2],
+     "e": {"a": 1, "b": {"c": 2}},
      "docs": [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}], "tup": (1, 2)}
 
 
@@ -29,54 +30,65 @@ def changed(update, doc=None) -> dict:
 
 def test_is_operator_update():
     assert is_operator_update({"$set": {"a": 1}}) and is_operator_update({"a": 1, "$inc": {}})
-    assert not is_operator_update({"a": 1}) and not is_operator_update({}) and not is_operator_update([1])
+    assert not any(map(is_operator_update, [{"a": 1}, {}, [1], "$set"]))
     assert not is_operator_update({1: 2})
 
 
 @pytest.mark.parametrize("update, expected", [
     # $set: new, existing, nested (creating dicts), list elements, padding
     ({"$set": {"n": 6}}, {"n": 6}), ({"$set": {"new": {"x": [1]}}}, {"new": {"x": [1]}}),
-    ({"$set": {"e.b.c": 3}}, {"e": {"a": 1, "b": {"c": 3}}}), ({"$set": {"p.q.r": 1}}, {"p": {"q": {"r": 1}}}),
-    ({"$set": {"l.1": 9}}, {"l": [1, 9, 3, 2]}), ({"$set": {"l.5": 9}}, {"l": [1, 2, 3, 2, None, 9]}),
+    ({"$set": {"e.b.c": 3}}, {"e": {"a": 1, "b": {"c": 3}}}),
+    ({"$set": {"p.q.r": 1}}, {"p": {"q": {"r": 1}}}),
+    ({"$set": {"l.1": 9}}, {"l": [1, 9, 3, 2]}),
+    ({"$set": {"l.5": 9}}, {"l": [1, 2, 3, 2, None, 9]}),
     ({"$set": {"docs.1.v": "z"}}, {"docs": [{"k": 1, "v": "a"}, {"k": 2, "v": "z"}]}),
     ({"$set": {"docs.2.v": "z"}}, {"docs": [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"v": "z"}]}),
     ({"$set": {"tup.0": 7}}, {"tup": [7, 2]}), ({"$set": {"n": (1, 2)}}, {"n": [1, 2]}),
     ({"$set": {"_id": 1.0}}, {}), ({"$set": {}}, {}),
     # $unset: dict fields removed, array elements nulled, absent paths ignored
     ({"$unset": {"n": ""}}, {"n": "-"}), ({"$unset": {"e.b": 1}}, {"e": {"a": 1}}),
-    ({"$unset": {"l.0": 1}}, {"l": [None, 2, 3, 2]}), ({"$unset": {"l.9": 1, "zz.y": 1, "s.q": 1}}, {}),
+    ({"$unset": {"l.0": 1}}, {"l": [None, 2, 3, 2]}),
+    ({"$unset": {"l.9": 1, "zz.y": 1, "s.q": 1}}, {}),
     ({"$unset": {"l.x": 1}}, {}),
     # $inc
-    ({"$inc": {"n": 2}}, {"n": 7}), ({"$inc": {"n": -1.5}}, {"n": 3.5}), ({"$inc": {"f": 1}}, {"f": 2.5}),
-    ({"$inc": {"new": 3}}, {"new": 3}), ({"$inc": {"e.b.z": 1}}, {"e": {"a": 1, "b": {"c": 2, "z": 1}}}),
+    ({"$inc": {"n": 2}}, {"n": 7}), ({"$inc": {"n": -1.5}}, {"n": 3.5}),
+    ({"$inc": {"f": 1}}, {"f": 2.5}),
+    ({"$inc": {"new": 3}}, {"new": 3}),
+    ({"$inc": {"e.b.z": 1}}, {"e": {"a": 1, "b": {"c": 2, "z": 1}}}),
     ({"$inc": {"l.0": 10}}, {"l": [11, 2, 3, 2]}),
     # $min / $max: the value order of encode_key, across types
     ({"$min": {"n": 3}}, {"n": 3}), ({"$min": {"n": 7}}, {}), ({"$max": {"n": 7}}, {"n": 7}),
-    ({"$max": {"n": 5.0}}, {}), ({"$min": {"new": 1}}, {"new": 1}), ({"$max": {"n": "a"}}, {"n": "a"}),
+    ({"$max": {"n": 5.0}}, {}), ({"$min": {"new": 1}}, {"new": 1}),
+    ({"$max": {"n": "a"}}, {"n": "a"}),
     ({"$min": {"s": None}}, {"s": None}), ({"$max": {"e.b.c": 1}}, {}),
     # $push
-    ({"$push": {"l": 4}}, {"l": [1, 2, 3, 2, 4]}), ({"$push": {"new.x": [1]}}, {"new": {"x": [[1]]}}),
+    ({"$push": {"l": 4}}, {"l": [1, 2, 3, 2, 4]}),
+    ({"$push": {"new.x": [1]}}, {"new": {"x": [[1]]}}),
     ({"$push": {"l": {"$each": [7, 8]}}}, {"l": [1, 2, 3, 2, 7, 8]}),
     ({"$push": {"l": {"$each": [7], "$position": 0}}}, {"l": [7, 1, 2, 3, 2]}),
     ({"$push": {"l": {"$each": [7], "$position": -1}}}, {"l": [1, 2, 3, 7, 2]}),
     ({"$push": {"l": {"$each": [7, 8], "$slice": -3}}}, {"l": [2, 7, 8]}),
-    ({"$push": {"l": {"$each": [], "$slice": 2}}}, {"l": [1, 2]}), ({"$push": {"l": {"k": 1}}}, {"l": [1, 2, 3, 2, {"k": 1}]}),
+    ({"$push": {"l": {"$each": [], "$slice": 2}}}, {"l": [1, 2]}),
+    ({"$push": {"l": {"k": 1}}}, {"l": [1, 2, 3, 2, {"k": 1}]}),
     ({"$push": {"tup": 3}}, {"tup": [1, 2, 3]}),
     # $addToSet (equality by key: 2.0 == 2)
     ({"$addToSet": {"l": 2.0}}, {}), ({"$addToSet": {"l": 9}}, {"l": [1, 2, 3, 2, 9]}),
     ({"$addToSet": {"l": {"$each": [3, 4, 4, 5]}}}, {"l": [1, 2, 3, 2, 4, 5]}),
     ({"$addToSet": {"new": [1]}}, {"new": [[1]]}),
     # $pull: a value, an operator condition on elements, a filter on subdocuments
-    ({"$pull": {"l": 2}}, {"l": [1, 3]}), ({"$pull": {"l": 2.0}}, {"l": [1, 3]}), ({"$pull": {"l": 7}}, {}),
+    ({"$pull": {"l": 2}}, {"l": [1, 3]}), ({"$pull": {"l": 2.0}}, {"l": [1, 3]}),
+    ({"$pull": {"l": 7}}, {}),
     ({"$pull": {"l": {"$gte": 2}}}, {"l": [1]}), ({"$pull": {"l": {"$in": [1, 3]}}}, {"l": [2, 2]}),
-    ({"$pull": {"l": {"$gt": "a"}}}, {}), ({"$pull": {"docs": {"k": 2}}}, {"docs": [{"k": 1, "v": "a"}]}),
+    ({"$pull": {"l": {"$gt": "a"}}}, {}),
+    ({"$pull": {"docs": {"k": 2}}}, {"docs": [{"k": 1, "v": "a"}]}),
     ({"$pull": {"docs": {"k": {"$lt": 5}, "v": "a"}}}, {"docs": [{"k": 2, "v": "b"}]}),
     ({"$pull": {"docs": {"$or": [{"k": 1}, {"v": "b"}]}}}, {"docs": []}),
     ({"$pull": {"docs": {"k": 1, "v": "a"}}}, {"docs": [{"k": 2, "v": "b"}]}),
     ({"$pull": {"missing": 1, "e.zz": 1}}, {}), ({"$pull": {"l": {}}}, {}),
     ({"$pull": {"l": [1]}}, {}), ({"$pull": {"tup": 1}}, {"tup": [2]}),
     # $rename
-    ({"$rename": {"n": "m"}}, {"m": 5, "n": "-"}), ({"$rename": {"e.a": "z.y"}}, {"e": {"b": {"c": 2}}, "z": {"y": 1}}),
+    ({"$rename": {"n": "m"}}, {"m": 5, "n": "-"}),
+    ({"$rename": {"e.a": "z.y"}}, {"e": {"b": {"c": 2}}, "z": {"y": 1}}),
     ({"$rename": {"nope": "m"}}, {}), ({"$rename": {"n": "s"}}, {"s": 5, "n": "-"}),
     # several operators at once
     ({"$set": {"e.a": 0}, "$inc": {"e.b.c": 1}, "$unset": {"s": 1}, "$push": {"l": 0}},
@@ -103,26 +115,37 @@ def test_field_order_is_kept_and_new_fields_appended():
 
 @pytest.mark.parametrize("update, message", [
     ([("$set", {})], "must be a dict"), ({}, "empty"), ({"$set": {"a": 1}, "b": 2}, "mix"),
-    ({"$foo": {"a": 1}}, r"unknown update operator \$foo"), ({"$set": [("a", 1)]}, r"\$set needs a dict"),
-    ({"$set": {"": 1}}, "non-empty"), ({"$set": {1: 1}}, "non-empty string"), ({"$set": {"a..b": 1}}, "empty component"),
+    ({"$foo": {"a": 1}}, r"unknown update operator \$foo"),
+    ({"$set": [("a", 1)]}, r"\$set needs a dict"),
+    ({"$set": {"": 1}}, "non-empty"), ({"$set": {1: 1}}, "non-empty string"),
+    ({"$set": {"a..b": 1}}, "empty component"),
     ({"$set": {"a.$": 1}}, "positional"), ({"$set": {"$a": 1}}, "may not start with"),
-    ({"$set": {"a": {"$b": 1}}}, r"\$set on 'a': field name '\$b'"), ({"$set": {"a": [{"x": {"$y": 0}}]}}, r"\$y"),
+    ({"$set": {"a": {"$b": 1}}}, r"\$set on 'a': field name '\$b'"),
+    ({"$set": {"a": [{"x": {"$y": 0}}]}}, r"\$y"),
     ({"$set": {"a": {1: 2}}}, "not a string"), ({"$set": {"s.x": 1}}, r"'s' holds 'x'"),
-    ({"$set": {"l.x": 1}}, r"cannot use 'x' to index an array"), ({"$set": {"l.100005": 1}}, "too far"),
-    ({"$inc": {"n": "1"}}, r"\$inc on 'n': the increment must be a number"), ({"$inc": {"n": True}}, "must be a number"),
-    ({"$inc": {"s": 1}}, r"\$inc on 's': the field holds a non-number"), ({"$inc": {"t": 1}}, "non-number"),
+    ({"$set": {"l.x": 1}}, r"cannot use 'x' to index an array"),
+    ({"$set": {"l.100005": 1}}, "too far"),
+    ({"$inc": {"n": "1"}}, r"\$inc on 'n': the increment must be a number"),
+    ({"$inc": {"n": True}}, "must be a number"),
+    ({"$inc": {"s": 1}}, r"\$inc on 's': the field holds a non-number"),
+    ({"$inc": {"t": 1}}, "non-number"),
     ({"$inc": {"n": 1 << 64}}, "64 bits"), ({"$min": {"n": object()}}, r"\$min on 'n'"),
-    ({"$push": {"s": 1}}, r"\$push on 's': the field holds a non-array"), ({"$push": {"l": {"$slice": 1}}}, "need \\$each"),
-    ({"$push": {"l": {"$each": 1}}}, r"\$each needs a list"), ({"$push": {"l": {"$each": [], "$sort": 1}}}, r"unknown modifier \$sort"),
+    ({"$push": {"s": 1}}, r"\$push on 's': the field holds a non-array"),
+    ({"$push": {"l": {"$slice": 1}}}, "need \\$each"),
+    ({"$push": {"l": {"$each": 1}}}, r"\$each needs a list"),
+    ({"$push": {"l": {"$each": [], "$sort": 1}}}, r"unknown modifier \$sort"),
     ({"$push": {"l": {"$each": [], "$slice": "1"}}}, r"\$slice needs an integer"),
-    ({"$addToSet": {"l": {"$each": [], "$slice": 1}}}, r"unknown modifier \$slice"), ({"$addToSet": {"e": 1}}, "non-array"),
+    ({"$addToSet": {"l": {"$each": [], "$slice": 1}}}, r"unknown modifier \$slice"),
+    ({"$addToSet": {"e": 1}}, "non-array"),
     ({"$pull": {"s": 1}}, "non-array"), ({"$pull": {"l": {"$gt": 1, "x": 1}}}, r"\$pull on 'l'"),
     ({"$pull": {"l": {"$foo": 1}}}, r"\$pull on 'l': unknown .*\$foo"),
-    ({"$rename": {"n": 5}}, "non-empty string"), ({"$rename": {"n": "n"}}, "conflicts"), ({"$rename": {"e": "e.x"}}, "conflicts"),
+    ({"$rename": {"n": 5}}, "non-empty string"), ({"$rename": {"n": "n"}}, "conflicts"),
+    ({"$rename": {"e": "e.x"}}, "conflicts"),
     ({"$rename": {"l.0": "z"}}, "array"), ({"$rename": {"n": "l.0"}}, "array"),
     # conflicting paths in one update
-    ({"$set": {"a": 1}, "$inc": {"a": 1}}, r"'a' \(\$inc\) conflicts with 'a' \(\$set\)|'a' \(\$set\) conflicts"),
-    ({"$set": {"a": 1, "a.b": 1}}, "conflicts"), ({"$set": {"e.b.c": 1}, "$unset": {"e": 1}}, "conflicts"),
+    ({"$set": {"a": 1}, "$inc": {"a": 1}}, r"updating 'a' \(\$inc\) conflicts with 'a' \(\$set\)"),
+    ({"$set": {"a": 1, "a.b": 1}}, "conflicts"),
+    ({"$set": {"e.b.c": 1}, "$unset": {"e": 1}}, "conflicts"),
     ({"$rename": {"n": "m"}, "$set": {"m.x": 1}}, "conflicts"),
     # _id is immutable
     ({"$set": {"_id": 2}}, "_id"), ({"$unset": {"_id": 1}}, "_id"), ({"$inc": {"_id": 1}}, "_id"),
@@ -175,9 +198,12 @@ def test_replacement_errors(repl, message):
 # --- upsert seed -------------------------------------------------------------------
 @pytest.mark.parametrize("flt, seed", [
     (None, {}), ({}, {}), ({"a": 1, "b": {"$eq": "x"}}, {"a": 1, "b": "x"}),
-    ({"a.b.c": 1, "a.d": 2}, {"a": {"b": {"c": 1}, "d": 2}}), ({"e": {"x": [1]}}, {"e": {"x": [1]}}),
-    ({"_id": 5, "$and": [{"x": 1}, {"$and": [{"y.z": None}]}]}, {"_id": 5, "x": 1, "y": {"z": None}}),
-    ({"a": {"$gt": 1}, "b": {"$in": [1]}, "$or": [{"c": 1}], "$nor": [{"d": 1}], "f": {"$ne": 1}}, {}),
+    ({"a.b.c": 1, "a.d": 2}, {"a": {"b": {"c": 1}, "d": 2}}),
+    ({"e": {"x": [1]}}, {"e": {"x": [1]}}),
+    ({"_id": 5, "$and": [{"x": 1}, {"$and": [{"y.z": None}]}]},
+     {"_id": 5, "x": 1, "y": {"z": None}}),
+    ({"a": {"$gt": 1}, "b": {"$in": [1]}, "$or": [{"c": 1}], "$nor": [{"d": 1}],
+      "f": {"$ne": 1}}, {}),
     ({"a": {"$eq": 1, "$gt": 0}}, {"a": 1}), ({"a": 1, "$and": [{"a": 1.0}]}, {"a": 1}),
     ({"a": [1, 2]}, {"a": [1, 2]}), ({"l.0": 5}, {"l": {"0": 5}}),
 ])
@@ -190,15 +216,18 @@ def test_upsert_seed_copies_and_then_applies():
     seed = upsert_seed(flt)
     seed["a"]["b"].append(2)
     assert flt == {"a": {"b": [1]}}
-    assert apply_update(upsert_seed({"k": 1}), {"$inc": {"n": 1}, "$set": {"k2": 2}}) == {"k": 1, "n": 1, "k2": 2}
+    assert apply_update(upsert_seed({"k": 1}), {"$inc": {"n": 1}, "$set": {"k2": 2}}) == \
+        {"k": 1, "n": 1, "k2": 2}
     assert apply_update(upsert_seed({"_id": 3}), {"x": 1}) == {"_id": 3, "x": 1}
     with pytest.raises(InvalidUpdate, match="_id"):
         apply_update(upsert_seed({"_id": 3}), {"_id": 4})
 
 
 @pytest.mark.parametrize("flt, exc, message", [
-    ({"a": 1, "$and": [{"a": 2}]}, InvalidUpdate, "'a' conflicts"), ({"a": 1, "a.b": 2}, InvalidUpdate, "conflicts"),
-    ({"a.b": 1, "a": 2}, InvalidUpdate, "conflicts"), ({"a": {"b": {"$c": 1}}}, InvalidUpdate, r"\$c"),
+    ({"a": 1, "$and": [{"a": 2}]}, InvalidUpdate, "'a' conflicts"),
+    ({"a": 1, "a.b": 2}, InvalidUpdate, "conflicts"),
+    ({"a.b": 1, "a": 2}, InvalidUpdate, "conflicts"),
+    ({"a": {"b": {"$c": 1}}}, InvalidUpdate, r"\$c"),
     ({"a": {"$bad": 1}}, InvalidFilter, r"\$bad"), ("x", InvalidFilter, "dict"),
 ])
 def test_upsert_seed_errors(flt, exc, message):
@@ -208,16 +237,18 @@ def test_upsert_seed_errors(flt, exc, message):
 
 # --- properties ----------------------------------------------------------------------
 ints = st.integers(-(1 << 62), 1 << 62)
-values = st.recursive(st.one_of(st.none(), st.booleans(), ints, st.text(max_size=3)),
-                      lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                              st.dictionaries(st.sampled_from("abc"), inner, max_size=3)),
-                      max_leaves=8)
+values = st.recursive(
+    st.one_of(st.none(), st.booleans(), ints, st.text(max_size=3)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.sampled_from("abc"), inner, max_size=3)),
+    max_leaves=8)
 docs = st.dictionaries(st.sampled_from(["_id", "a", "b", "c"]), values, max_size=4)
 paths = st.sampled_from(["a", "b", "a.b", "a.0", "b.c.a", "c.1", "a.x.y"])
-ops = st.sampled_from(["$set", "$unset", "$inc", "$min", "$max", "$push", "$addToSet", "$pull", "$rename"])
+ops = st.sampled_from(["$set", "$unset", "$inc", "$min", "$max", "$push", "$addToSet", "$pull",
+                       "$rename"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(docs, st.lists(st.tuples(ops, paths, st.one_of(values, ints)), min_size=1, max_size=4))
 def test_never_mutates_the_input(doc, steps):
     update: dict = {}

@@ -1,0 +1,429 @@
+"""ShardService: one oplog shard of a member, serving client requests (no Ray).
+
+Threads (the Ray shell only starts and stops this object):
+
+* the **writer** runs every write, one LMDB write transaction at a time, in
+  arrival order; an interactive transaction holds it until commit, abort or
+  ``transaction_lifetime_ms``;
+* the **syncer** is group commit: it flushes LMDB once for every commit that
+  happened since the last flush and then releases all ``j=True`` writers those
+  commits belong to. Default writes are acknowledged after commit and are
+  synced within ``sync_interval_ms``;
+* a small **reader pool** runs queries on LMDB snapshots; readers never wait
+  for the writer.
+
+Every request is a dict (a decoded client frame); every answer goes to the
+``reply(ok=..., err=...)`` callback, from whichever thread finished it.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from raymx import errors
+from raymx.actors.gtid_manager import GTIDManager
+from raymx.storage import codec
+from raymx.storage.engine import Engine, Reader, Transaction, WriteResult, split_ns
+from raymx.storage.gtid import GTID
+from raymx.storage.limits import Limits
+
+log = logging.getLogger("raymx.shard")
+Reply = Callable[..., None]
+
+WRITE_OPS = {"insert", "update", "delete", "createIndex", "dropIndex", "dropCollection",
+             "createCollection"}
+READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes"}
+TXN_OPS = {"txnBegin", "txnCommit", "txnAbort"}
+
+
+def gtid_out(g: GTID | None):
+    return None if g is None else [g.term, g.seq]
+
+
+def result_out(r) -> dict:
+    if isinstance(r, WriteResult):
+        return {"inserted_ids": r.inserted_ids, "matched": r.matched, "modified": r.modified,
+                "deleted": r.deleted, "upserted_id": r.upserted_id, "gtid": gtid_out(r.gtid)}
+    return {"value": r}
+
+
+def run_statement(tx: Transaction, req: dict):
+    """Execute one write statement ``req`` inside ``tx`` (atomically)."""
+    op, ns = req["op"], req.get("ns")
+    if op == "insert":
+        return tx.insert(ns, req.get("docs"))
+    if op == "update":
+        return tx.update(ns, req.get("filter") or {}, req.get("update"),
+                         multi=bool(req.get("multi")), upsert=bool(req.get("upsert")),
+                         replace=bool(req.get("replace")))
+    if op == "delete":
+        return tx.delete(ns, req.get("filter") or {}, multi=bool(req.get("multi")))
+    if op == "createIndex":
+        return tx.create_index(ns, req.get("key"), unique=bool(req.get("unique")),
+                               name=req.get("name"))
+    if op == "dropIndex":
+        return tx.drop_index(ns, req.get("name"))
+    if op == "dropCollection":
+        return tx.drop_collection(ns)
+    if op == "createCollection":
+        return tx.create_collection(ns)
+    raise errors.InvalidOperation(f"unknown write operation {op!r}")
+
+
+class GroupCommit:
+    """One LMDB sync covers every commit before it (the syncer thread)."""
+
+    def __init__(self, engine: Engine, gm: GTIDManager, interval_ms: int,
+                 on_durable: Callable[[GTID], None] | None = None):
+        self._e = engine
+        self._gm = gm
+        self._interval = interval_ms / 1000
+        self._on_durable = on_durable
+        self._cond = threading.Condition()
+        self._waiters: list[tuple[GTID, Callable[[], None]]] = []
+        self.committed: GTID | None = None  # last commit (not yet necessarily durable)
+        self.durable: GTID | None = None    # last commit covered by a finished sync
+        self.syncs = 0
+        self._stop = False
+        self._t = threading.Thread(target=self._run, name="raymx-syncer", daemon=True)
+        self._t.start()
+
+    def note_commit(self, g: GTID, durable_cb: Callable[[], None] | None) -> None:
+        with self._cond:
+            if self.committed is None or g > self.committed:
+                self.committed = g
+            if durable_cb is not None:
+                self._waiters.append((g, durable_cb))
+                self._cond.notify()
+
+    def _run(self):
+        while True:
+            with self._cond:
+                if not self._waiters and not self._stop:
+                    self._cond.wait(self._interval)
+                if self._stop and not self._waiters and self.committed == self.durable:
+                    return
+                target = self.committed
+                if target is None or target == self.durable:
+                    continue
+            # durability gate: record min_live before the flush, publish after it
+            rec = self._gm.before_sync()
+            try:
+                self._e.sync()
+            except Exception:  # the disk failed: nothing can be acknowledged as durable
+                log.exception("LMDB sync failed")
+                time.sleep(self._interval)
+                continue
+            self._gm.after_sync(rec)
+            with self._cond:
+                self.durable = target
+                self.syncs += 1
+                done = [cb for g, cb in self._waiters if g <= target]
+                self._waiters = [(g, cb) for g, cb in self._waiters if g > target]
+            for cb in done:
+                cb()
+            if self._on_durable is not None:
+                self._on_durable(target)
+
+    def stop(self):
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._t.join(10)
+
+
+class _Session:
+    """An interactive transaction: its statements run on the writer thread."""
+
+    def __init__(self, sid: int):
+        self.id = sid
+        self.q: queue.Queue = queue.Queue()
+        self.closed = False
+        self.lock = threading.Lock()
+
+    def submit(self, req: dict, reply: Reply) -> None:
+        with self.lock:
+            if not self.closed:
+                return self.q.put((req, reply))
+        reply(err=errors.TransactionAborted(
+            f"transaction {self.id} is no longer open (finished, timed out or aborted)"))
+
+    def end(self) -> None:
+        with self.lock:
+            self.closed = True
+        while True:
+            try:
+                req, reply = self.q.get_nowait()
+            except queue.Empty:
+                return
+            reply(err=errors.TransactionAborted(f"transaction {self.id} is no longer open"))
+
+
+class _Cursor:
+    def __init__(self, cid: int, reader: Reader, it):
+        self.id = cid
+        self.reader = reader
+        self.it = it
+        self.used = time.monotonic()
+
+    def close(self):
+        self.reader.t.abort()
+
+
+class ShardService:
+    """Writes through one writer thread with group commit; reads on snapshots."""
+
+    def __init__(self, engine: Engine, limits: Limits, primary: bool = True,
+                 on_commit: Callable[[GTID], None] | None = None,
+                 on_durable: Callable[[GTID], None] | None = None):
+        self.e = engine
+        self.limits = limits
+        self.primary = primary
+        self._on_commit = on_commit
+        last, _ = engine.last()
+        self.gm = GTIDManager(engine.term, last.seq + 1, lock=threading.Lock())
+        self.group = GroupCommit(engine, self.gm, limits.sync_interval_ms, on_durable)
+        self.group.committed = self.group.durable = last if last.seq else None
+        self._q: queue.Queue = queue.Queue()
+        self._ids = itertools.count(1)
+        self._cursors: dict[int, _Cursor] = {}
+        self._cursors_lock = threading.Lock()
+        self.readers = ThreadPoolExecutor(4, thread_name_prefix="raymx-reader")
+        self.commits = 0
+        self._writer = threading.Thread(target=self._write_loop, name="raymx-writer", daemon=True)
+        self._writer.start()
+
+    # --- dispatch --------------------------------------------------------
+    def handle(self, req: dict, reply: Reply, conn: dict) -> None:
+        """Route one request. ``conn`` is per-connection state (cursors, sessions)."""
+        op = req.get("op")
+        if op in WRITE_OPS or op in TXN_OPS or "txn" in req:
+            if not self.primary:
+                return reply(err=errors.NotPrimary("this member is not the primary"))
+            if op == "txnBegin":
+                s = _Session(next(self._ids))
+                conn.setdefault("sessions", {})[s.id] = s
+                self._q.put(("session", s, req, reply))
+            elif "txn" in req:
+                s = conn.get("sessions", {}).get(req["txn"])
+                if s is None:
+                    return reply(err=errors.TransactionAborted(
+                        f"transaction {req['txn']} is not open (finished, timed out or aborted)"))
+                if op in ("txnCommit", "txnAbort"):
+                    conn["sessions"].pop(s.id, None)
+                s.submit(req, reply)
+            else:
+                self._q.put(("write", None, req, reply))
+        elif op in READ_OPS:
+            self.readers.submit(self._read, req, reply, conn)
+        else:
+            reply(err=errors.InvalidOperation(f"unknown operation {op!r}"))
+
+    def connection_closed(self, conn: dict) -> None:
+        for s in conn.get("sessions", {}).values():
+            s.submit({"op": "txnAbort"}, lambda **kw: None)
+        for cid in conn.get("cursors", ()):
+            self._close_cursor(cid)
+
+    # --- writes ----------------------------------------------------------
+    def _write_loop(self):
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            kind, sess, req, reply = item
+            try:
+                if kind == "session":
+                    self._run_session(sess, req, reply)
+                else:
+                    tx = self.e.begin(autocommit=True)
+                    try:
+                        res = run_statement(tx, req)
+                    except BaseException:
+                        tx.abort()
+                        raise
+                    self._commit(tx, res, req, reply)
+            except errors.RaymxError as e:
+                reply(err=e)
+            except Exception as e:  # a bug: answer, log, keep serving
+                log.exception("write %s failed", req.get("op"))
+                reply(err=errors.RaymxError(f"internal error: {type(e).__name__}: {e}"))
+
+    def _commit(self, tx: Transaction, res, req: dict, reply: Reply) -> None:
+        if tx.nops == 0:
+            tx.commit()
+            return reply(ok=result_out(res))
+        g = self.gm.allocate()
+        try:
+            try:
+                tx.commit(g)
+            except Exception:
+                # the GTID is taken: write an n entry so seqs stay dense
+                self.e.write_noop(g)
+                raise
+        finally:
+            self.gm.done(g)
+        self.commits += 1
+        if isinstance(res, WriteResult):
+            res.gtid = g
+        out = result_out(res)
+        if not isinstance(res, WriteResult):
+            out["gtid"] = gtid_out(g)
+        if self._on_commit is not None:
+            self._on_commit(g)
+        if req.get("j"):
+            self.group.note_commit(g, lambda: reply(ok=out))
+        else:
+            self.group.note_commit(g, None)
+            reply(ok=out)
+
+    def _run_session(self, s: _Session, req: dict, reply: Reply) -> None:
+        try:
+            self._session_loop(s, req, reply)
+        finally:
+            s.end()
+
+    def _session_loop(self, s: _Session, req: dict, reply: Reply) -> None:
+        tx = self.e.begin()
+        reply(ok={"txn": s.id})
+        deadline = time.monotonic() + self.limits.transaction_lifetime_ms / 1000
+        while True:
+            try:
+                sreq, sreply = s.q.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                tx.abort()
+                log.warning("transaction %d aborted after %d ms", s.id,
+                            self.limits.transaction_lifetime_ms)
+                return
+            op = sreq.get("op")
+            try:
+                if op == "txnCommit":
+                    return self._commit(tx, WriteResult(), sreq, sreply)
+                if op == "txnAbort":
+                    tx.abort()
+                    return sreply(ok={"aborted": True})
+                if op in WRITE_OPS:
+                    sreply(ok=result_out(run_statement(tx, sreq)))
+                elif op in ("find", "count"):
+                    sreply(ok=self._read_in(tx, sreq, {}))
+                else:
+                    sreply(err=errors.InvalidOperation(f"{op!r} is not allowed in a transaction"))
+            except errors.RaymxError as e:
+                sreply(err=e)
+            except Exception as e:
+                log.exception("transaction statement failed")
+                tx.abort()
+                return sreply(err=errors.TransactionAborted(f"internal error: {e}"))
+
+    # --- reads -----------------------------------------------------------
+    def _read(self, req: dict, reply: Reply, conn: dict) -> None:
+        try:
+            op = req["op"]
+            if op == "getMore":
+                return reply(ok=self._get_more(req.get("cursor"), req.get("batch")))
+            if op == "killCursors":
+                for cid in req.get("cursors", ()):
+                    conn.get("cursors", set()).discard(cid)
+                    self._close_cursor(cid)
+                return reply(ok={})
+            r = self.e.reader()
+            keep = False
+            try:
+                if op == "find":
+                    out = self._find(r, req)
+                    if out["cursor"]:
+                        keep = True
+                        conn.setdefault("cursors", set()).add(out["cursor"])
+                    return reply(ok=out)
+                reply(ok=self._read_in(r, req, conn))
+            finally:
+                if not keep:
+                    r.t.abort()
+        except errors.RaymxError as e:
+            reply(err=e)
+        except Exception as e:
+            log.exception("read failed")
+            reply(err=errors.RaymxError(f"internal error: {type(e).__name__}: {e}"))
+
+    def _read_in(self, r: Reader, req: dict, conn: dict):
+        op = req["op"]
+        if op == "count":
+            return {"value": r.count(req["ns"], req.get("filter"))}
+        if op == "find":  # inside a transaction: one batch, no cursor
+            return {"cursor": 0, "docs": list(r.find(
+                req["ns"], req.get("filter"), req.get("projection"), req.get("sort"),
+                req.get("skip") or 0, req.get("limit") or 0))}
+        if op == "listCollections":
+            return {"value": r.list_collections()}
+        if op == "listIndexes":
+            split_ns(req["ns"])
+            c = r.coll(req["ns"])
+            ixs = [{"name": "_id_", "key": [["_id", 1]], "unique": True}]
+            if c is not None:
+                ixs += [{"name": n, **i.spec()} for n, i in c.indexes.items()]
+            return {"value": ixs}
+        raise errors.InvalidOperation(f"unknown read operation {op!r}")
+
+    def _find(self, r: Reader, req: dict) -> dict:
+        it = r.find(req["ns"], req.get("filter"), req.get("projection"), req.get("sort"),
+                    req.get("skip") or 0, req.get("limit") or 0)
+        c = _Cursor(next(self._ids), r, it)
+        out = self._batch(c, req.get("batch"))
+        if out["cursor"]:
+            with self._cursors_lock:
+                self._cursors[c.id] = c
+        return out
+
+    def _batch(self, c: _Cursor, batch) -> dict:
+        n_max = min(int(batch or self.limits.cursor_batch_docs), self.limits.cursor_batch_docs)
+        docs, size = [], 0
+        for d in c.it:
+            docs.append(d)
+            size += 64  # a cheap bound; exact sizes cost a second encode
+            if len(docs) >= n_max or size >= self.limits.cursor_batch_bytes:
+                c.used = time.monotonic()
+                return {"cursor": c.id, "docs": docs}
+        return {"cursor": 0, "docs": docs}
+
+    def _get_more(self, cid, batch) -> dict:
+        with self._cursors_lock:
+            c = self._cursors.get(cid)
+        if c is None:
+            raise errors.InvalidOperation(f"cursor {cid} not found (exhausted, killed or expired)")
+        out = self._batch(c, batch)
+        if not out["cursor"]:
+            self._close_cursor(cid)
+        return out
+
+    def _close_cursor(self, cid) -> None:
+        with self._cursors_lock:
+            c = self._cursors.pop(cid, None)
+        if c is not None:
+            c.close()
+
+    # --- state -----------------------------------------------------------
+    def status(self) -> dict:
+        last, _ = self.e.last()
+        return {"term": self.gm.term, "last": gtid_out(last),
+                "durable": gtid_out(self.group.durable),
+                "replicatable": gtid_out(self.gm.replicatable()),
+                "commits": self.commits, "syncs": self.group.syncs,
+                "open_cursors": len(self._cursors)}
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._writer.join(10)
+        self.group.stop()
+        self.readers.shutdown(wait=True)
+        for cid in list(self._cursors):
+            self._close_cursor(cid)
+        self.e.sync()
+
+
+def decode_oplog_batch(rows: list[tuple[bytes, bytes]]) -> list[tuple[GTID, dict]]:
+    return [(GTID.from_bytes(k), codec.unpack(v, "oplog entry")) for k, v in rows]

@@ -1,0 +1,464 @@
+"""The driver: a pymongo-shaped client over the members' client ports.
+
+One persistent TCP connection per member, shared by every thread of the
+client and pipelined: each request carries an id, a reader thread matches the
+answers, so many requests are in flight on one socket. Errors raised by the
+member arrive as the same ``raymx.errors`` classes.
+"""
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from raymx import errors
+from raymx.storage import codec
+from raymx.storage.gtid import GTID
+from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS
+
+
+def _gtid(x) -> GTID | None:
+    return None if x is None else GTID(*x)
+
+
+# --- one connection -------------------------------------------------------
+class Connection:
+    def __init__(self, host: str, port: int, secret: str, timeout_s: float = 10.0,
+                 frame_bytes_max: int = DEFAULT_LIMITS.frame_bytes_max):
+        self.addr = (host, port)
+        self.frame_bytes_max = frame_bytes_max
+        self._sock = socket.create_connection(self.addr, timeout=timeout_s)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock.settimeout(None)
+        self._send_lock = threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._plock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._closed: errors.RaymxError | None = None
+        self._reader = threading.Thread(target=self._read_loop, daemon=True,
+                                        name=f"raymx-conn-{host}:{port}")
+        self._reader.start()
+        self.hello = self.request({"op": "hello", "secret": secret, "v": 1}, timeout_s=timeout_s)
+
+    def submit(self, req: dict) -> Future:
+        """Send one request without waiting (pipelining); the Future holds the answer."""
+        f: Future = Future()
+        rid = next(self._ids)
+        req = dict(req, id=rid)
+        try:
+            frame = codec.pack_frame(req)
+        except Exception as e:
+            raise errors.InvalidDocument(f"request cannot be encoded as msgpack: {e}") from None
+        if len(frame) - 4 > self.frame_bytes_max:
+            raise errors.DocumentTooLarge(
+                f"request of {len(frame)} bytes exceeds the frame limit of {self.frame_bytes_max}"
+                " (split it into smaller batches)")
+        with self._plock:
+            if self._closed is not None:
+                raise self._closed
+            self._pending[rid] = f
+        try:
+            with self._send_lock:
+                self._sock.sendall(frame)
+        except OSError as e:
+            self._fail(errors.ConnectionLost(f"connection to {self.addr} lost: {e}"))
+        return f
+
+    def request(self, req: dict, timeout_s: float | None = None):
+        return self.submit(req).result(timeout_s)
+
+    def _read_exact(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self._sock.recv(min(n - len(buf), 1 << 20))
+            if not chunk:
+                raise ConnectionError("closed by the member")
+            buf += chunk
+        return bytes(buf)
+
+    def _read_loop(self):
+        try:
+            while True:
+                n = codec.frame_length(self._read_exact(4), self.frame_bytes_max)
+                msg = codec.unpack_frame(self._read_exact(n))
+                rid = msg.get("id")
+                if rid is None and "err" in msg:
+                    raise errors.from_wire(msg["err"])
+                with self._plock:
+                    f = self._pending.pop(rid, None)
+                if f is None:
+                    continue
+                if "err" in msg:
+                    f.set_exception(errors.from_wire(msg["err"]))
+                else:
+                    f.set_result(msg.get("ok"))
+        except errors.RaymxError as e:
+            self._fail(e)
+        except (OSError, ConnectionError) as e:
+            self._fail(errors.ConnectionLost(
+                f"connection to {self.addr} lost ({e}); the outcome of requests in flight "
+                "is unknown"))
+
+    def _fail(self, e: errors.RaymxError):
+        with self._plock:
+            if self._closed is None:
+                self._closed = e
+            pending, self._pending = self._pending, {}
+        for f in pending.values():
+            if not f.done():
+                f.set_exception(e)
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    def close(self):
+        self._fail(errors.ConnectionLost("connection closed by the client"))
+
+
+# --- results ------------------------------------------------------------
+@dataclass
+class InsertOneResult:
+    inserted_id: Any
+    gtid: GTID | None
+
+
+@dataclass
+class InsertManyResult:
+    inserted_ids: list
+    gtid: GTID | None
+
+
+@dataclass
+class UpdateResult:
+    matched_count: int
+    modified_count: int
+    upserted_id: Any
+    gtid: GTID | None
+
+
+@dataclass
+class DeleteResult:
+    deleted_count: int
+    gtid: GTID | None
+
+
+@dataclass(frozen=True)
+class WriteConcern:
+    """``w``: members that must hold the entry (a number or "majority");
+    ``j``: wait for the sync that makes it durable; ``wtimeout_ms``: give up
+    waiting (the write stays committed)."""
+
+    w: int | str = 1
+    j: bool = False
+    wtimeout_ms: int | None = None
+
+    def __post_init__(self):
+        if not (self.w == "majority" or (isinstance(self.w, int) and self.w >= 0)):
+            raise errors.ConfigError(f"w must be a non-negative int or 'majority', got {self.w!r}")
+
+    def fields(self) -> dict:
+        d = {"w": self.w, "j": self.j}
+        if self.wtimeout_ms is not None:
+            d["wtimeout_ms"] = self.wtimeout_ms
+        return d
+
+
+def _wc(base: WriteConcern, kw: dict) -> dict:
+    w = kw.pop("w", None)
+    j = kw.pop("j", None)
+    wt = kw.pop("wtimeout_ms", None)
+    if kw:
+        raise TypeError(f"unexpected arguments: {sorted(kw)}")
+    return WriteConcern(base.w if w is None else w, base.j if j is None else j,
+                        base.wtimeout_ms if wt is None else wt).fields()
+
+
+# --- the client -----------------------------------------------------------
+class Client:
+    """Talks to a replica set; ``client["db"]["coll"]`` as in pymongo.
+
+    ``topology`` returns ``{"secret": ..., "members": [{"id", "host", "port",
+    "role"}]}``; the client asks it again when the primary changes.
+    """
+
+    def __init__(self, topology: Callable[[], dict], write_concern: WriteConcern | None = None,
+                 timeout_s: float = 30.0):
+        self._topology = topology
+        self.write_concern = write_concern or WriteConcern()
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._conns: dict[int, Connection] = {}
+        self._primary: int | None = None
+
+    def _primary_conn(self) -> Connection:
+        with self._lock:
+            if self._primary is not None:
+                c = self._conns.get(self._primary)
+                if c is not None and not c.closed:
+                    return c
+            topo = self._topology()
+            prim = [m for m in topo["members"] if m.get("role") == "primary"]
+            if not prim:
+                raise errors.PrimaryUnavailable("no primary is available")
+            m = prim[0]
+            c = Connection(m["host"], m["port"], topo["secret"])
+            old = self._conns.pop(m["id"], None)
+            if old is not None:
+                old.close()
+            self._conns[m["id"]] = c
+            self._primary = m["id"]
+            return c
+
+    def _call(self, req: dict, conn: Connection | None = None):
+        conn = conn or self._primary_conn()
+        return conn.request(req, self.timeout_s)
+
+    def __getitem__(self, name: str) -> "Database":
+        return Database(self, name, self.write_concern)
+
+    def get_database(self, name: str) -> "Database":
+        return self[name]
+
+    def list_database_names(self) -> list[str]:
+        names = self._call({"op": "listCollections"})["value"]
+        return sorted({n.split(".", 1)[0] for n in names})
+
+    def transaction(self, **wc) -> "ClientTransaction":
+        return ClientTransaction(self, _wc(self.write_concern, wc))
+
+    def close(self):
+        with self._lock:
+            for c in self._conns.values():
+                c.close()
+            self._conns.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+
+
+class Database:
+    def __init__(self, client: Client, name: str, wc: WriteConcern, txn=None):
+        self.client, self.name, self.write_concern, self._txn = client, name, wc, txn
+
+    def __getitem__(self, coll: str) -> "Collection":
+        return Collection(self.client, f"{self.name}.{coll}", self.write_concern, self._txn)
+
+    def __getattr__(self, n: str) -> "Collection":
+        if n.startswith("_"):
+            raise AttributeError(n)
+        return self[n]
+
+    def list_collection_names(self) -> list[str]:
+        names = self.client._call({"op": "listCollections"})["value"]
+        return sorted(n.split(".", 1)[1] for n in names if n.split(".", 1)[0] == self.name)
+
+    def drop_collection(self, name: str) -> bool:
+        return self[name].drop()
+
+
+class Collection:
+    def __init__(self, client: Client, ns: str, wc: WriteConcern, txn=None):
+        self.client, self.full_name, self.write_concern, self._txn = client, ns, wc, txn
+        self.database_name, self.name = ns.split(".", 1)
+
+    def with_options(self, write_concern: WriteConcern | None = None) -> "Collection":
+        return Collection(self.client, self.full_name, write_concern or self.write_concern,
+                          self._txn)
+
+    def _write(self, req: dict, wc: dict):
+        req["ns"] = self.full_name
+        if self._txn is not None:
+            return self._txn._call(req)
+        req.update(wc)
+        return self.client._call(req)
+
+    # writes
+    def insert_one(self, doc: dict, **wc) -> InsertOneResult:
+        r = self._write({"op": "insert", "docs": [doc]}, _wc(self.write_concern, wc))
+        return InsertOneResult(r["inserted_ids"][0], _gtid(r["gtid"]))
+
+    def insert_many(self, docs, **wc) -> InsertManyResult:
+        r = self._write({"op": "insert", "docs": list(docs)}, _wc(self.write_concern, wc))
+        return InsertManyResult(r["inserted_ids"], _gtid(r["gtid"]))
+
+    def _update(self, flt, update, multi, upsert, replace, wc) -> UpdateResult:
+        r = self._write({"op": "update", "filter": flt, "update": update, "multi": multi,
+                         "upsert": upsert, "replace": replace}, _wc(self.write_concern, wc))
+        return UpdateResult(r["matched"], r["modified"], r["upserted_id"], _gtid(r["gtid"]))
+
+    def update_one(self, flt, update, upsert=False, **wc) -> UpdateResult:
+        return self._update(flt, update, False, upsert, False, wc)
+
+    def update_many(self, flt, update, upsert=False, **wc) -> UpdateResult:
+        return self._update(flt, update, True, upsert, False, wc)
+
+    def replace_one(self, flt, replacement, upsert=False, **wc) -> UpdateResult:
+        return self._update(flt, replacement, False, upsert, True, wc)
+
+    def delete_one(self, flt, **wc) -> DeleteResult:
+        r = self._write({"op": "delete", "filter": flt, "multi": False}, _wc(self.write_concern, wc))
+        return DeleteResult(r["deleted"], _gtid(r["gtid"]))
+
+    def delete_many(self, flt, **wc) -> DeleteResult:
+        r = self._write({"op": "delete", "filter": flt, "multi": True}, _wc(self.write_concern, wc))
+        return DeleteResult(r["deleted"], _gtid(r["gtid"]))
+
+    def create_index(self, keys, unique: bool = False, name: str | None = None, **wc) -> str:
+        if isinstance(keys, list):
+            keys = [list(k) if isinstance(k, tuple) else k for k in keys]
+        return self._write({"op": "createIndex", "key": keys, "unique": unique, "name": name},
+                           _wc(self.write_concern, wc))["value"]
+
+    def drop_index(self, name: str, **wc) -> None:
+        self._write({"op": "dropIndex", "name": name}, _wc(self.write_concern, wc))
+
+    def drop(self, **wc) -> bool:
+        return self._write({"op": "dropCollection"}, _wc(self.write_concern, wc))["value"]
+
+    def list_indexes(self) -> list[dict]:
+        return self.client._call({"op": "listIndexes", "ns": self.full_name})["value"]
+
+    # reads
+    def find(self, filter=None, projection=None, sort=None, skip: int = 0, limit: int = 0,
+             batch_size: int = 0) -> "Cursor":
+        return Cursor(self, filter, projection, sort, skip, limit, batch_size)
+
+    def find_one(self, filter=None, projection=None, sort=None):
+        for d in self.find(filter, projection, sort, limit=1):
+            return d
+        return None
+
+    def count_documents(self, filter=None) -> int:
+        req = {"op": "count", "ns": self.full_name, "filter": filter or {}}
+        if self._txn is not None:
+            return self._txn._call(req)["value"]
+        return self.client._call(req)["value"]
+
+
+class Cursor:
+    """Streams a query's results in batches (``getMore``) from one snapshot."""
+
+    def __init__(self, coll: Collection, flt, projection, sort, skip, limit, batch_size):
+        self._c = coll
+        self._spec = {"op": "find", "ns": coll.full_name, "filter": flt or {},
+                      "projection": projection, "sort": _sort_spec(sort), "skip": skip,
+                      "limit": limit, "batch": batch_size}
+        self._started = False
+
+    def sort(self, key, direction: int = 1) -> "Cursor":
+        self._spec["sort"] = _sort_spec(key if isinstance(key, list) else [(key, direction)])
+        return self
+
+    def skip(self, n: int) -> "Cursor":
+        self._spec["skip"] = n
+        return self
+
+    def limit(self, n: int) -> "Cursor":
+        self._spec["limit"] = n
+        return self
+
+    def batch_size(self, n: int) -> "Cursor":
+        self._spec["batch"] = n
+        return self
+
+    def __iter__(self) -> Iterator[dict]:
+        if self._started:
+            raise errors.InvalidOperation("a cursor can be iterated once")
+        self._started = True
+        txn = self._c._txn
+        if txn is not None:
+            yield from txn._call(dict(self._spec))["docs"]
+            return
+        conn = self._c.client._primary_conn()
+        r = conn.request(self._spec, self._c.client.timeout_s)
+        cid = r["cursor"]
+        try:
+            while True:
+                yield from r["docs"]
+                if not cid:
+                    return
+                r = conn.request({"op": "getMore", "cursor": cid, "batch": self._spec["batch"]},
+                                 self._c.client.timeout_s)
+                cid = r["cursor"]
+        finally:
+            if cid and not conn.closed:
+                conn.submit({"op": "killCursors", "cursors": [cid]})
+
+    def to_list(self) -> list[dict]:
+        return list(self)
+
+
+def _sort_spec(sort):
+    if sort is None:
+        return None
+    if isinstance(sort, str):
+        return [[sort, 1]]
+    if isinstance(sort, dict):
+        return [[k, v] for k, v in sort.items()]
+    return [list(x) if isinstance(x, (tuple, list)) else [x, 1] for x in sort]
+
+
+class ClientTransaction:
+    """``with client.transaction() as tx: tx["db"]["coll"].insert_one(...)``.
+
+    All statements run on the primary under one LMDB write transaction and
+    commit under one GTID; an exception in the block aborts and leaves no
+    trace. The transaction holds the shard's writer: keep it short.
+    """
+
+    def __init__(self, client: Client, wc: dict):
+        self.client = client
+        self._wc = wc
+        self._conn: Connection | None = None
+        self._id = None
+        self.gtid: GTID | None = None
+
+    def __enter__(self):
+        self._conn = self.client._primary_conn()
+        self._id = self._conn.request({"op": "txnBegin"}, self.client.timeout_s)["txn"]
+        return self
+
+    def _call(self, req: dict):
+        if self._id is None:
+            raise errors.TransactionAborted("the transaction is not open")
+        req["txn"] = self._id
+        return self._conn.request(req, self.client.timeout_s)
+
+    def __getitem__(self, db: str) -> Database:
+        return Database(self.client, db, self.client.write_concern, self)
+
+    def collection(self, ns: str) -> Collection:
+        db, coll = ns.split(".", 1)
+        return self[db][coll]
+
+    def commit(self):
+        r = self._call({"op": "txnCommit", **self._wc})
+        self._id = None
+        self.gtid = _gtid(r.get("gtid"))
+        return self.gtid
+
+    def abort(self):
+        if self._id is not None:
+            try:
+                self._call({"op": "txnAbort"})
+            finally:
+                self._id = None
+
+    def __exit__(self, et, e, tb):
+        if self._id is None:
+            return
+        if et is None:
+            self.commit()
+        else:
+            self.abort()
