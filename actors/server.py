@@ -31,6 +31,7 @@ class ClientPort:
         self.info = info  # sent in the hello answer (member id, role...)
         self.port: int | None = None
         self.connections = 0
+        self._tasks: set = set()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._t = threading.Thread(target=self._run, name="raymx-port", daemon=True)
@@ -55,6 +56,7 @@ class ClientPort:
         self._loop.run_forever()
 
     async def _serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter):
+        self._tasks.add(asyncio.current_task())
         self.connections += 1
         conn: dict = {}
         loop = asyncio.get_running_loop()
@@ -116,18 +118,23 @@ class ClientPort:
                 await w.drain()
         finally:
             self.connections -= 1
+            self._tasks.discard(asyncio.current_task())
             try:
                 self.handler.connection_closed(conn)
             finally:
                 try:
                     await w.drain()
-                except Exception:
+                    w.close()
+                except (Exception, asyncio.CancelledError):
                     pass
-                w.close()
 
     def close(self):
         async def stop():
             self._server.close()
+            tasks = list(self._tasks)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         if self.port is not None:
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -143,13 +143,33 @@ class CollInfo:
                                  for n, i in r["indexes"].items()})
 
 
-def _index_entry(ix: IndexInfo, doc: dict, pk: bytes) -> tuple[bytes, bytes]:
-    """(prefix that a unique index must not repeat, full key)."""
-    pre = ix.prefix
-    for p, _ in ix.key:
+def _index_entries(ix: IndexInfo, doc: dict, pk: bytes) -> list[tuple[bytes, bytes]]:
+    """(prefix a unique index must not repeat, full key) for every key of ``doc``.
+
+    Multikey: an array value is indexed as a whole and once per element (the
+    query side matches elements, as MongoDB does), so a compound index over
+    arrays gets the cross product of its fields' keys.
+    """
+    if len(ix.key) == 1:
+        p = ix.key[0][0]
         v = doc.get(p, None) if "." not in p else _none(query.get_path(doc, p))
-        pre += encode_key(v)
-    return pre, pre + pk
+        if type(v) is not list:  # the common case: one key
+            pre = ix.prefix + encode_key(v)
+            return [(pre, pre + pk)]
+    pres = [ix.prefix]
+    for p, _ in ix.key:
+        pres = [a + k for a in pres for k in query.index_keys(doc, p)]
+    return [(pre, pre + pk) for pre in pres]
+
+
+class _NotId:
+    """Paths that may hold arrays: every one but _id (an array _id is refused)."""
+
+    def __contains__(self, p) -> bool:
+        return p != "_id"
+
+
+_MULTIKEY = _NotId()
 
 
 def _none(v):
@@ -247,7 +267,7 @@ class Reader:
         return None if b is None else codec.unpack_document(b)
 
     def _candidates(self, c: CollInfo, flt, stats: Stats) -> Iterator[tuple[bytes, dict]]:
-        bounds = query.extract_bounds(flt)
+        bounds = query.extract_bounds(flt, multikey=_MULTIKEY)
         b = bounds.get("_id")
         if b is not None and b.points is not None:
             stats.plan = "IDHACK"
@@ -423,19 +443,20 @@ class Transaction(Reader):
     # document writes with index maintenance; the primary and the applier share them
     def _unindex(self, c: CollInfo, pk: bytes, doc: dict) -> None:
         for ix in c.indexes.values():
-            self.t.delete("index", _index_entry(ix, doc, pk)[1])
+            for _, key in _index_entries(ix, doc, pk):
+                self.t.delete("index", key)
 
     def _index(self, c: CollInfo, pk: bytes, doc: dict, check_unique: bool) -> None:
         for ix in c.indexes.values():
-            pre, key = _index_entry(ix, doc, pk)
-            if ix.unique and check_unique:
-                for k, other in self.t.scan("index", pre, prefix_end(pre)):
-                    if other != pk:
-                        vals = {p: _none(query.get_path(doc, p)) for p, _ in ix.key}
-                        raise errors.DuplicateKey(
-                            f"duplicate key in unique index {ix.name} of {c.ns}: {vals!r:.200}",
-                            ns=c.ns, index=ix.name)
-            self.t.put("index", key, pk)
+            for pre, key in _index_entries(ix, doc, pk):
+                if ix.unique and check_unique:
+                    for k, other in self.t.scan("index", pre, prefix_end(pre)):
+                        if other != pk:
+                            vals = {p: _none(query.get_path(doc, p)) for p, _ in ix.key}
+                            raise errors.DuplicateKey(
+                                f"duplicate key in unique index {ix.name} of {c.ns}: "
+                                f"{vals!r:.200}", ns=c.ns, index=ix.name)
+                self.t.put("index", key, pk)
 
     def _write_doc(self, c: CollInfo, pk: bytes, old: dict | None, new: dict, new_b: bytes,
                    check_unique: bool) -> None:
@@ -684,7 +705,9 @@ class Transaction(Reader):
 
 
 def _pk(_id) -> bytes:
-    if type(_id) in (dict, list) and _contains_op(_id):
+    if type(_id) in (list, tuple):
+        raise errors.InvalidDocument(f"_id cannot be an array: {_id!r:.60}")
+    if type(_id) is dict and _contains_op(_id):
         raise errors.InvalidDocument(f"_id {_id!r:.60} may not contain $ fields")
     return encode_key(_id)
 

@@ -2,6 +2,12 @@ import os
 
 import pytest
 
+# Import hypothesis's lazily loaded modules now, before any test starts
+# threads: CPython 3.11.7 can fail pytest's import-time AST rewriting with
+# "AST constructor recursion depth mismatch" when that happens while other
+# threads run (seen here).
+import hypothesis.internal.conjecture.providers  # noqa: F401,E402
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
@@ -20,3 +26,26 @@ def store(request, tmp_path):
 def engine(store):
     from raymx.storage.engine import Engine
     return Engine(store)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance for the whole session (never a stray cluster)."""
+    import ray
+    ray.init(address="local", num_cpus=2, include_dashboard=False,
+             object_store_memory=200 * 1024**2, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+_RS_COUNTER = [0]
+
+
+@pytest.fixture
+def replset(ray_session, tmp_path):
+    """A fresh single-member replica set per test, shut down afterwards."""
+    import raymx
+    _RS_COUNTER[0] += 1
+    rs = raymx.ReplicaSet.launch(f"t{_RS_COUNTER[0]}", members=1, data_dir=str(tmp_path / "rs"))
+    yield rs
+    rs.shutdown()

@@ -258,3 +258,20 @@ def test_replace_and_delete(engine):
     with engine.begin() as tx:
         assert tx.delete(NS, {"x": 1}).deleted == 1
     assert engine.count(NS) == 0
+
+
+def test_multikey_index_finds_array_elements(engine):
+    engine.insert_many(NS, [{"_id": 1, "tags": ["a", "b"]}, {"_id": 2, "tags": "a"},
+                            {"_id": 3, "tags": ["c"]}, {"_id": 4, "n": [1, 20]}])
+    with engine.begin() as tx:
+        tx.create_index(NS, "tags")
+        tx.create_index(NS, "n")
+    st = Stats()
+    assert sorted(d["_id"] for d in engine.reader().find(NS, {"tags": "a"}, stats=st)) == [1, 2]
+    assert st.plan == "IXSCAN tags_1"
+    assert [d["_id"] for d in engine.find(NS, {"n": {"$gt": 5, "$lt": 10}})] == [4]
+    with engine.begin() as tx:
+        tx.update(NS, {"_id": 1}, {"$pull": {"tags": "a"}})
+    assert sorted(d["_id"] for d in engine.find(NS, {"tags": "a"})) == [2]
+    with pytest.raises(errors.InvalidDocument):
+        engine.insert_many(NS, [{"_id": [1, 2]}])

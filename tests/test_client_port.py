@@ -1,0 +1,156 @@
+"""The client port without Ray: real LMDB, real sockets, hostile frames."""
+import socket
+import struct
+import threading
+
+import msgpack
+import pytest
+
+from raymx import errors
+from raymx.actors.server import ClientPort
+from raymx.actors.shard import ShardService
+from raymx.client import Connection
+from raymx.storage.engine import Engine
+from raymx.storage.limits import Limits
+from raymx.storage.lmdb_store import LMDBStore
+
+SECRET = "s3cret"
+
+
+@pytest.fixture
+def port(tmp_path):
+    lim = Limits(frame_bytes_max=1 << 20, document_bytes_max=512 << 10, sync_interval_ms=20)
+    e = Engine(LMDBStore(str(tmp_path / "m"), map_bytes=1 << 30), lim)
+    svc = ShardService(e, lim)
+    p = ClientPort(svc, SECRET, "127.0.0.1", lim.frame_bytes_max, {"member": 0})
+    yield p, svc
+    p.close()
+    svc.close()
+    e.store.close()
+
+
+def raw(p):
+    s = socket.create_connection(("127.0.0.1", p.port), timeout=5)
+    return s
+
+
+def frame(obj):
+    b = msgpack.packb(obj)
+    return struct.pack(">I", len(b)) + b
+
+
+def read_frame(s):
+    hdr = b""
+    while len(hdr) < 4:
+        c = s.recv(4 - len(hdr))
+        if not c:
+            return None
+        hdr += c
+    n = struct.unpack(">I", hdr)[0]
+    body = b""
+    while len(body) < n:
+        body += s.recv(n - len(body))
+    return msgpack.unpackb(body)
+
+
+def closed(s):
+    s.settimeout(5)
+    try:
+        return s.recv(1) == b""
+    except ConnectionError:
+        return True
+
+
+def test_bad_secret_gets_error_and_close(port):
+    p, _ = port
+    s = raw(p)
+    s.sendall(frame({"id": 1, "op": "hello", "secret": "wrong"}))
+    r = read_frame(s)
+    assert r["err"]["err"] == "AuthenticationFailed"
+    assert closed(s)
+    with pytest.raises(errors.AuthenticationFailed):
+        Connection("127.0.0.1", p.port, "wrong")
+
+
+def test_request_before_hello_is_refused(port):
+    p, _ = port
+    s = raw(p)
+    s.sendall(frame({"id": 1, "op": "find", "ns": "a.b"}))
+    assert read_frame(s)["err"]["err"] == "AuthenticationFailed" and closed(s)
+
+
+@pytest.mark.parametrize("payload", [
+    struct.pack(">I", 5) + b"\xc1\xc1\xc1\xc1\xc1",        # not msgpack
+    struct.pack(">I", 3) + msgpack.packb([1, 2]),           # not a map
+    struct.pack(">I", 0),                                   # empty frame
+    struct.pack(">I", 100 << 20),                           # oversized
+])
+def test_malformed_frames_get_error_and_close_and_server_survives(port, payload):
+    p, svc = port
+    s = raw(p)
+    s.sendall(frame({"id": 1, "op": "hello", "secret": SECRET}))
+    assert "ok" in read_frame(s)
+    s.sendall(payload)
+    r = read_frame(s)
+    assert r["err"]["err"] == "ProtocolError"
+    assert closed(s)
+    # the server still serves others
+    c = Connection("127.0.0.1", p.port, SECRET)
+    assert c.request({"op": "insert", "ns": "a.b", "docs": [{"_id": 1}]})["inserted_ids"] == [1]
+    c.close()
+
+
+def test_truncated_frame_then_disconnect_does_not_crash(port):
+    p, _ = port
+    s = raw(p)
+    s.sendall(frame({"id": 1, "op": "hello", "secret": SECRET}))
+    read_frame(s)
+    s.sendall(struct.pack(">I", 100) + b"abc")
+    s.close()
+    c = Connection("127.0.0.1", p.port, SECRET)
+    assert c.request({"op": "count", "ns": "a.b"})["value"] == 0
+
+
+def test_errors_cross_as_the_same_classes_and_pipelining(port):
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    futs = [c.submit({"op": "insert", "ns": "a.b", "docs": [{"_id": i}]}) for i in range(200)]
+    gtids = [f.result(10)["gtid"] for f in futs]
+    assert [g[1] for g in gtids] == list(range(1, 201))  # one per statement, in order
+    with pytest.raises(errors.DuplicateKey):
+        c.request({"op": "insert", "ns": "a.b", "docs": [{"_id": 5}]})
+    with pytest.raises(errors.InvalidFilter):
+        c.request({"op": "find", "ns": "a.b", "filter": {"x": {"$nope": 1}}})
+    with pytest.raises(errors.InvalidOperation):
+        c.request({"op": "frobnicate"})
+    with pytest.raises(errors.DocumentTooLarge):
+        c.request({"op": "insert", "ns": "a.b", "docs": [{"_id": "big", "x": "y" * (600 << 10)}]})
+    assert c.request({"op": "count", "ns": "a.b"})["value"] == 200
+    c.close()
+
+
+def test_group_commit_shares_syncs_among_durable_writers(port):
+    p, svc = port
+    conns = [Connection("127.0.0.1", p.port, SECRET) for _ in range(8)]
+    errs = []
+
+    def client(i):
+        try:
+            for k in range(50):
+                conns[i].request({"op": "insert", "ns": "g.c", "docs": [{"_id": f"{i}-{k}"}],
+                                  "j": True})
+        except Exception as e:  # pragma: no cover - reported below
+            errs.append(e)
+
+    syncs0 = svc.group.syncs
+    ts = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errs
+    syncs = svc.group.syncs - syncs0
+    assert svc.group.durable.seq == 400
+    assert syncs < 400  # durable writers shared flushes
+    for c in conns:
+        c.close()

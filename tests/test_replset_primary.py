@@ -1,0 +1,112 @@
+"""A single-member replica set: real Ray actors, real LMDB, the driver over TCP."""
+import pytest
+
+import raymx
+from raymx import errors
+from raymx.storage.gtid import GTID
+
+
+def test_crud_through_the_driver(replset):
+    c = replset.client()
+    users = c["app"]["users"]
+    r = users.insert_one({"name": "ann", "age": 31})
+    assert isinstance(r.gtid, GTID) and r.gtid.term >= 1
+    ids = users.insert_many([{"_id": i, "name": f"u{i}", "age": i % 40} for i in range(500)]).inserted_ids
+    assert ids == list(range(500))
+    assert users.create_index("age") == "age_1"
+    assert users.count_documents({"age": {"$lt": 10}}) == 130
+    assert users.find_one({"_id": 7}) == {"_id": 7, "name": "u7", "age": 7}
+    u = users.update_many({"age": 5}, {"$inc": {"age": 100}})
+    assert (u.matched_count, u.modified_count) == (13, 13) and u.gtid > r.gtid
+    assert users.update_one({"_id": "new"}, {"$set": {"x": 1}}, upsert=True).upserted_id == "new"
+    assert users.replace_one({"_id": "new"}, {"y": 2}).modified_count == 1
+    assert users.find_one({"_id": "new"}) == {"_id": "new", "y": 2}
+    assert users.delete_one({"_id": "new"}).deleted_count == 1
+    assert users.delete_many({"age": {"$gte": 100}}).deleted_count == 13
+    got = users.find({"age": {"$in": [1, 2]}}, projection={"name": 1}, sort=[("_id", -1)], limit=3)
+    assert [d["_id"] for d in got] == [482, 481, 442]
+    assert [i["name"] for i in users.list_indexes()] == ["_id_", "age_1"]
+    users.drop_index("age_1")
+    with pytest.raises(errors.IndexNotFound):
+        users.drop_index("age_1")
+    with pytest.raises(errors.DuplicateKey):
+        users.insert_one({"_id": 1})
+    with pytest.raises(errors.InvalidDocument):
+        users.insert_one({"_id": 2000, "bad": {1, 2}})
+    assert c["app"].list_collection_names() == ["users"]
+    c.close()
+
+
+def test_cursor_streams_large_results_in_batches(replset):
+    coll = replset.client()["big"]["docs"]
+    for k in range(5):
+        coll.insert_many([{"_id": k * 2000 + i, "pad": "x" * 100} for i in range(2000)])
+    seen = [d["_id"] for d in coll.find(batch_size=700)]
+    assert seen == list(range(10_000))
+    # an abandoned cursor is released
+    it = iter(coll.find(batch_size=10))
+    next(it)
+    it.close()
+    assert replset.status()["members"][0]["open_cursors"] == 0
+
+
+def test_transactions_commit_under_one_gtid_or_leave_no_trace(replset):
+    c = replset.client()
+    acc = c["bank"]["acc"]
+    acc.insert_many([{"_id": "a", "bal": 100}, {"_id": "b", "bal": 0}])
+    with c.transaction() as tx:
+        tx["bank"]["acc"].update_one({"_id": "a"}, {"$inc": {"bal": -40}})
+        tx["bank"]["acc"].update_one({"_id": "b"}, {"$inc": {"bal": 40}})
+        assert tx["bank"]["acc"].find_one({"_id": "b"})["bal"] == 40
+    entry = [e for e in replset.oplog() if e.gtid == tx.gtid][0]
+    assert [op["op"] for op in entry.ops] == ["u", "u"]
+    with pytest.raises(KeyError):
+        with c.transaction() as tx2:
+            tx2["bank"]["acc"].update_one({"_id": "a"}, {"$inc": {"bal": -1000}})
+            raise KeyError("application error")
+    assert acc.find_one({"_id": "a"})["bal"] == 60
+    assert list(replset.oplog())[-1].gtid == tx.gtid
+
+
+def test_durable_writes_and_restart_recovers_under_a_new_term(ray_session, tmp_path):
+    d = str(tmp_path / "rs")
+    rs = raymx.ReplicaSet.launch("restart1", data_dir=d)
+    c = rs.client(j=True)
+    g = c["a"]["b"].insert_many([{"_id": i} for i in range(100)]).gtid
+    c["a"]["b"].insert_one({"_id": "last"}, j=False)
+    st = rs.status()["members"][0]
+    term1 = st["term"]
+    rs.shutdown()
+    with pytest.raises(errors.ConfigError):
+        raymx.connect("restart1")
+    rs = raymx.ReplicaSet.launch("restart1", data_dir=d)
+    try:
+        c = rs.client()
+        assert c["a"]["b"].count_documents({}) == 101
+        r = c["a"]["b"].insert_one({"_id": "after"})
+        assert r.gtid.term == term1 + 1 and r.gtid.seq == g.seq + 2  # seq continues
+        entries = list(rs.oplog())
+        assert [e.gtid.seq for e in entries] == list(range(1, len(entries) + 1))
+        assert raymx.connect("restart1").status()["members"][0]["term"] == term1 + 1
+    finally:
+        rs.shutdown()
+
+
+def test_launch_refuses_a_running_name_and_bad_specs(replset):
+    with pytest.raises(errors.ConfigError):
+        raymx.ReplicaSet.launch(replset.name)
+    with pytest.raises(errors.ConfigError):
+        raymx.ReplicaSet.launch("bad name!")
+
+
+def test_gtid_manager_actor(ray_session):
+    from raymx.actors.member import GTIDManagerActor
+    ray = ray_session
+    m = GTIDManagerActor.remote(3, 10)
+    a, b, c = ray.get([m.allocate.remote() for _ in range(3)])
+    ray.get(m.done.remote(c))
+    assert ray.get(m.min_live.remote()) == a
+    rec = ray.get(m.before_sync.remote())
+    ray.get(m.done.remote(a))
+    assert ray.get(m.after_sync.remote(rec)) == a  # published what was recorded before the flush
+    ray.kill(m)
