@@ -59,5 +59,24 @@ class Coordinator:
                 s = {"id": m["id"], "role": "unknown", "state": "down",
                      "error": locals().get("err", "not found")}
             s["path"] = m["path"]
+            if s["state"] != "down" and not m.get("primary"):
+                try:
+                    p = ray.get(ray.get_actor(m["actor"] + "/producer", namespace="raymx")
+                                .status.remote(), timeout=timeout_s)
+                    s["state"] = p["state"] if not p["paused"] else "paused"
+                    if p["error"]:
+                        s["error"] = p["error"]
+                except Exception:
+                    s["state"] = "down"
+                    s["error"] = "producer unreachable"
             members.append(s)
+        prim = next((s for s in members if s.get("role") == "primary"
+                     and s["state"] != "down"), None)
+        for s in members:
+            if prim is None or s["state"] == "down" or s.get("applied") is None:
+                s["lag"], s["lag_s"] = None, None
+                continue
+            s["lag"] = max(0, prim["last"][1] - s["applied"][1]) if prim.get("last") else 0
+            behind = s["lag"] > 0 and prim.get("last_ts") and s.get("applied_ts")
+            s["lag_s"] = max(0.0, (prim["last_ts"] - s["applied_ts"]) / 1000) if behind else 0.0
         return {"set": self.name, "time_ms": int(time.time() * 1000), "members": members}

@@ -1,85 +1,192 @@
-"""Ray shells for a member: thin wrappers that own processes and threads.
+"""Ray shells for a member: thin wrappers that own processes, threads and messages.
 
-``OplogShard`` opens the member's LMDB folder, recovers, starts the shard
-service (writer, group commit, readers) and the client port, and answers
-control calls. ``GTIDManagerActor`` exposes the GTIDManager core to several
-shards of one member; a one-shard member keeps the core in its shard process,
-because a Ray call per commit (~1.3 ms) would cap the member at ~1,500
-commits/s.
+A member is a group of co-located actors sharing one LMDB folder, each with
+its own environment handle (LMDB is multi-process safe on one machine). Only
+notifications travel between them through Ray, never data:
+
+* ``OplogShard``: the client port and the shard service (writes on the
+  primary, reads everywhere); tells its feeder the replicatable point after
+  every sync, and learns other members' durable positions from the feeder;
+* ``Feeder``: serves ``pull`` to downstream producers (long-poll on a latch);
+* ``Producer`` (secondaries): pulls from the sync source, checks, writes
+  unapplied entries, syncs, tells the applier and its own feeder;
+* ``Applier`` (secondaries): applies unapplied entries in GTID order.
+
+The GTIDManager core lives in the shard's process for a one-shard member (a
+Ray call per commit would cap it at ~1.5k commits/s); ``GTIDManagerActor``
+exposes the same core to members with several shards.
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
+import time
 
 import ray
 
+from raymx import errors
+from raymx.actors import replication as rep
 from raymx.actors.gtid_manager import GTIDManager
 from raymx.actors.server import ClientPort
 from raymx.actors.shard import ShardService, gtid_out
 from raymx.storage import codec
 from raymx.storage.engine import Engine
-from raymx.storage.gtid import GTID
+from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.limits import Limits
 from raymx.storage.lmdb_store import LMDBStore
 
 log = logging.getLogger("raymx.member")
+NAMESPACE = "raymx"
 
 
 def open_member(path: str, limits: Limits) -> Engine:
     return Engine(LMDBStore(path, map_bytes=limits.map_bytes), limits)
 
 
+def actor_name(rs: str, member: int, role: str = "") -> str:
+    return f"{rs}/m{member}" + (f"/{role}" if role else "")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Notifier:
+    """Sends the newest value to another actor with at most one call in flight,
+    so a fast writer never floods a slow reader with notifications."""
+
+    def __init__(self, send):
+        self._send = send
+        self._lock = threading.Lock()
+        self._pending = None
+        self._busy = False
+
+    def __call__(self, value) -> None:
+        with self._lock:
+            self._pending = value
+            if self._busy:
+                return
+            self._busy = True
+        self._fire()
+
+    def _fire(self):
+        with self._lock:
+            v, self._pending = self._pending, None
+        try:
+            ref = self._send(v)
+            ref.future().add_done_callback(self._done)
+        except Exception:  # the peer is restarting: the next value will retry
+            with self._lock:
+                self._busy = False
+
+    def _done(self, _f):
+        with self._lock:
+            if self._pending is None:
+                self._busy = False
+                return
+        self._fire()
+
+
+def _get(rs: str, member: int, role: str):
+    return ray.get_actor(actor_name(rs, member, role), namespace=NAMESPACE)
+
+
 @ray.remote(max_concurrency=16, concurrency_groups={"control": 4})
 class OplogShard:
-    def __init__(self, rs_name: str, member_id: int, path: str, secret: str,
-                 limits: Limits, bind_host: str | None = None):
-        self.rs_name, self.member_id, self.path, self.limits = rs_name, member_id, path, limits
+    def __init__(self, rs_name: str, member: dict, path: str, secret: str,
+                 limits: Limits, votes: dict, bind_host: str | None = None):
+        self.rs_name, self.member_id, self.path, self.limits = rs_name, member["id"], path, limits
+        self.spec = member
+        self.role = "primary" if member.get("primary") else "secondary"
         ctx = ray.get_runtime_context()
         self.node_id = ctx.get_node_id()
         self.restarted = ctx.was_current_actor_reconstructed
-        fresh = not os.path.exists(os.path.join(path, "data.mdb"))
         self.engine = open_member(path, limits)
-        self.engine.sync()  # whatever survived the crash is now durable: the recovered state
-        if not fresh and self.engine.get_meta("member_id") not in (None, member_id):
-            raise RuntimeError(f"{path} belongs to member {self.engine.get_meta('member_id')}, "
-                               f"not {member_id}")
-        self.engine.put_meta("member_id", member_id)
+        self.engine.sync()  # whatever survived a crash is now the durable, recovered state
+        owner = self.engine.get_meta("member_id")
+        if owner not in (None, self.member_id):
+            raise RuntimeError(f"{path} belongs to member {owner}, not {self.member_id}")
+        self.engine.put_meta("member_id", self.member_id)
         self.engine.put_meta("replset", rs_name)
-        # A (re)started primary comes back under a new term, recorded durably
-        # before it accepts a write (DESIGN section 6).
-        self.engine.set_term(self.engine.term + 1)
-        self.service = ShardService(self.engine, limits, primary=True)
+        if self.role == "primary":
+            # A (re)started primary comes back under a new term, recorded durably
+            # before it accepts a write (DESIGN section 6).
+            self.engine.set_term(self.engine.term + 1)
+        self._feeder = None
+        self._notify_feeder = Notifier(lambda g: self._feeder_handle().on_limit.remote(list(g)))
+        self.service = ShardService(self.engine, limits, primary=self.role == "primary",
+                                    on_durable=self._on_durable, member_id=self.member_id,
+                                    votes={int(k): v for k, v in votes.items()})
         host = bind_host or ray.util.get_node_ip_address()
         self.port = ClientPort(self.service, secret, host, limits.frame_bytes_max,
-                               {"member": member_id, "replset": rs_name, "role": "primary"})
-        log.info("member %s/%d serving on %s:%d term %d", rs_name, member_id, host,
-                 self.port.port, self.engine.term)
+                               {"member": self.member_id, "replset": rs_name, "role": self.role})
+        if self.role == "primary":
+            last, _ = self.engine.last()
+            if last != ZERO:
+                self._on_durable(last)
+
+    def _feeder_handle(self):
+        if self._feeder is None:
+            self._feeder = _get(self.rs_name, self.member_id, "feeder")
+        return self._feeder
+
+    def _on_durable(self, g: GTID) -> None:
+        # the replicatable point is min_live recorded before the sync; ship below it
+        rp = self.service.gm.replicatable()
+        self._notify_feeder(GTID(rp.term, rp.seq - 1) if rp.seq > 1 else ZERO)
+
+    @ray.method(concurrency_group="control")
+    def on_positions(self, durable: dict) -> None:
+        self.service.set_positions({int(m): None if g is None else GTID(*g)
+                                    for m, g in durable.items()})
 
     @ray.method(concurrency_group="control")
     def address(self) -> dict:
         return {"id": self.member_id, "host": self.port.host, "port": self.port.port,
-                "role": "primary", "node_id": self.node_id}
+                "role": self.role, "node_id": self.node_id,
+                "hidden": bool(self.spec.get("hidden"))}
 
     @ray.method(concurrency_group="control")
     def status(self) -> dict:
         s = self.service.status()
         r = self.engine.range()
-        s.update({"id": self.member_id, "role": "primary", "state": "running",
+        last_ts = None
+        if r.last is not None:
+            with self.engine.store.read() as t:
+                last_ts = codec.unpack(t.get("oplog", r.last.to_bytes()))["ts"]
+        applied = rep.applied_point(self.engine)
+        applied_ts = None
+        if applied != ZERO:
+            with self.engine.store.read() as t:
+                applied_ts = codec.unpack(t.get("oplog", applied.to_bytes()))["ts"]
+        s.update({"id": self.member_id, "role": self.role, "state": "running",
                   "host": f"{self.port.host}:{self.port.port}", "pid": os.getpid(),
-                  "applied": gtid_out(r.last_applied), "first": gtid_out(r.first),
-                  "connections": self.port.connections, "restarted": self.restarted})
+                  "term": self.engine.term, "applied": gtid_out(applied),
+                  "first": gtid_out(r.first), "last_ts": last_ts, "applied_ts": applied_ts,
+                  "connections": self.port.connections, "restarted": self.restarted,
+                  "priority": self.spec.get("priority", 1), "votes": self.spec.get("votes", 1),
+                  "hidden": bool(self.spec.get("hidden")), "delay_s": self.spec.get("delay_s", 0),
+                  "sync_source": self.spec.get("sync_source")})
+        if self.role == "secondary":
+            s["durable"] = gtid_out(r.last)  # the producer syncs every batch it writes
         return s
 
     @ray.method(concurrency_group="control")
     def oplog(self, after=None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
-        """Raw entries as stored (msgpack bytes); spilled ops are resolved."""
+        """Entries as msgpack bytes, spilled ops resolved (for rs.oplog())."""
         out = []
         for g, e in self.engine.read_oplog(after=None if after is None else GTID(*after),
                                            limit=limit):
             out.append((g.to_bytes(), codec.pack(e)))
         return out
+
+    @ray.method(concurrency_group="control")
+    def state_digest(self) -> dict:
+        """Collections and oplog (GTIDs and hashes), for convergence checks."""
+        st = self.engine.snapshot_state()
+        ol = [(list(g), e["h"]) for g, e in self.engine.read_oplog()]
+        return {"collections": codec.pack(st), "oplog": ol}
 
     def shutdown(self) -> None:
         self.port.close()
@@ -88,6 +195,189 @@ class OplogShard:
 
     def pid(self) -> int:
         return os.getpid()
+
+
+@ray.remote(max_concurrency=32, concurrency_groups={"control": 4})
+class Feeder:
+    """Tailable cursors over a member's oplog for downstream producers."""
+
+    def __init__(self, rs_name: str, member_id: int, path: str, limits: Limits, primary: bool):
+        self.rs_name, self.member_id, self.primary = rs_name, member_id, primary
+        self.engine = open_member(path, limits)
+        self.core = rep.FeederCore(self.engine, limits)
+        self.limits = limits
+        self._latch = threading.Condition()
+        self._shard = None
+        self._upstream = Notifier(self._send_positions)
+        if not primary:
+            # a secondary ships its written, gap-free oplog (chained replication)
+            last, _ = self.engine.last()
+            self.core.advance(last)
+
+    def _send_positions(self, durable):
+        if self._shard is None:
+            self._shard = _get(self.rs_name, self.member_id, "")
+        return self._shard.on_positions.remote(durable)
+
+    @ray.method(concurrency_group="control")
+    def on_limit(self, limit) -> None:
+        """Notification: new entries up to ``limit`` may be shipped (the latch)."""
+        with self._latch:
+            if self.core.advance(GTID(*limit)):
+                self._latch.notify_all()
+
+    def pull(self, after, after_h, max_entries: int, max_bytes: int, wait_ms: int,
+             member: int, durable, applied, downstream: dict | None = None) -> dict:
+        self.core.report(member, durable, applied, now_ms())
+        for m, p in (downstream or {}).items():
+            self.core.report(int(m), p.get("durable"), p.get("applied"), now_ms())
+        self._upstream({m: None if p["durable"] is None else list(p["durable"])
+                        for m, p in self.core.positions.items()})
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            out = self.core.pull(after, after_h, max_entries, max_bytes)
+            if out["status"] != "ok" or out["rows"]:
+                return out
+            with self._latch:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return out
+                self._latch.wait(left)
+
+    @ray.method(concurrency_group="control")
+    def positions(self) -> dict:
+        return {m: {"durable": None if p["durable"] is None else list(p["durable"]),
+                    "applied": None if p["applied"] is None else list(p["applied"]),
+                    "at_ms": p["at_ms"]} for m, p in self.core.positions.items()}
+
+
+@ray.remote(max_concurrency=4, concurrency_groups={"control": 2})
+class Producer:
+    """Pulls from the sync source, checks each batch, writes it unapplied, syncs."""
+
+    def __init__(self, rs_name: str, member_id: int, path: str, limits: Limits,
+                 sync_source: int):
+        self.rs_name, self.member_id, self.limits = rs_name, member_id, limits
+        self.sync_source = sync_source
+        self.engine = open_member(path, limits)
+        self.error: str | None = None
+        self.state = "running"
+        self.batches = self.entries = 0
+        self._stop = threading.Event()
+        self._paused = threading.Event()
+        self._applier = Notifier(lambda g: _get(rs_name, member_id, "applier").wake.remote(g))
+        self._feeder = Notifier(lambda g: _get(rs_name, member_id, "feeder").on_limit.remote(g))
+        self._t = threading.Thread(target=self._run, name="raymx-producer", daemon=True)
+        self._t.start()
+
+    def _run(self):
+        src = None
+        while not self._stop.is_set():
+            if self._paused.is_set():
+                time.sleep(0.05)
+                continue
+            try:
+                if src is None:
+                    src = _get(self.rs_name, self.sync_source, "feeder")
+                last, last_h = self.engine.last()
+                applied = rep.applied_point(self.engine)
+                down = ray.get(_get(self.rs_name, self.member_id, "feeder").positions.remote(),
+                               timeout=5)
+                out = ray.get(src.pull.remote(
+                    list(last), last_h if last != ZERO else None, self.limits.pull_entries_max,
+                    self.limits.pull_bytes_max, self.limits.pull_wait_ms, self.member_id,
+                    list(last) if last != ZERO else None, list(applied), down), timeout=30)
+            except Exception as e:  # the source is restarting or gone: retry
+                src = None
+                self.error = f"sync source {self.sync_source} unreachable: {type(e).__name__}"
+                time.sleep(0.2)
+                continue
+            if out["status"] != "ok":
+                self.state = "recovering"
+                self.error = f"sync source says {out['status']}: {out.get('reason') or out}"
+                time.sleep(0.5)
+                continue
+            if not out["rows"]:
+                continue
+            try:
+                batch = rep.check_batch(last, last_h, out["rows"], self.limits)
+                g = rep.write_batch(self.engine, batch)
+                self.engine.sync()  # durable before the next pull reports it upstream
+            except errors.RaymxError as e:
+                self.error = f"batch refused: {e}"
+                log.error("member %d: %s", self.member_id, self.error)
+                time.sleep(0.5)
+                continue
+            self.error = None
+            self.state = "running"
+            self.batches += 1
+            self.entries += len(batch)
+            self._applier(list(g))
+            self._feeder(list(g))
+
+    @ray.method(concurrency_group="control")
+    def pause(self, paused: bool = True) -> None:
+        """Stop pulling (tests and benchmarks build a backlog this way)."""
+        (self._paused.set if paused else self._paused.clear)()
+
+    @ray.method(concurrency_group="control")
+    def status(self) -> dict:
+        return {"state": self.state, "error": self.error, "batches": self.batches,
+                "entries": self.entries, "sync_source": self.sync_source,
+                "paused": self._paused.is_set()}
+
+    def shutdown(self):
+        self._stop.set()
+        self._t.join(10)
+
+
+@ray.remote(max_concurrency=4, concurrency_groups={"control": 2})
+class Applier:
+    """Applies unapplied entries in GTID order, in bounded batches."""
+
+    def __init__(self, rs_name: str, member_id: int, path: str, limits: Limits,
+                 delay_s: float = 0):
+        self.member_id, self.limits = member_id, limits
+        self.delay_ms = int(delay_s * 1000)
+        self.engine = open_member(path, limits)
+        self.applied_entries = self.applied_ops = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._info_at = 0.0
+        self._t = threading.Thread(target=self._run, name="raymx-applier", daemon=True)
+        self._t.start()
+
+    @ray.method(concurrency_group="control")
+    def wake(self, _g=None) -> None:
+        self._wake.set()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                n, ops, _ = rep.apply_batch(self.engine, self.limits, now_ms(), self.delay_ms,
+                                            clock=now_ms)
+            except Exception:
+                log.exception("member %d: apply failed", self.member_id)
+                time.sleep(1)
+                continue
+            self.applied_entries += n
+            self.applied_ops += ops
+            if time.monotonic() - self._info_at >= 1.0:
+                self._info_at = time.monotonic()
+                last, _ = self.engine.last()
+                rep.write_repl_info(self.engine, GTID(last.term, last.seq + 1))
+            if n == 0:
+                self._wake.wait(0.05 if self.delay_ms else 0.5)
+                self._wake.clear()
+
+    @ray.method(concurrency_group="control")
+    def status(self) -> dict:
+        return {"applied_entries": self.applied_entries, "applied_ops": self.applied_ops}
+
+    def shutdown(self):
+        self._stop.set()
+        self._wake.set()
+        self._t.join(10)
 
 
 @ray.remote(num_cpus=0)

@@ -31,7 +31,7 @@ class ClientPort:
         self.info = info  # sent in the hello answer (member id, role...)
         self.port: int | None = None
         self.connections = 0
-        self._tasks: set = set()
+        self._tasks: dict = {}  # connection task -> its writer
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._t = threading.Thread(target=self._run, name="raymx-port", daemon=True)
@@ -56,7 +56,7 @@ class ClientPort:
         self._loop.run_forever()
 
     async def _serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter):
-        self._tasks.add(asyncio.current_task())
+        self._tasks[asyncio.current_task()] = w
         self.connections += 1
         conn: dict = {}
         loop = asyncio.get_running_loop()
@@ -118,7 +118,7 @@ class ClientPort:
                 await w.drain()
         finally:
             self.connections -= 1
-            self._tasks.discard(asyncio.current_task())
+            self._tasks.pop(asyncio.current_task(), None)
             try:
                 self.handler.connection_closed(conn)
             finally:
@@ -132,9 +132,9 @@ class ClientPort:
         async def stop():
             self._server.close()
             tasks = list(self._tasks)
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            for w in self._tasks.values():
+                w.transport.abort()  # the reads end with EOF, so each task ends cleanly
+            await asyncio.wait(tasks, timeout=2) if tasks else None
         if self.port is not None:
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -84,6 +84,9 @@ class GroupCommit:
         self._gm = gm
         self._interval = interval_ms / 1000
         self._on_durable = on_durable
+        # eager: sync as soon as anything is committed (members wait downstream),
+        # else every interval_ms unless a j=True writer waits
+        self.eager = False
         self._cond = threading.Condition()
         self._waiters: list[tuple[GTID, Callable[[], None]]] = []
         self.committed: GTID | None = None  # last commit (not yet necessarily durable)
@@ -100,11 +103,14 @@ class GroupCommit:
             if durable_cb is not None:
                 self._waiters.append((g, durable_cb))
                 self._cond.notify()
+            elif self.eager:
+                self._cond.notify()
 
     def _run(self):
         while True:
             with self._cond:
-                if not self._waiters and not self._stop:
+                if not self._waiters and not self._stop and not (
+                        self.eager and self.committed != self.durable):
                     self._cond.wait(self._interval)
                 if self._stop and not self._waiters and self.committed == self.durable:
                     return
@@ -135,6 +141,64 @@ class GroupCommit:
             self._stop = True
             self._cond.notify()
         self._t.join(10)
+
+
+class WriteConcernWaiters:
+    """Writes waiting until enough members hold their entry durably."""
+
+    def __init__(self, svc: "ShardService"):
+        self._svc = svc
+        self._cond = threading.Condition()
+        self.durable: dict[int, GTID | None] = {}
+        self._waiting: list = []
+        self._t = threading.Thread(target=self._run, name="raymx-wc", daemon=True)
+        self._t.start()
+
+    def update(self, member: int, g: GTID | None) -> None:
+        with self._cond:
+            cur = self.durable.get(member)
+            if g is not None and (cur is None or g > cur):
+                self.durable[member] = g
+                self._cond.notify()
+
+    def wait(self, g: GTID, w, wtimeout_ms, ok, fail) -> None:
+        from raymx.actors.replication import majority
+        n_members = len(self._svc.votes)
+        need = majority(list(self._svc.votes.values())) if w == "majority" else w
+        if not isinstance(need, int) or need < 0 or need > n_members:
+            return fail(errors.WriteConcernTimeout(
+                f"w={w!r} cannot be satisfied by {n_members} members; the write committed "
+                f"at {g} and was not undone", gtid=list(g)))
+        deadline = None if not wtimeout_ms else time.monotonic() + wtimeout_ms / 1000
+        with self._cond:
+            self._waiting.append((g, w, deadline, ok, fail))
+            self._cond.notify()
+
+    def _run(self):
+        from raymx.actors.replication import acknowledged
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                dl = [d for _, _, d, _, _ in self._waiting if d is not None]
+                self._cond.wait(min(1.0, max(0.0, min(dl) - now)) if dl else 1.0)
+                now = time.monotonic()
+                done, keep = [], []
+                for item in self._waiting:
+                    g, w, d, ok, fail = item
+                    if acknowledged(g, w, self.durable, self._svc.votes):
+                        done.append(ok)
+                    elif d is not None and now >= d:
+                        have = sum(1 for x in self.durable.values() if x is not None and x >= g)
+                        done.append(lambda fail=fail, g=g, w=w, have=have: fail(
+                            errors.WriteConcernTimeout(
+                                f"write at {g} reached {have} member(s), w={w!r} not met in "
+                                "time; it stays committed (a timeout is not a rollback)",
+                                gtid=list(g))))
+                    else:
+                        keep.append(item)
+                self._waiting = keep
+            for cb in done:
+                cb()
 
 
 class _Session:
@@ -180,15 +244,21 @@ class ShardService:
 
     def __init__(self, engine: Engine, limits: Limits, primary: bool = True,
                  on_commit: Callable[[GTID], None] | None = None,
-                 on_durable: Callable[[GTID], None] | None = None):
+                 on_durable: Callable[[GTID], None] | None = None,
+                 member_id: int = 0, votes: dict[int, int] | None = None):
         self.e = engine
         self.limits = limits
         self.primary = primary
+        self.member_id = member_id
+        self.votes = votes or {member_id: 1}
+        self.wc = WriteConcernWaiters(self)
         self._on_commit = on_commit
         last, _ = engine.last()
         self.gm = GTIDManager(engine.term, last.seq + 1, lock=threading.Lock())
-        self.group = GroupCommit(engine, self.gm, limits.sync_interval_ms, on_durable)
+        self.group = GroupCommit(engine, self.gm, limits.sync_interval_ms,
+                                 self._durable_hook(on_durable))
         self.group.committed = self.group.durable = last if last.seq else None
+        self.group.eager = len(self.votes) > 1
         self._q: queue.Queue = queue.Queue()
         self._ids = itertools.count(1)
         self._cursors: dict[int, _Cursor] = {}
@@ -197,6 +267,19 @@ class ShardService:
         self.commits = 0
         self._writer = threading.Thread(target=self._write_loop, name="raymx-writer", daemon=True)
         self._writer.start()
+
+    def _durable_hook(self, on_durable):
+        def hook(g):
+            self.wc.update(self.member_id, g)
+            if on_durable is not None:
+                on_durable(g)
+        return hook
+
+    def set_positions(self, durable: dict[int, GTID | None]) -> None:
+        """Other members' durable positions, as the feeder learned them from pulls."""
+        for m, g in durable.items():
+            if m != self.member_id:
+                self.wc.update(m, g)
 
     # --- dispatch --------------------------------------------------------
     def handle(self, req: dict, reply: Reply, conn: dict) -> None:
@@ -276,7 +359,13 @@ class ShardService:
             out["gtid"] = gtid_out(g)
         if self._on_commit is not None:
             self._on_commit(g)
-        if req.get("j"):
+        w = req.get("w", 1)
+        if w not in (0, 1, None):
+            # w > 1 needs the entry durable here too: wait for the sync, then others
+            self.group.note_commit(g, None)
+            self.wc.wait(g, w, req.get("wtimeout_ms"), lambda: reply(ok=out),
+                         lambda e: reply(err=e))
+        elif req.get("j"):
             self.group.note_commit(g, lambda: reply(ok=out))
         else:
             self.group.note_commit(g, None)
@@ -324,6 +413,8 @@ class ShardService:
     def _read(self, req: dict, reply: Reply, conn: dict) -> None:
         try:
             op = req["op"]
+            if req.get("after") is not None:
+                self.wait_applied(GTID(*req["after"]), req.get("after_timeout_ms") or 10_000)
             if op == "getMore":
                 return reply(ok=self._get_more(req.get("cursor"), req.get("batch")))
             if op == "killCursors":
@@ -405,6 +496,20 @@ class ShardService:
             c = self._cursors.pop(cid, None)
         if c is not None:
             c.close()
+
+    def wait_applied(self, g: GTID, timeout_ms: int) -> None:
+        """Read-after-GTID: block until this member has applied ``g``."""
+        from raymx.actors.replication import applied_point
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            cur = applied_point(self.e)
+            if cur >= g:
+                return
+            if time.monotonic() >= deadline:
+                raise errors.ReadConcernTimeout(
+                    f"member {self.member_id} has applied up to {cur}, not {g}, after "
+                    f"{timeout_ms} ms", applied=list(cur), wanted=list(g))
+            time.sleep(0.002)
 
     # --- state -----------------------------------------------------------
     def status(self) -> dict:

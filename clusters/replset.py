@@ -52,26 +52,26 @@ class ReplicaSet:
 
     # --- life cycle ----------------------------------------------------
     @classmethod
-    def launch(cls, name: str, members: int = 1, data_dir: str | None = None,
+    def launch(cls, name: str, members=1, data_dir: str | None = None,
                limits: Limits | None = None, secret: str | None = None,
                bind_host: str | None = None) -> "ReplicaSet":
-        """Start the members' actors on this node, pinned to it (their files live here).
+        """Start every member's actors on this node, pinned to it (their files live here).
 
-        Restarting over an existing ``data_dir`` recovers every committed
-        transaction and the oplog, under a new term.
+        ``members`` is a count or a list of member specs: dicts with optional
+        ``priority`` (0: never primary), ``votes`` (0 or 1), ``hidden``,
+        ``delay_s`` (a delayed member applies entries that old) and
+        ``sync_source`` (a member id, for chained replication). Restarting
+        over an existing ``data_dir`` recovers every committed transaction and
+        the oplog; the primary comes back under a new term.
         """
         _check_name(name)
-        if not isinstance(members, int) or members < 1:
-            raise errors.ConfigError(f"members must be a positive integer, got {members!r}")
-        if members != 1:
-            raise errors.ConfigError("this version runs single-member replica sets; "
-                                     "multi-member replication is not built yet")
+        specs = _member_specs(members)
         limits = limits or DEFAULT
         ray = _ensure_ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from raymx.actors.coordinator import Coordinator
-        from raymx.actors.member import OplogShard
+        from raymx.actors.member import Applier, Feeder, OplogShard, Producer, actor_name
         try:
             ray.get_actor(f"{name}/coordinator", namespace=NAMESPACE)
             raise errors.ConfigError(f"replica set {name!r} is already running: "
@@ -82,24 +82,37 @@ class ReplicaSet:
         os.makedirs(data_dir, mode=0o700, exist_ok=True)
         secret = secret or secrets.token_urlsafe(32)
         node = ray.get_runtime_context().get_node_id()
-        pin = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
-        specs, handles = [], []
-        for i in range(members):
-            path = os.path.join(data_dir, f"m{i}")
-            actor = f"{name}/m{i}"
-            h = OplogShard.options(name=actor, namespace=NAMESPACE, lifetime="detached",
-                                   max_restarts=-1, num_cpus=0, scheduling_strategy=pin
-                                   ).remote(name, i, path, secret, limits, bind_host)
-            handles.append(h)
-            specs.append({"id": i, "actor": actor, "path": path, "node_id": node})
+        # Hard affinity: a restarted actor comes back only on the node holding its files.
+        opts = dict(namespace=NAMESPACE, lifetime="detached", max_restarts=-1, num_cpus=0,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False))
+        votes = {m["id"]: m["votes"] for m in specs}
+        handles = []
+        for m in specs:
+            m["path"] = os.path.join(data_dir, f"m{m['id']}")
+            m["actor"] = actor_name(name, m["id"])
+            m["node_id"] = node
+            handles.append(OplogShard.options(name=m["actor"], **opts).remote(
+                name, m, m["path"], secret, limits, votes, bind_host))
+            handles.append(Feeder.options(name=actor_name(name, m["id"], "feeder"), **opts).remote(
+                name, m["id"], m["path"], limits, bool(m["primary"])))
         try:
-            ray.get([h.address.remote() for h in handles], timeout=120)
+            ray.get([h.__ray_ready__.remote() for h in handles], timeout=120)
+            for m in specs:
+                if m["primary"]:
+                    continue
+                handles.append(Producer.options(name=actor_name(name, m["id"], "producer"),
+                                                **opts).remote(name, m["id"], m["path"], limits,
+                                                               m["sync_source"]))
+                handles.append(Applier.options(name=actor_name(name, m["id"], "applier"),
+                                               **opts).remote(name, m["id"], m["path"], limits,
+                                                              m["delay_s"]))
+            ray.get([h.__ray_ready__.remote() for h in handles], timeout=120)
         except Exception:
             for h in handles:
-                ray.kill(h)
+                ray.kill(h, no_restart=True)
             raise
         coord = Coordinator.options(name=f"{name}/coordinator", namespace=NAMESPACE,
-                                    lifetime="detached", max_restarts=-1).remote(
+                                    lifetime="detached", max_restarts=-1, num_cpus=0).remote(
             name, secret, specs)
         return cls(name, coord)
 
@@ -117,17 +130,23 @@ class ReplicaSet:
         """Stop every member (flushing LMDB) and the coordinator. Data stays on disk."""
         ray = _ray()
         cfg = ray.get(self._coord.config.remote())
-        handles = []
-        for m in cfg["members"]:
+        everything = []
+        # downstream roles first, so nothing writes while the shards flush and close
+        for roles in (("producer", "applier"), ("feeder",), ("",)):
+            handles = []
+            for m in cfg["members"]:
+                for role in roles:
+                    try:
+                        handles.append(ray.get_actor(m["actor"] + (f"/{role}" if role else ""),
+                                                     namespace=NAMESPACE))
+                    except ValueError:
+                        pass
             try:
-                handles.append(ray.get_actor(m["actor"], namespace=NAMESPACE))
-            except ValueError:
+                ray.get([h.shutdown.remote() for h in handles if role != "feeder"], timeout=30)
+            except Exception:
                 pass
-        try:
-            ray.get([h.shutdown.remote() for h in handles], timeout=30)
-        except Exception:
-            pass
-        for h in handles + [self._coord]:
+            everything += handles
+        for h in everything + [self._coord]:
             try:
                 ray.kill(h, no_restart=True)
             except Exception:
@@ -172,6 +191,60 @@ class ReplicaSet:
             pos = list(GTID.from_bytes(rows[-1][0]))
 
 
+def _member_specs(members) -> list[dict]:
+    if isinstance(members, int) and not isinstance(members, bool):
+        if members < 1:
+            raise errors.ConfigError(f"members must be at least 1, got {members}")
+        members = [{} for _ in range(members)]
+    if not isinstance(members, (list, tuple)) or not members:
+        raise errors.ConfigError("members must be a positive count or a list of member specs")
+    known = {"priority", "votes", "hidden", "delay_s", "sync_source"}
+    specs = []
+    for i, m in enumerate(members):
+        if not isinstance(m, dict) or set(m) - known:
+            raise errors.ConfigError(f"member {i}: a dict with keys among {sorted(known)}")
+        s = {"id": i, "priority": m.get("priority", 1), "votes": m.get("votes", 1),
+             "hidden": bool(m.get("hidden", False)), "delay_s": m.get("delay_s", 0),
+             "sync_source": m.get("sync_source")}
+        if not isinstance(s["priority"], (int, float)) or s["priority"] < 0:
+            raise errors.ConfigError(f"member {i}: priority must be >= 0")
+        if s["votes"] not in (0, 1):
+            raise errors.ConfigError(f"member {i}: votes must be 0 or 1")
+        if not isinstance(s["delay_s"], (int, float)) or s["delay_s"] < 0:
+            raise errors.ConfigError(f"member {i}: delay_s must be >= 0")
+        if (s["hidden"] or s["delay_s"]) and s["priority"] > 0:
+            s["priority"] = 0  # hidden and delayed members never become primary
+        specs.append(s)
+    eligible = [s for s in specs if s["priority"] > 0]
+    if not eligible:
+        raise errors.ConfigError("no member can be primary (all have priority 0)")
+    if sum(s["votes"] for s in specs) == 0:
+        raise errors.ConfigError("at least one member must vote")
+    prim = max(eligible, key=lambda s: (s["priority"], -s["id"]))
+    for s in specs:
+        s["primary"] = s is prim
+        src = s["sync_source"]
+        if s["primary"]:
+            s["sync_source"] = None
+        elif src is None:
+            s["sync_source"] = prim["id"]
+        elif src not in range(len(specs)) or src == s["id"]:
+            raise errors.ConfigError(f"member {s['id']}: sync_source {src!r} is not another member")
+    _check_no_cycles(specs)
+    return specs
+
+
+def _check_no_cycles(specs):
+    by = {s["id"]: s for s in specs}
+    for s in specs:
+        seen, cur = set(), s
+        while cur["sync_source"] is not None:
+            if cur["id"] in seen:
+                raise errors.ConfigError(f"sync sources form a cycle through member {cur['id']}")
+            seen.add(cur["id"])
+            cur = by[cur["sync_source"]]
+
+
 def connect(name: str) -> ReplicaSet:
     """Attach to a running replica set by name (from any driver on the cluster)."""
     return ReplicaSet.connect(name)
@@ -179,13 +252,18 @@ def connect(name: str) -> ReplicaSet:
 
 def format_status(st: dict) -> str:
     """The table ``raymx status`` prints."""
-    cols = ("id", "role", "state", "term", "last", "durable", "applied", "host")
+    cols = ("id", "role", "state", "term", "last", "durable", "applied", "lag", "lag_s",
+            "source", "host")
     rows = [cols]
     g = lambda x: "-" if x is None else f"{x[0]}:{x[1]}"  # noqa: E731
     for m in st["members"]:
+        lag_s = m.get("lag_s")
         rows.append((str(m.get("id")), m.get("role", "?"), m.get("state", "?"),
                      str(m.get("term", "-")), g(m.get("last")), g(m.get("durable")),
-                     g(m.get("applied")), m.get("host", "-")))
+                     g(m.get("applied")), str(m.get("lag", "-")),
+                     "-" if lag_s is None else f"{lag_s:.3f}",
+                     "-" if m.get("sync_source") is None else str(m["sync_source"]),
+                     m.get("host", "-")))
     w = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     lines = [f"replica set {st['set']}"]
     lines += ["  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]

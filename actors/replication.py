@@ -1,0 +1,308 @@
+"""Replication cores: feeder, producer and applier (pure: no Ray, no clock, no threads).
+
+Storage comes in as an ``Engine``, time as ``now_ms`` arguments. The Ray shells
+in ``raymx.actors.member`` own the threads and carry the notifications.
+
+Entries travel as they are stored: ``(GTID bytes, entry bytes, [chunk bytes])``
+(chunks only for spilled transactions). A producer validates them on arrival
+(decode with limits, known op types, contiguous seqs, the hash chain) and
+writes the same bytes; nothing is re-encoded.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass
+
+from raymx import errors
+from raymx.storage import codec, oplog
+from raymx.storage.engine import Engine, RANGE_KEY, RangeRecord
+from raymx.storage.gtid import GTID, ZERO
+from raymx.storage.keys import prefix_end
+from raymx.storage.limits import Limits
+
+Row = tuple  # (gtid bytes, entry bytes, list of chunk bytes)
+
+
+def _rows(t, start: bytes | None, stop: bytes | None, max_entries: int, max_bytes: int
+          ) -> list[Row]:
+    out, size = [], 0
+    for k, v in t.scan("oplog", start, stop):
+        chunks = []
+        if len(out) >= max_entries or (out and size + len(v) > max_bytes):
+            break
+        e = codec.unpack(v, "oplog entry")
+        if "ref" in e:
+            chunks = [t.get("oplog.refs", oplog.spill_key(e["ref"], i)) for i in range(e["chunks"])]
+            size += sum(len(c) for c in chunks)
+        out.append((k, v, chunks))
+        size += len(v)
+    return out
+
+
+class FeederCore:
+    """Serves a tailable cursor over this member's oplog.
+
+    ``limit`` is the newest GTID it may ship: the replicatable point's
+    predecessor on a primary (only durable, gap-free entries), the end of the
+    written oplog on a secondary (chained replication). The newest entries are
+    kept in memory so hot readers do not touch LMDB.
+    """
+
+    def __init__(self, engine: Engine, limits: Limits, cache_entries: int = 4096):
+        self.e = engine
+        self.limits = limits
+        self.limit: GTID = ZERO
+        self.cache: deque[Row] = deque(maxlen=cache_entries)
+        self.positions: dict[int, dict] = {}  # member id -> {"durable", "applied", "at_ms"}
+
+    def advance(self, limit: GTID) -> bool:
+        """The shell calls this on every notification; True if there is something new."""
+        if limit <= self.limit:
+            return False
+        start = prefix_end(self.limit.to_bytes()) if self.limit != ZERO else None
+        stop = prefix_end(limit.to_bytes())
+        cap = self.cache.maxlen
+        with self.e.store.read() as t:
+            keys = []
+            for k, _ in t.scan("oplog", start, stop, reverse=True):
+                keys.append(k)
+                if len(keys) >= cap:
+                    break
+            if not keys:
+                return False
+            keys.reverse()
+            rows = _rows(t, keys[0], stop, cap, 1 << 62)
+        if len(keys) >= cap or (self.cache and rows and
+                                GTID.from_bytes(rows[0][0]).seq != self.limit.seq + 1):
+            self.cache.clear()  # keep the cache one contiguous run ending at limit
+        self.cache.extend(rows)
+        self.limit = GTID.from_bytes(rows[-1][0])
+        return True
+
+    def truncated(self) -> None:
+        """After a rollback: forget everything cached and shipped-bounds."""
+        self.cache.clear()
+        self.limit = ZERO
+
+    def report(self, member: int, durable, applied, now_ms: int) -> None:
+        self.positions[member] = {"durable": None if durable is None else GTID(*durable),
+                                  "applied": None if applied is None else GTID(*applied),
+                                  "at_ms": now_ms}
+
+    def pull(self, after, after_h: int | None, max_entries: int, max_bytes: int) -> dict:
+        """Entries after ``after`` up to ``limit``; or ``diverged`` / ``too_stale``."""
+        max_entries = min(max_entries, self.limits.pull_entries_max)
+        max_bytes = min(max_bytes, self.limits.pull_bytes_max)
+        after = None if after is None else GTID(*after)
+        with self.e.store.read() as t:
+            first = t.first("oplog")
+            if after is not None and after != ZERO:
+                v = t.get("oplog", after.to_bytes())
+                if v is None:
+                    if first is not None and after < GTID.from_bytes(first[0]):
+                        return {"status": "too_stale", "first": list(GTID.from_bytes(first[0]))}
+                    return {"status": "diverged", "reason": f"{after} is not in this oplog"}
+                if after_h is not None and codec.unpack(v, "oplog entry")["h"] != after_h:
+                    return {"status": "diverged", "reason": f"{after} has a different hash here"}
+            elif first is not None and GTID.from_bytes(first[0]).seq > 1:
+                return {"status": "too_stale", "first": list(GTID.from_bytes(first[0]))}
+            if after is not None and after >= self.limit:
+                return {"status": "ok", "rows": [], "limit": list(self.limit)}
+            ak = None if after is None or after == ZERO else after.to_bytes()
+            if self.cache and ak is not None and ak >= self.cache[0][0]:
+                rows, size = [], 0
+                for r in self.cache:
+                    if r[0] <= ak:
+                        continue
+                    n = len(r[1]) + sum(len(c) for c in r[2])
+                    if len(rows) >= max_entries or (rows and size + n > max_bytes):
+                        break
+                    rows.append(r)
+                    size += n
+            else:
+                rows = _rows(t, None if ak is None else prefix_end(ak),
+                             prefix_end(self.limit.to_bytes()), max_entries, max_bytes)
+        return {"status": "ok", "rows": rows, "limit": list(self.limit)}
+
+
+@dataclass
+class Checked:
+    gtid: GTID
+    key: bytes
+    value: bytes
+    chunks: list
+    entry: dict
+    ops: list
+
+
+def check_batch(last: GTID, last_h: int, rows: list, limits: Limits) -> list[Checked]:
+    """Refuse the whole batch unless every entry decodes, is known, is contiguous
+    in seq and continues the hash chain from ``(last, last_h)``."""
+    out = []
+    prev, prev_h = last, last_h
+    for i, row in enumerate(rows):
+        if not isinstance(row, (list, tuple)) or len(row) != 3:
+            raise errors.BatchRefused(f"row {i} is not (gtid, entry, chunks)")
+        k, v, chunks = row
+        if not isinstance(k, bytes) or len(k) != 16 or not isinstance(v, bytes):
+            raise errors.BatchRefused(f"row {i}: key must be 16 bytes and the entry bytes")
+        g = GTID.from_bytes(k)
+        where = f"entry {g}"
+        if g.seq != prev.seq + 1 or g.term < prev.term:
+            raise errors.BatchRefused(f"{where} does not follow {prev}: a gap or a term going back",
+                                      gtid=list(g), after=list(prev))
+        try:
+            e = codec.unpack(v, where, limits.transaction_bytes_max + (1 << 20))
+            oplog.check_entry(e, where)
+            if "ops" in e:
+                ops = e["ops"]
+            else:
+                if not isinstance(chunks, list) or len(chunks) != e["chunks"]:
+                    raise errors.CorruptEntry(f"{where}: expected {e['chunks']} spilled chunks")
+                ops = []
+                for c in chunks:
+                    part = codec.unpack(c, f"{where} chunk")
+                    if type(part) is not list:
+                        raise errors.CorruptEntry(f"{where}: a chunk must be a list of ops")
+                    ops.extend(part)
+                for j, op in enumerate(ops):
+                    oplog.check_op(op, f"{where} op {j}")
+        except errors.CorruptEntry as ce:
+            raise errors.BatchRefused(f"refused: {ce}", gtid=list(g)) from None
+        h = oplog.chain_hash(prev_h, g, oplog.digest_of(ops))
+        if h != e["h"]:
+            raise errors.BatchRefused(f"{where}: hash chain broken (expected {h:016x}, "
+                                      f"entry says {e['h']:016x})", gtid=list(g))
+        out.append(Checked(g, k, v, list(chunks or []), e, ops))
+        prev, prev_h = g, h
+    return out
+
+
+def write_batch(e: Engine, batch: list[Checked], applied: bool = False) -> GTID | None:
+    """Write checked entries, unapplied, in one LMDB transaction (the producer).
+
+    The entry bytes are stored as received. A term seen for the first time
+    is recorded durably with the batch (the member learns it here).
+    """
+    if not batch:
+        return None
+    with e.store.write() as t:
+        last = t.last("oplog")
+        lg = ZERO if last is None else GTID.from_bytes(last[0])
+        if batch[0].gtid.seq != lg.seq + 1:
+            raise errors.BatchRefused(f"batch starts at {batch[0].gtid} but the oplog ends at {lg}")
+        b = t.get("range", RANGE_KEY)
+        r = RangeRecord() if b is None else RangeRecord.unpack(b)
+        terms_before = len(r.terms)
+        spill_max = 0
+        for c in batch:
+            t.put("oplog", c.key, c.value)
+            if c.chunks:
+                ref = c.entry["ref"]
+                spill_max = max(spill_max, ref)
+                for i, ch in enumerate(c.chunks):
+                    t.put("oplog.refs", oplog.spill_key(ref, i), ch)
+            if not applied:
+                t.put("unapplied", c.key, b"")
+            r.extend(c.gtid)
+        if len(r.terms) != terms_before:
+            t.put("range", RANGE_KEY, r.pack())
+        term = codec.unpack(t.get("meta", b"term"))
+        if batch[-1].gtid.term > term:
+            t.put("meta", b"term", codec.pack(batch[-1].gtid.term))
+        if spill_max:
+            # spill ids of replicated entries must never be reused if this member
+            # becomes primary and spills its own transactions
+            nb = t.get("meta", b"next_spill")
+            if nb is None or codec.unpack(nb) < spill_max:
+                t.put("meta", b"next_spill", codec.pack(spill_max))
+    e._committed(batch[-1].gtid, batch[-1].entry["h"])
+    return batch[-1].gtid
+
+
+def min_unapplied(e: Engine) -> GTID | None:
+    with e.store.read() as t:
+        f = t.first("unapplied")
+        return None if f is None else GTID.from_bytes(f[0])
+
+
+def apply_batch(e: Engine, limits: Limits, now_ms: int, delay_ms: int = 0,
+                clock=None) -> tuple[int, int, GTID | None]:
+    """Apply unapplied entries in GTID order, marking them applied in the same
+    transaction. Bounded by ``apply_batch_ops/bytes/ms``; a command is applied
+    alone (a barrier); entries younger than ``delay_ms`` wait (delayed member).
+
+    Returns (entries, ops, last GTID applied). ``clock`` (ms) bounds the time.
+    """
+    n_entries = n_ops = n_bytes = 0
+    last = None
+    start = clock() if clock else now_ms
+    tx = e.begin(log=False, autocommit=True)
+    try:
+        t = tx.t
+        # each entry has at least one op, so no batch needs more keys than this
+        for k, _ in list(itertools.islice(t.scan("unapplied"), limits.apply_batch_ops)):
+            v = t.get("oplog", k)
+            if v is None:
+                raise AssertionError(f"unapplied {GTID.from_bytes(k)} has no oplog entry")
+            entry = codec.unpack(v, "oplog entry")
+            if delay_ms and entry["ts"] + delay_ms > now_ms:
+                break
+            ops = e.entry_ops(t, entry)
+            is_cmd = any(op.get("op") == "c" for op in ops)
+            if is_cmd and n_entries:
+                break  # a command is applied alone, after what came before it
+            for op in ops:
+                tx.apply_op(op)
+            t.delete("unapplied", k)
+            last = GTID.from_bytes(k)
+            n_entries += 1
+            n_ops += len(ops)
+            n_bytes += len(v)
+            if (is_cmd or n_ops >= limits.apply_batch_ops or n_bytes >= limits.apply_batch_bytes
+                    or (clock and clock() - start >= limits.apply_batch_ms)):
+                break
+        tx.commit()
+    except BaseException:
+        tx.abort()
+        raise
+    return n_entries, n_ops, last
+
+
+def applied_point(e: Engine) -> GTID:
+    """The newest GTID applied here: the entry before the first unapplied one."""
+    with e.store.read() as t:
+        mu = t.first("unapplied")
+        if mu is None:
+            last = t.last("oplog")
+            return ZERO if last is None else GTID.from_bytes(last[0])
+        prev = next(iter(t.scan("oplog", None, mu[0], reverse=True)), None)
+        return ZERO if prev is None else GTID.from_bytes(prev[0])
+
+
+def write_repl_info(e: Engine, min_uncommitted: GTID | None) -> None:
+    """replInfo: the conservative restart point for restarts and hot backups."""
+    with e.store.write() as t:
+        mu = t.first("unapplied")
+        t.put("replInfo", b"min_unapplied", b"" if mu is None else mu[0])
+        t.put("replInfo", b"min_uncommitted",
+              b"" if min_uncommitted is None else min_uncommitted.to_bytes())
+
+
+def majority(votes: list[int]) -> int:
+    """Acknowledgements a majority needs: more than half of the voting members."""
+    voting = sum(1 for v in votes if v > 0)
+    return voting // 2 + 1
+
+
+def acknowledged(gtid: GTID, w, durable: dict[int, GTID | None], votes: dict[int, int]) -> bool:
+    """Is ``gtid`` durable on enough members for write concern ``w``?
+
+    ``durable`` maps every member (the primary included) to its durable
+    position; a number counts any member, "majority" counts voting members.
+    """
+    have = [m for m, d in durable.items() if d is not None and d >= gtid]
+    if w == "majority":
+        return sum(1 for m in have if votes.get(m, 1) > 0) >= majority(list(votes.values()))
+    return len(have) >= int(w)

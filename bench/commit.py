@@ -1,0 +1,294 @@
+"""Durable commit throughput through the driver, against raw LMDB fsync, in one run.
+
+Measures, with ~200-byte documents:
+
+1. durable (``j=True``) single-document inserts per second through the driver
+   with 1, 8 and 16 concurrent clients, each client its own OS process
+   (``multiprocessing`` "spawn"; the children only speak the client protocol,
+   they never join Ray);
+2. beside it, the raw LMDB rate of one fsync-ed transaction per document and
+   the rate of trivial Ray actor calls;
+3. the ratio of (1) to the raw fsync rate at 8 and 16 clients;
+4. ``insert_many`` in batches of 1,000 (default write concern) against raw
+   batched LMDB puts of the same documents.
+
+Prints figures and ratios; asserts nothing (these machines are noisy).
+Progress lines go to stderr.
+"""
+import os
+import random
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+# Keep the module top light: "spawn" children import it again.
+from _util import progress, rate, row  # noqa: E402
+
+LEVELS = (1, 8, 16)
+DURATION_S = 4.0          # per concurrency level
+RAW_FSYNC_S = 2.0         # per raw LMDB fsync variant
+PING_N = 2000             # sequential Ray actor calls
+N_BATCH = 50_000          # insert_many docs (50 batches of 1,000)
+PEERS = (("PostgreSQL 15", 3300), ("MariaDB 10.11", 2000))  # durable txns/s, 8 clients
+
+
+def make_doc(i, rnd):
+    # ~200 bytes packed (same shape as bench/storage.py)
+    return {"_id": i, "name": f"user{i:08d}", "age": rnd.randrange(100),
+            "city": rnd.choice(["Oslo", "Lima", "Pune", "Kyiv"]), "score": rnd.random(),
+            "bio": "x" * 140}
+
+
+def docs(n, start=0):
+    rnd = random.Random(start)
+    return [make_doc(start + i, rnd) for i in range(n)]
+
+
+# --- client processes -------------------------------------------------------
+def client_worker(k, topo, cmd_q, res_q):
+    """One client process: its own Client, j=True inserts between start and end."""
+    from raymx.client import Client, WriteConcern
+
+    cl = Client(lambda: topo, WriteConcern(w=1, j=True))
+    coll = cl["bench"]["durable"]
+    rnd = random.Random(k)
+    base = (k + 1) * 1_000_000_000
+    i = 0
+    coll.insert_one(make_doc(base + i, rnd))  # connect + warm up
+    i += 1
+    res_q.put(("ready", k))
+    while True:
+        cmd = cmd_q.get()
+        if cmd is None:
+            break
+        start_at, end_at, profile = cmd
+        prof = None
+        if profile:
+            import cProfile
+            prof = cProfile.Profile()
+        lat = []
+        now = time.monotonic()
+        if start_at > now:
+            time.sleep(start_at - now)
+        if prof:
+            prof.enable()
+        n = 0
+        while True:
+            d = make_doc(base + i, rnd)
+            i += 1
+            t0 = time.monotonic()
+            if t0 >= end_at:
+                break
+            coll.insert_one(d)
+            t1 = time.monotonic()
+            if t1 > end_at:
+                break
+            n += 1
+            lat.append(t1 - t0)
+        if prof:
+            prof.disable()
+            prof.dump_stats(profile)
+        res_q.put((k, n, lat))
+    cl.close()
+
+
+class Clients:
+    """A pool of client processes, started once; each level uses the first n."""
+
+    def __init__(self, topo, n):
+        import multiprocessing as mp
+        ctx = mp.get_context("spawn")
+        self.res_q = ctx.Queue()
+        self.cmd_qs = [ctx.Queue() for _ in range(n)]
+        self.procs = [ctx.Process(target=client_worker, args=(k, topo, self.cmd_qs[k], self.res_q),
+                                  daemon=True) for k in range(n)]
+        for p in self.procs:
+            p.start()
+        for _ in range(n):
+            tag, k = self.res_q.get(timeout=120)
+            if tag != "ready":
+                raise RuntimeError(f"client {k} failed to start")
+
+    def run(self, n, duration, profile=None):
+        """Synchronised start: every client starts at the same monotonic instant."""
+        start_at = time.monotonic() + 0.3
+        end_at = start_at + duration
+        for k in range(n):
+            self.cmd_qs[k].put((start_at, end_at, profile if k == 0 else None))
+        got = [self.res_q.get(timeout=duration + 60) for _ in range(n)]
+        total = sum(g[1] for g in got)
+        lat = sorted(x for g in got for x in g[2])
+        return total, lat
+
+    def close(self):
+        for q in self.cmd_qs:
+            q.put(None)
+        for p in self.procs:
+            p.join(10)
+            if p.is_alive():
+                p.terminate()
+
+
+def pct(lat, q):
+    return lat[min(len(lat) - 1, int(q * len(lat)))] * 1000 if lat else float("nan")
+
+
+# --- raw references ---------------------------------------------------------
+def raw_fsync_rate(path, per_txn_env_sync):
+    """One write transaction per document, each made durable before the next.
+
+    ``per_txn_env_sync``: env opened ``sync=False`` and ``env.sync(True)`` after
+    each commit (one fdatasync, the mechanism raymx's group commit uses);
+    otherwise a ``sync=True`` env (LMDB syncs data, then the meta page).
+    """
+    import lmdb
+    import msgpack
+    sync = not per_txn_env_sync
+    env = lmdb.open(path, map_size=1 << 32, max_dbs=4, sync=sync, metasync=sync)
+    db = env.open_db(b"docs")
+    rnd = random.Random(7)
+    n = 0
+    t0 = time.perf_counter()
+    end = t0 + RAW_FSYNC_S
+    while True:
+        d = make_doc(n, rnd)
+        with env.begin(write=True) as t:
+            t.put(msgpack.packb(d["_id"]), msgpack.packb(d), db=db)
+        if per_txn_env_sync:
+            env.sync(True)
+        n += 1
+        if time.perf_counter() >= end:
+            break
+    r = n / (time.perf_counter() - t0)
+    env.close()
+    return r
+
+
+def raw_batched_rate(path, all_docs):
+    import lmdb
+    import msgpack
+    env = lmdb.open(path, map_size=1 << 32, max_dbs=4, sync=False, metasync=False)
+    db = env.open_db(b"docs")
+
+    def go():
+        for i in range(0, len(all_docs), 1000):
+            with env.begin(write=True) as t:
+                for d in all_docs[i:i + 1000]:
+                    t.put(msgpack.packb(d["_id"]), msgpack.packb(d), db=db)
+    r = rate(len(all_docs), go)
+    env.close()
+    return r
+
+
+def member_counters(rs):
+    import ray
+    s = ray.get(rs.member(0).status.remote())
+    return s["commits"], s["syncs"]
+
+
+def main():
+    import msgpack
+    import ray
+
+    import raymx
+
+    profile_dir = os.environ.get("RAYMX_BENCH_PROFILE")  # write cProfile of client 0
+    base = tempfile.mkdtemp(prefix="raymx-bench-commit-")
+    print(f"doc size ~{len(msgpack.packb(docs(1)[0]))} bytes; {os.cpu_count()} CPUs; "
+          f"data in {base}")
+
+    # Raw references first, with nothing else running.
+    progress("raw LMDB: one fsync-ed txn per doc (env.sync per txn)")
+    raw_es = raw_fsync_rate(os.path.join(base, "raw-envsync"), True)
+    progress("raw LMDB: one fsync-ed txn per doc (sync=True env)")
+    raw_st = raw_fsync_rate(os.path.join(base, "raw-synctrue"), False)
+    raw = raw_es  # the reference: same single fdatasync per flush as group commit
+
+    progress("ray.init")
+    ray.init(address="local", num_cpus=2, include_dashboard=False,
+             object_store_memory=100 * 1024**2, log_to_driver=False)
+
+    @ray.remote(num_cpus=0)
+    class Pinger:
+        def ping(self):
+            return None
+
+    p = Pinger.remote()
+    for _ in range(50):
+        ray.get(p.ping.remote())
+    progress(f"ray actor ping x{PING_N}")
+    ping = rate(PING_N, lambda: [ray.get(p.ping.remote()) for _ in range(PING_N)])
+    ray.kill(p)
+
+    progress("launch replica set")
+    rs = raymx.ReplicaSet.launch("bench", members=1, data_dir=os.path.join(base, "rs"))
+    try:
+        topo = rs._topology()
+        progress(f"start {max(LEVELS)} client processes")
+        pool = Clients(topo, max(LEVELS))
+        results = {}
+        try:
+            for n in LEVELS:
+                progress(f"durable inserts, {n} client(s), {DURATION_S:.0f} s")
+                c0, s0 = member_counters(rs)
+                prof = (os.path.join(profile_dir, f"client-{n}.prof") if profile_dir else None)
+                total, lat = pool.run(n, DURATION_S, prof)
+                c1, s1 = member_counters(rs)
+                results[n] = (total / DURATION_S, lat, (c1 - c0) / max(1, s1 - s0))
+        finally:
+            pool.close()
+
+        progress(f"insert_many {N_BATCH:,} docs in batches of 1,000 (driver)")
+        batch_docs = docs(N_BATCH, start=50_000_000)
+        cl = rs.client()
+        coll = cl["bench"]["batch"]
+        coll.insert_many(docs(10, start=90_000_000))  # warm up the connection
+
+        def drv_batched():
+            for i in range(0, N_BATCH, 1000):
+                coll.insert_many(batch_docs[i:i + 1000])
+        drv_b = rate(N_BATCH, drv_batched)
+        cl.close()
+        progress(f"raw LMDB batched puts {N_BATCH:,} docs")
+        raw_b = raw_batched_rate(os.path.join(base, "raw-batch"), batch_docs)
+    finally:
+        progress("shutdown")
+        rs.shutdown()
+        ray.shutdown()
+
+    print()
+    print("references")
+    row("raw LMDB, 1 txn/doc, env.sync(True) per txn (reference)", raw_es, "txn/s")
+    row("raw LMDB, 1 txn/doc, sync=True env (data + meta sync)", raw_st, "txn/s")
+    row("Ray actor call, sequential ray.get(ping)", ping, "calls/s",
+        f"{1e6 / ping:,.0f} us/call")
+    print()
+    print("durable (j=True) single-doc inserts through the driver")
+    for n in LEVELS:
+        r, lat, per_sync = results[n]
+        extra = (f"x{r / raw:.2f} raw fsync; p50 {pct(lat, .5):.1f} ms p99 "
+                 f"{pct(lat, .99):.1f} ms; {per_sync:.1f} commits/sync")
+        row(f"  {n:>2} client process(es)", r, "txn/s", extra)
+    print()
+    print("ratio durable driver txn/s : raw LMDB fsync txn/s")
+    for n, target in ((8, 2.0), (16, 4.0)):
+        r = results[n][0]
+        ok = "meets" if r / raw >= target else "below"
+        row(f"  {n} clients (target >= {target:.1f})", r / raw, "x",
+            f"{ok} target; {r / raw_st:.2f}x the sync=True rate")
+    print("peers, durable txn/s at 8 clients (for reference, other hardware):")
+    r8 = results[8][0]
+    for name, v in PEERS:
+        row(f"  {name}", v, "txn/s", f"raymx 8 clients = {r8 / v:.2f}x")
+    print()
+    print("batched inserts, 1,000 docs per transaction")
+    row("raw LMDB+msgpack batched puts, no sync", raw_b, "docs/s")
+    row("driver insert_many, default write concern", drv_b, "docs/s",
+        f"ratio {drv_b / raw_b:.2f} (target >= 0.5)")
+
+
+if __name__ == "__main__":
+    main()
