@@ -8,13 +8,19 @@ from __future__ import annotations
 
 from raymx import errors  # noqa: F401  (light: no ray)
 
-__all__ = ["ReplicaSet", "connect", "errors", "GTID"]
+__all__ = ["ReplicaSet", "connect", "errors", "GTID", "WriteConcern", "ReadPreference", "Limits"]
 
 
 def __getattr__(name):
     if name in ("ReplicaSet", "connect"):
         from raymx import replset
         return getattr(replset, name)
+    if name in ("WriteConcern", "ReadPreference"):
+        from raymx import client
+        return getattr(client, name)
+    if name == "Limits":
+        from raymx.storage.limits import Limits
+        return Limits
     if name == "GTID":
         from raymx.storage.gtid import GTID
         return GTID

@@ -171,6 +171,33 @@ class WriteConcern:
         return d
 
 
+@dataclass(frozen=True)
+class ReadPreference:
+    """Where reads go: ``primary`` (default), ``secondary`` or ``nearest``.
+
+    ``after``: read only once the chosen member has applied this GTID (waits up
+    to ``after_timeout_ms``), e.g. the GTID of your last write: read your
+    writes on a secondary. ``max_staleness_s``: only members whose applied
+    state is at most this many seconds behind the primary.
+    """
+
+    mode: str = "primary"
+    after: GTID | None = None
+    after_timeout_ms: int = 10_000
+    max_staleness_s: float | None = None
+
+    def __post_init__(self):
+        if self.mode not in ("primary", "secondary", "nearest"):
+            raise errors.ConfigError(f"read preference {self.mode!r}: primary, secondary or nearest")
+        if self.after is not None:
+            object.__setattr__(self, "after", GTID.parse(self.after))
+
+    def fields(self) -> dict:
+        if self.after is None:
+            return {}
+        return {"after": list(self.after), "after_timeout_ms": self.after_timeout_ms}
+
+
 def _wc(base: WriteConcern, kw: dict) -> dict:
     w = kw.pop("w", None)
     j = kw.pop("j", None)
@@ -190,13 +217,42 @@ class Client:
     """
 
     def __init__(self, topology: Callable[[], dict], write_concern: WriteConcern | None = None,
-                 timeout_s: float = 30.0):
+                 timeout_s: float = 30.0, read_preference: "ReadPreference | None" = None,
+                 status: Callable[[], dict] | None = None):
         self._topology = topology
+        self._status = status
         self.write_concern = write_concern or WriteConcern()
+        self.read_preference = read_preference or ReadPreference()
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._conns: dict[int, Connection] = {}
         self._primary: int | None = None
+        self._rr = itertools.count()
+
+    def _conn_to(self, m: dict, secret: str) -> Connection:
+        c = self._conns.get(m["id"])
+        if c is None or c.closed:
+            c = self._conns[m["id"]] = Connection(m["host"], m["port"], secret)
+        return c
+
+    def _read_conn(self, rp: "ReadPreference") -> Connection:
+        if rp.mode == "primary":
+            return self._primary_conn()
+        topo = self._topology()
+        members = [m for m in topo["members"] if not m.get("hidden")]
+        if rp.mode == "secondary":
+            members = [m for m in members if m.get("role") == "secondary"]
+        if rp.max_staleness_s is not None:
+            if self._status is None:
+                raise errors.StaleRead("max-staleness reads need the replica set's status")
+            lag = {s["id"]: s.get("lag_s") for s in self._status()["members"]}
+            members = [m for m in members if lag.get(m["id"]) is not None
+                       and lag[m["id"]] <= rp.max_staleness_s]
+        if not members:
+            raise errors.StaleRead(f"no member satisfies read preference {rp}")
+        m = members[next(self._rr) % len(members)]
+        with self._lock:
+            return self._conn_to(m, topo["secret"])
 
     def _primary_conn(self) -> Connection:
         with self._lock:
@@ -209,11 +265,7 @@ class Client:
             if not prim:
                 raise errors.PrimaryUnavailable("no primary is available")
             m = prim[0]
-            c = Connection(m["host"], m["port"], topo["secret"])
-            old = self._conns.pop(m["id"], None)
-            if old is not None:
-                old.close()
-            self._conns[m["id"]] = c
+            c = self._conn_to(m, topo["secret"])
             self._primary = m["id"]
             return c
 
@@ -223,6 +275,12 @@ class Client:
 
     def __getitem__(self, name: str) -> "Database":
         return Database(self, name, self.write_concern)
+
+    def with_options(self, write_concern: WriteConcern | None = None,
+                     read_preference: ReadPreference | None = None) -> "Client":
+        c = Client(self._topology, write_concern or self.write_concern, self.timeout_s,
+                   read_preference or self.read_preference, self._status)
+        return c
 
     def get_database(self, name: str) -> "Database":
         return self[name]
@@ -252,7 +310,8 @@ class Database:
         self.client, self.name, self.write_concern, self._txn = client, name, wc, txn
 
     def __getitem__(self, coll: str) -> "Collection":
-        return Collection(self.client, f"{self.name}.{coll}", self.write_concern, self._txn)
+        return Collection(self.client, f"{self.name}.{coll}", self.write_concern, self._txn,
+                          self.client.read_preference)
 
     def __getattr__(self, n: str) -> "Collection":
         if n.startswith("_"):
@@ -268,13 +327,22 @@ class Database:
 
 
 class Collection:
-    def __init__(self, client: Client, ns: str, wc: WriteConcern, txn=None):
+    def __init__(self, client: Client, ns: str, wc: WriteConcern, txn=None,
+                 rp: ReadPreference | None = None):
         self.client, self.full_name, self.write_concern, self._txn = client, ns, wc, txn
+        self.read_preference = rp or client.read_preference
         self.database_name, self.name = ns.split(".", 1)
 
-    def with_options(self, write_concern: WriteConcern | None = None) -> "Collection":
+    def with_options(self, write_concern: WriteConcern | None = None,
+                     read_preference: ReadPreference | None = None) -> "Collection":
         return Collection(self.client, self.full_name, write_concern or self.write_concern,
-                          self._txn)
+                          self._txn, read_preference or self.read_preference)
+
+    def _read(self, req: dict):
+        if self._txn is not None:
+            return self._txn._call(req)
+        req.update(self.read_preference.fields())
+        return self.client._read_conn(self.read_preference).request(req, self.client.timeout_s)
 
     def _write(self, req: dict, wc: dict):
         req["ns"] = self.full_name
@@ -340,10 +408,7 @@ class Collection:
         return None
 
     def count_documents(self, filter=None) -> int:
-        req = {"op": "count", "ns": self.full_name, "filter": filter or {}}
-        if self._txn is not None:
-            return self._txn._call(req)["value"]
-        return self.client._call(req)["value"]
+        return self._read({"op": "count", "ns": self.full_name, "filter": filter or {}})["value"]
 
 
 class Cursor:
@@ -380,8 +445,9 @@ class Cursor:
         if txn is not None:
             yield from txn._call(dict(self._spec))["docs"]
             return
-        conn = self._c.client._primary_conn()
-        r = conn.request(self._spec, self._c.client.timeout_s)
+        rp = self._c.read_preference
+        conn = self._c.client._read_conn(rp)
+        r = conn.request({**self._spec, **rp.fields()}, self._c.client.timeout_s)
         cid = r["cursor"]
         try:
             while True:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from raymx import errors
-from raymx.client import Client, WriteConcern  # noqa: F401
+from raymx.client import Client, ReadPreference, WriteConcern
 from raymx.storage import codec
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import DEFAULT, Limits
@@ -157,8 +157,11 @@ class ReplicaSet:
         return _ray().get(self._coord.topology.remote())
 
     def client(self, w: int | str = 1, j: bool = False, wtimeout_ms: int | None = None,
-               timeout_s: float = 30.0) -> Client:
-        return Client(self._topology, WriteConcern(w, j, wtimeout_ms), timeout_s)
+               timeout_s: float = 30.0, read_preference: str | ReadPreference = "primary"
+               ) -> Client:
+        rp = read_preference if isinstance(read_preference, ReadPreference) \
+            else ReadPreference(read_preference)
+        return Client(self._topology, WriteConcern(w, j, wtimeout_ms), timeout_s, rp, self.status)
 
     def status(self) -> dict:
         return _ray().get(self._coord.status.remote())
