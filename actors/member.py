@@ -114,6 +114,7 @@ class OplogShard:
             # before it accepts a write (DESIGN section 6).
             self.engine.set_term(self.engine.term + 1)
         self._feeder = None
+        self._majority_at = 0.0
         self._notify_feeder = Notifier(lambda g: self._feeder_handle().on_limit.remote(list(g)))
         self.service = ShardService(self.engine, limits, primary=self.role == "primary",
                                     on_durable=self._on_durable, member_id=self.member_id,
@@ -140,6 +141,10 @@ class OplogShard:
     def on_positions(self, durable: dict) -> None:
         self.service.set_positions({int(m): None if g is None else GTID(*g)
                                     for m, g in durable.items()})
+        mp = self.service.wc.majority_point()
+        if mp is not None and time.monotonic() - self._majority_at >= 1.0:
+            self._majority_at = time.monotonic()
+            self.engine.set_majority(mp)  # about once a second: a restart point, not a gate
 
     @ray.method(concurrency_group="control")
     def address(self) -> dict:

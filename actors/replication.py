@@ -296,6 +296,14 @@ def majority(votes: list[int]) -> int:
     return voting // 2 + 1
 
 
+def majority_point(durable: dict[int, GTID | None], votes: dict[int, int]) -> GTID | None:
+    """The newest GTID durable on a majority of voting members (never rolled back)."""
+    need = majority(list(votes.values()))
+    pts = sorted((d for m, d in durable.items() if d is not None and votes.get(m, 1) > 0),
+                 reverse=True)
+    return pts[need - 1] if len(pts) >= need else None
+
+
 def acknowledged(gtid: GTID, w, durable: dict[int, GTID | None], votes: dict[int, int]) -> bool:
     """Is ``gtid`` durable on enough members for write concern ``w``?
 

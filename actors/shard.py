@@ -161,6 +161,11 @@ class WriteConcernWaiters:
                 self.durable[member] = g
                 self._cond.notify()
 
+    def majority_point(self) -> GTID | None:
+        from raymx.actors.replication import majority_point
+        with self._cond:
+            return majority_point(dict(self.durable), self._svc.votes)
+
     def wait(self, g: GTID, w, wtimeout_ms, ok, fail) -> None:
         from raymx.actors.replication import majority
         n_members = len(self._svc.votes)
@@ -518,6 +523,7 @@ class ShardService:
                 "durable": gtid_out(self.group.durable),
                 "replicatable": gtid_out(self.gm.replicatable()),
                 "commits": self.commits, "syncs": self.group.syncs,
+                "majority": gtid_out(self.wc.majority_point()) if self.primary else None,
                 "open_cursors": len(self._cursors)}
 
     def close(self) -> None:

@@ -14,10 +14,10 @@ def main(argv=None) -> int:
     from raymx.replset import format_status
 
     data = os.path.abspath(os.environ.get("RAYMX_DEMO_DIR", "raymx-data"))
-    print(f"== starting a local Ray instance and replica set 'demo' (data under {data})")
+    print(f"== starting a local Ray instance and a 3-member replica set 'demo' (data under {data})")
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     t0 = time.time()
-    rs = raymx.ReplicaSet.launch("demo", members=1, data_dir=os.path.join(data, "demo"))
+    rs = raymx.ReplicaSet.launch("demo", members=3, data_dir=os.path.join(data, "demo"))
     print(f"   launched in {time.time() - t0:.1f}s")
     try:
         client = rs.client()
@@ -37,10 +37,25 @@ def main(argv=None) -> int:
             o.update_one({"_id": 1}, {"$inc": {"qty": 5}})
         print(f"   committed durably at {tx.gtid}: ",
               [orders.find_one({"_id": i})["qty"] for i in (0, 1)])
+        print("== replication: 2,000 writes, then where every member stands")
+        t0 = time.time()
+        for i in range(20):
+            orders.insert_many([{"_id": f"bulk{i}-{k}", "qty": k} for k in range(100)])
+        g = orders.insert_one({"_id": "marker"}, w="majority", wtimeout_ms=10_000).gtid
+        print(f"   {g} acknowledged by a majority after {time.time() - t0:.2f}s")
+        print(format_status(rs.status()))
+        sec = client.with_options(read_preference=raymx.ReadPreference("secondary", after=g))
+        print("   read on a secondary after", g, "->", sec["shop"]["orders"].count_documents({}),
+              "orders")
         print("== the oplog (newest 4 entries)")
         for e in list(rs.oplog())[-4:]:
-            print(f"   {e.gtid}  h={e.h:016x}  ops={[op['op'] for op in e.ops]}")
-        print("== status")
+            kinds = {}
+            for op in e.ops:
+                kinds[op["op"]] = kinds.get(op["op"], 0) + 1
+            print(f"   {e.gtid}  h={e.h:016x}  ops: "
+                  + ", ".join(f"{n} x {k}" for k, n in kinds.items()))
+        print("== status (raymx status demo prints the same)")
+        time.sleep(0.3)
         print(format_status(rs.status()))
     finally:
         rs.shutdown()

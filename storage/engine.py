@@ -854,6 +854,14 @@ class Engine:
                 r.last_applied = None if prev is None else GTID.from_bytes(prev[0])
             return r
 
+    def set_majority(self, g: GTID) -> None:
+        """Record the majority-committed point in the range record (it only moves up)."""
+        def up(r):
+            if r.majority is None or g > r.majority:
+                r.majority = g
+        with self.store.write() as t:
+            self._update_range(t, up)
+
     def last(self) -> tuple[GTID, int]:
         with self.store.read() as t:
             return self._tail_of(t)

@@ -69,7 +69,8 @@ def test_concurrent_writers_converge_to_identical_oplogs_and_collections(ray_ses
     assert len(ds[0]["oplog"]) > 900
     seqs = [g[1] for g, _ in ds[0]["oplog"]]
     assert seqs == list(range(1, len(seqs) + 1))
-    st = rs3.status()
+    st = wait_until(lambda: (lambda s: s["members"][0]["majority"] == s["members"][0]["last"]
+                             and s)(rs3.status()))
     assert [m["role"] for m in st["members"]] == ["primary", "secondary", "secondary"]
     assert all(m["state"] == "running" for m in st["members"])
 

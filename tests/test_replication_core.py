@@ -188,3 +188,13 @@ def test_write_concern_counting():
     d[1] = GTID(1, 10)
     assert rep.acknowledged(g, "majority", d, votes)
     assert rep.majority([1, 1, 1, 0]) == 2 and rep.majority([1, 1, 1, 1, 1]) == 3
+
+
+def test_majority_point():
+    votes = {0: 1, 1: 1, 2: 1, 3: 0}
+    d = {0: GTID(1, 10), 1: GTID(1, 7), 2: GTID(1, 4), 3: GTID(1, 12)}
+    assert rep.majority_point(d, votes) == GTID(1, 7)
+    d[1] = None
+    assert rep.majority_point(d, votes) == GTID(1, 4)
+    d[2] = None
+    assert rep.majority_point(d, votes) is None

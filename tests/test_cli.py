@@ -1,0 +1,21 @@
+"""``raymx status`` against a running replica set (in-process, on the session's Ray)."""
+import json
+
+from click.testing import CliRunner
+
+from raymx.cli import main
+
+
+def test_status_table_and_json(replset):
+    replset.client()["a"]["b"].insert_one({"_id": 1})
+    r = CliRunner().invoke(main, ["status", replset.name])
+    assert r.exit_code == 0, r.output
+    assert "primary" in r.output and "running" in r.output and "1:1" not in r.output.split()[0]
+    r = CliRunner().invoke(main, ["status", replset.name, "--json"])
+    st = json.loads(r.output)
+    assert st["members"][0]["role"] == "primary" and st["members"][0]["last"][1] == 1
+
+
+def test_status_of_unknown_set_fails_clearly(ray_session):
+    r = CliRunner().invoke(main, ["status", "nosuchset"])
+    assert r.exit_code == 1 and "no replica set named 'nosuchset'" in r.output
