@@ -1,25 +1,167 @@
-"""The replica set's coordinator actor: configuration, topology and status.
+"""The election coordinator actor: heartbeats, failover, topology and status.
 
-It is restartable: its configuration comes in through its constructor (Ray
-replays it on restart) and everything else is asked of the members.
+One per replica set, named, restarted by Ray if it dies. Its configuration
+comes in through its constructor (Ray replays it on restart) and everything
+else, terms included, it rebuilds from the members' heartbeats: the members
+hold the durable terms. The decisions are ``ElectionCore``'s; this shell only
+sends heartbeats on a timer and carries the actions out.
 """
 from __future__ import annotations
 
+import logging
+import threading
 import time
 
 import ray
+from ray.exceptions import ActorDiedError, ActorUnschedulableError, GetTimeoutError
+
+from raymx.actors.election import Action, ElectionCore
+from raymx.storage.gtid import GTID
+
+log = logging.getLogger("raymx.coordinator")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 @ray.remote(num_cpus=0, max_concurrency=8)
 class Coordinator:
-    def __init__(self, name: str, secret: str, members: list[dict]):
+    def __init__(self, name: str, secret: str, members: list[dict], limits):
         self.name = name
         self.secret = secret
-        self.members = members  # [{"id", "actor", "path", "node_id"}]
+        self.members = members  # [{"id", "actor", "path", "node_id", "priority", ...}]
+        self.limits = limits
+        self.core = ElectionCore.from_specs(members, limits.heartbeat_timeout_ms)
         self._addr: dict[int, dict] = {}
+        self._handles: dict[int, object] = {}
+        self._inflight: dict[int, object] = {}
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self.failed_at_ms: int | None = None
+        self.last_election: dict | None = None
+        self._t = threading.Thread(target=self._loop, name="raymx-heartbeats", daemon=True)
+        self._t.start()
 
-    def _handle(self, m):
-        return ray.get_actor(m["actor"], namespace="raymx")
+    # --- heartbeats and actions ------------------------------------------
+    def _handle(self, mid: int):
+        h = self._handles.get(mid)
+        if h is None:
+            m = next(x for x in self.members if x["id"] == mid)
+            h = self._handles[mid] = ray.get_actor(m["actor"], namespace="raymx")
+        return h
+
+    def _beat(self) -> None:
+        interval = self.limits.heartbeat_interval_ms / 1000
+        alive = [v.id for v in self.core.members.values() if v.alive]
+        for m in self.members:
+            mid = m["id"]
+            if mid in self._inflight:
+                continue  # the previous heartbeat has not come back: no new one
+            try:
+                self._inflight[mid] = self._handle(mid).heartbeat.remote(self.core.term, alive)
+            except Exception:
+                self._handles.pop(mid, None)
+                self.core.on_heartbeat(mid, None, _now_ms())
+        refs = list(self._inflight.values())
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=interval) if refs else ([], [])
+        ready = set(ready)
+        now = _now_ms()
+        for mid, ref in list(self._inflight.items()):
+            if ref not in ready:
+                self.core.on_heartbeat(mid, None, now)
+                continue
+            del self._inflight[mid]
+            try:
+                self.core.on_heartbeat(mid, ray.get(ref), now)
+            except (ActorDiedError, ActorUnschedulableError):
+                self._handles.pop(mid, None)
+                self._addr.pop(mid, None)
+                self.core.on_heartbeat(mid, None, now, dead=True)
+            except Exception:
+                self._addr.pop(mid, None)  # restarting: its port will change
+                self.core.on_heartbeat(mid, None, now)
+
+    def _act(self, a: Action) -> None:
+        h = self._handle(a.member)
+        try:
+            if a.kind == "elect":
+                t0 = _now_ms()
+                ray.get(h.become_primary.remote(a.term), timeout=30)
+                self.core.on_elected(a.member, a.term)
+                self._addr.pop(a.member, None)
+                done = _now_ms()
+                self.last_election = {
+                    "member": a.member, "term": a.term, "at_ms": done,
+                    "took_ms": None if self.failed_at_ms is None else done - self.failed_at_ms,
+                    "become_primary_ms": done - t0}
+                self.failed_at_ms = None
+                log.warning("replica set %s: member %d elected primary, term %d",
+                            self.name, a.member, a.term)
+            elif a.kind == "catch_up":
+                ray.get(h.follow.remote(self.core.term, a.source), timeout=10)
+            elif a.kind == "follow":
+                ray.get(h.follow.remote(a.term, a.source), timeout=10)
+            elif a.kind == "step_down":
+                ray.get(h.step_down.remote(a.term), timeout=10)
+        except Exception as e:
+            log.warning("replica set %s: %s for member %d failed: %s", self.name, a.kind,
+                        a.member, e)
+            self.core.on_failed(a)
+
+    def _loop(self) -> None:
+        interval = self.limits.heartbeat_interval_ms / 1000
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                with self._lock:
+                    had = self.core.primary
+                    self._beat()
+                    actions = self.core.tick(_now_ms())
+                    if had is not None and self.core.primary is None and self.failed_at_ms is None:
+                        self.failed_at_ms = _now_ms() - self.limits.heartbeat_timeout_ms
+                    for a in actions:
+                        self._act(a)
+            except Exception:
+                log.exception("heartbeat round failed")
+            time.sleep(max(0.0, interval - (time.monotonic() - t0)))
+
+    # --- operator calls ----------------------------------------------------
+    def step_down(self, timeout_s: float = 30) -> dict:
+        """Planned hand-over: the primary stops writes, the best eligible secondary
+        catches up with it, then is elected. No acknowledged write is lost."""
+        with self._lock:
+            old = self.core.primary
+            if old is None:
+                raise RuntimeError("there is no primary to step down")
+            cands = [v for v in self.core.members.values()
+                     if v.id != old and v.alive and v.eligible and v.state == "running"]
+            if not cands:
+                raise RuntimeError("no eligible secondary can take over")
+            target = max(cands, key=lambda v: (v.last, v.priority, -v.id))
+            t0 = _now_ms()
+            ray.get(self._handle(old).step_down.remote(self.core.term), timeout=10)
+            goal = GTID(*ray.get(self._handle(old).heartbeat.remote(self.core.term))["last"])
+            ray.get(self._handle(target.id).follow.remote(self.core.term, old), timeout=10)
+            deadline = time.monotonic() + timeout_s
+            while True:
+                r = ray.get(self._handle(target.id).heartbeat.remote(self.core.term), timeout=10)
+                if GTID(*r["last"]) >= goal:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"member {target.id} did not catch up to {goal}")
+                time.sleep(0.01)
+            self.core.primary = None
+            for a in self.core.step_down_to(target.id):
+                self._act(a)
+            if self.core.primary != target.id:
+                raise RuntimeError(f"member {target.id} could not become primary")
+            return {"old": old, "new": target.id, "term": self.core.term,
+                    "took_ms": _now_ms() - t0}
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(5)
 
     def topology(self) -> dict:
         out = []
@@ -27,15 +169,14 @@ class Coordinator:
             a = self._addr.get(m["id"])
             if a is None:
                 try:
-                    a = ray.get(self._handle(m).address.remote(), timeout=30)
+                    a = ray.get(self._handle(m["id"]).address.remote(), timeout=5)
                     self._addr[m["id"]] = a
                 except Exception:
                     continue
+            a = dict(a, role="primary" if m["id"] == self.core.primary else "secondary")
             out.append(a)
-        return {"secret": self.secret, "members": out}
-
-    def forget_address(self, member_id: int) -> None:
-        self._addr.pop(member_id, None)
+        return {"secret": self.secret, "members": out, "term": self.core.term,
+                "primary": self.core.primary}
 
     def config(self) -> dict:
         return {"name": self.name, "members": [dict(m) for m in self.members]}
@@ -44,26 +185,28 @@ class Coordinator:
         refs = {}
         for m in self.members:
             try:
-                refs[m["id"]] = self._handle(m).status.remote()
+                refs[m["id"]] = self._handle(m["id"]).status.remote()
             except Exception:
                 refs[m["id"]] = None
         members = []
         for m in self.members:
-            ref = refs[m["id"]]
+            ref, err = refs[m["id"]], "not found"
             try:
                 s = ray.get(ref, timeout=timeout_s) if ref is not None else None
             except Exception as e:  # unreachable, restarting or dead
-                s = None
-                err = f"{type(e).__name__}"
+                s, err = None, type(e).__name__
             if s is None:
-                s = {"id": m["id"], "role": "unknown", "state": "down",
-                     "error": locals().get("err", "not found")}
+                s = {"id": m["id"], "role": "unknown", "state": "down", "error": err}
             s["path"] = m["path"]
-            if s["state"] != "down" and not m.get("primary"):
+            if s["state"] != "down" and s.get("role") != "primary":
                 try:
                     p = ray.get(ray.get_actor(m["actor"] + "/producer", namespace="raymx")
                                 .status.remote(), timeout=timeout_s)
-                    s["state"] = p["state"] if not p["paused"] else "paused"
+                    if s["state"] == "running":
+                        s["state"] = "paused" if p["paused"] else p["state"]
+                    s["sync_source"] = p["sync_source"]
+                    s["rollbacks"] = p["rollbacks"]
+                    s["last_rollback"] = p["last_rollback"]
                     if p["error"]:
                         s["error"] = p["error"]
                 except Exception:
@@ -79,4 +222,6 @@ class Coordinator:
             s["lag"] = max(0, prim["last"][1] - s["applied"][1]) if prim.get("last") else 0
             behind = s["lag"] > 0 and prim.get("last_ts") and s.get("applied_ts")
             s["lag_s"] = max(0.0, (prim["last_ts"] - s["applied_ts"]) / 1000) if behind else 0.0
-        return {"set": self.name, "time_ms": int(time.time() * 1000), "members": members}
+        return {"set": self.name, "time_ms": _now_ms(), "term": self.core.term,
+                "primary": self.core.primary, "last_election": self.last_election,
+                "members": members}

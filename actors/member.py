@@ -92,13 +92,17 @@ def _get(rs: str, member: int, role: str):
     return ray.get_actor(actor_name(rs, member, role), namespace=NAMESPACE)
 
 
-@ray.remote(max_concurrency=16, concurrency_groups={"control": 4})
+@ray.remote(max_concurrency=16, concurrency_groups={"control": 4, "heartbeat": 2})
 class OplogShard:
+    """Starts as a secondary; the election coordinator makes it primary or tells
+    it whom to follow (also after a restart, so a returning old primary never
+    takes writes on its own)."""
+
     def __init__(self, rs_name: str, member: dict, path: str, secret: str,
                  limits: Limits, votes: dict, bind_host: str | None = None):
         self.rs_name, self.member_id, self.path, self.limits = rs_name, member["id"], path, limits
         self.spec = member
-        self.role = "primary" if member.get("primary") else "secondary"
+        self.role = "secondary"
         ctx = ray.get_runtime_context()
         self.node_id = ctx.get_node_id()
         self.restarted = ctx.was_current_actor_reconstructed
@@ -109,23 +113,17 @@ class OplogShard:
             raise RuntimeError(f"{path} belongs to member {owner}, not {self.member_id}")
         self.engine.put_meta("member_id", self.member_id)
         self.engine.put_meta("replset", rs_name)
-        if self.role == "primary":
-            # A (re)started primary comes back under a new term, recorded durably
-            # before it accepts a write (DESIGN section 6).
-            self.engine.set_term(self.engine.term + 1)
         self._feeder = None
+        self.following: list | None = None  # [source, term] set by follow()
         self._majority_at = 0.0
+        self._role_lock = threading.Lock()
         self._notify_feeder = Notifier(lambda g: self._feeder_handle().on_limit.remote(list(g)))
-        self.service = ShardService(self.engine, limits, primary=self.role == "primary",
+        self.service = ShardService(self.engine, limits, primary=False,
                                     on_durable=self._on_durable, member_id=self.member_id,
                                     votes={int(k): v for k, v in votes.items()})
         host = bind_host or ray.util.get_node_ip_address()
         self.port = ClientPort(self.service, secret, host, limits.frame_bytes_max,
-                               {"member": self.member_id, "replset": rs_name, "role": self.role})
-        if self.role == "primary":
-            last, _ = self.engine.last()
-            if last != ZERO:
-                self._on_durable(last)
+                               {"member": self.member_id, "replset": rs_name})
 
     def _feeder_handle(self):
         if self._feeder is None:
@@ -133,14 +131,93 @@ class OplogShard:
         return self._feeder
 
     def _on_durable(self, g: GTID) -> None:
+        if not self.service.primary:
+            return
         # the replicatable point is min_live recorded before the sync; ship below it
         rp = self.service.gm.replicatable()
         self._notify_feeder(GTID(rp.term, rp.seq - 1) if rp.seq > 1 else ZERO)
 
+    # --- elections (called by the coordinator) ------------------------------
+    def _learn_term(self, term: int) -> None:
+        """Record a higher term durably before answering; step down if primary."""
+        if term > self.engine.term:
+            self.engine.set_term(term)  # synced
+            if self.service.primary:
+                self._become_secondary()
+
+    @ray.method(concurrency_group="heartbeat")
+    def heartbeat(self, term: int, alive: list | None = None) -> dict:
+        """The coordinator's heartbeat; ``alive``: members it hears from, which
+        count for this primary's view of a majority along with the pulls."""
+        self._learn_term(term)
+        if alive:
+            now = now_ms()
+            self.service.set_positions({}, {int(m): now for m in alive})
+        last, h = self.engine.last()
+        return {"term": self.engine.term, "last": list(last), "h": h, "role": self.role,
+                "following": self.following,
+                "state": "running" if not self.engine.get_meta("needs_resync") else "resync"}
+
     @ray.method(concurrency_group="control")
-    def on_positions(self, durable: dict) -> None:
+    def become_primary(self, term: int, timeout_s: float = 30) -> dict:
+        """Stop pulling, apply everything written, take ``term`` durably, accept writes."""
+        with self._role_lock:
+            prod = _get(self.rs_name, self.member_id, "producer")
+            ray.get(prod.pause.remote(True, wait=True), timeout=timeout_s)
+            deadline = time.monotonic() + timeout_s
+            while rep.min_unapplied(self.engine) is not None:
+                if time.monotonic() > deadline:
+                    raise errors.PrimaryUnavailable(
+                        f"member {self.member_id} could not apply its oplog in {timeout_s}s")
+                ray.get(_get(self.rs_name, self.member_id, "applier").wake.remote())
+                time.sleep(0.005)
+            self.engine.set_term(term)  # durable before the first write under it
+            self.service.become_primary(term)
+            self.role = "primary"
+            self.following = None
+            ray.get(self._feeder_handle().set_primary.remote(True))
+            last, _ = self.engine.last()
+            self.engine.sync()
+            self.service.group.durable = last if last != ZERO else None
+            self._on_durable(last)
+            log.info("member %s/%d is primary in term %d at %s", self.rs_name,
+                     self.member_id, term, last)
+            return {"term": term, "last": list(last)}
+
+    def _become_secondary(self) -> None:
+        self.following = None
+        self.service.step_down()
+        self.role = "secondary"
+        ray.get(self._feeder_handle().set_primary.remote(False))
+
+    @ray.method(concurrency_group="control")
+    def follow(self, term: int, source: int | None) -> None:
+        """Be a secondary of term ``term`` pulling from ``source``."""
+        with self._role_lock:
+            self._learn_term(term)
+            if self.service.primary:
+                self._become_secondary()
+            if source is not None:
+                ray.get(_get(self.rs_name, self.member_id, "producer").follow.remote(source, term))
+                self.following = [source, term]
+
+    @ray.method(concurrency_group="control")
+    def forget_following(self) -> None:
+        """The producer restarted: the coordinator will tell it whom to follow again."""
+        self.following = None
+
+    @ray.method(concurrency_group="control")
+    def step_down(self, term: int) -> None:
+        with self._role_lock:
+            self._learn_term(term)
+            if self.service.primary:
+                self._become_secondary()
+
+    @ray.method(concurrency_group="control")
+    def on_positions(self, durable: dict, heard: dict | None = None) -> None:
         self.service.set_positions({int(m): None if g is None else GTID(*g)
-                                    for m, g in durable.items()})
+                                    for m, g in durable.items()},
+                                   {int(m): at for m, at in (heard or {}).items()})
         mp = self.service.wc.majority_point()
         if mp is not None and time.monotonic() - self._majority_at >= 1.0:
             self._majority_at = time.monotonic()
@@ -165,7 +242,8 @@ class OplogShard:
         if applied != ZERO:
             with self.engine.store.read() as t:
                 applied_ts = codec.unpack(t.get("oplog", applied.to_bytes()))["ts"]
-        s.update({"id": self.member_id, "role": self.role, "state": "running",
+        s.update({"id": self.member_id, "role": self.role,
+                  "state": "resync" if self.engine.get_meta("needs_resync") else "running",
                   "host": f"{self.port.host}:{self.port.port}", "pid": os.getpid(),
                   "term": self.engine.term, "applied": gtid_out(applied),
                   "first": gtid_out(r.first), "last_ts": last_ts, "applied_ts": applied_ts,
@@ -173,7 +251,7 @@ class OplogShard:
                   "priority": self.spec.get("priority", 1), "votes": self.spec.get("votes", 1),
                   "hidden": bool(self.spec.get("hidden")), "delay_s": self.spec.get("delay_s", 0),
                   "sync_source": self.spec.get("sync_source")})
-        if self.role == "secondary":
+        if self.role != "primary":
             s["durable"] = gtid_out(r.last)  # the producer syncs every batch it writes
         return s
 
@@ -206,23 +284,39 @@ class OplogShard:
 class Feeder:
     """Tailable cursors over a member's oplog for downstream producers."""
 
-    def __init__(self, rs_name: str, member_id: int, path: str, limits: Limits, primary: bool):
-        self.rs_name, self.member_id, self.primary = rs_name, member_id, primary
+    def __init__(self, rs_name: str, member_id: int, path: str, limits: Limits):
+        self.rs_name, self.member_id = rs_name, member_id
         self.engine = open_member(path, limits)
         self.core = rep.FeederCore(self.engine, limits)
         self.limits = limits
+        self.primary = False
         self._latch = threading.Condition()
         self._shard = None
         self._upstream = Notifier(self._send_positions)
-        if not primary:
-            # a secondary ships its written, gap-free oplog (chained replication)
-            last, _ = self.engine.last()
-            self.core.advance(last)
+        self._reset()
 
-    def _send_positions(self, durable):
+    def _reset(self):
+        # a secondary ships its written, gap-free oplog (chained replication); a
+        # new primary everything it holds (it synced before taking writes)
+        with self._latch:
+            self.core.truncated()
+            self.core.advance(self.engine.last()[0])
+            self._latch.notify_all()
+
+    def _send_positions(self, v):
         if self._shard is None:
             self._shard = _get(self.rs_name, self.member_id, "")
-        return self._shard.on_positions.remote(durable)
+        return self._shard.on_positions.remote(*v)
+
+    @ray.method(concurrency_group="control")
+    def set_primary(self, primary: bool) -> None:
+        self.primary = primary
+        self._reset()
+
+    @ray.method(concurrency_group="control")
+    def truncated(self) -> None:
+        """The oplog was rolled back: forget cached entries past its new end."""
+        self._reset()
 
     @ray.method(concurrency_group="control")
     def on_limit(self, limit) -> None:
@@ -231,16 +325,32 @@ class Feeder:
             if self.core.advance(GTID(*limit)):
                 self._latch.notify_all()
 
+    @ray.method(concurrency_group="control")
+    def find_common(self, candidates: list) -> list | None:
+        g = rep.match_common(self.engine, candidates)
+        return None if g is None else list(g)
+
     def pull(self, after, after_h, max_entries: int, max_bytes: int, wait_ms: int,
-             member: int, durable, applied, downstream: dict | None = None) -> dict:
-        self.core.report(member, durable, applied, now_ms())
+             member: int, durable, applied, downstream: dict | None = None,
+             term: int = 0) -> dict:
+        my_term = self.engine.term
+        if term > my_term:
+            # the caller knows a newer term: learn it durably; this member (if it
+            # was primary) is deposed and must not ship or gather acks any more
+            self.engine.set_term(term)
+            return {"status": "stale_term", "term": term,
+                    "reason": f"member {self.member_id} was at term {my_term} < {term}"}
+        now = now_ms()
+        self.core.report(member, durable, applied, now)
         for m, p in (downstream or {}).items():
-            self.core.report(int(m), p.get("durable"), p.get("applied"), now_ms())
-        self._upstream({m: None if p["durable"] is None else list(p["durable"])
-                        for m, p in self.core.positions.items()})
+            self.core.report(int(m), p.get("durable"), p.get("applied"), p.get("at_ms", now))
+        pos = self.core.positions
+        self._upstream(({m: None if p["durable"] is None else list(p["durable"])
+                         for m, p in pos.items()}, {m: p["at_ms"] for m, p in pos.items()}))
         deadline = time.monotonic() + wait_ms / 1000
         while True:
             out = self.core.pull(after, after_h, max_entries, max_bytes)
+            out["term"] = my_term
             if out["status"] != "ok" or out["rows"]:
                 return out
             with self._latch:
@@ -258,32 +368,49 @@ class Feeder:
 
 @ray.remote(max_concurrency=4, concurrency_groups={"control": 2})
 class Producer:
-    """Pulls from the sync source, checks each batch, writes it unapplied, syncs."""
+    """Pulls from the sync source, checks each batch, writes it unapplied, syncs.
 
-    def __init__(self, rs_name: str, member_id: int, path: str, limits: Limits,
-                 sync_source: int):
-        self.rs_name, self.member_id, self.limits = rs_name, member_id, limits
-        self.sync_source = sync_source
+    Starts paused: the coordinator tells it whom to follow. On ``diverged`` it
+    rolls this member back to the common point (writing a rollback file) and
+    goes on; on ``too_stale`` or an irreversible rollback the member needs a
+    resync, which its status says.
+    """
+
+    def __init__(self, rs_name: str, member_id: int, path: str, limits: Limits):
+        self.rs_name, self.member_id, self.limits, self.path = rs_name, member_id, limits, path
+        self.sync_source: int | None = None
+        self.term = 0
         self.engine = open_member(path, limits)
         self.error: str | None = None
         self.state = "running"
-        self.batches = self.entries = 0
+        self.batches = self.entries = self.rollbacks = 0
         self._stop = threading.Event()
         self._paused = threading.Event()
+        self._paused.set()
+        self._write_lock = threading.Lock()  # held while a batch is checked and written
         self._applier = Notifier(lambda g: _get(rs_name, member_id, "applier").wake.remote(g))
         self._feeder = Notifier(lambda g: _get(rs_name, member_id, "feeder").on_limit.remote(g))
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            # restarted alone (crash): the shard knows whom this member follows
+            try:
+                ray.get(_get(rs_name, member_id, "").forget_following.remote(), timeout=10)
+            except Exception:
+                pass
         self._t = threading.Thread(target=self._run, name="raymx-producer", daemon=True)
         self._t.start()
 
     def _run(self):
         src = None
+        src_id = None
         while not self._stop.is_set():
-            if self._paused.is_set():
-                time.sleep(0.05)
+            if self._paused.is_set() or self.sync_source is None or \
+                    self.engine.get_meta("needs_resync"):
+                time.sleep(0.02)
                 continue
             try:
-                if src is None:
-                    src = _get(self.rs_name, self.sync_source, "feeder")
+                if src is None or src_id != self.sync_source:
+                    src_id = self.sync_source
+                    src = _get(self.rs_name, src_id, "feeder")
                 last, last_h = self.engine.last()
                 applied = rep.applied_point(self.engine)
                 down = ray.get(_get(self.rs_name, self.member_id, "feeder").positions.remote(),
@@ -291,45 +418,111 @@ class Producer:
                 out = ray.get(src.pull.remote(
                     list(last), last_h if last != ZERO else None, self.limits.pull_entries_max,
                     self.limits.pull_bytes_max, self.limits.pull_wait_ms, self.member_id,
-                    list(last) if last != ZERO else None, list(applied), down), timeout=30)
+                    list(last) if last != ZERO else None, list(applied), down,
+                    max(self.term, self.engine.term)), timeout=30)
             except Exception as e:  # the source is restarting or gone: retry
                 src = None
                 self.error = f"sync source {self.sync_source} unreachable: {type(e).__name__}"
-                time.sleep(0.2)
+                time.sleep(0.1)
                 continue
-            if out["status"] != "ok":
-                self.state = "recovering"
-                self.error = f"sync source says {out['status']}: {out.get('reason') or out}"
-                time.sleep(0.5)
-                continue
-            if not out["rows"]:
-                continue
-            try:
-                batch = rep.check_batch(last, last_h, out["rows"], self.limits)
-                g = rep.write_batch(self.engine, batch)
-                self.engine.sync()  # durable before the next pull reports it upstream
-            except errors.RaymxError as e:
-                self.error = f"batch refused: {e}"
-                log.error("member %d: %s", self.member_id, self.error)
-                time.sleep(0.5)
-                continue
-            self.error = None
-            self.state = "running"
-            self.batches += 1
-            self.entries += len(batch)
-            self._applier(list(g))
-            self._feeder(list(g))
+            with self._write_lock:
+                if self._paused.is_set():
+                    continue  # paused while pulling: write nothing more
+                self._handle(out, src, src_id, last, last_h)
+
+    def _handle(self, out, src, src_id, last, last_h) -> None:
+        status = out["status"]
+        if status == "ok" and out.get("term", 0) < self.engine.term:
+            status = "stale_term"  # never take entries from a deposed primary
+        if status == "diverged":
+            return self._roll_back(src)
+        if status != "ok":
+            self.state = "resync" if status == "too_stale" else "recovering"
+            if status == "too_stale":
+                self.engine.put_meta("needs_resync", f"sync source trimmed past {last}")
+            self.error = f"sync source {src_id} says {status}: {out.get('reason') or out}"
+            time.sleep(0.2)
+            return
+        if not out["rows"]:
+            return
+        try:
+            batch = rep.check_batch(last, last_h, out["rows"], self.limits)
+            g = rep.write_batch(self.engine, batch)
+            self.engine.sync()  # durable before the next pull reports it upstream
+        except errors.RaymxError as e:
+            self.error = f"batch refused: {e}"
+            log.error("member %d: %s", self.member_id, self.error)
+            time.sleep(0.5)
+            return
+        self.error = None
+        self.state = "running"
+        self.batches += 1
+        self.entries += len(batch)
+        self._applier(list(g))
+        self._feeder(list(g))
+
+    def _roll_back(self, src) -> None:
+        """Find the common point with the sync source, undo past it, truncate."""
+        before = None
+        common = None
+        while common is None:
+            cands = rep.own_hashes(self.engine, before, 1000)
+            if not cands:
+                common = ZERO
+                break
+            g = ray.get(src.find_common.remote(cands), timeout=30)
+            common = None if g is None else GTID(*g)
+            before = GTID(*cands[-1][0])
+        path = os.path.join(self.path, f"rollback-{int(time.time() * 1000)}.jsonl")
+
+        def write_file(records):
+            import json
+            with open(path, "w") as f:
+                for r in records:
+                    f.write(json.dumps(r, default=repr) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        try:
+            # the applier must not apply while entries are being undone
+            ray.get(_get(self.rs_name, self.member_id, "applier").pause.remote(True), timeout=30)
+            n = rep.rollback_to(self.engine, common, self.limits.rollback_ops_max, write_file)
+            self.engine.sync()
+        except errors.IrreversibleOp as e:
+            self.engine.put_meta("needs_resync", str(e))
+            self.state, self.error = "resync", str(e)
+            log.error("member %d cannot roll back: %s", self.member_id, e)
+            return
+        finally:
+            ray.get(_get(self.rs_name, self.member_id, "applier").pause.remote(False), timeout=30)
+        self.rollbacks += 1
+        self.last_rollback = {"common": list(common), "undone_entries": n, "file": path}
+        log.warning("member %d rolled back %d entries after %s; undone ops in %s",
+                    self.member_id, n, common, path)
+        ray.get(_get(self.rs_name, self.member_id, "feeder").truncated.remote(), timeout=30)
 
     @ray.method(concurrency_group="control")
-    def pause(self, paused: bool = True) -> None:
-        """Stop pulling (tests and benchmarks build a backlog this way)."""
-        (self._paused.set if paused else self._paused.clear)()
+    def follow(self, source: int, term: int) -> None:
+        self.sync_source, self.term = source, term
+        self._paused.clear()
+
+    @ray.method(concurrency_group="control")
+    def pause(self, paused: bool = True, wait: bool = False) -> None:
+        """Stop pulling; with ``wait``, return only once no batch is in flight."""
+        if paused:
+            self._paused.set()
+            if wait:
+                with self._write_lock:
+                    pass
+        else:
+            self._paused.clear()
 
     @ray.method(concurrency_group="control")
     def status(self) -> dict:
         return {"state": self.state, "error": self.error, "batches": self.batches,
                 "entries": self.entries, "sync_source": self.sync_source,
-                "paused": self._paused.is_set()}
+                "paused": self._paused.is_set() and self.sync_source is not None,
+                "rollbacks": self.rollbacks,
+                "last_rollback": getattr(self, "last_rollback", None)}
 
     def shutdown(self):
         self._stop.set()
@@ -348,6 +541,8 @@ class Applier:
         self.applied_entries = self.applied_ops = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._hold = threading.Event()
+        self._idle = threading.Event()
         self._info_at = 0.0
         self._t = threading.Thread(target=self._run, name="raymx-applier", daemon=True)
         self._t.start()
@@ -356,8 +551,23 @@ class Applier:
     def wake(self, _g=None) -> None:
         self._wake.set()
 
+    @ray.method(concurrency_group="control")
+    def pause(self, paused: bool) -> None:
+        """Hold applying (a rollback is rewriting the oplog); waits for a running batch."""
+        if paused:
+            self._hold.set()
+            self._idle.wait(60)
+        else:
+            self._hold.clear()
+            self._wake.set()
+
     def _run(self):
         while not self._stop.is_set():
+            if self._hold.is_set():
+                self._idle.set()
+                time.sleep(0.01)
+                continue
+            self._idle.clear()
             try:
                 n, ops, _ = rep.apply_batch(self.engine, self.limits, now_ms(), self.delay_ms,
                                             clock=now_ms)

@@ -314,3 +314,81 @@ def acknowledged(gtid: GTID, w, durable: dict[int, GTID | None], votes: dict[int
     if w == "majority":
         return sum(1 for m in have if votes.get(m, 1) > 0) >= majority(list(votes.values()))
     return len(have) >= int(w)
+
+
+def own_hashes(e: Engine, before: GTID | None, n: int) -> list[tuple[list, int]]:
+    """Up to ``n`` of this oplog's (GTID, hash), newest first, below ``before``."""
+    out = []
+    with e.store.read() as t:
+        stop = None if before is None else before.to_bytes()
+        for k, v in t.scan("oplog", None, stop, reverse=True):
+            out.append((list(GTID.from_bytes(k)), codec.unpack(v, "oplog entry")["h"]))
+            if len(out) >= n:
+                break
+    return out
+
+
+def match_common(e: Engine, candidates: list[tuple[list, int]]) -> GTID | None:
+    """The first (newest) candidate this oplog holds with the same hash (feeder side)."""
+    with e.store.read() as t:
+        for g, h in candidates:
+            v = t.get("oplog", GTID(*g).to_bytes())
+            if v is not None and codec.unpack(v, "oplog entry")["h"] == h:
+                return GTID(*g)
+    return None
+
+
+def rollback_to(e: Engine, common: GTID, ops_max: int, write_records) -> int:
+    """Undo every entry after ``common`` newest first and truncate the oplog, in
+    one LMDB transaction. ``write_records(records)`` runs before the commit (the
+    rollback file must be safe first). Applied entries are undone from their
+    images; entries still unapplied are only dropped. Raises IrreversibleOp (or
+    if more than ``ops_max`` ops would be undone) without changing anything.
+    """
+    records = []
+    tx = e.begin(log=False, autocommit=True)
+    try:
+        t = tx.t
+        later = list(t.scan("oplog", prefix_end(common.to_bytes()), None, reverse=True))
+        n_ops = 0
+        for k, v in later:
+            g = GTID.from_bytes(k)
+            entry = codec.unpack(v, "oplog entry")
+            ops = e.entry_ops(t, entry)
+            n_ops += len(ops)
+            if n_ops > ops_max:
+                raise errors.IrreversibleOp(
+                    f"rollback after {common} would undo more than {ops_max} ops "
+                    "(rollback_ops_max): this member needs a resync", gtid=list(g))
+            if t.get("unapplied", k) is not None:
+                t.delete("unapplied", k)
+            else:
+                for op in ops:
+                    if oplog.is_irreversible(op):
+                        raise errors.IrreversibleOp(
+                            f"entry {g} holds an irreversible op ({op.get('cmd')} on "
+                            f"{op.get('ns')}): this member needs a resync", gtid=list(g))
+                tx.undo_ops(ops)
+            for op in reversed(ops):
+                if op.get("op") != "n":
+                    records.append({"gtid": str(g), "ns": op.get("ns"), "op": op["op"],
+                                    "pre": op.get("pre"), "post": op.get("post"),
+                                    "cmd": op.get("cmd")})
+            if "ref" in entry:
+                for i in range(entry["chunks"]):
+                    t.delete("oplog.refs", oplog.spill_key(entry["ref"], i))
+            t.delete("oplog", k)
+        b = t.get("range", RANGE_KEY)
+        if b is not None:
+            r = RangeRecord.unpack(b)
+            r.terms = [x for x in r.terms if GTID(x[0], x[1]) <= common]
+            if r.majority is not None and r.majority > common:
+                raise AssertionError(f"rollback below the majority-committed point {r.majority}")
+            t.put("range", RANGE_KEY, r.pack())
+        write_records(records)
+        tx.commit()
+    except BaseException:
+        tx.abort()
+        raise
+    e._tail = None
+    return len(later)

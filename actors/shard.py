@@ -161,6 +161,10 @@ class WriteConcernWaiters:
                 self.durable[member] = g
                 self._cond.notify()
 
+    def reset(self) -> None:
+        with self._cond:
+            self.durable = {}
+
     def majority_point(self) -> GTID | None:
         from raymx.actors.replication import majority_point
         with self._cond:
@@ -256,6 +260,7 @@ class ShardService:
         self.primary = primary
         self.member_id = member_id
         self.votes = votes or {member_id: 1}
+        self.heard_ms: dict[int, int] = {}
         self.wc = WriteConcernWaiters(self)
         self._on_commit = on_commit
         last, _ = engine.last()
@@ -280,11 +285,36 @@ class ShardService:
                 on_durable(g)
         return hook
 
-    def set_positions(self, durable: dict[int, GTID | None]) -> None:
+    def set_positions(self, durable: dict[int, GTID | None],
+                      heard_ms: dict[int, int] | None = None) -> None:
         """Other members' durable positions, as the feeder learned them from pulls."""
         for m, g in durable.items():
             if m != self.member_id:
                 self.wc.update(m, g)
+        for m, at in (heard_ms or {}).items():
+            if at > self.heard_ms.get(m, 0):
+                self.heard_ms[m] = at
+
+    def sees_majority(self, now_ms: int) -> bool:
+        """Can this primary still reach a majority of voting members (itself included)?"""
+        from raymx.actors.replication import majority
+        if len(self.votes) == 1:
+            return True
+        up = sum(1 for m, v in self.votes.items() if v > 0 and (
+            m == self.member_id or now_ms - self.heard_ms.get(m, 0) < self.limits.heartbeat_timeout_ms))
+        return up >= majority(list(self.votes.values()))
+
+    def become_primary(self, term: int) -> None:
+        """Accept writes under ``term`` (already durable), continuing the seq."""
+        last, _ = self.e.last()
+        self.gm = GTIDManager(term, last.seq + 1, lock=threading.Lock())
+        self.group._gm = self.gm
+        self.wc.reset()
+        self.heard_ms = {m: int(time.time() * 1000) for m in self.votes}  # grace period
+        self.primary = True
+
+    def step_down(self) -> None:
+        self.primary = False
 
     # --- dispatch --------------------------------------------------------
     def handle(self, req: dict, reply: Reply, conn: dict) -> None:
@@ -292,7 +322,13 @@ class ShardService:
         op = req.get("op")
         if op in WRITE_OPS or op in TXN_OPS or "txn" in req:
             if not self.primary:
-                return reply(err=errors.NotPrimary("this member is not the primary"))
+                return reply(err=errors.NotPrimary(
+                    f"member {self.member_id} is not the primary", member=self.member_id))
+            if not self.sees_majority(int(time.time() * 1000)):
+                # A primary cut off from the majority stops taking writes within
+                # the heartbeat timeout; the majority side elects a new one.
+                return reply(err=errors.NotPrimary(
+                    f"member {self.member_id} cannot reach a majority", member=self.member_id))
             if op == "txnBegin":
                 s = _Session(next(self._ids))
                 conn.setdefault("sessions", {})[s.id] = s
@@ -346,6 +382,12 @@ class ShardService:
         if tx.nops == 0:
             tx.commit()
             return reply(ok=result_out(res))
+        if not self.primary or self.e.term > self.gm.term:
+            tx.abort()
+            self.primary = False
+            return reply(err=errors.NotPrimary(
+                f"member {self.member_id} was deposed (a higher term exists); nothing was "
+                "written", member=self.member_id))
         g = self.gm.allocate()
         try:
             try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import socket
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -18,6 +19,9 @@ from raymx import errors
 from raymx.storage import codec
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS
+
+
+_READ_OPS = {"find", "getMore", "count", "listCollections", "listIndexes", "killCursors"}
 
 
 def _gtid(x) -> GTID | None:
@@ -58,7 +62,8 @@ class Connection:
                 " (split it into smaller batches)")
         with self._plock:
             if self._closed is not None:
-                raise self._closed
+                raise errors.ConnectionLost(f"connection to {self.addr} is closed; the "
+                                            "request was not sent", sent=False)
             self._pending[rid] = f
         try:
             with self._send_lock:
@@ -100,7 +105,7 @@ class Connection:
         except (OSError, ConnectionError) as e:
             self._fail(errors.ConnectionLost(
                 f"connection to {self.addr} lost ({e}); the outcome of requests in flight "
-                "is unknown"))
+                "is unknown", sent=True))
 
     def _fail(self, e: errors.RaymxError):
         with self._plock:
@@ -228,6 +233,7 @@ class Client:
         self._conns: dict[int, Connection] = {}
         self._primary: int | None = None
         self._rr = itertools.count()
+        self.retry_interval_s = 0.05
 
     def _conn_to(self, m: dict, secret: str) -> Connection:
         c = self._conns.get(m["id"])
@@ -260,18 +266,53 @@ class Client:
                 c = self._conns.get(self._primary)
                 if c is not None and not c.closed:
                     return c
-            topo = self._topology()
+            try:
+                topo = self._topology()
+            except Exception as e:
+                raise errors.PrimaryUnavailable(f"cannot reach the replica set: {e}") from None
             prim = [m for m in topo["members"] if m.get("role") == "primary"]
             if not prim:
-                raise errors.PrimaryUnavailable("no primary is available")
+                raise errors.PrimaryUnavailable("no primary is available (an election may be "
+                                                "running)")
             m = prim[0]
-            c = self._conn_to(m, topo["secret"])
+            try:
+                c = self._conn_to(m, topo["secret"])
+            except OSError as e:
+                raise errors.PrimaryUnavailable(f"cannot connect to the primary: {e}") from None
             self._primary = m["id"]
             return c
 
     def _call(self, req: dict, conn: Connection | None = None):
-        conn = conn or self._primary_conn()
-        return conn.request(req, self.timeout_s)
+        """Send to the primary, following it through elections.
+
+        A request the member refused (NotPrimary), or that never left this
+        process, is retried on the new primary until ``timeout_s``; a write lost
+        in flight is not (its outcome is unknown) and says so.
+        """
+        if conn is not None:
+            return conn.request(req, self.timeout_s)
+        return self._call_conn(req)[0]
+
+    def _call_conn(self, req: dict) -> tuple:
+        deadline = time.monotonic() + self.timeout_s
+        write = req.get("op") not in _READ_OPS
+        while True:
+            try:
+                c = self._primary_conn()
+                return c.request(req, max(0.1, deadline - time.monotonic())), c
+            except (errors.NotPrimary, errors.PrimaryUnavailable) as e:
+                err = e
+            except errors.ConnectionLost as e:
+                if write and e.info.get("sent", True):
+                    raise errors.ConnectionLost(
+                        f"{e.msg}; the write may or may not have been applied: check before "
+                        "retrying", sent=True, outcome="unknown") from None
+                err = e
+            with self._lock:
+                self._primary = None
+            if time.monotonic() >= deadline:
+                raise err
+            time.sleep(self.retry_interval_s)
 
     def __getitem__(self, name: str) -> "Database":
         return Database(self, name, self.write_concern)
@@ -342,6 +383,8 @@ class Collection:
         if self._txn is not None:
             return self._txn._call(req)
         req.update(self.read_preference.fields())
+        if self.read_preference.mode == "primary":
+            return self.client._call(req)
         return self.client._read_conn(self.read_preference).request(req, self.client.timeout_s)
 
     def _write(self, req: dict, wc: dict):
@@ -446,8 +489,11 @@ class Cursor:
             yield from txn._call(dict(self._spec))["docs"]
             return
         rp = self._c.read_preference
-        conn = self._c.client._read_conn(rp)
-        r = conn.request({**self._spec, **rp.fields()}, self._c.client.timeout_s)
+        if rp.mode == "primary":
+            r, conn = self._c.client._call_conn(dict(self._spec))
+        else:
+            conn = self._c.client._read_conn(rp)
+            r = conn.request({**self._spec, **rp.fields()}, self._c.client.timeout_s)
         cid = r["cursor"]
         try:
             while True:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -94,27 +95,49 @@ class ReplicaSet:
             handles.append(OplogShard.options(name=m["actor"], **opts).remote(
                 name, m, m["path"], secret, limits, votes, bind_host))
             handles.append(Feeder.options(name=actor_name(name, m["id"], "feeder"), **opts).remote(
-                name, m["id"], m["path"], limits, bool(m["primary"])))
+                name, m["id"], m["path"], limits))
         try:
             ray.get([h.__ray_ready__.remote() for h in handles], timeout=120)
             for m in specs:
-                if m["primary"]:
-                    continue
+                # every member has a producer and an applier: roles change at elections
                 handles.append(Producer.options(name=actor_name(name, m["id"], "producer"),
-                                                **opts).remote(name, m["id"], m["path"], limits,
-                                                               m["sync_source"]))
+                                                **opts).remote(name, m["id"], m["path"], limits))
                 handles.append(Applier.options(name=actor_name(name, m["id"], "applier"),
                                                **opts).remote(name, m["id"], m["path"], limits,
                                                               m["delay_s"]))
             ray.get([h.__ray_ready__.remote() for h in handles], timeout=120)
+            coord = Coordinator.options(name=f"{name}/coordinator", namespace=NAMESPACE,
+                                        lifetime="detached", max_restarts=-1, num_cpus=0).remote(
+                name, secret, specs, limits)
+            handles.append(coord)
+            rs = cls(name, coord)
+            rs.wait_for_primary(60)
         except Exception:
             for h in handles:
                 ray.kill(h, no_restart=True)
             raise
-        coord = Coordinator.options(name=f"{name}/coordinator", namespace=NAMESPACE,
-                                    lifetime="detached", max_restarts=-1, num_cpus=0).remote(
-            name, secret, specs)
-        return cls(name, coord)
+        return rs
+
+    def wait_for_primary(self, timeout_s: float = 30) -> int:
+        """Block until the set has a primary (the first election runs at launch)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            topo = self._topology()
+            if topo.get("primary") is not None and any(
+                    m["role"] == "primary" for m in topo["members"]):
+                return topo["primary"]
+            if time.monotonic() > deadline:
+                raise errors.PrimaryUnavailable(f"no primary elected within {timeout_s}s")
+            time.sleep(0.05)
+
+    def step_down(self) -> dict:
+        """Hand the primary role over in a planned way: writes pause, the best
+        eligible secondary catches up, then it is elected. Nothing is lost."""
+        try:
+            return _ray().get(self._coord.step_down.remote())
+        except Exception as e:
+            cause = getattr(e, "cause", None) or e
+            raise errors.PrimaryUnavailable(f"step-down failed: {cause}") from None
 
     @classmethod
     def connect(cls, name: str) -> "ReplicaSet":
@@ -130,6 +153,10 @@ class ReplicaSet:
         """Stop every member (flushing LMDB) and the coordinator. Data stays on disk."""
         ray = _ray()
         cfg = ray.get(self._coord.config.remote())
+        try:
+            ray.get(self._coord.stop.remote(), timeout=10)  # no elections while stopping
+        except Exception:
+            pass
         everything = []
         # downstream roles first, so nothing writes while the shards flush and close
         for roles in (("producer", "applier"), ("feeder",), ("",)):
@@ -223,15 +250,9 @@ def _member_specs(members) -> list[dict]:
         raise errors.ConfigError("no member can be primary (all have priority 0)")
     if sum(s["votes"] for s in specs) == 0:
         raise errors.ConfigError("at least one member must vote")
-    prim = max(eligible, key=lambda s: (s["priority"], -s["id"]))
     for s in specs:
-        s["primary"] = s is prim
         src = s["sync_source"]
-        if s["primary"]:
-            s["sync_source"] = None
-        elif src is None:
-            s["sync_source"] = prim["id"]
-        elif src not in range(len(specs)) or src == s["id"]:
+        if src is not None and (src not in range(len(specs)) or src == s["id"]):
             raise errors.ConfigError(f"member {s['id']}: sync_source {src!r} is not another member")
     _check_no_cycles(specs)
     return specs

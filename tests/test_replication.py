@@ -159,8 +159,8 @@ def test_chained_and_delayed_members(ray_session, tmp_path):
     rs = raymx.ReplicaSet.launch("chain", data_dir=str(tmp_path), members=[
         {}, {}, {"sync_source": 1}, {"delay_s": 2, "votes": 0}])
     try:
-        st = rs.status()["members"]
-        assert st[2]["sync_source"] == 1 and st[3]["priority"] == 0
+        st = wait_until(lambda: (lambda m: m[2]["sync_source"] == 1 and m)(rs.status()["members"]))
+        assert st[3]["priority"] == 0 and st[1]["sync_source"] == 0
         coll = rs.client()["d"]["c"]
         g = coll.insert_one({"_id": 1}, w=3, wtimeout_ms=10_000).gtid
         wait_until(lambda: converged(ray, rs, [0, 1, 2]))

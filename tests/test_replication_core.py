@@ -198,3 +198,50 @@ def test_majority_point():
     assert rep.majority_point(d, votes) == GTID(1, 4)
     d[2] = None
     assert rep.majority_point(d, votes) is None
+
+
+def test_rollback_undoes_divergent_entries_and_rejoins():
+    p = primary_with(10)
+    old = Engine(MemoryStore())
+    rows = feed(p).pull(None, None, 100, 1 << 20)["rows"]
+    rep.write_batch(old, rep.check_batch(ZERO, 0, rows, LIM), applied=False)
+    while rep.apply_batch(old, LIM, 0)[0]:
+        pass
+    # old primary diverges: it writes under its term what never reached anyone
+    old.set_term(1)
+    common = old.last()[0]
+    with old.begin() as tx:
+        tx.insert("db.c", [{"_id": "lost"}])
+        tx.update("db.c", {"_id": 3}, {"$set": {"v": "changed"}})
+    old.insert_many("db.c", [{"_id": "lost2"}])
+    # meanwhile the new primary writes under term 2
+    p.set_term(2)
+    p.insert_many("db.c", [{"_id": "new"}])
+    f = feed(p)
+    last, h = old.last()
+    assert f.pull(list(last), h, 10, 1 << 20)["status"] == "diverged"
+    assert rep.match_common(p, rep.own_hashes(old, None, 100)) == common
+    recs = []
+    n = rep.rollback_to(old, common, 1000, recs.extend)
+    assert n == 2 and {r["op"] for r in recs} == {"i", "u"}
+    assert [r["post"]["_id"] for r in recs if r["op"] == "i"] == ["lost2", "lost"]
+    last, h = old.last()
+    out = f.pull(list(last), h, 10, 1 << 20)
+    rep.write_batch(old, rep.check_batch(last, h, out["rows"], LIM))
+    while rep.apply_batch(old, LIM, 0)[0]:
+        pass
+    assert old.snapshot_state() == p.snapshot_state()
+
+
+def test_rollback_refuses_irreversible_and_too_long():
+    e = primary_with(3)
+    common = e.last()[0]
+    with e.begin() as tx:
+        tx.drop_collection("db.c")
+    before = e.snapshot_state()
+    with pytest.raises(errors.IrreversibleOp):
+        rep.rollback_to(e, common, 1000, lambda r: None)
+    assert e.snapshot_state() == before and e.last()[0] > common
+    e2 = primary_with(30)
+    with pytest.raises(errors.IrreversibleOp):
+        rep.rollback_to(e2, GTID(1, 2), 10, lambda r: None)

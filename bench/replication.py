@@ -1,0 +1,373 @@
+"""Replication on a three-member set: lag under load and secondary catch-up, in one run.
+
+Measures, with ~200-byte documents (same shape as bench/commit.py):
+
+1. the primary's maximum single-document commit rate: default write concern
+   (w=1, j=False), a few client processes doing sequential ``insert_one``
+   for ~3 s, with both secondaries replicating meanwhile;
+2. replication lag (commit on the primary to durable on a secondary) p50/p99
+   under an open-loop load at half that rate (method in ``lag_phase``);
+3. secondary catch-up: pause one secondary's producer, commit 100,000
+   single-document transactions on the primary (pipelined on one connection),
+   unpause, and time until that secondary has applied them all. Printed as
+   transactions/s, as a ratio to (1), and against raw LMDB batched puts of
+   the same documents (py-lmdb + msgpack, 1,000 puts per transaction).
+
+Prints figures and ratios; asserts nothing (these machines are noisy).
+Progress lines go to stderr. ``RAYMX_BENCH_CATCHUP_N`` overrides 100,000.
+"""
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+# Keep the module top light: "spawn" children import it again.
+from _util import progress, rate, row  # noqa: E402
+
+MAX_CLIENTS = int(os.environ.get('MAXC', 3))            # client processes for the maximum commit rate
+MAX_WINDOW = int(os.environ.get('MAXW', 16))            # requests each keeps in flight
+MAX_S = 3.0                # seconds of the maximum-rate measurement
+LAG_S = 6.0                # seconds of paced load for the lag measurement
+LAG_WARMUP_S = 0.5         # the first writes of the paced load are not counted
+CATCHUP_N = int(os.environ.get("RAYMX_BENCH_CATCHUP_N", 100_000))
+LOAD_WINDOW = 256          # pipelined requests in flight while building the backlog
+LAGGARD = 2                # the secondary whose producer is paused
+NS = "bench.repl"
+
+
+def make_doc(i, rnd):
+    # ~200 bytes packed (same shape as bench/commit.py)
+    return {"_id": i, "name": f"user{i:08d}", "age": rnd.randrange(100),
+            "city": rnd.choice(["Oslo", "Lima", "Pune", "Kyiv"]), "score": rnd.random(),
+            "bio": "x" * 140}
+
+
+def docs(n, start=0):
+    rnd = random.Random(start)
+    return [make_doc(start + i, rnd) for i in range(n)]
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+# --- 1. maximum commit rate: client processes ---------------------------------
+def max_rate_worker(k, topo, cmd_q, res_q):
+    """One client process: single-document inserts, default write concern, with
+    WINDOW of them in flight on its connection (pipelined)."""
+    from raymx.client import Connection
+
+    prim = next(m for m in topo["members"] if m["role"] == "primary")
+    conn = Connection(prim["host"], prim["port"], topo["secret"])
+    rnd = random.Random(k)
+    i = (k + 1) * 1_000_000_000
+    conn.request({"op": "insert", "ns": "bench.max", "docs": [make_doc(i, rnd)]})  # warm up
+    i += 1
+    res_q.put(("ready", k))
+    start_at, end_at = cmd_q.get()
+    now = time.monotonic()
+    if start_at > now:
+        time.sleep(start_at - now)
+    sem = threading.Semaphore(MAX_WINDOW)
+    n = [0]
+
+    def done(_f):
+        if time.monotonic() <= end_at and _f.exception() is None:
+            n[0] += 1
+        sem.release()
+    while time.monotonic() < end_at:
+        d = make_doc(i, rnd)
+        i += 1
+        sem.acquire()
+        conn.submit({"op": "insert", "ns": "bench.max", "docs": [d]}).add_done_callback(done)
+    for _ in range(MAX_WINDOW):
+        sem.acquire()
+    res_q.put(("done", n[0]))
+    conn.close()
+
+
+def max_commit_rate(topo):
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    res_q = ctx.Queue()
+    cmd_qs = [ctx.Queue() for _ in range(MAX_CLIENTS)]
+    ps = [ctx.Process(target=max_rate_worker, args=(k, topo, cmd_qs[k], res_q), daemon=True)
+          for k in range(MAX_CLIENTS)]
+    for p in ps:
+        p.start()
+    try:
+        for _ in ps:
+            tag, _k = res_q.get(timeout=120)
+            assert tag == "ready"
+        start_at = time.monotonic() + 0.3  # synchronised start
+        for q in cmd_qs:
+            q.put((start_at, start_at + MAX_S))
+        total = sum(res_q.get(timeout=MAX_S + 60)[1] for _ in ps)
+    finally:
+        for p in ps:
+            p.join(10)
+            if p.is_alive():
+                p.terminate()
+    return total / MAX_S
+
+
+# --- 2. replication lag under a paced load ------------------------------------
+def lag_phase(conn, hz, duration_s, first_id):
+    """Open-loop paced single-document inserts, cycling w=1, w=2, w=3.
+
+    Method: the primary acknowledges a ``w=2`` write only once the entry is
+    durable on the primary and on at least one secondary (the secondary
+    reports its durable position to the primary on its next pull), ``w=3``
+    once it is durable on both. A ``w=1`` write is acknowledged right after
+    the commit. The three kinds are interleaved in one stream at the paced
+    rate, so they see the same load at the same moments, and each write is
+    sent on schedule whether or not earlier ones have been answered (open
+    loop: a slow answer cannot slow the load down and hide its own delay).
+    Per write::
+
+        lag(w=2 write) = latency(w=2 write) - median latency(w=1 writes)
+
+    i.e. commit on the primary -> durable on the first secondary -> the
+    primary knows. It is an upper bound on commit-to-durable: it also holds
+    the trip of the position report back to the primary, and any tail of
+    the commit path itself. ``w=3`` gives the same for the slower secondary.
+    """
+    n = int(hz * duration_s)
+    batch = docs(n, start=first_id)
+    reqs = [{"op": "insert", "ns": NS, "docs": [d], "w": 1 + i % 3, "wtimeout_ms": 30_000}
+            for i, d in enumerate(batch)]
+    sent = [0.0] * n
+    done = [0.0] * n
+    futs = []
+    clock = time.perf_counter
+    t0 = clock() + 0.05
+    for i, req in enumerate(reqs):
+        due = t0 + i / hz
+        now = clock()
+        if due > now:
+            time.sleep(due - now)
+        sent[i] = clock()
+        f = conn.submit(req)
+        f.add_done_callback(lambda _f, i=i: done.__setitem__(i, clock()))
+        futs.append(f)
+    send_span = clock() - t0
+    errors_ = 0
+    for f in futs:
+        try:
+            f.result(60)
+        except Exception:
+            errors_ += 1
+    lat = {1: [], 2: [], 3: []}
+    for i in range(n):
+        if sent[i] - t0 >= LAG_WARMUP_S and done[i]:
+            lat[1 + i % 3].append((done[i] - sent[i]) * 1000)
+    return lat, n / send_span, errors_
+
+
+# --- 3. catch-up --------------------------------------------------------------
+def load_pipelined(conn, batch, window):
+    """Submit single-document inserts with ``window`` in flight; returns the last GTID."""
+    sem = threading.Semaphore(window)
+    last = [None]
+    errs = []
+    lock = threading.Lock()
+
+    def on_done(f):
+        sem.release()
+        try:
+            g = f.result()["gtid"]
+        except Exception as e:
+            errs.append(e)
+            return
+        with lock:
+            if last[0] is None or tuple(g) > tuple(last[0]):
+                last[0] = g
+    futs = []
+    for k, d in enumerate(batch):
+        sem.acquire()
+        f = conn.submit({"op": "insert", "ns": NS, "docs": [d]})
+        f.add_done_callback(on_done)
+        futs.append(f)
+        if k % 20_000 == 19_999:
+            progress(f"   {k + 1:,} submitted")
+    for f in futs:
+        try:
+            f.result(120)
+        except Exception:
+            pass
+    if errs:
+        raise RuntimeError(f"{len(errs)} inserts failed, first: {errs[0]!r}")
+    return tuple(last[0])
+
+
+def member_status(ray, rs, i):
+    return ray.get(rs.member(i).status.remote(), timeout=30)
+
+
+def wait_for(fn, timeout_s, every_s=0.01):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(every_s)
+
+
+def raw_batched_rate(path, all_docs):
+    import lmdb
+    import msgpack
+    env = lmdb.open(path, map_size=1 << 32, max_dbs=4, sync=False, metasync=False)
+    db = env.open_db(b"docs")
+
+    def go():
+        for i in range(0, len(all_docs), 1000):
+            with env.begin(write=True) as t:
+                for d in all_docs[i:i + 1000]:
+                    t.put(msgpack.packb(d["_id"]), msgpack.packb(d), db=db)
+    r = rate(len(all_docs), go)
+    env.close()
+    return r
+
+
+def main():
+    import msgpack
+
+    t_start = time.perf_counter()
+    base = tempfile.mkdtemp(prefix="raymx-bench-repl-")
+    catchup_docs = docs(CATCHUP_N, start=50_000_000)
+    print(f"doc size ~{len(msgpack.packb(catchup_docs[0]))} bytes; {os.cpu_count()} CPUs; "
+          f"data in {base}")
+
+    # The raw reference first, with nothing else running.
+    progress(f"raw LMDB batched puts of the {CATCHUP_N:,} catch-up documents")
+    raw_b = raw_batched_rate(os.path.join(base, "raw-batch"), catchup_docs)
+
+    import ray
+
+    import raymx
+    from raymx.client import Connection
+
+    progress("ray.init")
+    ray.init(address="local", num_cpus=2, include_dashboard=False,
+             object_store_memory=100 * 1024**2, log_to_driver=False)
+    progress("launch a three-member replica set")
+    rs = raymx.ReplicaSet.launch("benchrepl", members=3, data_dir=os.path.join(base, "rs"))
+    res = {}
+    try:
+        topo = rs._topology()
+        prim = next(m for m in topo["members"] if m["role"] == "primary")
+        cl = rs.client()
+        coll = cl["bench"]["repl"]
+        for i in range(20):
+            coll.insert_one({"_id": f"warm{i}"}, w=3, wtimeout_ms=30_000)
+
+        progress(f"max single-doc commit rate: {MAX_CLIENTS} client processes, {MAX_S:.0f} s")
+        max_r = max_commit_rate(topo)
+        res["max"] = max_r
+
+        hz = max_r / 2
+        progress(f"lag under paced load: {hz:,.0f} writes/s for {LAG_S:.0f} s (w=1/2/3)")
+        conn = Connection(prim["host"], prim["port"], topo["secret"])
+        for i in range(200):  # warm the connection and the w=2 path
+            conn.request({"op": "insert", "ns": NS, "docs": [{"_id": f"lw{i}"}], "w": 2})
+        lat, sent_hz, lag_err = lag_phase(conn, hz, LAG_S, first_id=10_000_000)
+        res["lag"] = (hz, sent_hz, lat, lag_err)
+
+        progress(f"catch-up: pause m{LAGGARD}'s producer, commit {CATCHUP_N:,} txns")
+        prod = ray.get_actor(f"{rs.name}/m{LAGGARD}/producer", namespace="raymx")
+        applier = ray.get_actor(f"{rs.name}/m{LAGGARD}/applier", namespace="raymx")
+        ray.get(prod.pause.remote(True))
+        time.sleep(1.0)  # an in-flight long poll (pull_wait_ms) lands and is written
+        before = member_status(ray, rs, LAGGARD)
+        b_last, b_applied = tuple(before["last"]), tuple(before["applied"])
+        t0 = time.perf_counter()
+        target = load_pipelined(conn, catchup_docs, LOAD_WINDOW)
+        load_r = CATCHUP_N / (time.perf_counter() - t0)
+        conn.close()
+        backlog = target[1] - b_applied[1]
+        progress(f"backlog {backlog:,} entries ({target[1] - b_last[1]:,} not even written); "
+                 "wait for the other secondary")
+        other = 3 - LAGGARD
+        wait_for(lambda: tuple(member_status(ray, rs, other)["applied"]) >= target, 300, 0.05)
+        wait_for(lambda: tuple(member_status(ray, rs, 0)["durable"]) >= target, 60, 0.05)
+        a0 = ray.get(applier.status.remote())["applied_entries"]
+
+        progress(f"unpause m{LAGGARD}'s producer; time until it has applied {target}")
+        t0 = time.perf_counter()
+        ray.get(prod.pause.remote(False))
+        t_written = t_applied = None
+        next_note = t0 + 5
+        while True:
+            s = member_status(ray, rs, LAGGARD)
+            now = time.perf_counter()
+            if t_written is None and tuple(s["last"]) >= target:
+                t_written = now - t0
+            if tuple(s["applied"]) >= target:
+                t_applied = now - t0
+                break
+            if now >= next_note:
+                next_note += 5
+                progress(f"   {now - t0:.0f} s: written {s['last'][1] - b_last[1]:,}, "
+                         f"applied {s['applied'][1] - b_applied[1]:,} of {backlog:,}")
+            if now - t0 > 600:
+                break
+            time.sleep(0.01)
+        if t_written is None:
+            t_written = t_applied
+        a1 = ray.get(applier.status.remote())["applied_entries"]
+        pstat = ray.get(prod.status.remote())
+        res["catchup"] = (backlog, target[1] - b_last[1], t_written, t_applied, a1 - a0,
+                          load_r, pstat)
+        cl.close()
+    finally:
+        progress("shutdown")
+        rs.shutdown()
+        ray.shutdown()
+
+    print()
+    row(f"primary max single-doc commit rate ({MAX_CLIENTS} client procs, w=1)",
+        res["max"], "txn/s")
+    hz, sent_hz, lat, lag_err = res["lag"]
+    med1 = pct(lat[1], .5)
+    print()
+    print(f"replication lag under a paced load of {hz:,.0f} writes/s (half the max; "
+          f"achieved {sent_hz:,.0f}/s, {lag_err} errors)")
+    print(f"  latency ms      p50      p99      max   (n)")
+    for w in (1, 2, 3):
+        xs = lat[w]
+        print(f"  w={w}        {pct(xs, .5):8.2f} {pct(xs, .99):8.2f} {max(xs):8.2f}   "
+              f"({len(xs)})")
+    for w, who in ((2, "first secondary"), (3, "both secondaries")):
+        lag = [x - med1 for x in lat[w]]
+        p50, p99 = pct(lag, .5), pct(lag, .99)
+        tgt = f"; target p99 < 50 ms: {'met' if p99 < 50 else 'NOT met'}" if w == 2 else ""
+        print(f"  commit -> durable on {who:<17} p50 {p50:6.2f} ms  p99 {p99:6.2f} ms{tgt}")
+
+    backlog, unwritten, t_w, t_a, applied_n, load_r, pstat = res["catchup"]
+    cu = backlog / t_a
+    print()
+    print(f"secondary catch-up: {backlog:,} single-doc transactions behind "
+          f"({unwritten:,} not yet in its oplog)")
+    row("primary commit rate while building it (1 conn, pipelined)", load_r, "txn/s")
+    row("producer: fetched, checked, written, synced", unwritten / t_w, "txn/s",
+        f"{t_w:.1f} s; {pstat['batches']:,} batches so far")
+    row("catch-up: unpause -> all applied", cu, "txn/s",
+        f"{t_a:.1f} s; applier applied {applied_n:,}")
+    row("  ratio to primary max single-doc commit rate", cu / res["max"], "x",
+        f"{cu / res['max']:.2f} (target >= 2)")
+    row("raw LMDB+msgpack batched puts, same docs, 1,000/txn", raw_b, "docs/s")
+    row("  ratio catch-up : raw LMDB batched puts", cu / raw_b, "x",
+        f"{cu / raw_b:.3f}")
+    print(f"total run time {time.perf_counter() - t_start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
