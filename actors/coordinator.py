@@ -27,8 +27,9 @@ def _now_ms() -> int:
 
 @ray.remote(num_cpus=0, max_concurrency=8)
 class Coordinator:
-    def __init__(self, name: str, secret: str, members: list[dict], limits):
+    def __init__(self, name: str, secret: str, members: list[dict], limits, extra: dict):
         self.name = name
+        self.extra = extra
         self.secret = secret
         self.members = members  # [{"id", "actor", "path", "node_id", "priority", ...}]
         self.limits = limits
@@ -179,7 +180,8 @@ class Coordinator:
                 "primary": self.core.primary}
 
     def config(self) -> dict:
-        return {"name": self.name, "members": [dict(m) for m in self.members]}
+        return {"name": self.name, "members": [dict(m) for m in self.members],
+                "secret": self.secret, "limits": self.limits, "extra": self.extra}
 
     def status(self, timeout_s: float = 5.0) -> dict:
         refs = {}

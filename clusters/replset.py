@@ -69,10 +69,8 @@ class ReplicaSet:
         specs = _member_specs(members)
         limits = limits or DEFAULT
         ray = _ensure_ray()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         from raymx.actors.coordinator import Coordinator
-        from raymx.actors.member import Applier, Feeder, OplogShard, Producer, actor_name
+        from raymx.actors.member import actor_name
         try:
             ray.get_actor(f"{name}/coordinator", namespace=NAMESPACE)
             raise errors.ConfigError(f"replica set {name!r} is already running: "
@@ -83,32 +81,19 @@ class ReplicaSet:
         os.makedirs(data_dir, mode=0o700, exist_ok=True)
         secret = secret or secrets.token_urlsafe(32)
         node = ray.get_runtime_context().get_node_id()
-        # Hard affinity: a restarted actor comes back only on the node holding its files.
-        opts = dict(namespace=NAMESPACE, lifetime="detached", max_restarts=-1, num_cpus=0,
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False))
         votes = {m["id"]: m["votes"] for m in specs}
         handles = []
         for m in specs:
             m["path"] = os.path.join(data_dir, f"m{m['id']}")
             m["actor"] = actor_name(name, m["id"])
             m["node_id"] = node
-            handles.append(OplogShard.options(name=m["actor"], **opts).remote(
-                name, m, m["path"], secret, limits, votes, bind_host))
-            handles.append(Feeder.options(name=actor_name(name, m["id"], "feeder"), **opts).remote(
-                name, m["id"], m["path"], limits))
         try:
-            ray.get([h.__ray_ready__.remote() for h in handles], timeout=120)
             for m in specs:
-                # every member has a producer and an applier: roles change at elections
-                handles.append(Producer.options(name=actor_name(name, m["id"], "producer"),
-                                                **opts).remote(name, m["id"], m["path"], limits))
-                handles.append(Applier.options(name=actor_name(name, m["id"], "applier"),
-                                               **opts).remote(name, m["id"], m["path"], limits,
-                                                              m["delay_s"]))
+                handles += _start_member(name, m, secret, limits, votes, bind_host)
             ray.get([h.__ray_ready__.remote() for h in handles], timeout=120)
             coord = Coordinator.options(name=f"{name}/coordinator", namespace=NAMESPACE,
                                         lifetime="detached", max_restarts=-1, num_cpus=0).remote(
-                name, secret, specs, limits)
+                name, secret, specs, limits, {"bind_host": bind_host})
             handles.append(coord)
             rs = cls(name, coord)
             rs.wait_for_primary(60)
@@ -129,6 +114,33 @@ class ReplicaSet:
             if time.monotonic() > deadline:
                 raise errors.PrimaryUnavailable(f"no primary elected within {timeout_s}s")
             time.sleep(0.05)
+
+    def kill_member(self, member_id: int) -> None:
+        """Kill every process of a member at once, without restart (a crash: no
+        flush, no goodbye). Its files stay; ``start_member`` brings it back."""
+        ray = _ray()
+        for role in ("", "feeder", "producer", "applier"):
+            try:
+                ray.kill(ray.get_actor(f"{self.name}/m{member_id}" + (f"/{role}" if role else ""),
+                                       namespace=NAMESPACE), no_restart=True)
+            except ValueError:
+                pass
+
+    def start_member(self, member_id: int) -> None:
+        """Start a member's actors again over its files (after ``kill_member``).
+
+        It comes back as a secondary; if it had written entries the others do
+        not hold, it rolls them back (see its rollback file) and catches up.
+        """
+        ray = _ray()
+        cfg = ray.get(self._coord.config.remote())
+        m = next((x for x in cfg["members"] if x["id"] == member_id), None)
+        if m is None:
+            raise errors.ConfigError(f"replica set {self.name} has no member {member_id}")
+        votes = {x["id"]: x["votes"] for x in cfg["members"]}
+        hs = _start_member(self.name, m, cfg["secret"], cfg["limits"], votes,
+                           cfg["extra"].get("bind_host"))
+        ray.get([h.__ray_ready__.remote() for h in hs], timeout=120)
 
     def step_down(self) -> dict:
         """Hand the primary role over in a planned way: writes pause, the best
@@ -219,6 +231,32 @@ class ReplicaSet:
             if len(rows) < page:
                 return
             pos = list(GTID.from_bytes(rows[-1][0]))
+
+
+def _start_member(name: str, m: dict, secret: str, limits: Limits, votes: dict,
+                  bind_host: str | None) -> list:
+    """Create a member's four co-located actors, pinned to the node of its files.
+
+    Hard node affinity: a restarted actor comes back only on that node (a
+    placement group or soft affinity would restart it elsewhere, without its
+    data). Every member has a producer and an applier: roles change at elections.
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from raymx.actors.member import Applier, Feeder, OplogShard, Producer, actor_name
+    opts = dict(namespace=NAMESPACE, lifetime="detached", max_restarts=-1, num_cpus=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=m["node_id"],
+                                                                   soft=False))
+    i, path = m["id"], m["path"]
+    return [
+        OplogShard.options(name=m["actor"], **opts).remote(name, m, path, secret, limits, votes,
+                                                           bind_host),
+        Feeder.options(name=actor_name(name, i, "feeder"), **opts).remote(name, i, path, limits),
+        Producer.options(name=actor_name(name, i, "producer"), **opts).remote(name, i, path,
+                                                                              limits),
+        Applier.options(name=actor_name(name, i, "applier"), **opts).remote(name, i, path, limits,
+                                                                            m["delay_s"]),
+    ]
 
 
 def _member_specs(members) -> list[dict]:
