@@ -120,7 +120,10 @@ class Coordinator:
                     self._beat()
                     actions = self.core.tick(_now_ms())
                     if had is not None and self.core.primary is None and self.failed_at_ms is None:
-                        self.failed_at_ms = _now_ms() - self.limits.heartbeat_timeout_ms
+                        # the failure happened after the last heartbeat it answered
+                        ev = self.core.log[-1] if self.core.log else None
+                        seen = ev[3] if ev and ev[0] == "primary_failed" else None
+                        self.failed_at_ms = seen if seen is not None else _now_ms()
                     for a in actions:
                         self._act(a)
             except Exception:

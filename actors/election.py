@@ -125,7 +125,7 @@ class ElectionCore:
         p = self.members.get(self.primary) if self.primary is not None else None
         if p is not None and (p.dead or not p.alive or (
                 p.seen_ms is not None and now_ms - p.seen_ms >= self.heartbeat_timeout_ms)):
-            self.log.append(("primary_failed", p.id, now_ms))
+            self.log.append(("primary_failed", p.id, now_ms, p.seen_ms))
             self.primary = None
         if self.primary is None:
             out += self._elect()

@@ -58,7 +58,7 @@ def pct(xs, q):
 
 
 # --- 1. maximum commit rate: client processes ---------------------------------
-def max_rate_worker(k, topo, cmd_q, res_q):
+def max_rate_worker(k, topo, ns, cmd_q, res_q):
     """One client process: single-document inserts, default write concern, with
     WINDOW of them in flight on its connection (pipelined)."""
     from raymx.client import Connection
@@ -67,7 +67,7 @@ def max_rate_worker(k, topo, cmd_q, res_q):
     conn = Connection(prim["host"], prim["port"], topo["secret"])
     rnd = random.Random(k)
     i = (k + 1) * 1_000_000_000
-    conn.request({"op": "insert", "ns": "bench.max", "docs": [make_doc(i, rnd)]})  # warm up
+    conn.request({"op": "insert", "ns": ns, "docs": [make_doc(i, rnd)]})  # warm up
     i += 1
     res_q.put(("ready", k))
     start_at, end_at = cmd_q.get()
@@ -85,19 +85,19 @@ def max_rate_worker(k, topo, cmd_q, res_q):
         d = make_doc(i, rnd)
         i += 1
         sem.acquire()
-        conn.submit({"op": "insert", "ns": "bench.max", "docs": [d]}).add_done_callback(done)
+        conn.submit({"op": "insert", "ns": ns, "docs": [d]}).add_done_callback(done)
     for _ in range(MAX_WINDOW):
         sem.acquire()
     res_q.put(("done", n[0]))
     conn.close()
 
 
-def max_commit_rate(topo):
+def max_commit_rate(topo, ns="bench.max"):
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     res_q = ctx.Queue()
     cmd_qs = [ctx.Queue() for _ in range(MAX_CLIENTS)]
-    ps = [ctx.Process(target=max_rate_worker, args=(k, topo, cmd_qs[k], res_q), daemon=True)
+    ps = [ctx.Process(target=max_rate_worker, args=(k, topo, ns, cmd_qs[k], res_q), daemon=True)
           for k in range(MAX_CLIENTS)]
     for p in ps:
         p.start()
