@@ -57,10 +57,52 @@ def main(argv=None) -> int:
         print("== status (raymx status demo prints the same)")
         time.sleep(0.3)
         print(format_status(rs.status()))
+        _failover(rs, client, format_status)
     finally:
         rs.shutdown()
         ray.shutdown()
     return 0
+
+
+def _failover(rs, client, format_status) -> None:
+    import raymx
+    ray = __import__("ray")
+    old = rs.wait_for_primary()
+    orders = client["shop"]["orders"]
+    print(f"== failover: member {old} is primary; two writes with w=1 that no secondary gets")
+    for i in range(3):
+        if i != old:
+            ray.get(ray.get_actor(f"{rs.name}/m{i}/producer", namespace="raymx").pause.remote(True))
+    for k in ("unreplicated-1", "unreplicated-2"):
+        print("   wrote", k, "at", orders.insert_one({"_id": k}).gtid)
+    print(f"== killing every process of member {old} (no restart)")
+    t0 = time.time()
+    rs.kill_member(old)
+    while True:
+        try:
+            g = orders.insert_one({"_id": "after-failover"}, w="majority").gtid
+            break
+        except raymx.errors.ConnectionLost as e:
+            print("   a write in flight to the dead primary:", e.msg.split(";")[-1].strip())
+    took = time.time() - t0
+    st = rs.status()
+    print(f"   member {st['primary']} took over in term {st['term']}: first majority write "
+          f"{g} {took:.2f}s after the kill (election {st['last_election']['took_ms']} ms "
+          "after the last heartbeat the old primary answered)")
+    print(f"== bringing member {old} back: it rolls back what only it had")
+    rs.start_member(old)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        m = [x for x in rs.status()["members"] if x["id"] == old][0]
+        if m.get("rollbacks") and m.get("lag") == 0:
+            break
+        time.sleep(0.2)
+    rb = m.get("last_rollback") or {}
+    print(f"   rolled back {rb.get('undone_entries')} entries after {rb.get('common')}; "
+          f"the rollback file {rb.get('file')}:")
+    for line in open(rb["file"]) if rb.get("file") else []:
+        print("     ", line.strip())
+    print(format_status(rs.status()))
 
 
 if __name__ == "__main__":
