@@ -33,7 +33,9 @@ class Coordinator:
         self.secret = secret
         self.members = members  # [{"id", "actor", "path", "node_id", "priority", ...}]
         self.limits = limits
-        self.core = ElectionCore.from_specs(members, limits.heartbeat_timeout_ms)
+        self.version = 1
+        self._load_newest_config()
+        self.core = ElectionCore.from_specs(self.members, limits.heartbeat_timeout_ms)
         self._addr: dict[int, dict] = {}
         self._handles: dict[int, object] = {}
         self._inflight: dict[int, object] = {}
@@ -43,6 +45,43 @@ class Coordinator:
         self.last_election: dict | None = None
         self._t = threading.Thread(target=self._loop, name="raymx-heartbeats", daemon=True)
         self._t.start()
+
+    def _load_newest_config(self) -> None:
+        """After a restart: the members hold the newest configuration durably."""
+        best = None
+        for m in self.members:
+            try:
+                c = ray.get(ray.get_actor(m["actor"], namespace="raymx").get_config.remote(),
+                            timeout=5)
+            except Exception:
+                continue
+            if c is not None and (best is None or c["version"] > best["version"]):
+                best = c
+        if best is not None:
+            self.members, self.version = best["members"], best["version"]
+
+    def _config(self) -> dict:
+        return {"version": self.version, "members": [dict(m) for m in self.members]}
+
+    def reconfigure(self, members: list[dict]) -> dict:
+        """Install a new member list (ids kept); every member records it durably."""
+        with self._lock:
+            self.version += 1
+            self.members = members
+            self._handles = {k: v for k, v in self._handles.items()
+                             if any(m["id"] == k for m in members)}
+            self._inflight = {k: v for k, v in self._inflight.items()
+                              if any(m["id"] == k for m in members)}
+            self.core.reconfigure(members)
+            cfg = self._config()
+            refs = []
+            for m in members:
+                try:
+                    refs.append(self._handle(m["id"]).set_config.remote(cfg))
+                except Exception:
+                    pass
+            ray.wait(refs, num_returns=len(refs), timeout=30)
+            return cfg
 
     # --- heartbeats and actions ------------------------------------------
     def _handle(self, mid: int):
@@ -184,6 +223,7 @@ class Coordinator:
 
     def config(self) -> dict:
         return {"name": self.name, "members": [dict(m) for m in self.members],
+                "version": self.version,
                 "secret": self.secret, "limits": self.limits, "extra": self.extra}
 
     def status(self, timeout_s: float = 5.0) -> dict:

@@ -159,6 +159,19 @@ class ElectionCore:
         self.catching_up = (e.id, best.id, best.last)
         return [Action("catch_up", e.id, new_term, source=best.id, target=best.last)]
 
+    def reconfigure(self, specs: list[dict]) -> None:
+        """Members added, removed or changed: views follow, majorities with them."""
+        new = {}
+        for sp in specs:
+            v = self.members.get(sp["id"]) or View(sp["id"])
+            v.priority, v.votes = sp.get("priority", 1), sp.get("votes", 1)
+            v.hidden, v.delay_s = bool(sp.get("hidden")), sp.get("delay_s", 0)
+            v.sync_source = sp.get("sync_source")
+            new[sp["id"]] = v
+        self.members = new
+        if self.primary not in new:
+            self.primary = None
+
     def step_down_to(self, member: int) -> list[Action]:
         """Planned hand-over: the shell has made ``member`` catch up already."""
         new_term = max([self.term] + [v.term for v in self.members.values()]) + 1

@@ -202,6 +202,26 @@ class OplogShard:
                 self.following = [source, term]
 
     @ray.method(concurrency_group="control")
+    def set_config(self, config: dict) -> None:
+        """A new replica set configuration (reconfiguration): kept durably, so a
+        restarted coordinator rebuilds the newest one from the members."""
+        cur = self.engine.get_meta("rs_config")
+        if cur is not None and cur["version"] >= config["version"]:
+            return
+        self.engine.put_meta("rs_config", config)
+        self.engine.sync()
+        mine = next((m for m in config["members"] if m["id"] == self.member_id), None)
+        if mine is not None:
+            self.spec = mine
+        self.service.set_votes({m["id"]: m["votes"] for m in config["members"]})
+        ray.get(_get(self.rs_name, self.member_id, "applier").set_delay.remote(
+            (mine or {}).get("delay_s", 0)))
+
+    @ray.method(concurrency_group="control")
+    def get_config(self) -> dict | None:
+        return self.engine.get_meta("rs_config")
+
+    @ray.method(concurrency_group="control")
     def forget_following(self) -> None:
         """The producer restarted: the coordinator will tell it whom to follow again."""
         self.following = None
@@ -549,6 +569,11 @@ class Applier:
 
     @ray.method(concurrency_group="control")
     def wake(self, _g=None) -> None:
+        self._wake.set()
+
+    @ray.method(concurrency_group="control")
+    def set_delay(self, delay_s: float) -> None:
+        self.delay_ms = int(delay_s * 1000)
         self._wake.set()
 
     @ray.method(concurrency_group="control")

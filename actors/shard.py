@@ -295,6 +295,13 @@ class ShardService:
             if at > self.heard_ms.get(m, 0):
                 self.heard_ms[m] = at
 
+    def set_votes(self, votes: dict[int, int]) -> None:
+        """Reconfiguration: majorities follow the new membership at once."""
+        self.votes = dict(votes)
+        self.group.eager = len(self.votes) > 1
+        for m in votes:
+            self.heard_ms.setdefault(m, int(time.time() * 1000))
+
     def sees_majority(self, now_ms: int) -> bool:
         """Can this primary still reach a majority of voting members (itself included)?"""
         from raymx.actors.replication import majority

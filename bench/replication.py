@@ -29,14 +29,13 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # Keep the module top light: "spawn" children import it again.
 from _util import progress, rate, row  # noqa: E402
 
-MAX_CLIENTS = int(os.environ.get('MAXC', 3))            # client processes for the maximum commit rate
-MAX_WINDOW = int(os.environ.get('MAXW', 16))            # requests each keeps in flight
+MAX_CLIENTS = 2            # client processes for the maximum commit rate ...
+MAX_WINDOW = 16            # ... each with this many inserts in flight (pipelined)
 MAX_S = 3.0                # seconds of the maximum-rate measurement
 LAG_S = 6.0                # seconds of paced load for the lag measurement
 LAG_WARMUP_S = 0.5         # the first writes of the paced load are not counted
 CATCHUP_N = int(os.environ.get("RAYMX_BENCH_CATCHUP_N", 100_000))
 LOAD_WINDOW = 256          # pipelined requests in flight while building the backlog
-LAGGARD = 2                # the secondary whose producer is paused
 NS = "bench.repl"
 
 
@@ -237,6 +236,55 @@ def raw_batched_rate(path, all_docs):
     return r
 
 
+# --- noise: CPU used by processes outside this benchmark -----------------------
+class CpuShare:
+    """Machine CPU time (``/proc/stat``) minus that of this process and its
+    descendants (the Ray head, the members' actors): what other programs took
+    while a phase ran. Linux only; quietly absent elsewhere."""
+
+    def __init__(self):
+        self.t0 = time.monotonic()
+        self.a = self._sample()
+
+    @staticmethod
+    def _sample():
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:9]]
+            busy = sum(v) - v[3] - v[4]
+            ppid, used = {}, {}
+            for p in os.listdir("/proc"):
+                if not p.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{p}/stat") as f:
+                        rest = f.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                ppid[int(p)] = int(rest[1])
+                used[int(p)] = int(rest[11]) + int(rest[12])
+            mine, todo = set(), [os.getpid()]
+            while todo:
+                x = todo.pop()
+                mine.add(x)
+                todo += [c for c, pp in ppid.items() if pp == x and c not in mine]
+            return busy, {p: used[p] for p in mine}
+        except OSError:
+            return None
+
+    def stop(self) -> str:
+        b = self._sample()
+        if self.a is None or b is None:
+            return ""
+        hz = os.sysconf("SC_CLK_TCK")
+        dt = time.monotonic() - self.t0
+        busy = (b[0] - self.a[0]) / hz
+        ours = sum(c - self.a[1].get(p, 0) for p, c in b[1].items()) / hz
+        n = os.cpu_count() or 1
+        return (f"[CPU busy {busy / dt / n:.0%} of {n} cores, this benchmark "
+                f"{ours / dt / n:.0%}, other programs {max(0.0, busy - ours) / dt / n:.0%}]")
+
+
 def main():
     import msgpack
 
@@ -244,11 +292,13 @@ def main():
     base = tempfile.mkdtemp(prefix="raymx-bench-repl-")
     catchup_docs = docs(CATCHUP_N, start=50_000_000)
     print(f"doc size ~{len(msgpack.packb(catchup_docs[0]))} bytes; {os.cpu_count()} CPUs; "
-          f"data in {base}")
+          f"load average {os.getloadavg()[0]:.1f}; data in {base}")
 
-    # The raw reference first, with nothing else running.
+    # The raw reference first, before Ray starts.
     progress(f"raw LMDB batched puts of the {CATCHUP_N:,} catch-up documents")
+    cpu = CpuShare()
     raw_b = raw_batched_rate(os.path.join(base, "raw-batch"), catchup_docs)
+    raw_cpu = cpu.stop()
 
     import ray
 
@@ -264,49 +314,56 @@ def main():
     try:
         topo = rs._topology()
         prim = next(m for m in topo["members"] if m["role"] == "primary")
-        cl = rs.client()
-        coll = cl["bench"]["repl"]
-        for i in range(20):
-            coll.insert_one({"_id": f"warm{i}"}, w=3, wtimeout_ms=30_000)
-
-        progress(f"max single-doc commit rate: {MAX_CLIENTS} client processes, {MAX_S:.0f} s")
-        max_r = max_commit_rate(topo)
-        res["max"] = max_r
-
-        hz = max_r / 2
-        progress(f"lag under paced load: {hz:,.0f} writes/s for {LAG_S:.0f} s (w=1/2/3)")
+        secs = sorted(m["id"] for m in topo["members"] if m["role"] == "secondary")
+        laggard, other = secs[-1], secs[0]  # the laggard's producer is paused in part 3
+        term0 = topo.get("term")
         conn = Connection(prim["host"], prim["port"], topo["secret"])
-        for i in range(200):  # warm the connection and the w=2 path
-            conn.request({"op": "insert", "ns": NS, "docs": [{"_id": f"lw{i}"}], "w": 2})
-        lat, sent_hz, lag_err = lag_phase(conn, hz, LAG_S, first_id=10_000_000)
-        res["lag"] = (hz, sent_hz, lat, lag_err)
+        for i in range(200):  # warm up the connection and the w=3 path
+            conn.request({"op": "insert", "ns": NS, "docs": [{"_id": f"warm{i}"}], "w": 3,
+                          "wtimeout_ms": 30_000})
 
-        progress(f"catch-up: pause m{LAGGARD}'s producer, commit {CATCHUP_N:,} txns")
-        prod = ray.get_actor(f"{rs.name}/m{LAGGARD}/producer", namespace="raymx")
-        applier = ray.get_actor(f"{rs.name}/m{LAGGARD}/applier", namespace="raymx")
-        ray.get(prod.pause.remote(True))
-        time.sleep(1.0)  # an in-flight long poll (pull_wait_ms) lands and is written
-        before = member_status(ray, rs, LAGGARD)
+        # 1. the primary's maximum commit rate
+        progress(f"max single-doc commit rate: {MAX_CLIENTS} client processes x "
+                 f"{MAX_WINDOW} in flight, {MAX_S:.0f} s")
+        cpu = CpuShare()
+        res["max"] = (max_commit_rate(topo), cpu.stop())
+
+        # 2. lag at half of it
+        hz = res["max"][0] / 2
+        progress(f"lag under a paced load: {hz:,.0f} writes/s for {LAG_S:.0f} s "
+                 "(w=1, w=2, w=3 in turn)")
+        cpu = CpuShare()
+        lat, sent_hz, lag_err = lag_phase(conn, hz, LAG_S, first_id=10_000_000)
+        res["lag"] = (hz, sent_hz, lat, lag_err, cpu.stop())
+
+        # 3. catch-up
+        progress(f"catch-up: pause m{laggard}'s producer, commit {CATCHUP_N:,} txns")
+        prod = ray.get_actor(f"{rs.name}/m{laggard}/producer", namespace="raymx")
+        applier = ray.get_actor(f"{rs.name}/m{laggard}/applier", namespace="raymx")
+        ray.get(prod.pause.remote(True, wait=True))  # returns once no batch is in flight
+        before = member_status(ray, rs, laggard)
         b_last, b_applied = tuple(before["last"]), tuple(before["applied"])
+        cpu = CpuShare()
         t0 = time.perf_counter()
         target = load_pipelined(conn, catchup_docs, LOAD_WINDOW)
-        load_r = CATCHUP_N / (time.perf_counter() - t0)
+        load_r = (CATCHUP_N / (time.perf_counter() - t0), cpu.stop())
         conn.close()
         backlog = target[1] - b_applied[1]
-        progress(f"backlog {backlog:,} entries ({target[1] - b_last[1]:,} not even written); "
-                 "wait for the other secondary")
-        other = 3 - LAGGARD
+        progress(f"backlog {backlog:,} entries; wait until m{other} has them and the primary "
+                 "has synced")
         wait_for(lambda: tuple(member_status(ray, rs, other)["applied"]) >= target, 300, 0.05)
-        wait_for(lambda: tuple(member_status(ray, rs, 0)["durable"]) >= target, 60, 0.05)
+        wait_for(lambda: tuple(member_status(ray, rs, prim["id"])["durable"]) >= target, 60,
+                 0.05)
         a0 = ray.get(applier.status.remote())["applied_entries"]
 
-        progress(f"unpause m{LAGGARD}'s producer; time until it has applied {target}")
+        progress(f"unpause m{laggard}'s producer; time until it has applied {target}")
+        cpu = CpuShare()
         t0 = time.perf_counter()
         ray.get(prod.pause.remote(False))
         t_written = t_applied = None
         next_note = t0 + 5
         while True:
-            s = member_status(ray, rs, LAGGARD)
+            s = member_status(ray, rs, laggard)
             now = time.perf_counter()
             if t_written is None and tuple(s["last"]) >= target:
                 t_written = now - t0
@@ -318,54 +375,62 @@ def main():
                 progress(f"   {now - t0:.0f} s: written {s['last'][1] - b_last[1]:,}, "
                          f"applied {s['applied'][1] - b_applied[1]:,} of {backlog:,}")
             if now - t0 > 600:
+                progress("   gave up after 600 s")
+                t_applied = now - t0
                 break
             time.sleep(0.01)
-        if t_written is None:
-            t_written = t_applied
+        cu_cpu = cpu.stop()
         a1 = ray.get(applier.status.remote())["applied_entries"]
-        pstat = ray.get(prod.status.remote())
-        res["catchup"] = (backlog, target[1] - b_last[1], t_written, t_applied, a1 - a0,
-                          load_r, pstat)
-        cl.close()
+        res["catchup"] = (backlog, target[1] - b_last[1], t_written or t_applied, t_applied,
+                          a1 - a0, load_r, cu_cpu)
+        topo = rs._topology()
+        res["term"] = (term0, topo.get("term"), prim["id"], topo.get("primary"))
     finally:
         progress("shutdown")
         rs.shutdown()
         ray.shutdown()
 
     print()
-    row(f"primary max single-doc commit rate ({MAX_CLIENTS} client procs, w=1)",
-        res["max"], "txn/s")
-    hz, sent_hz, lat, lag_err = res["lag"]
+    max_r, max_cpu = res["max"]
+    row(f"primary max single-doc commit rate, w=1 ({MAX_CLIENTS} procs x {MAX_WINDOW})",
+        max_r, "txn/s", max_cpu)
+
+    hz, sent_hz, lat, lag_err, lag_cpu = res["lag"]
     med1 = pct(lat[1], .5)
     print()
-    print(f"replication lag under a paced load of {hz:,.0f} writes/s (half the max; "
-          f"achieved {sent_hz:,.0f}/s, {lag_err} errors)")
-    print(f"  latency ms      p50      p99      max   (n)")
+    print(f"replication lag, paced load of {hz:,.0f} writes/s (half the max; sent at "
+          f"{sent_hz:,.0f}/s; {lag_err} errors; first {LAG_WARMUP_S} s not counted)")
+    print(f"  {lag_cpu}")
+    print("  latency, ms        p50      p99      max        n")
     for w in (1, 2, 3):
         xs = lat[w]
-        print(f"  w={w}        {pct(xs, .5):8.2f} {pct(xs, .99):8.2f} {max(xs):8.2f}   "
-              f"({len(xs)})")
+        print(f"  w={w}          {pct(xs, .5):8.2f} {pct(xs, .99):8.2f} {max(xs, default=0):8.2f}"
+              f" {len(xs):8,}")
     for w, who in ((2, "first secondary"), (3, "both secondaries")):
         lag = [x - med1 for x in lat[w]]
         p50, p99 = pct(lag, .5), pct(lag, .99)
-        tgt = f"; target p99 < 50 ms: {'met' if p99 < 50 else 'NOT met'}" if w == 2 else ""
-        print(f"  commit -> durable on {who:<17} p50 {p50:6.2f} ms  p99 {p99:6.2f} ms{tgt}")
+        tgt = f"  target p99 < 50 ms: {'met' if p99 < 50 else 'NOT met'}" if w == 2 else ""
+        print(f"  commit -> durable on {who:<17} p50 {p50:7.2f} ms  p99 {p99:7.2f} ms{tgt}")
 
-    backlog, unwritten, t_w, t_a, applied_n, load_r, pstat = res["catchup"]
+    backlog, unwritten, t_w, t_a, applied_n, (load_r, load_cpu), cu_cpu = res["catchup"]
     cu = backlog / t_a
     print()
     print(f"secondary catch-up: {backlog:,} single-doc transactions behind "
-          f"({unwritten:,} not yet in its oplog)")
-    row("primary commit rate while building it (1 conn, pipelined)", load_r, "txn/s")
-    row("producer: fetched, checked, written, synced", unwritten / t_w, "txn/s",
-        f"{t_w:.1f} s; {pstat['batches']:,} batches so far")
+          f"({unwritten:,} of them not in its oplog yet)")
+    row("primary commits while building it (1 conn, pipelined)", load_r, "txn/s", load_cpu)
+    row("producer: pulled, checked, written, synced", unwritten / t_w, "txn/s",
+        f"all written after {t_w:.1f} s")
     row("catch-up: unpause -> all applied", cu, "txn/s",
         f"{t_a:.1f} s; applier applied {applied_n:,}")
-    row("  ratio to primary max single-doc commit rate", cu / res["max"], "x",
-        f"{cu / res['max']:.2f} (target >= 2)")
-    row("raw LMDB+msgpack batched puts, same docs, 1,000/txn", raw_b, "docs/s")
-    row("  ratio catch-up : raw LMDB batched puts", cu / raw_b, "x",
-        f"{cu / raw_b:.3f}")
+    print(f"  {cu_cpu}")
+    print(f"  ratio catch-up : primary max single-doc commit rate   {cu / max_r:8.2f}"
+          "   (target >= 2)")
+    row("raw LMDB+msgpack batched puts, same docs, 1,000/txn", raw_b, "docs/s", raw_cpu)
+    print(f"  ratio catch-up : raw LMDB batched puts               {cu / raw_b:8.3f}")
+    t0_, t1_, p0_, p1_ = res["term"]
+    if (t0_, p0_) != (t1_, p1_):
+        print(f"NOTE: the primary changed during the run (term {t0_} -> {t1_}, "
+              f"member {p0_} -> {p1_}); figures after that are suspect")
     print(f"total run time {time.perf_counter() - t_start:.0f} s")
 
 

@@ -142,6 +142,63 @@ class ReplicaSet:
                            cfg["extra"].get("bind_host"))
         ray.get([h.__ray_ready__.remote() for h in hs], timeout=120)
 
+    # --- reconfiguration ---------------------------------------------------
+    def add_member(self, priority: float = 1, votes: int = 1, hidden: bool = False,
+                   delay_s: float = 0, sync_source: int | None = None) -> int:
+        """Add a member on this node; it replicates the whole oplog from its sync
+        source, then counts in majorities like the others. Returns its id."""
+        ray = _ray()
+        cfg = ray.get(self._coord.config.remote())
+        members = [dict(m) for m in cfg["members"]]
+        new_id = max(m["id"] for m in members) + 1
+        spec = _one_spec(new_id, {"priority": priority, "votes": votes, "hidden": hidden,
+                                  "delay_s": delay_s, "sync_source": sync_source})
+        if sync_source is not None and sync_source not in {m["id"] for m in members}:
+            raise errors.ConfigError(f"sync_source {sync_source} is not a member")
+        spec.update(actor=f"{self.name}/m{new_id}",
+                    path=os.path.join(os.path.dirname(members[0]["path"]), f"m{new_id}"),
+                    node_id=ray.get_runtime_context().get_node_id())
+        members.append(spec)
+        votes_map = {m["id"]: m["votes"] for m in members}
+        hs = _start_member(self.name, spec, cfg["secret"], cfg["limits"], votes_map,
+                           cfg["extra"].get("bind_host"))
+        ray.get([h.__ray_ready__.remote() for h in hs], timeout=120)
+        ray.get(self._coord.reconfigure.remote(members))
+        return new_id
+
+    def remove_member(self, member_id: int) -> None:
+        """Remove a secondary (step the primary down first); its files stay on disk."""
+        ray = _ray()
+        cfg = ray.get(self._coord.config.remote())
+        if self._topology().get("primary") == member_id:
+            raise errors.ConfigError(f"member {member_id} is the primary: step_down() first")
+        members = [dict(m) for m in cfg["members"] if m["id"] != member_id]
+        if len(members) == len(cfg["members"]):
+            raise errors.ConfigError(f"no member {member_id}")
+        if not any(m["votes"] for m in members):
+            raise errors.ConfigError("at least one voting member must remain")
+        ray.get(self._coord.reconfigure.remote(members))
+        self.kill_member(member_id)
+
+    def reconfigure_member(self, member_id: int, **changes) -> None:
+        """Change ``priority``, ``votes``, ``hidden`` or ``delay_s`` online."""
+        allowed = {"priority", "votes", "hidden", "delay_s"}
+        if set(changes) - allowed:
+            raise errors.ConfigError(f"can change only {sorted(allowed)}")
+        ray = _ray()
+        cfg = ray.get(self._coord.config.remote())
+        members = [dict(m) for m in cfg["members"]]
+        m = next((x for x in members if x["id"] == member_id), None)
+        if m is None:
+            raise errors.ConfigError(f"no member {member_id}")
+        m.update(changes)
+        m.update(_one_spec(member_id, {k: m[k] for k in _SPEC_KEYS}))
+        if not any(x["votes"] for x in members):
+            raise errors.ConfigError("at least one member must vote")
+        if m["priority"] == 0 and self._topology().get("primary") == member_id:
+            raise errors.ConfigError(f"member {member_id} is the primary: step_down() first")
+        ray.get(self._coord.reconfigure.remote(members))
+
     def step_down(self) -> dict:
         """Hand the primary role over in a planned way: writes pause, the best
         eligible secondary catches up, then it is elected. Nothing is lost."""
@@ -259,6 +316,27 @@ def _start_member(name: str, m: dict, secret: str, limits: Limits, votes: dict,
     ]
 
 
+_SPEC_KEYS = {"priority", "votes", "hidden", "delay_s", "sync_source"}
+
+
+def _one_spec(i: int, m) -> dict:
+    """Validate one member spec; hidden and delayed members get priority 0."""
+    if not isinstance(m, dict) or set(m) - _SPEC_KEYS:
+        raise errors.ConfigError(f"member {i}: a dict with keys among {sorted(_SPEC_KEYS)}")
+    s = {"id": i, "priority": m.get("priority", 1), "votes": m.get("votes", 1),
+         "hidden": bool(m.get("hidden", False)), "delay_s": m.get("delay_s", 0),
+         "sync_source": m.get("sync_source")}
+    if not isinstance(s["priority"], (int, float)) or s["priority"] < 0:
+        raise errors.ConfigError(f"member {i}: priority must be >= 0")
+    if s["votes"] not in (0, 1):
+        raise errors.ConfigError(f"member {i}: votes must be 0 or 1")
+    if not isinstance(s["delay_s"], (int, float)) or s["delay_s"] < 0:
+        raise errors.ConfigError(f"member {i}: delay_s must be >= 0")
+    if s["hidden"] or s["delay_s"]:
+        s["priority"] = 0  # hidden and delayed members never become primary
+    return s
+
+
 def _member_specs(members) -> list[dict]:
     if isinstance(members, int) and not isinstance(members, bool):
         if members < 1:
@@ -266,25 +344,8 @@ def _member_specs(members) -> list[dict]:
         members = [{} for _ in range(members)]
     if not isinstance(members, (list, tuple)) or not members:
         raise errors.ConfigError("members must be a positive count or a list of member specs")
-    known = {"priority", "votes", "hidden", "delay_s", "sync_source"}
-    specs = []
-    for i, m in enumerate(members):
-        if not isinstance(m, dict) or set(m) - known:
-            raise errors.ConfigError(f"member {i}: a dict with keys among {sorted(known)}")
-        s = {"id": i, "priority": m.get("priority", 1), "votes": m.get("votes", 1),
-             "hidden": bool(m.get("hidden", False)), "delay_s": m.get("delay_s", 0),
-             "sync_source": m.get("sync_source")}
-        if not isinstance(s["priority"], (int, float)) or s["priority"] < 0:
-            raise errors.ConfigError(f"member {i}: priority must be >= 0")
-        if s["votes"] not in (0, 1):
-            raise errors.ConfigError(f"member {i}: votes must be 0 or 1")
-        if not isinstance(s["delay_s"], (int, float)) or s["delay_s"] < 0:
-            raise errors.ConfigError(f"member {i}: delay_s must be >= 0")
-        if (s["hidden"] or s["delay_s"]) and s["priority"] > 0:
-            s["priority"] = 0  # hidden and delayed members never become primary
-        specs.append(s)
-    eligible = [s for s in specs if s["priority"] > 0]
-    if not eligible:
+    specs = [_one_spec(i, m) for i, m in enumerate(members)]
+    if not any(s["priority"] > 0 for s in specs):
         raise errors.ConfigError("no member can be primary (all have priority 0)")
     if sum(s["votes"] for s in specs) == 0:
         raise errors.ConfigError("at least one member must vote")

@@ -124,3 +124,35 @@ def test_planned_step_down_loses_nothing(ray_session, tmp_path):
         wait_until(lambda: converged(ray_session, rs, [0, 1, 2]))
     finally:
         rs.shutdown()
+
+
+def test_reconfiguration_online(ray_session, tmp_path):
+    ray = ray_session
+    rs = raymx.ReplicaSet.launch("rc", members=3, data_dir=str(tmp_path))
+    try:
+        coll = rs.client()["c"]["d"]
+        coll.insert_many([{"_id": i} for i in range(20)], w="majority")
+        new = rs.add_member()
+        assert new == 3
+        wait_until(lambda: converged(ray, rs, [0, 1, 2, 3]), timeout_s=60)
+        # four voters: a majority is 3, so with two secondaries stopped majority writes time out
+        prim = rs.wait_for_primary()
+        others = [i for i in range(4) if i != prim]
+        for i in others[:2]:
+            ray.get(ray.get_actor(f"rc/m{i}/producer", namespace="raymx").pause.remote(True))
+        with pytest.raises(errors.WriteConcernTimeout):
+            coll.insert_one({"_id": "x"}, w="majority", wtimeout_ms=400)
+        # member others[0] stops voting: the majority of the three voters is 2 again
+        rs.reconfigure_member(others[0], votes=0, priority=0)
+        assert coll.insert_one({"_id": "y"}, w="majority", wtimeout_ms=10_000).gtid
+        for i in others[:2]:
+            ray.get(ray.get_actor(f"rc/m{i}/producer", namespace="raymx").pause.remote(False))
+        rs.remove_member(others[1])
+        cfg = ray.get(rs._coord.config.remote())
+        assert [m["id"] for m in cfg["members"]] == sorted(set(range(4)) - {others[1]})
+        assert cfg["version"] == 4
+        assert coll.insert_one({"_id": "z"}, w="majority", wtimeout_ms=10_000).gtid
+        with pytest.raises(errors.ConfigError):
+            rs.remove_member(prim)
+    finally:
+        rs.shutdown()
