@@ -8,12 +8,19 @@ Measures, with ~200-byte documents:
    they never join Ray);
 2. beside it, the raw LMDB rate of one fsync-ed transaction per document and
    the rate of trivial Ray actor calls;
-3. the ratio of (1) to the raw fsync rate at 8 and 16 clients;
+3. the ratio of (1) to the raw fsync rate at 8 and 16 clients (targets 2.0
+   and 4.0), next to published peer figures; plus, for diagnosis, the
+   non-durable (``j=False``) rate at 16 clients: the request-path ceiling that
+   group commit can at best approach;
 4. ``insert_many`` in batches of 1,000 (default write concern) against raw
    batched LMDB puts of the same documents.
 
-Prints figures and ratios; asserts nothing (these machines are noisy).
-Progress lines go to stderr.
+Prints figures and ratios; asserts nothing (these machines are noisy: the
+load average is printed at start and end). Progress lines go to stderr.
+
+    .venv/bin/python bench/commit.py
+    RAYMX_BENCH_PROFILE=/tmp/prof .venv/bin/python bench/commit.py   # + cProfile of client 0
+    RAY_worker_niceness=0 .venv/bin/python bench/commit.py         # member not niced by Ray
 """
 import os
 import random
@@ -36,7 +43,7 @@ PEERS = (("PostgreSQL 15", 3300), ("MariaDB 10.11", 2000))  # durable txns/s, 8 
 
 
 def make_doc(i, rnd):
-    # ~200 bytes packed (same shape as bench/storage.py)
+    # ~200 bytes packed (bench/storage.py's shape, a longer bio)
     return {"_id": i, "name": f"user{i:08d}", "age": rnd.randrange(100),
             "city": rnd.choice(["Oslo", "Lima", "Pune", "Kyiv"]), "score": rnd.random(),
             "bio": "x" * 140}
@@ -220,6 +227,8 @@ def main():
     import raymx
 
     profile_dir = os.environ.get("RAYMX_BENCH_PROFILE")  # cProfile of client 0, per level
+    if profile_dir:
+        os.makedirs(profile_dir, exist_ok=True)
     base = tempfile.mkdtemp(prefix="raymx-bench-commit-")
     print(f"doc size ~{len(msgpack.packb(docs(1)[0]))} bytes; {os.cpu_count()} CPUs; "
           f"{load()} at start; data in {base}")
@@ -250,6 +259,10 @@ def main():
         progress("launch replica set")
         rs = raymx.ReplicaSet.launch("bench", members=1, data_dir=os.path.join(base, "rs"))
         topo = rs._topology()
+        try:  # Ray runs workers niced (RAY_worker_niceness, default 15); clients are not
+            member_nice = os.getpriority(os.PRIO_PROCESS, ray.get(rs.member(0).pid.remote()))
+        except Exception:
+            member_nice = "?"
         progress(f"start {max(LEVELS)} client processes (spawn)")
         pool = Clients(topo, max(LEVELS))
         results = {}
@@ -298,7 +311,8 @@ def main():
     row("Ray actor call, sequential ray.get(ping)", ping, "calls/s",
         f"{1e6 / ping:,.0f} us/call")
     print()
-    print("durable (j=True) single-doc inserts through the driver, client processes")
+    print(f"durable (j=True) single-doc inserts through the driver; separate client processes "
+          f"(nice 0), member process nice {member_nice}")
     for n in LEVELS:
         r, lat, ps = results[n]
         row(f"  {n:>2} client(s)", r, "txn/s",

@@ -55,7 +55,8 @@ class ReplicaSet:
     @classmethod
     def launch(cls, name: str, members=1, data_dir: str | None = None,
                limits: Limits | None = None, secret: str | None = None,
-               bind_host: str | None = None) -> "ReplicaSet":
+               bind_host: str | None = None, node_ids: list[str] | None = None
+               ) -> "ReplicaSet":
         """Start every member's actors on this node, pinned to it (their files live here).
 
         ``members`` is a count or a list of member specs: dicts with optional
@@ -63,7 +64,9 @@ class ReplicaSet:
         ``delay_s`` (a delayed member applies entries that old) and
         ``sync_source`` (a member id, for chained replication). Restarting
         over an existing ``data_dir`` recovers every committed transaction and
-        the oplog; the primary comes back under a new term.
+        the oplog; the primary comes back under a new term. ``node_ids`` places
+        member i on ``node_ids[i]`` (default: every member on this node); the
+        data folder must then be node-local on each of them.
         """
         _check_name(name)
         specs = _member_specs(members)
@@ -86,7 +89,7 @@ class ReplicaSet:
         for m in specs:
             m["path"] = os.path.join(data_dir, f"m{m['id']}")
             m["actor"] = actor_name(name, m["id"])
-            m["node_id"] = node
+            m["node_id"] = node if not node_ids else node_ids[m["id"] % len(node_ids)]
         try:
             for m in specs:
                 handles += _start_member(name, m, secret, limits, votes, bind_host)

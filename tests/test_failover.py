@@ -156,3 +156,17 @@ def test_reconfiguration_online(ray_session, tmp_path):
             rs.remove_member(prim)
     finally:
         rs.shutdown()
+
+
+@pytest.mark.slow
+def test_remove_the_primarys_node_from_a_ray_cluster(tmp_path):
+    """One member per simulated node (ray.cluster_utils.Cluster); a separate
+    process, because it needs a Ray cluster of its own."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "tests.cluster_failover", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300,
+                       cwd=os.path.dirname(os.path.dirname(__file__)))
+    line = [x for x in r.stdout.splitlines() if x.startswith("old=")]
+    assert r.returncode == 0 and line, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "lost=0" in line[0]

@@ -1,0 +1,1242 @@
+"""Deterministic simulation of a raymx replica set: the pure cores, no Ray.
+
+One integer seed decides everything: the cluster's shape, the workload, every
+message's delay, drop and duplication, partitions, crashes and restarts, even
+the order of events that fall on the same millisecond. A failing seed replays
+exactly::
+
+    python -m tests.sim --seed 17             # replay one seed, print its trace on failure
+    python -m tests.sim --seed 17 --trace     # print every event as it happens
+    python -m tests.sim --seeds 0:300         # a sweep
+    python -m tests.sim --seed 3 --broken ack_before_durable   # a planted bug
+
+What runs here is the real code of the protocol cores (``Engine`` over a
+``MemoryStore``, ``GTIDManager``, ``FeederCore``, ``check_batch``/``write_batch``,
+``apply_batch``, ``own_hashes``/``match_common``/``rollback_to``,
+``acknowledged``, ``ElectionCore``, ``run_statement``, ``sees_majority``). What
+is simulated is the glue the Ray shells in ``raymx.actors.member``,
+``raymx.actors.shard`` and ``raymx.actors.coordinator`` provide: ``SimMember``
+mirrors OplogShard + Feeder + Producer + Applier + ShardService of one
+member, ``SimCoordinator`` the coordinator's heartbeat loop. Where a shell
+blocks a thread (a pull's long poll, a write waiting for its write concern,
+``become_primary`` waiting for the producer's batch), the simulated member
+keeps the waiting call as state and answers it later.
+
+A run has two phases (TigerBeetle's VOPR):
+
+* **safety**: clients write (``w=1`` and ``w="majority"``) while the network
+  drops, delays, duplicates and reorders messages and partitions nodes, and
+  members and the coordinator crash and restart (a machine crash loses what
+  was not synced; a process crash keeps it). Invariants are checked after
+  every event: at most one member commits under each term; no
+  majority-acknowledged write is rolled back; every running member's oplog
+  is dense and hash-chained (every ``verify_every`` events and at restarts).
+* **liveness**: faults stop, the network heals, everyone restarts; the set
+  must elect a primary, take a ``w="majority"`` probe write, and converge:
+  identical oplogs (GTIDs and hashes), nothing unapplied, identical
+  collections, every majority-acknowledged write present with its hash, and
+  the collections equal to a naive replay of the oplog's images.
+
+Determinism traps avoided: one ``random.Random(seed)``; no wall clock (the
+engine gets ``now_ms`` from the scheduler); no ``hash()`` of strings; dicts
+are iterated in insertion order or sorted; sets are used for membership only;
+every document has an explicit ``_id`` (the engine's ``new_id`` reads the wall
+clock).
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import random
+import sys
+import time
+import traceback
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from raymx import errors
+from raymx.actors import replication as rep
+from raymx.actors.election import Action, ElectionCore
+from raymx.actors.gtid_manager import GTIDManager
+from raymx.actors.shard import ShardService, result_out, run_statement
+from raymx.storage.engine import Engine, WriteResult
+from raymx.storage.gtid import GTID, ZERO
+from raymx.storage.limits import Limits
+from raymx.storage.store import MemoryStore
+
+BROKEN = ("ack_before_durable", "reuse_term")
+
+# Simulated timeouts of the shells' blocking calls (the real ones are 10-30 s;
+# shorter here so a lost message costs seconds of simulated time, not minutes).
+PULL_TIMEOUT_MS = 2_000
+CONTROL_TIMEOUT_MS = 1_000
+ELECT_TIMEOUT_MS = 2_000
+CLIENT_TIMEOUT_MS = 3_000
+WTIMEOUT_MS = 2_000
+# The liveness phase must converge within this much simulated time.
+CONVERGE_MS_MAX = 60_000
+EVENTS_MAX = 2_000_000
+
+
+class Violation(Exception):
+    """An invariant does not hold: the run failed."""
+
+
+def reproduce_line(seed: int, broken: str | None = None) -> str:
+    b = f" --broken {broken}" if broken else ""
+    return f"python -m tests.sim --seed {seed}{b}"
+
+
+# --- options (swarm testing: the seed draws the shape and the fault mix) ----
+@dataclass
+class Options:
+    seed: int
+    members: int
+    priority0: list          # member ids that may never be primary (catch-up path)
+    clients: int
+    write_gap_ms: int        # mean think time between a client's writes
+    majority_p: float        # share of writes with w="majority"
+    drop_p: float
+    dup_p: float
+    delay_ms_max: int
+    spike_p: float           # share of messages delayed by up to 10 x delay_ms_max
+    partition_p: float       # per fault tick (100 ms)
+    crash_p: float
+    machine_crash_p: float   # of crashes: lose unsynced writes (else a process crash)
+    coordinator_crash_p: float
+    disk_ms_max: int         # latency of a group-commit or producer sync
+    apply_batch_ops: int
+    hashes_per_round: int    # own_hashes batch when looking for the common point
+    safety_ms: int
+
+    @classmethod
+    def swarm(cls, seed: int) -> "Options":
+        r = random.Random(seed * 7919 + 1)
+        members = r.choice((3, 3, 5))
+        pri0 = [members] if members == 5 and r.random() < 0.3 else []
+        quiet = r.random() < 0.15  # some seeds run almost fault-free
+        f = 0.2 if quiet else 1.0
+        return cls(
+            seed=seed, members=members, priority0=pri0, clients=r.randint(1, 3),
+            write_gap_ms=r.choice((20, 50, 100)), majority_p=r.choice((0.3, 0.6, 0.9)),
+            drop_p=f * r.choice((0.0, 0.01, 0.05, 0.1)), dup_p=f * r.choice((0.0, 0.02, 0.05)),
+            delay_ms_max=r.choice((2, 10, 40, 150)), spike_p=f * r.choice((0.0, 0.01, 0.03)),
+            partition_p=f * r.choice((0.0, 0.01, 0.02, 0.05)),
+            crash_p=f * r.choice((0.0, 0.002, 0.005, 0.01)),
+            machine_crash_p=r.choice((0.0, 0.5, 1.0)),
+            coordinator_crash_p=f * r.choice((0.0, 0.005, 0.02)),
+            disk_ms_max=r.choice((1, 5, 20)), apply_batch_ops=r.choice((1, 3, 50)),
+            hashes_per_round=r.choice((2, 5, 1000)), safety_ms=r.choice((4_000, 6_000, 8_000)))
+
+
+# --- scheduler: the only source of time and order ---------------------------
+class Scheduler:
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.now = 0
+        self.events = 0
+        self._heap: list = []
+        self._seq = 0
+
+    def at(self, delay_ms: int, fn: Callable, *args) -> None:
+        # same-millisecond events run in a seeded random order (a tie-break
+        # drawn from the RNG), like trio's shuffled scheduler made replayable
+        self._seq += 1
+        heapq.heappush(self._heap, (self.now + max(0, int(delay_ms)), self.rng.random(),
+                                    self._seq, fn, args))
+
+    def step(self) -> None:
+        t, _, _, fn, args = heapq.heappop(self._heap)
+        self.now = t
+        self.events += 1
+        if self.events > EVENTS_MAX:
+            raise Violation(f"more than {EVENTS_MAX} events: a livelock?")
+        fn(*args)
+
+
+# --- network: drop, delay, duplicate, reorder, partition --------------------
+class Network:
+    def __init__(self, sim: "Sim"):
+        self.sim = sim
+        self.faults = True
+        self.cut: set[tuple[str, str]] = set()  # (src, dst) links that deliver nothing
+
+    def send(self, src: str, dst: str, deliver: Callable[[], None], what: str) -> None:
+        o, rng = self.sim.opts, self.sim.rng
+        if self.faults and rng.random() < o.drop_p:
+            self.sim.trace(src, f"drop {what} -> {dst}")
+            return
+        copies = 2 if self.faults and rng.random() < o.dup_p else 1
+        for _ in range(copies):
+            d = rng.randint(1, o.delay_ms_max) if self.faults else rng.randint(1, 2)
+            if self.faults and rng.random() < o.spike_p:
+                d += rng.randint(1, 10 * o.delay_ms_max)
+            self.sim.sched.at(d, self._arrive, src, dst, deliver)
+
+    def _arrive(self, src: str, dst: str, deliver: Callable[[], None]) -> None:
+        # a partition also cuts messages already in flight
+        if (src, dst) in self.cut:
+            return
+        deliver()
+
+    def partition(self, groups: list[list[str]], one_way: bool) -> None:
+        self.cut = set()
+        for i, a in enumerate(groups):
+            for j, b in enumerate(groups):
+                if i == j or (one_way and i > j):
+                    continue
+                for x in a:
+                    for y in b:
+                        self.cut.add((x, y))
+
+    def heal(self) -> None:
+        self.cut = set()
+
+
+# --- RPC over the network ----------------------------------------------------
+class Rpc:
+    """Request/reply with a timeout. A request reaches the incarnation of the
+    destination that was running when it was sent (a call to a restarted Ray
+    actor fails); a reply reaches only the incarnation that asked."""
+
+    def __init__(self, sim: "Sim"):
+        self.sim = sim
+        self._ids = 0
+        self.pending: dict[int, tuple] = {}
+
+    def call(self, src: str, dst: str, method: str, args: tuple,
+             on_reply: Callable, timeout_ms: int, on_timeout: Callable | None = None) -> None:
+        sim = self.sim
+        self._ids += 1
+        rid = self._ids
+        self.pending[rid] = (src, sim.epoch(src), on_reply, on_timeout)
+        dst_epoch = sim.epoch(dst)
+        sim.net.send(src, dst, lambda: self._serve(src, dst, dst_epoch, rid, method, args),
+                     f"{method}#{rid}")
+        sim.sched.at(timeout_ms, self._timeout, rid)
+
+    def _serve(self, src, dst, dst_epoch, rid, method, args) -> None:
+        sim = self.sim
+        node = sim.node(dst)
+        if node is None or sim.epoch(dst) != dst_epoch:
+            return
+
+        def respond(result=None, err=None):
+            if sim.node(dst) is not node:
+                return  # crashed before it could answer
+            sim.net.send(dst, src, lambda: self._reply(rid, result, err), f"re:{method}#{rid}")
+        getattr(node, "on_" + method)(respond, *args)
+
+    def _reply(self, rid, result, err) -> None:
+        p = self.pending.pop(rid, None)
+        if p is None:
+            return  # a duplicate, or it timed out already
+        src, ep, on_reply, _ = p
+        if self.sim.node(src) is None or self.sim.epoch(src) != ep:
+            return
+        on_reply(result, err)
+
+    def _timeout(self, rid) -> None:
+        p = self.pending.pop(rid, None)
+        if p is None:
+            return
+        src, ep, _, on_timeout = p
+        if on_timeout is not None and self.sim.node(src) is not None and \
+                self.sim.epoch(src) == ep:
+            on_timeout()
+
+
+# --- a member: OplogShard + ShardService + Feeder + Producer + Applier -------
+class SimMember:
+    """One member's four actors over one store. Volatile state is rebuilt on
+    restart exactly as the shells' constructors rebuild it."""
+
+    def __init__(self, sim: "Sim", mid: int, store: MemoryStore):
+        self.sim, self.id, self.store = sim, mid, store
+        self.name = f"m{mid}"
+        self.limits = sim.limits
+        self.engine = Engine(store, sim.limits, now_ms=lambda: sim.sched.now)
+        self.engine.sync()  # what survived a crash is now the durable, recovered state
+        self.engine.put_meta("member_id", mid)
+        # OplogShard
+        self.role = "secondary"
+        self.following: list | None = None
+        self._majority_at = -10**9
+        self._control: deque = deque()  # the role lock: one control call at a time
+        self._control_busy = False
+        # ShardService (read by ShardService.sees_majority, called unbound below)
+        self.member_id = mid
+        self.votes = {m: 1 for m in sim.member_ids}
+        self.heard_ms: dict[int, int] = {}
+        self.primary = False
+        last, _ = self.engine.last()
+        self.gm = GTIDManager(self.engine.term, last.seq + 1)
+        self.committed: GTID | None = last if last.seq else None  # GroupCommit
+        self.durable: GTID | None = self.committed
+        self._sync_queued = False
+        self.wc_durable: dict[int, GTID | None] = {}  # WriteConcernWaiters
+        self.wc_waiting: list = []
+        # Feeder
+        self.feeder = rep.FeederCore(self.engine, sim.limits)
+        self.feeder_waiting: list = []
+        self._feeder_reset()
+        # Producer: starts paused; the coordinator says whom to follow
+        self.sync_source: int | None = None
+        self.p_term = 0
+        self.paused = True
+        self.p_inflight = False      # a pull or find_common is out
+        self.p_locked = False        # the producer's write lock (batch or rollback)
+        self._p_queued = False
+        self.rollbacks: list = []
+        # Applier
+        self.apply_limits = sim.limits.with_(apply_batch_ops=sim.opts.apply_batch_ops)
+        self.apply_held = False
+        self._apply_queued = False
+        self._kick_applier()
+
+    # -- helpers ---------------------------------------------------------
+    def later(self, delay_ms: int, fn: Callable, *args) -> None:
+        """A timer of this incarnation: it does not fire after a crash."""
+        ep = self.sim.epoch(self.name)
+
+        def fire():
+            if self.sim.node(self.name) is self and self.sim.epoch(self.name) == ep:
+                fn(*args)
+        self.sim.sched.at(delay_ms, fire)
+
+    def now(self) -> int:
+        return self.sim.sched.now
+
+    def trace(self, what: str) -> None:
+        self.sim.trace(self.name, what)
+
+    # -- the role lock: become_primary / follow / step_down run one at a time
+    def _control_call(self, fn: Callable, respond: Callable, *args) -> None:
+        self._control.append((fn, respond, args))
+        self._control_next()
+
+    def _control_next(self) -> None:
+        if self._control_busy or not self._control:
+            return
+        fn, respond, args = self._control.popleft()
+        self._control_busy = True
+
+        def done(result=None, err=None):
+            self._control_busy = False
+            respond(result, err)
+            self._control_next()
+        try:
+            fn(done, *args)
+        except errors.RaymxError as e:
+            done(err=e)
+
+    # -- elections (coordinator calls) -------------------------------------
+    def _learn_term(self, term: int) -> None:
+        if term > self.engine.term:
+            self.engine.set_term(term)  # synced
+            if self.primary:
+                self._become_secondary()
+
+    def on_heartbeat(self, respond, term: int, alive: list | None) -> None:
+        self._learn_term(term)
+        if alive:
+            now = self.now()
+            self.set_positions({}, {int(m): now for m in alive})
+        last, h = self.engine.last()
+        respond({"term": self.engine.term, "last": list(last), "h": h, "role": self.role,
+                 "following": self.following,
+                 "state": "running" if not self.engine.get_meta("needs_resync") else "resync"})
+
+    def on_become_primary(self, respond, term: int) -> None:
+        self._control_call(self._become_primary, respond, term)
+
+    def _become_primary(self, done, term: int) -> None:
+        self.paused = True  # producer.pause(wait=True): no new batch after this
+        if self.p_locked:
+            # a batch or a rollback holds the producer's write lock: wait for it
+            self.later(5, self._become_primary, done, term)
+            return
+        # applying the backlog takes a while; heartbeats and pulls go on meanwhile
+        self.later(self.sim.rng.randint(0, 30), self._become_primary_2, done, term)
+
+    def _become_primary_2(self, done, term: int) -> None:
+        while rep.min_unapplied(self.engine) is not None:
+            rep.apply_batch(self.engine, self.limits, self.now())
+        try:
+            self.engine.set_term(term)  # durable before the first write under it
+        except errors.StaleTerm as e:
+            self.trace(f"become_primary term={term} refused: {e}")
+            return done(err=e)
+        last, _ = self.engine.last()
+        # ShardService.become_primary
+        self.gm = GTIDManager(term, last.seq + 1)
+        self.wc_durable = {}
+        self.heard_ms = {m: self.now() for m in self.votes}  # grace period
+        self.primary = True
+        self.role = "primary"
+        self.following = None
+        self._feeder_reset()  # feeder.set_primary(True)
+        last, _ = self.engine.last()
+        self.engine.sync()
+        self.durable = last if last != ZERO else None
+        self._on_durable()
+        self.sim.checker.on_elected(self, term)
+        self.trace(f"primary term={term} last={last}")
+        done({"term": term, "last": list(last)})
+
+    def _become_secondary(self) -> None:
+        self.following = None
+        self.primary = False
+        self.role = "secondary"
+        self._feeder_reset()  # feeder.set_primary(False)
+        self.trace("secondary")
+
+    def on_follow(self, respond, term: int, source: int | None) -> None:
+        self._control_call(self._follow, respond, term, source)
+
+    def _follow(self, done, term: int, source: int | None) -> None:
+        self._learn_term(term)
+        if self.primary:
+            self._become_secondary()
+        if source is not None:
+            self.sync_source, self.p_term = source, term  # producer.follow
+            self.paused = False
+            self._kick_producer()
+            self.following = [source, term]
+        done(None)
+
+    def on_step_down(self, respond, term: int) -> None:
+        self._control_call(self._step_down, respond, term)
+
+    def _step_down(self, done, term: int) -> None:
+        self._learn_term(term)
+        if self.primary:
+            self._become_secondary()
+        done(None)
+
+    def on_positions(self, durable: dict, heard: dict) -> None:
+        self.set_positions({int(m): None if g is None else GTID(*g) for m, g in durable.items()},
+                           {int(m): at for m, at in heard.items()})
+        mp = rep.majority_point(dict(self.wc_durable), self.votes)
+        if mp is not None and self.now() - self._majority_at >= 1000:
+            self._majority_at = self.now()
+            self.engine.set_majority(mp)  # a restart point, not a gate
+
+    # -- ShardService --------------------------------------------------------
+    def set_positions(self, durable: dict, heard_ms: dict) -> None:
+        for m, g in durable.items():
+            if m != self.id:
+                self._wc_update(m, g)
+        for m, at in heard_ms.items():
+            if at > self.heard_ms.get(m, 0):
+                self.heard_ms[m] = at
+
+    def on_write(self, respond, req: dict) -> None:
+        if not self.primary:
+            return respond(err=errors.NotPrimary(f"member {self.id} is not the primary"))
+        if not ShardService.sees_majority(self, self.now()):
+            return respond(err=errors.NotPrimary(f"member {self.id} cannot reach a majority"))
+        tx = self.engine.begin(autocommit=True)
+        try:
+            res = run_statement(tx, req)
+        except errors.RaymxError as e:
+            tx.abort()
+            return respond(err=e)
+        self._commit(tx, res, req, respond)
+
+    def _commit(self, tx, res, req: dict, respond) -> None:
+        if tx.nops == 0:
+            tx.commit()
+            return respond(result_out(res))
+        if not self.primary or self.engine.term > self.gm.term:
+            tx.abort()
+            self.primary = False
+            return respond(err=errors.NotPrimary(f"member {self.id} was deposed"))
+        g = self.gm.allocate()
+        try:
+            try:
+                tx.commit(g)
+            except Exception:
+                self.engine.write_noop(g)
+                raise
+        finally:
+            self.gm.done(g)
+        h = self.engine.last()[1]
+        w = req.get("w", 1)
+        self.trace(f"commit {g} {req['op']} {req['ns']} w={w}")
+        self.sim.checker.on_commit(self, g, h)
+        if isinstance(res, WriteResult):
+            res.gtid = g
+        out = result_out(res)
+        if w not in (0, 1, None):
+            self._note_commit(g)
+            if self.sim.broken == "ack_before_durable":
+                return self._wc_ack(g, h, out, respond)
+            self._wc_wait(g, h, w, req.get("wtimeout_ms"), out, respond)
+        else:
+            self._note_commit(g)
+            respond(out)
+
+    # GroupCommit (eager: several members): one sync covers every commit before it
+    def _note_commit(self, g: GTID) -> None:
+        if self.committed is None or g > self.committed:
+            self.committed = g
+        if not self._sync_queued:
+            self._sync_queued = True
+            self.later(self.sim.rng.randint(0, self.sim.opts.disk_ms_max), self._group_sync)
+
+    def _group_sync(self) -> None:
+        self._sync_queued = False
+        target = self.committed
+        if target is None or target == self.durable:
+            return
+        rec = self.gm.before_sync()
+        self.engine.sync()
+        self.gm.after_sync(rec)
+        self.durable = target
+        self._wc_update(self.id, target)  # ShardService._durable_hook
+        self._on_durable()
+
+    def _on_durable(self) -> None:
+        if not self.primary:
+            return
+        rp = self.gm.replicatable()
+        self.feeder_on_limit(GTID(rp.term, rp.seq - 1) if rp.seq > 1 else ZERO)
+
+    # WriteConcernWaiters
+    def _wc_update(self, member: int, g: GTID | None) -> None:
+        cur = self.wc_durable.get(member)
+        if g is not None and (cur is None or g > cur):
+            self.wc_durable[member] = g
+            self._wc_check()
+
+    def _wc_wait(self, g, h, w, wtimeout_ms, out, respond) -> None:
+        deadline = None if not wtimeout_ms else self.now() + wtimeout_ms
+        self.wc_waiting.append((g, h, w, deadline, out, respond))
+        if deadline is not None:
+            self.later(wtimeout_ms, self._wc_check)
+        self._wc_check()
+
+    def _wc_check(self) -> None:
+        keep = []
+        for item in self.wc_waiting:
+            g, h, w, deadline, out, respond = item
+            if rep.acknowledged(g, w, self.wc_durable, self.votes):
+                self._wc_ack(g, h, out, respond)
+            elif deadline is not None and self.now() >= deadline:
+                respond(err=errors.WriteConcernTimeout(f"write at {g}: w={w!r} not met"))
+            else:
+                keep.append(item)
+        self.wc_waiting = keep
+
+    def _wc_ack(self, g, h, out, respond) -> None:
+        self.sim.checker.on_majority_ack(self, g, h)
+        respond(out)
+
+    # -- Feeder --------------------------------------------------------------
+    def _feeder_reset(self) -> None:
+        self.feeder.truncated()
+        self.feeder.advance(self.engine.last()[0])
+        self._feeder_wake()
+
+    def feeder_on_limit(self, limit: GTID) -> None:
+        if self.feeder.advance(limit):
+            self._feeder_wake()
+
+    def _feeder_wake(self) -> None:
+        waiting, self.feeder_waiting = self.feeder_waiting, []
+        for w in waiting:
+            self._feeder_try(w, final=False)
+
+    def _feeder_try(self, w: dict, final: bool) -> None:
+        if w["done"]:
+            return
+        a = w["args"]
+        out = self.feeder.pull(a[0], a[1], a[2], a[3])
+        out["term"] = w["term"]
+        if out["status"] != "ok" or out["rows"] or final:
+            w["done"] = True
+            w["respond"](out)
+        else:
+            self.feeder_waiting.append(w)
+
+    def on_pull(self, respond, after, after_h, max_entries, max_bytes, wait_ms, member,
+                durable, applied, downstream, term) -> None:
+        my_term = self.engine.term
+        if term > my_term:
+            # the caller knows a newer term: learn it durably (a deposed primary
+            # must not ship or gather acks any more)
+            self.engine.set_term(term)
+            return respond({"status": "stale_term", "term": term})
+        now = self.now()
+        self.feeder.report(member, durable, applied, now)
+        for m, p in (downstream or {}).items():
+            self.feeder.report(int(m), p.get("durable"), p.get("applied"), p.get("at_ms", now))
+        pos = self.feeder.positions
+        self.on_positions({m: None if p["durable"] is None else list(p["durable"])
+                           for m, p in pos.items()}, {m: p["at_ms"] for m, p in pos.items()})
+        w = {"args": (after, after_h, max_entries, max_bytes), "term": my_term,
+             "respond": respond, "done": False}
+        self._feeder_try(w, final=False)
+        if not w["done"]:
+            self.later(wait_ms, self._feeder_try, w, True)
+
+    def on_find_common(self, respond, candidates: list) -> None:
+        g = rep.match_common(self.engine, candidates)
+        respond(None if g is None else list(g))
+
+    def feeder_positions(self) -> dict:
+        return {m: {"durable": None if p["durable"] is None else list(p["durable"]),
+                    "applied": None if p["applied"] is None else list(p["applied"]),
+                    "at_ms": p["at_ms"]} for m, p in self.feeder.positions.items()}
+
+    # -- Producer --------------------------------------------------------------
+    def _kick_producer(self, delay_ms: int = 0) -> None:
+        if not self._p_queued:
+            self._p_queued = True
+            self.later(delay_ms, self._producer_iter)
+
+    def _producer_iter(self) -> None:
+        self._p_queued = False
+        if self.paused or self.sync_source is None or self.p_inflight or self.p_locked \
+                or self.engine.get_meta("needs_resync"):
+            return  # follow() kicks it again
+        src = self.sync_source
+        last, last_h = self.engine.last()
+        applied = rep.applied_point(self.engine)
+        lim = self.limits
+        args = (list(last), last_h if last != ZERO else None, lim.pull_entries_max,
+                lim.pull_bytes_max, lim.pull_wait_ms, self.id,
+                list(last) if last != ZERO else None, list(applied), self.feeder_positions(),
+                max(self.p_term, self.engine.term))
+        self.p_inflight = True
+
+        def on_reply(out, err):
+            self.p_inflight = False
+            if err is not None:
+                return self._kick_producer(100)
+            if self.paused:
+                return  # paused while pulling: write nothing more
+            self._handle(out, src, last, last_h)
+
+        def on_timeout():
+            self.p_inflight = False
+            self._kick_producer(100)
+        self.sim.rpc.call(self.name, f"m{src}", "pull", args, on_reply, PULL_TIMEOUT_MS,
+                          on_timeout)
+
+    def _handle(self, out: dict, src: int, last: GTID, last_h: int) -> None:
+        status = out["status"]
+        if status == "ok" and out.get("term", 0) < self.engine.term:
+            status = "stale_term"  # never take entries from a deposed primary
+        if status == "diverged":
+            return self._roll_back(src)
+        if status != "ok":
+            if status == "too_stale":
+                self.engine.put_meta("needs_resync", f"sync source trimmed past {last}")
+            return self._kick_producer(200)
+        if not out["rows"]:
+            return self._kick_producer()
+        try:
+            batch = rep.check_batch(last, last_h, out["rows"], self.limits)
+            g = rep.write_batch(self.engine, batch)
+        except errors.RaymxError as e:
+            self.trace(f"batch refused: {e}")
+            return self._kick_producer(500)
+        # the sync takes a while: a crash before it loses the batch (not yet reported)
+        self.p_locked = True
+        self.later(self.sim.rng.randint(0, self.sim.opts.disk_ms_max), self._batch_synced, g)
+
+    def _batch_synced(self, g: GTID) -> None:
+        self.engine.sync()  # durable before the next pull reports it upstream
+        self.p_locked = False
+        self._kick_applier()
+        self.feeder_on_limit(g)
+        self._kick_producer()
+
+    def _roll_back(self, src: int) -> None:
+        self.p_locked = True
+        self._rb_round(src, None)
+
+    def _rb_round(self, src: int, before: GTID | None) -> None:
+        cands = rep.own_hashes(self.engine, before, self.sim.opts.hashes_per_round)
+        if not cands:
+            return self._rb_finish(src, ZERO)
+        self.p_inflight = True
+
+        def on_reply(g, err):
+            self.p_inflight = False
+            if err is not None or g is None:
+                if err is not None:
+                    return self._rb_abort(src)
+                return self._rb_round(src, GTID(*cands[-1][0]))
+            self._rb_finish(src, GTID(*g))
+
+        def on_timeout():
+            self.p_inflight = False
+            self._rb_abort(src)
+        self.sim.rpc.call(self.name, f"m{src}", "find_common", (cands,), on_reply,
+                          PULL_TIMEOUT_MS, on_timeout)
+
+    def _rb_abort(self, src: int) -> None:
+        # The shell's find_common call raises out of the producer thread here
+        # (reported as a finding); the simulation retries instead.
+        self.trace(f"rollback: find_common with m{src} failed, retrying")
+        self.p_locked = False
+        self._kick_producer(100)
+
+    def _rb_finish(self, src: int, common: GTID) -> None:
+        undone = [(g, e["h"]) for g, e in self.engine.read_oplog(after=common)]
+        self.sim.checker.on_rollback(self, src, common, undone)
+        self.apply_held = True
+        try:
+            n = rep.rollback_to(self.engine, common, self.limits.rollback_ops_max,
+                                lambda records: self.rollbacks.append((common, records)))
+            self.engine.sync()
+            self.trace(f"rolled back {n} entries to {common} (source m{src})")
+        except errors.IrreversibleOp as e:
+            self.engine.put_meta("needs_resync", str(e))
+            self.trace(f"cannot roll back: {e}")
+        finally:
+            self.apply_held = False
+        self._feeder_reset()  # feeder.truncated()
+        self.p_locked = False
+        self._kick_applier()
+        self._kick_producer()
+
+    # -- Applier ---------------------------------------------------------------
+    def _kick_applier(self) -> None:
+        if not self._apply_queued:
+            self._apply_queued = True
+            self.later(self.sim.rng.randint(0, 10), self._apply)
+
+    def _apply(self) -> None:
+        self._apply_queued = False
+        if self.apply_held:
+            return self._kick_applier()
+        n, _, _ = rep.apply_batch(self.engine, self.apply_limits, self.now())
+        if n:
+            self._kick_applier()
+
+
+# --- the election coordinator --------------------------------------------------
+class SimCoordinator:
+    """The coordinator actor's loop: a heartbeat round, then ``tick`` and its
+    actions in order, each a blocking call with a timeout."""
+
+    name = "c"
+
+    def __init__(self, sim: "Sim"):
+        self.sim = sim
+        self.core = ElectionCore.from_specs(sim.specs, sim.limits.heartbeat_timeout_ms)
+        self.inbox: dict[int, list] = {}
+        self._round_start = 0
+        self.later(0, self._round)
+
+    def later(self, delay_ms, fn, *args):
+        ep = self.sim.epoch(self.name)
+
+        def fire():
+            if self.sim.node(self.name) is self and self.sim.epoch(self.name) == ep:
+                fn(*args)
+        self.sim.sched.at(delay_ms, fire)
+
+    def _round(self) -> None:
+        self._round_start = self.sim.sched.now
+        alive = [v.id for v in self.core.members.values() if v.alive]
+        for mid in self.sim.member_ids:
+            self.sim.rpc.call(self.name, f"m{mid}", "heartbeat", (self.core.term, alive),
+                              lambda r, err, mid=mid: self.inbox.setdefault(mid, []).append(r)
+                              if err is None else None, 10 * self.sim.limits.heartbeat_interval_ms)
+        self.later(self.sim.limits.heartbeat_interval_ms, self._round_end)
+
+    def _round_end(self) -> None:
+        now = self.sim.sched.now
+        for mid in self.sim.member_ids:
+            replies = self.inbox.pop(mid, [])
+            for r in replies:
+                self.core.on_heartbeat(mid, r, now)
+            if not replies:
+                self.core.on_heartbeat(mid, None, now)
+        had = self.core.primary
+        actions = self.core.tick(now)
+        if had is not None and self.core.primary is None:
+            self.sim.trace(self.name, f"primary m{had} failed")
+        if self.sim.broken == "reuse_term":
+            for a in actions:
+                if a.kind == "elect" and a.term > 1:
+                    a.term -= 1  # planted bug: elect without a new term
+        self._act(actions)
+
+    def _act(self, actions: list[Action]) -> None:
+        if not actions:
+            wait = self._round_start + self.sim.limits.heartbeat_interval_ms - self.sim.sched.now
+            return self.later(max(0, wait), self._round)
+        a = actions.pop(0)
+        if a.kind == "elect":
+            method, args, tmo = "become_primary", (a.term,), ELECT_TIMEOUT_MS
+        elif a.kind == "catch_up":
+            method, args, tmo = "follow", (self.core.term, a.source), CONTROL_TIMEOUT_MS
+        elif a.kind == "follow":
+            method, args, tmo = "follow", (a.term, a.source), CONTROL_TIMEOUT_MS
+        else:
+            method, args, tmo = "step_down", (a.term,), CONTROL_TIMEOUT_MS
+        self.sim.trace(self.name, f"{a.kind} m{a.member} term={a.term}"
+                       + (f" source=m{a.source}" if a.source is not None else ""))
+
+        def on_reply(r, err):
+            if err is not None:
+                self.sim.trace(self.name, f"{a.kind} m{a.member} failed: {type(err).__name__}")
+                self.core.on_failed(a)
+            elif a.kind == "elect":
+                self.core.on_elected(a.member, a.term)
+            self._act(actions)
+
+        def on_timeout():
+            self.sim.trace(self.name, f"{a.kind} m{a.member} timed out")
+            self.core.on_failed(a)
+            self._act(actions)
+        self.sim.rpc.call(self.name, f"m{a.member}", method, args, on_reply, tmo, on_timeout)
+
+
+# --- clients ------------------------------------------------------------------
+class SimClient:
+    def __init__(self, sim: "Sim", cid: int):
+        self.sim, self.id, self.name = sim, cid, f"k{cid}"
+        self.n = 0
+        self.target = sim.rng.choice(sim.member_ids)
+        self.inserted: list[str] = []
+        self.active = True
+        self.sim.sched.at(sim.rng.randint(0, 100), self._next)
+
+    def _pick(self) -> dict:
+        rng, o = self.sim.rng, self.sim.opts
+        self.n += 1
+        w = "majority" if rng.random() < o.majority_p else 1
+        r = rng.random()
+        if r < 0.45 or not self.inserted:
+            _id = f"{self.id}-{self.n}"
+            req = {"op": "insert", "ns": "db.c", "docs": [{"_id": _id, "c": self.id, "n": self.n}]}
+            self.inserted.append(_id)
+        elif r < 0.75:
+            req = {"op": "update", "ns": "db.k", "filter": {"_id": "ctr"},
+                   "update": {"$inc": {"n": 1}}, "upsert": True}
+        elif r < 0.88:
+            req = {"op": "update", "ns": "db.c", "filter": {"_id": rng.choice(self.inserted)},
+                   "update": {"$set": {"x": self.n}}}
+        elif r < 0.96:
+            req = {"op": "delete", "ns": "db.c", "filter": {"_id": rng.choice(self.inserted)}}
+        else:
+            req = {"op": "createIndex", "ns": "db.c", "key": "n"}
+        req["w"] = w
+        if w == "majority":
+            req["wtimeout_ms"] = WTIMEOUT_MS
+        return req
+
+    def _next(self) -> None:
+        if not self.active:
+            return
+        self.send(self._pick(), lambda ok: None)
+
+    def send(self, req: dict, done: Callable[[bool], None]) -> None:
+        sim = self.sim
+
+        def on_reply(r, err):
+            if err is None:
+                done(True)
+            else:
+                if isinstance(err, errors.NotPrimary):
+                    self.target = sim.rng.choice(sim.member_ids)
+                done(False)
+            self._again()
+
+        def on_timeout():
+            self.target = sim.rng.choice(sim.member_ids)
+            done(False)
+            self._again()
+        sim.rpc.call(self.name, f"m{self.target}", "write", (req,), on_reply, CLIENT_TIMEOUT_MS,
+                     on_timeout)
+
+    def _again(self) -> None:
+        if self.active:
+            self.sim.sched.at(self.sim.rng.randint(1, 2 * self.sim.opts.write_gap_ms), self._next)
+
+
+# --- the checker: invariants after every event, convergence at the end -------
+class Checker:
+    def __init__(self, sim: "Sim"):
+        self.sim = sim
+        self.term_owner: dict[int, int] = {}       # term -> the member that committed under it
+        self.committed: dict[GTID, int] = {}       # GTID -> hash, as its primary wrote it
+        self.acked: dict[GTID, tuple] = {}         # majority-acknowledged: GTID -> (hash, member)
+        self.commits = 0
+        self.rollbacks = 0
+        self.rolled_back_entries = 0
+        self.elections = 0
+
+    def fail(self, msg: str) -> None:
+        raise Violation(msg)
+
+    def on_elected(self, m: SimMember, term: int) -> None:
+        self.elections += 1
+
+    def on_commit(self, m: SimMember, g: GTID, h: int) -> None:
+        self.commits += 1
+        owner = self.term_owner.setdefault(g.term, m.id)
+        if owner != m.id:
+            self.fail(f"two primaries accepted writes in term {g.term}: m{owner} and m{m.id} "
+                      f"(m{m.id} committed {g})")
+        if self.committed.get(g, h) != h:
+            self.fail(f"GTID {g} committed twice with different contents")
+        self.committed[g] = h
+
+    def on_majority_ack(self, m: SimMember, g: GTID, h: int) -> None:
+        self.acked[g] = (h, m.id)
+        self.sim.trace(m.name, f"ack w=majority {g}")
+
+    def on_rollback(self, m: SimMember, src: int, common: GTID, undone: list) -> None:
+        self.rollbacks += 1
+        self.rolled_back_entries += len(undone)
+        for g, h in undone:
+            a = self.acked.get(g)
+            if a is not None and a[0] == h:
+                self.fail(f"m{m.id} rolls back majority-acknowledged write {g} (acknowledged by "
+                          f"m{a[1]}): its sync source m{src} does not hold it; common point {common}")
+
+    def check_oplog(self, m: SimMember) -> None:
+        try:
+            m.engine.verify_oplog()
+        except errors.CorruptEntry as e:
+            self.fail(f"m{m.id}: oplog is not gap-free and hash-chained: {e}")
+        first = next(iter(m.engine.read_oplog(limit=1)), None)
+        if first is not None and first[0].seq != 1:
+            self.fail(f"m{m.id}: oplog starts at {first[0]}, not at seq 1 (nothing trims here)")
+
+    def final(self, members: list[SimMember]) -> None:
+        ref = members[0]
+        ref_log = [(g, e["h"]) for g, e in ref.engine.read_oplog()]
+        ref_state = ref.engine.snapshot_state()
+        for m in members:
+            self.check_oplog(m)
+            if rep.min_unapplied(m.engine) is not None:
+                self.fail(f"m{m.id} still has unapplied entries from {rep.min_unapplied(m.engine)}")
+            log = [(g, e["h"]) for g, e in m.engine.read_oplog()]
+            if log != ref_log:
+                i = next((i for i, (a, b) in enumerate(zip(log, ref_log)) if a != b),
+                         min(len(log), len(ref_log)))
+                self.fail(f"oplogs differ: m{m.id} has {len(log)} entries, m{ref.id} "
+                          f"{len(ref_log)}; first difference at index {i}: "
+                          f"{log[i] if i < len(log) else None} vs "
+                          f"{ref_log[i] if i < len(ref_log) else None}")
+            if m.engine.snapshot_state() != ref_state:
+                self.fail(f"collections differ between m{m.id} and m{ref.id}")
+        have = dict(ref_log)
+        for g, (h, by) in self.acked.items():
+            if have.get(g) != h:
+                self.fail(f"majority-acknowledged write {g} (acknowledged by m{by}) is lost: "
+                          f"final oplogs hold {'a different entry' if g in have else 'nothing'} "
+                          "there")
+        self._model(ref)
+
+    def _model(self, m: SimMember) -> None:
+        """The collections must equal a naive replay of the oplog's images."""
+        docs: dict[str, dict] = {"db.c": {}, "db.k": {}}
+        for _, e in m.engine.read_oplog():
+            for op in e["ops"]:
+                if op["op"] in ("i", "u"):
+                    docs[op["ns"]][op["post"]["_id"]] = op["post"]
+                elif op["op"] == "d":
+                    docs[op["ns"]].pop(op["pre"]["_id"], None)
+        state = m.engine.snapshot_state()
+        for ns, want in docs.items():
+            got = {d["_id"]: d for d in state.get(ns, {}).get("docs", [])}
+            if got != want:
+                self.fail(f"m{m.id}: {ns} does not match a replay of the oplog "
+                          f"({len(got)} documents vs {len(want)})")
+        incs = sum(1 for _, e in m.engine.read_oplog() for op in e["ops"]
+                   if op.get("ns") == "db.k" and op["op"] in ("i", "u"))
+        ctr = docs["db.k"].get("ctr", {}).get("n", 0)
+        if ctr != incs:
+            self.fail(f"counter is {ctr} but the oplog holds {incs} increments")
+
+
+# --- the cluster ----------------------------------------------------------------
+@dataclass
+class Result:
+    seed: int
+    ok: bool
+    message: str = ""
+    broken: str | None = None
+    events: int = 0
+    sim_ms: int = 0
+    stats: dict = field(default_factory=dict)
+    trace_tail: list = field(default_factory=list)
+    options: dict = field(default_factory=dict)
+
+    def report(self) -> str:
+        lines = [f"SEED={self.seed}" + (f" BROKEN={self.broken}" if self.broken else ""),
+                 "options: " + " ".join(f"{k}={v}" for k, v in self.options.items()),
+                 f"{'ok' if self.ok else 'FAILED'} after {self.events} events, "
+                 f"{self.sim_ms} simulated ms; " + " ".join(f"{k}={v}" for k, v in
+                                                          self.stats.items())]
+        if not self.ok:
+            lines += ["", self.message, "", "last events:"] + self.trace_tail + [
+                "", f"reproduce: {reproduce_line(self.seed, self.broken)}"]
+        return "\n".join(lines)
+
+
+class Sim:
+    def __init__(self, seed: int, broken: str | None = None, trace: bool = False,
+                 opts: Options | None = None):
+        if broken is not None and broken not in BROKEN:
+            raise ValueError(f"unknown broken variant {broken!r} (known: {', '.join(BROKEN)})")
+        self.seed, self.broken, self.verbose = seed, broken, trace
+        self.opts = opts or Options.swarm(seed)
+        self.rng = random.Random(seed)
+        self.sched = Scheduler(self.rng)
+        self.limits = Limits()
+        self.net = Network(self)
+        self.rpc = Rpc(self)
+        self.checker = Checker(self)
+        self.trail: deque = deque(maxlen=120)
+        self.member_ids = list(range(1, self.opts.members + 1))
+        self.specs = [{"id": m, "priority": 0 if m in self.opts.priority0 else 1}
+                      for m in self.member_ids]
+        self.stores = {m: MemoryStore(f"m{m}") for m in self.member_ids}
+        self._nodes: dict[str, object] = {}
+        self._epochs: dict[str, int] = {}
+        self.crashes = 0
+        self.verify_every = 200
+        for m in self.member_ids:
+            self.start_member(m)
+        self.start_coordinator()
+        self.clients = [SimClient(self, k) for k in range(1, self.opts.clients + 1)]
+
+    # nodes and incarnations
+    def node(self, name: str):
+        if name.startswith("k"):
+            return next((c for c in self.clients if c.name == name), None)
+        return self._nodes.get(name)
+
+    def epoch(self, name: str) -> int:
+        return self._epochs.get(name, 0)
+
+    def members(self) -> list[SimMember]:
+        return [self._nodes[f"m{m}"] for m in self.member_ids if f"m{m}" in self._nodes]
+
+    def start_member(self, m: int) -> None:
+        name = f"m{m}"
+        self._epochs[name] = self.epoch(name) + 1
+        self._nodes[name] = SimMember(self, m, self.stores[m])
+        self.checker.check_oplog(self._nodes[name])
+        self.trace(name, f"start last={self._nodes[name].engine.last()[0]} "
+                   f"term={self._nodes[name].engine.term}")
+
+    def crash_member(self, m: int, machine: bool) -> None:
+        name = f"m{m}"
+        self._nodes.pop(name, None)
+        self._epochs[name] = self.epoch(name) + 1
+        if machine:
+            self.stores[m].crash()
+        self.crashes += 1
+        self.trace(name, "crash (machine: unsynced writes lost)" if machine else
+                   "crash (process)")
+
+    def start_coordinator(self) -> None:
+        self._epochs["c"] = self.epoch("c") + 1
+        self._nodes["c"] = SimCoordinator(self)
+        self.trace("c", "start")
+
+    def crash_coordinator(self) -> None:
+        self._nodes.pop("c", None)
+        self._epochs["c"] = self.epoch("c") + 1
+        self.trace("c", "crash")
+
+    def trace(self, node: str, what: str) -> None:
+        line = f"{self.sched.now:>7} {node:>3} {what}"
+        self.trail.append(line)
+        if self.verbose:
+            print(line)
+
+    # faults (safety phase only)
+    def _faults(self) -> None:
+        if not self.net.faults:
+            return
+        o, rng = self.opts, self.rng
+        if rng.random() < o.partition_p:
+            if self.net.cut and rng.random() < 0.5:
+                self.net.heal()
+                self.trace("net", "heal")
+            else:
+                nodes = [f"m{m}" for m in self.member_ids] + ["c"]
+                if rng.random() < 0.5:
+                    alone = [rng.choice(nodes)]
+                    groups = [alone, [n for n in nodes if n not in alone]]
+                else:
+                    side = [n for n in nodes if rng.random() < 0.5]
+                    groups = [side, [n for n in nodes if n not in side]]
+                one_way = rng.random() < 0.2
+                self.net.partition(groups, one_way)
+                self.trace("net", f"partition {groups}" + (" one-way" if one_way else ""))
+        for m in self.member_ids:
+            name = f"m{m}"
+            if name in self._nodes and rng.random() < o.crash_p:
+                self.crash_member(m, rng.random() < o.machine_crash_p)
+                self.sched.at(rng.randint(50, 2000), self._restart_member, m)
+        if "c" in self._nodes and rng.random() < o.coordinator_crash_p:
+            self.crash_coordinator()
+            self.sched.at(rng.randint(50, 2000), self._restart_coordinator)
+        self.sched.at(100, self._faults)
+
+    def _restart_member(self, m: int) -> None:
+        if f"m{m}" not in self._nodes:
+            self.start_member(m)
+
+    def _restart_coordinator(self) -> None:
+        if "c" not in self._nodes:
+            self.start_coordinator()
+
+    # running
+    def _step(self) -> None:
+        self.sched.step()
+        if self.sched.events % self.verify_every == 0:
+            for m in self.members():
+                self.checker.check_oplog(m)
+
+    def run(self) -> Result:
+        try:
+            self.sched.at(100, self._faults)
+            while self.sched.now < self.opts.safety_ms:
+                self._step()
+            self._liveness()
+            self.checker.final(self.members())
+            return self._result(True)
+        except Violation as v:
+            return self._result(False, str(v))
+        except Exception as e:  # a core raised where the protocol says it must not
+            return self._result(False, "unexpected exception:\n" + "".join(
+                traceback.format_exception(type(e), e, e.__traceback__)).rstrip())
+
+    def _liveness(self) -> None:
+        """Heal, restart everyone, stop faults and new writes; then the set must
+        elect, take a majority write and converge."""
+        self.trace("sim", "liveness phase: faults off, network healed")
+        self.net.faults = False
+        self.net.heal()
+        for c in self.clients:
+            c.active = False
+        for m in self.member_ids:
+            self._restart_member(m)
+        self._restart_coordinator()
+        start = self.sched.now
+        probe = {"ok": False, "sent": False}
+        prober = SimClient.__new__(SimClient)
+        prober.sim, prober.id, prober.name, prober.active = self, 0, "k0", False
+        prober.target = self.member_ids[0]
+        self.clients.append(prober)
+        n = [0]
+
+        def send_probe():
+            if probe["ok"]:
+                return
+            n[0] += 1
+            req = {"op": "insert", "ns": "db.c", "docs": [{"_id": f"probe-{n[0]}"}],
+                   "w": "majority", "wtimeout_ms": WTIMEOUT_MS}
+
+            def done(ok):
+                if ok:
+                    probe["ok"] = True
+                    self.trace("k0", f"probe write {n[0]} acknowledged")
+                else:
+                    self.sched.at(100, send_probe)
+            prober.send(req, done)
+        self.sched.at(0, send_probe)
+        stable_since = None
+        next_check = start
+        while True:
+            self._step()
+            if self.sched.now < next_check:
+                continue
+            next_check = self.sched.now + 100
+            if probe["ok"] and self._quiescent():
+                if stable_since is None:
+                    stable_since = self.sched.now
+                elif self.sched.now - stable_since >= 1_000:
+                    return
+            else:
+                stable_since = None
+            if self.sched.now - start > CONVERGE_MS_MAX:
+                self.checker.fail(self._stuck_report())
+
+    def _quiescent(self) -> bool:
+        c = self._nodes.get("c")
+        ms = self.members()
+        if c is None or c.core.primary is None or len(ms) != len(self.member_ids):
+            return False
+        p = self._nodes.get(f"m{c.core.primary}")
+        if p is None or not p.primary:
+            return False
+        tails = {m.engine.last() for m in ms}
+        return len(tails) == 1 and all(rep.min_unapplied(m.engine) is None for m in ms)
+
+    def _stuck_report(self) -> str:
+        c = self._nodes.get("c")
+        lines = [f"liveness: no convergence within {CONVERGE_MS_MAX} ms after faults stopped; "
+                 f"coordinator primary={c.core.primary if c else None} "
+                 f"term={c.core.term if c else None}"]
+        for m in self.members():
+            last, h = m.engine.last()
+            lines.append(f"  m{m.id}: role={m.role} shard_primary={m.primary} term={m.engine.term} "
+                         f"last={last} h={h:016x} following={m.following} "
+                         f"source={m.sync_source} paused={m.paused} "
+                         f"unapplied_from={rep.min_unapplied(m.engine)} "
+                         f"resync={m.engine.get_meta('needs_resync')}")
+        return "\n".join(lines)
+
+    def _result(self, ok: bool, message: str = "") -> Result:
+        ck = self.checker
+        return Result(seed=self.seed, ok=ok, message=message, broken=self.broken,
+                      events=self.sched.events, sim_ms=self.sched.now,
+                      stats={"commits": ck.commits, "majority_acks": len(ck.acked),
+                             "elections": ck.elections, "crashes": self.crashes,
+                             "rollbacks": ck.rollbacks,
+                             "rolled_back_entries": ck.rolled_back_entries},
+                      trace_tail=list(self.trail), options=asdict(self.opts))
+
+
+def run(seed: int, broken: str | None = None, trace: bool = False) -> Result:
+    return Sim(seed, broken, trace).run()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.sim", description=__doc__.split("\n")[0])
+    ap.add_argument("--seed", type=int, help="replay this seed")
+    ap.add_argument("--seeds", help="a sweep, START:STOP")
+    ap.add_argument("--broken", choices=BROKEN, help="run with a planted bug")
+    ap.add_argument("--trace", action="store_true", help="print every event")
+    a = ap.parse_args(argv)
+    if a.seed is None and a.seeds is None:
+        ap.error("give --seed N or --seeds START:STOP")
+    if a.seed is not None:
+        r = run(a.seed, a.broken, a.trace)
+        print(r.report())
+        return 0 if r.ok else 1
+    start, stop = (int(x) for x in a.seeds.split(":"))
+    failed = []
+    t0 = time.monotonic()  # reporting only; never feeds the simulation
+    for s in range(start, stop):
+        r = run(s, a.broken)
+        print(f"seed {s}: {'ok' if r.ok else 'FAILED: ' + r.message.splitlines()[0]} "
+              f"({r.events} events, {r.stats})")
+        if not r.ok:
+            failed.append(s)
+    print(f"{stop - start - len(failed)}/{stop - start} seeds ok in "
+          f"{time.monotonic() - t0:.1f}s" + (f"; failed: {failed}" if failed else ""))
+    for s in failed:
+        print(f"  reproduce: {reproduce_line(s, a.broken)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
