@@ -13,7 +13,7 @@ import threading
 import time
 
 import ray
-from ray.exceptions import ActorDiedError, ActorUnschedulableError, GetTimeoutError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, ActorUnschedulableError
 
 from raymx.actors.election import Action, ElectionCore
 from raymx.storage.gtid import GTID
@@ -118,6 +118,11 @@ class Coordinator:
                 self._handles.pop(mid, None)
                 self._addr.pop(mid, None)
                 self.core.on_heartbeat(mid, None, now, dead=True)
+            except ActorUnavailableError:
+                # its process died and Ray is restarting it: down now, not in a
+                # heartbeat timeout (it comes back as a secondary)
+                self._addr.pop(mid, None)
+                self.core.on_heartbeat(mid, None, now, dead=True)
             except Exception:
                 self._addr.pop(mid, None)  # restarting: its port will change
                 self.core.on_heartbeat(mid, None, now)
@@ -207,17 +212,30 @@ class Coordinator:
         self._t.join(5)
 
     def topology(self) -> dict:
+        """Addresses and roles. Never waits long on a member that is restarting:
+        drivers call this during elections and must not stall behind it."""
+        missing = {}
+        for m in self.members:
+            if m["id"] not in self._addr:
+                try:
+                    missing[m["id"]] = self._handle(m["id"]).address.remote()
+                except Exception:  # killed or not started: not in the topology now
+                    self._handles.pop(m["id"], None)
+        if missing:
+            refs = list(missing.values())
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0.3)
+            for mid, ref in missing.items():
+                if ref in ready:
+                    try:
+                        self._addr[mid] = ray.get(ref)
+                    except Exception:
+                        pass
         out = []
         for m in self.members:
             a = self._addr.get(m["id"])
-            if a is None:
-                try:
-                    a = ray.get(self._handle(m["id"]).address.remote(), timeout=5)
-                    self._addr[m["id"]] = a
-                except Exception:
-                    continue
-            a = dict(a, role="primary" if m["id"] == self.core.primary else "secondary")
-            out.append(a)
+            if a is not None:
+                out.append(dict(a, role="primary" if m["id"] == self.core.primary
+                                else "secondary"))
         return {"secret": self.secret, "members": out, "term": self.core.term,
                 "primary": self.core.primary}
 

@@ -96,6 +96,8 @@ class ElectionCore:
     def on_elected(self, member: int, term: int) -> None:
         self.primary = member
         self.term = max(self.term, term)
+        v = self.members[member]
+        v.role, v.term = "primary", max(v.term, term)
         self.catching_up = None
         self.elections += 1
         self.log.append(("elected", member, term))
@@ -123,7 +125,9 @@ class ElectionCore:
     def tick(self, now_ms: int) -> list[Action]:
         out: list[Action] = []
         p = self.members.get(self.primary) if self.primary is not None else None
-        if p is not None and (p.dead or not p.alive or (
+        # a primary that answers as a secondary in the current term has restarted
+        restarted = p is not None and p.role != "primary" and p.term >= self.term
+        if p is not None and (p.dead or not p.alive or restarted or (
                 p.seen_ms is not None and now_ms - p.seen_ms >= self.heartbeat_timeout_ms)):
             self.log.append(("primary_failed", p.id, now_ms, p.seen_ms))
             self.primary = None

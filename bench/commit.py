@@ -65,9 +65,19 @@ def client_worker(k, topo, cmd_q, res_q):
     rnd = random.Random(k)
     base = (k + 1) * 1_000_000_000
     i = 0
-    coll.insert_one(make_doc(base + i, rnd))  # connect + warm up
-    i += 1
-    res_q.put(("ready", k))
+    deadline = time.monotonic() + 90
+    while True:  # connect + warm up (the set may still be settling after launch)
+        try:
+            coll.insert_one(make_doc(base + i, rnd))
+            break
+        except Exception as e:
+            if time.monotonic() > deadline:
+                res_q.put(("failed", k, repr(e)[:300]))
+                return
+            time.sleep(0.5)
+        finally:
+            i += 1
+    res_q.put(("ready", k, None))
     while True:
         cmd = cmd_q.get()
         if cmd is None:
@@ -79,19 +89,25 @@ def client_worker(k, topo, cmd_q, res_q):
             import cProfile
             prof = cProfile.Profile()
         lat = []
+        n, errs, last_err = 0, 0, None
         now = time.monotonic()
         if start_at > now:
             time.sleep(start_at - now)
         if prof:
             prof.enable()
-        n = 0
         while True:
             d = make_doc(base + i, rnd)
             i += 1
             t0 = time.monotonic()
             if t0 >= end_at:
                 break
-            c.insert_one(d)
+            try:
+                c.insert_one(d)
+            except Exception as e:  # count it, say what it was, keep going
+                errs += 1
+                last_err = repr(e)[:300]
+                time.sleep(0.01)
+                continue
             t1 = time.monotonic()
             if t1 > end_at:
                 break
@@ -100,7 +116,7 @@ def client_worker(k, topo, cmd_q, res_q):
         if prof:
             prof.disable()
             prof.dump_stats(profile)
-        res_q.put((k, n, lat))
+        res_q.put((k, n, lat, errs, last_err))
     cl.close()
 
 
@@ -120,8 +136,11 @@ class Clients:
         ready, deadline = 0, time.monotonic() + 120
         while ready < n:
             try:
-                tag, k = self.res_q.get(timeout=1.0)
-                ready += tag == "ready"
+                tag, k, err = self.res_q.get(timeout=1.0)
+                if tag != "ready":
+                    self.close()
+                    raise RuntimeError(f"client {k} could not insert: {err}")
+                ready += 1
             except queue.Empty:
                 dead = [p.pid for p in self.procs if p.exitcode not in (None, 0)]
                 if dead or time.monotonic() > deadline:
@@ -138,7 +157,10 @@ class Clients:
         got = [self.res_q.get(timeout=duration + 60) for _ in range(n)]
         total = sum(g[1] for g in got)
         lat = sorted(x for g in got for x in g[2])
-        return total, lat
+        errs = sum(g[3] for g in got)
+        if errs:
+            progress(f"{errs} failed inserts, e.g. {next(g[4] for g in got if g[4])}")
+        return total, lat, errs
 
     def close(self):
         for q in self.cmd_qs:
@@ -271,12 +293,12 @@ def main():
                 progress(f"durable (j=True) inserts, {n} client(s), {DURATION_S:.0f} s")
                 m0 = member_counters(rs)
                 prof = (os.path.join(profile_dir, f"client-{n}.prof") if profile_dir else None)
-                total, lat = pool.run(n, DURATION_S, True, prof)
-                results[n] = (total / DURATION_S, lat, per_sync(m0, member_counters(rs)))
+                total, lat, errs = pool.run(n, DURATION_S, True, prof)
+                results[n] = (total / DURATION_S, lat, per_sync(m0, member_counters(rs)), errs)
             n = max(LEVELS)
             progress(f"non-durable (j=False) inserts, {n} clients, {DURATION_S:.0f} s")
-            total, lat = pool.run(n, DURATION_S, False)
-            fast = (total / DURATION_S, lat)
+            total, lat, errs = pool.run(n, DURATION_S, False)
+            fast = (total / DURATION_S, lat, errs)
         finally:
             pool.close()
 
@@ -314,13 +336,15 @@ def main():
     print(f"durable (j=True) single-doc inserts through the driver; separate client processes "
           f"(nice 0), member process nice {member_nice}")
     for n in LEVELS:
-        r, lat, ps = results[n]
+        r, lat, ps, errs = results[n]
         row(f"  {n:>2} client(s)", r, "txn/s",
-            f"p50 {pct(lat, .5):.1f} ms, p99 {pct(lat, .99):.1f} ms, {ps:.1f} commits/sync")
-    r, lat = fast
+            f"p50 {pct(lat, .5):.1f} ms, p99 {pct(lat, .99):.1f} ms, {ps:.1f} commits/sync"
+            + (f", {errs} FAILED" if errs else ""))
+    r, lat, errs = fast
     n = max(LEVELS)
     row(f"  {n:>2} clients, j=False (request ceiling, for reference)", r, "txn/s",
-        f"p50 {pct(lat, .5):.1f} ms; durable = {results[n][0] / r:.2f}x of it")
+        f"p50 {pct(lat, .5):.1f} ms; durable = {results[n][0] / r:.2f}x of it"
+        + (f", {errs} FAILED" if errs else ""))
     print()
     print("durable driver txn/s : raw LMDB fsync-ed txn/s")
     for n, target in ((1, None), (8, 2.0), (16, 4.0)):

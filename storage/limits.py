@@ -38,8 +38,8 @@ class Limits:
     pull_bytes_max: int = 16 * MiB
     pull_wait_ms: int = 500
     # Elections and heartbeats.
-    heartbeat_interval_ms: int = 200
-    heartbeat_timeout_ms: int = 1000
+    heartbeat_interval_ms: int = 100
+    heartbeat_timeout_ms: int = 600
     rollback_ops_max: int = 100_000
 
     def __post_init__(self):

@@ -67,6 +67,85 @@ from raymx.storage.store import MemoryStore
 
 BROKEN = ("ack_before_durable", "reuse_term")
 
+
+@dataclass(frozen=True)
+class KnownBug:
+    """A protocol bug the simulation found. Until the cores are fixed, the
+    harness applies the suggested fix in its own glue (``Sim(fixes=...)``), so
+    the sweep keeps testing everything else; ``--without NAME`` replays the bug."""
+
+    name: str
+    where: str
+    what: str
+    fix: str
+    symptoms: tuple         # what the failure message says when it bites (any of)
+    repro: "str | tuple"    # a scenario name, or seeds that fail with this fix off
+    also_without: tuple = ()  # workarounds that would mask it (left off too)
+
+    def fixes_without(self) -> tuple:
+        off = (self.name,) + self.also_without
+        return tuple(f for f in FIXES_ALL if f not in off)
+
+
+KNOWN_BUGS = {b.name: b for b in (
+    KnownBug("too_stale_by_term", "actors/replication.py FeederCore.pull",
+             "'after < first' compares GTIDs, term first: a member whose last entry is "
+             "(1, 1) pulling from a source whose oplog starts at (2, 1) (another branch "
+             "from seq 1) is told too_stale, not diverged, and marks itself needs_resync "
+             "forever although nothing was trimmed",
+             "compare seqs: too_stale only if after.seq < first.seq (seqs are dense "
+             "across terms); otherwise answer diverged",
+             ("liveness: no convergence",), "isolated_first_primary", ()),
+    KnownBug("stale_write_concern", "actors/shard.py WriteConcernWaiters / "
+             "actors/member.py OplogShard._become_secondary",
+             "write-concern waiters survive step-down and the durable positions are "
+             "compared as GTIDs (d >= g), not as 'holds g': a deposed primary rolls its "
+             "write back and still acknowledges it w='majority' later, when members "
+             "report durable positions >= g (from their old copy or another branch)",
+             "on step-down (and on learning a higher term) fail every waiting write with "
+             "NotPrimary ('outcome unknown') and reset the durable map; count a member "
+             "for g only while it follows this primary in this term",
+             ("majority-acknowledged write",), None, ()),
+    KnownBug("election_not_fenced", "actors/election.py ElectionCore._elect + "
+             "actors/coordinator.py Coordinator._act",
+             "an election reads each member's last GTID and term from heartbeat replies "
+             "sent up to a round earlier, and the new term is durable only on the winner "
+             "before it takes writes. So (a) a restarted coordinator, or one whose "
+             "become_primary call timed out, can hand the same term to a second member "
+             "while the first still takes writes (two primaries in one term), and (b) the "
+             "old primary keeps getting w='majority' acknowledgements from members that do "
+             "not know the new term yet, after the coordinator read their positions: the "
+             "new primary lacks those writes and they are rolled back",
+             "fence first, as Raft's vote does: send the new term to every member (they "
+             "record it durably and from then on refuse entries from, and acknowledgements "
+             "to, older terms - which heartbeat/pull already do), wait for a majority of "
+             "voting members to answer with their last GTID as of after recording it, and "
+             "choose the winner among those answers only; never reuse a term the "
+             "coordinator has sent (bump core.term when it issues an election)",
+             ("two primaries accepted writes", "majority-acknowledged write"), None, ()),
+    KnownBug("deposed_role_stuck", "actors/shard.py ShardService._commit + "
+             "actors/member.py OplogShard._learn_term/step_down/follow",
+             "a primary learns a higher term through a pull (Feeder.pull records it in the "
+             "engine only); its next write finds engine.term > gm.term and _commit sets "
+             "service.primary = False, but OplogShard.role stays 'primary' (and its feeder "
+             "in primary mode). step_down/follow/_learn_term only act when service.primary "
+             "is True, so the member answers every step_down without stepping down, keeps "
+             "reporting role 'primary', and the coordinator (which never sends follow to a "
+             "member reporting 'primary') never brings it back: it never converges",
+             "decide on OplogShard.role, not service.primary, in _learn_term/step_down/follow "
+             "(call _become_secondary whenever role == 'primary'); or let _commit tell the "
+             "shell to step down instead of flipping service.primary alone",
+             ("liveness: no convergence",), None, ()),
+    KnownBug("producer_thread_dies", "actors/member.py Producer._run/_roll_back",
+             "only the pull is inside the producer loop's try: a find_common call that "
+             "fails or times out (the source crashed or is cut off mid-rollback) raises "
+             "out of _roll_back/_handle and ends the producer thread; the actor stays up, "
+             "so the member never replicates again until something restarts it",
+             "wrap _handle in the loop's try (log, sleep, retry the pull), as the pull is",
+             ("liveness: no convergence",), None, ()),
+)}
+FIXES_ALL = tuple(KNOWN_BUGS)
+
 # Simulated timeouts of the shells' blocking calls (the real ones are 10-30 s;
 # shorter here so a lost message costs seconds of simulated time, not minutes).
 PULL_TIMEOUT_MS = 2_000
@@ -83,9 +162,20 @@ class Violation(Exception):
     """An invariant does not hold: the run failed."""
 
 
-def reproduce_line(seed: int, broken: str | None = None) -> str:
-    b = f" --broken {broken}" if broken else ""
-    return f"python -m tests.sim --seed {seed}{b}"
+class ActorUnavailable(Exception):
+    """Ray's answer to a call whose actor died or is restarting (ActorUnavailableError)."""
+
+
+def reproduce_line(seed: int, broken: str | None = None, fixes=None,
+                   scenario: str | None = None) -> str:
+    """The command that replays a run exactly."""
+    out = "python -m tests.sim " + (f"--scenario {scenario}" if scenario else f"--seed {seed}")
+    if broken:
+        out += f" --broken {broken}"
+    for f in FIXES_ALL:
+        if fixes is not None and f not in fixes:
+            out += f" --without {f}"
+    return out
 
 
 # --- options (swarm testing: the seed draws the shape and the fault mix) ----
@@ -109,6 +199,21 @@ class Options:
     apply_batch_ops: int
     hashes_per_round: int    # own_hashes batch when looking for the common point
     safety_ms: int
+    # scripted faults (scenarios): (at_ms, "partition", groups) | (at_ms, "heal")
+    # | (at_ms, "crash", member, machine) | (at_ms, "restart", member)
+    # | (at_ms, "crash_c") | (at_ms, "restart_c")
+    script: tuple = ()
+
+    @classmethod
+    def quiet(cls, seed: int = 0, **kw) -> "Options":
+        """No random faults: a base for scripted scenarios."""
+        o = cls(seed=seed, members=3, priority0=[], clients=2, write_gap_ms=20, majority_p=0.5,
+                drop_p=0.0, dup_p=0.0, delay_ms_max=5, spike_p=0.0, partition_p=0.0,
+                crash_p=0.0, machine_crash_p=0.0, coordinator_crash_p=0.0, disk_ms_max=2,
+                apply_batch_ops=50, hashes_per_round=1000, safety_ms=5_000)
+        for k, v in kw.items():
+            setattr(o, k, v)
+        return o
 
     @classmethod
     def swarm(cls, seed: int) -> "Options":
@@ -128,6 +233,25 @@ class Options:
             coordinator_crash_p=f * r.choice((0.0, 0.005, 0.02)),
             disk_ms_max=r.choice((1, 5, 20)), apply_batch_ops=r.choice((1, 3, 50)),
             hashes_per_round=r.choice((2, 5, 1000)), safety_ms=r.choice((4_000, 6_000, 8_000)))
+
+
+# Named scenarios (TigerBeetle's replica_test style): a quiet cluster and a
+# script of faults. ``python -m tests.sim --scenario NAME``.
+SCENARIOS = {
+    # the coordinator restarts while the primary (m1, the most advanced) is healthy
+    "coordinator_restart": lambda: Options.quiet(script=((2_000, "crash_c"),
+                                                         (2_100, "restart_c"))),
+    # the primary's process dies and is back before heartbeat_timeout_ms
+    "primary_quick_restart": lambda: Options.quiet(script=((2_000, "crash", 1, False),
+                                                           (2_300, "restart", 1))),
+    # m1 is elected with term 1 but no member can pull from it, so it alone takes
+    # w=1 writes from seq 1; then it is cut off from the coordinator too, the others
+    # elect term 2 and write from seq 1; then it returns
+    "isolated_first_primary": lambda: Options.quiet(
+        majority_p=0.0, script=((0, "partition", [["m1"], ["m2", "m3"]]),
+                                (1_500, "partition", [["m1"], ["m2", "m3", "c"]]),
+                                (4_000, "heal"))),
+}
 
 
 # --- scheduler: the only source of time and order ---------------------------
@@ -220,6 +344,9 @@ class Rpc:
         sim = self.sim
         node = sim.node(dst)
         if node is None or sim.epoch(dst) != dst_epoch:
+            # Ray knows the actor died: the caller gets an error, not silence
+            sim.net.send(dst, src, lambda: self._reply(rid, None, ActorUnavailable(dst)),
+                         f"err:{method}#{rid}")
             return
 
         def respond(result=None, err=None):
@@ -287,6 +414,7 @@ class SimMember:
         self.paused = True
         self.p_inflight = False      # a pull or find_common is out
         self.p_locked = False        # the producer's write lock (batch or rollback)
+        self.p_dead = False          # the producer thread ended (producer_thread_dies)
         self._p_queued = False
         self.rollbacks: list = []
         # Applier
@@ -332,10 +460,15 @@ class SimMember:
             done(err=e)
 
     # -- elections (coordinator calls) -------------------------------------
+    def _is_primary(self) -> bool:
+        if "deposed_role_stuck" in self.sim.fixes:
+            return self.primary or self.role == "primary"
+        return self.primary
+
     def _learn_term(self, term: int) -> None:
         if term > self.engine.term:
             self.engine.set_term(term)  # synced
-            if self.primary:
+            if self._is_primary():
                 self._become_secondary()
 
     def on_heartbeat(self, respond, term: int, alive: list | None) -> None:
@@ -388,6 +521,8 @@ class SimMember:
     def _become_secondary(self) -> None:
         self.following = None
         self.primary = False
+        if "stale_write_concern" in self.sim.fixes:
+            self._wc_fail_all()
         self.role = "secondary"
         self._feeder_reset()  # feeder.set_primary(False)
         self.trace("secondary")
@@ -397,7 +532,7 @@ class SimMember:
 
     def _follow(self, done, term: int, source: int | None) -> None:
         self._learn_term(term)
-        if self.primary:
+        if self._is_primary():
             self._become_secondary()
         if source is not None:
             self.sync_source, self.p_term = source, term  # producer.follow
@@ -411,7 +546,7 @@ class SimMember:
 
     def _step_down(self, done, term: int) -> None:
         self._learn_term(term)
-        if self.primary:
+        if self._is_primary():
             self._become_secondary()
         done(None)
 
@@ -452,6 +587,8 @@ class SimMember:
         if not self.primary or self.engine.term > self.gm.term:
             tx.abort()
             self.primary = False
+            if "stale_write_concern" in self.sim.fixes:
+                self._wc_fail_all()
             return respond(err=errors.NotPrimary(f"member {self.id} was deposed"))
         g = self.gm.allocate()
         try:
@@ -530,6 +667,13 @@ class SimMember:
                 keep.append(item)
         self.wc_waiting = keep
 
+    def _wc_fail_all(self) -> None:
+        waiting, self.wc_waiting = self.wc_waiting, []
+        self.wc_durable = {}
+        for g, _, w, _, _, respond in waiting:
+            respond(err=errors.NotPrimary(f"member {self.id} stepped down: the outcome of the "
+                                          f"write at {g} is unknown"))
+
     def _wc_ack(self, g, h, out, respond) -> None:
         self.sim.checker.on_majority_ack(self, g, h)
         respond(out)
@@ -554,6 +698,9 @@ class SimMember:
             return
         a = w["args"]
         out = self.feeder.pull(a[0], a[1], a[2], a[3])
+        if "too_stale_by_term" in self.sim.fixes and out["status"] == "too_stale" and \
+                a[0] is not None and GTID(*a[0]).seq >= out["first"][1]:
+            out = {"status": "diverged", "reason": f"{GTID(*a[0])} is not in this oplog"}
         out["term"] = w["term"]
         if out["status"] != "ok" or out["rows"] or final:
             w["done"] = True
@@ -600,7 +747,7 @@ class SimMember:
     def _producer_iter(self) -> None:
         self._p_queued = False
         if self.paused or self.sync_source is None or self.p_inflight or self.p_locked \
-                or self.engine.get_meta("needs_resync"):
+                or self.p_dead or self.engine.get_meta("needs_resync"):
             return  # follow() kicks it again
         src = self.sync_source
         last, last_h = self.engine.last()
@@ -680,10 +827,13 @@ class SimMember:
                           PULL_TIMEOUT_MS, on_timeout)
 
     def _rb_abort(self, src: int) -> None:
-        # The shell's find_common call raises out of the producer thread here
-        # (reported as a finding); the simulation retries instead.
-        self.trace(f"rollback: find_common with m{src} failed, retrying")
         self.p_locked = False
+        if "producer_thread_dies" not in self.sim.fixes:
+            # the shell: the exception ends the producer thread; nothing pulls again
+            self.trace(f"rollback: find_common with m{src} failed: producer thread dies")
+            self.p_dead = True
+            return
+        self.trace(f"rollback: find_common with m{src} failed, retrying")
         self._kick_producer(100)
 
     def _rb_finish(self, src: int, common: GTID) -> None:
@@ -747,8 +897,9 @@ class SimCoordinator:
         alive = [v.id for v in self.core.members.values() if v.alive]
         for mid in self.sim.member_ids:
             self.sim.rpc.call(self.name, f"m{mid}", "heartbeat", (self.core.term, alive),
-                              lambda r, err, mid=mid: self.inbox.setdefault(mid, []).append(r)
-                              if err is None else None, 10 * self.sim.limits.heartbeat_interval_ms)
+                              lambda r, err, mid=mid: self.inbox.setdefault(mid, []).append(
+                                  err if err is not None else r),
+                              10 * self.sim.limits.heartbeat_interval_ms)
         self.later(self.sim.limits.heartbeat_interval_ms, self._round_end)
 
     def _round_end(self) -> None:
@@ -756,7 +907,10 @@ class SimCoordinator:
         for mid in self.sim.member_ids:
             replies = self.inbox.pop(mid, [])
             for r in replies:
-                self.core.on_heartbeat(mid, r, now)
+                if isinstance(r, ActorUnavailable):  # died or restarting: down now
+                    self.core.on_heartbeat(mid, None, now, dead=True)
+                else:
+                    self.core.on_heartbeat(mid, r, now)
             if not replies:
                 self.core.on_heartbeat(mid, None, now)
         had = self.core.primary
@@ -774,6 +928,8 @@ class SimCoordinator:
             wait = self._round_start + self.sim.limits.heartbeat_interval_ms - self.sim.sched.now
             return self.later(max(0, wait), self._round)
         a = actions.pop(0)
+        if a.kind == "elect" and "election_not_fenced" in self.sim.fixes:
+            return self._prepare(a, actions)
         if a.kind == "elect":
             method, args, tmo = "become_primary", (a.term,), ELECT_TIMEOUT_MS
         elif a.kind == "catch_up":
@@ -798,6 +954,67 @@ class SimCoordinator:
             self.core.on_failed(a)
             self._act(actions)
         self.sim.rpc.call(self.name, f"m{a.member}", method, args, on_reply, tmo, on_timeout)
+
+
+    # The suggested fix for election_not_fenced: make the term durable on a
+    # majority first, then choose the winner from their answers.
+    def _prepare(self, a: Action, actions: list[Action]) -> None:
+        core, term = self.core, a.term
+        core.term = max(core.term, term)  # a term once sent is never handed out again
+        replies: dict[int, dict] = {}
+        state = {"open": True}
+        self.sim.trace(self.name, f"prepare term={term}")
+
+        def close():
+            if not state["open"]:
+                return
+            state["open"] = False
+            now = self.sim.sched.now
+            for mid in self.sim.member_ids:
+                if mid in replies:
+                    core.on_heartbeat(mid, replies[mid], now)
+            cands = [core.members[m] for m in self.sim.member_ids
+                     if m in replies and replies[m]["state"] == "running"
+                     and replies[m]["term"] == term]
+            if sum(1 for v in cands if v.votes > 0) < core.majority():
+                self.sim.trace(self.name, f"prepare term={term}: no majority")
+                core.on_failed(a)
+                return self._act(actions)
+            best = max(cands, key=lambda v: (v.last, v.priority, -v.id))
+            if not best.eligible:
+                eligible = [v for v in cands if v.eligible]
+                e = max(eligible, key=lambda v: (v.last, v.priority, -v.id), default=None)
+                if e is None or e.last < best.last:
+                    core.on_failed(a)  # the core sends catch_up on its next tick
+                    return self._act(actions)
+                best = e
+            self._become_primary(Action("elect", best.id, term), actions)
+
+        def on_reply(mid, r, err):
+            if err is None and state["open"]:
+                replies[mid] = r
+                if len(replies) == len(self.sim.member_ids):
+                    close()
+        for mid in self.sim.member_ids:
+            self.sim.rpc.call(self.name, f"m{mid}", "heartbeat", (term, []),
+                              lambda r, err, mid=mid: on_reply(mid, r, err), CONTROL_TIMEOUT_MS)
+        self.later(CONTROL_TIMEOUT_MS, close)
+
+    def _become_primary(self, a: Action, actions: list[Action]) -> None:
+        self.sim.trace(self.name, f"elect m{a.member} term={a.term} (prepared)")
+
+        def on_reply(r, err):
+            if err is not None:
+                self.core.on_failed(a)
+            else:
+                self.core.on_elected(a.member, a.term)
+            self._act(actions)
+
+        def on_timeout():
+            self.core.on_failed(a)
+            self._act(actions)
+        self.sim.rpc.call(self.name, f"m{a.member}", "become_primary", (a.term,), on_reply,
+                          ELECT_TIMEOUT_MS, on_timeout)
 
 
 # --- clients ------------------------------------------------------------------
@@ -968,31 +1185,50 @@ class Result:
     ok: bool
     message: str = ""
     broken: str | None = None
+    fixes: tuple = FIXES_ALL
+    scenario: str | None = None
     events: int = 0
     sim_ms: int = 0
     stats: dict = field(default_factory=dict)
     trace_tail: list = field(default_factory=list)
     options: dict = field(default_factory=dict)
 
+    @property
+    def reproduce(self) -> str:
+        return reproduce_line(self.seed, self.broken, self.fixes, self.scenario)
+
     def report(self) -> str:
-        lines = [f"SEED={self.seed}" + (f" BROKEN={self.broken}" if self.broken else ""),
+        lines = [f"SEED={self.seed}" + (f" SCENARIO={self.scenario}" if self.scenario else "")
+                 + (f" BROKEN={self.broken}" if self.broken else "")
+                 + "".join(f" WITHOUT={f}" for f in FIXES_ALL if f not in self.fixes),
                  "options: " + " ".join(f"{k}={v}" for k, v in self.options.items()),
                  f"{'ok' if self.ok else 'FAILED'} after {self.events} events, "
                  f"{self.sim_ms} simulated ms; " + " ".join(f"{k}={v}" for k, v in
                                                           self.stats.items())]
         if not self.ok:
             lines += ["", self.message, "", "last events:"] + self.trace_tail + [
-                "", f"reproduce: {reproduce_line(self.seed, self.broken)}"]
+                "", f"reproduce: {self.reproduce}"]
         return "\n".join(lines)
 
 
 class Sim:
-    def __init__(self, seed: int, broken: str | None = None, trace: bool = False,
-                 opts: Options | None = None):
+    def __init__(self, seed: int = 0, broken: str | None = None, trace: bool = False,
+                 fixes=FIXES_ALL, scenario: str | None = None):
         if broken is not None and broken not in BROKEN:
             raise ValueError(f"unknown broken variant {broken!r} (known: {', '.join(BROKEN)})")
+        unknown = [f for f in fixes if f not in KNOWN_BUGS]
+        if unknown:
+            raise ValueError(f"unknown fixes {unknown} (known: {', '.join(KNOWN_BUGS)})")
         self.seed, self.broken, self.verbose = seed, broken, trace
-        self.opts = opts or Options.swarm(seed)
+        self.fixes = tuple(f for f in FIXES_ALL if f in fixes)
+        self.scenario = scenario
+        if scenario is not None:
+            if scenario not in SCENARIOS:
+                raise ValueError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
+            self.opts = SCENARIOS[scenario]()
+            seed = self.seed = self.opts.seed
+        else:
+            self.opts = Options.swarm(seed)
         self.rng = random.Random(seed)
         self.sched = Scheduler(self.rng)
         self.limits = Limits()
@@ -1012,6 +1248,31 @@ class Sim:
             self.start_member(m)
         self.start_coordinator()
         self.clients = [SimClient(self, k) for k in range(1, self.opts.clients + 1)]
+        for item in self.opts.script:
+            self.sched.at(item[0], self._scripted, item)
+
+    def _scripted(self, item: tuple) -> None:
+        if not self.net.faults:
+            return  # the liveness phase has begun
+        op = item[1]
+        if op == "partition":
+            self.net.partition(item[2], False)
+            self.trace("net", f"partition {item[2]}")
+        elif op == "heal":
+            self.net.heal()
+            self.trace("net", "heal")
+        elif op == "crash":
+            if f"m{item[2]}" in self._nodes:
+                self.crash_member(item[2], item[3])
+        elif op == "restart":
+            self._restart_member(item[2])
+        elif op == "crash_c":
+            if "c" in self._nodes:
+                self.crash_coordinator()
+        elif op == "restart_c":
+            self._restart_coordinator()
+        else:
+            raise ValueError(f"unknown scripted fault {item!r}")
 
     # nodes and incarnations
     def node(self, name: str):
@@ -1197,6 +1458,7 @@ class Sim:
     def _result(self, ok: bool, message: str = "") -> Result:
         ck = self.checker
         return Result(seed=self.seed, ok=ok, message=message, broken=self.broken,
+                      fixes=self.fixes, scenario=self.scenario,
                       events=self.sched.events, sim_ms=self.sched.now,
                       stats={"commits": ck.commits, "majority_acks": len(ck.acked),
                              "elections": ck.elections, "crashes": self.crashes,
@@ -1205,36 +1467,47 @@ class Sim:
                       trace_tail=list(self.trail), options=asdict(self.opts))
 
 
-def run(seed: int, broken: str | None = None, trace: bool = False) -> Result:
-    return Sim(seed, broken, trace).run()
+def run(seed: int = 0, broken: str | None = None, trace: bool = False, fixes=FIXES_ALL,
+        scenario: str | None = None) -> Result:
+    return Sim(seed, broken, trace, fixes, scenario).run()
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.sim", description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, help="replay this seed")
     ap.add_argument("--seeds", help="a sweep, START:STOP")
+    ap.add_argument("--scenario", choices=sorted(SCENARIOS), help="replay a scripted scenario")
     ap.add_argument("--broken", choices=BROKEN, help="run with a planted bug")
+    ap.add_argument("--without", action="append", default=[], choices=FIXES_ALL,
+                    help="do not apply the harness's fix for this known core bug (repeatable)")
+    ap.add_argument("--bugs", action="store_true", help="list the known core bugs and exit")
     ap.add_argument("--trace", action="store_true", help="print every event")
     a = ap.parse_args(argv)
-    if a.seed is None and a.seeds is None:
-        ap.error("give --seed N or --seeds START:STOP")
-    if a.seed is not None:
-        r = run(a.seed, a.broken, a.trace)
+    if a.bugs:
+        for b in KNOWN_BUGS.values():
+            print(f"{b.name} ({b.where})\n  bug: {b.what}\n  fix: {b.fix}\n")
+        return 0
+    fixes = tuple(f for f in FIXES_ALL if f not in a.without)
+    if a.seed is None and a.seeds is None and a.scenario is None:
+        ap.error("give --seed N, --seeds START:STOP or --scenario NAME")
+    if a.seed is not None or a.scenario is not None:
+        r = run(a.seed or 0, a.broken, a.trace, fixes, a.scenario)
         print(r.report())
         return 0 if r.ok else 1
     start, stop = (int(x) for x in a.seeds.split(":"))
     failed = []
     t0 = time.monotonic()  # reporting only; never feeds the simulation
     for s in range(start, stop):
-        r = run(s, a.broken)
+        r = run(s, a.broken, False, fixes)
         print(f"seed {s}: {'ok' if r.ok else 'FAILED: ' + r.message.splitlines()[0]} "
-              f"({r.events} events, {r.stats})")
+              f"({r.events} events, {r.stats})", flush=True)
         if not r.ok:
-            failed.append(s)
+            failed.append(r)
     print(f"{stop - start - len(failed)}/{stop - start} seeds ok in "
-          f"{time.monotonic() - t0:.1f}s" + (f"; failed: {failed}" if failed else ""))
-    for s in failed:
-        print(f"  reproduce: {reproduce_line(s, a.broken)}")
+          f"{time.monotonic() - t0:.1f}s" + (f"; failed: {[r.seed for r in failed]}"
+                                              if failed else ""))
+    for r in failed:
+        print(f"  reproduce: {r.reproduce}")
     return 1 if failed else 0
 
 
