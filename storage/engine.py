@@ -22,6 +22,7 @@ The data change and the oplog entry commit in the same LMDB transaction.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 import threading
@@ -499,6 +500,12 @@ class Transaction(Reader):
         self._log_many(ops)
         return res
 
+    def _hits(self, ns: str, flt, multi: bool) -> tuple[list, CollInfo | None]:
+        """The documents a statement changes: collected before the first write
+        (no cursor runs over what it changes), and only the first unless multi."""
+        it = self.matching(ns, flt)
+        return list(it if multi else itertools.islice(it, 1)), self.coll(ns)
+
     def update(self, ns: str, flt, update, multi: bool = False, upsert: bool = False,
                replace: bool = False) -> WriteResult:
         return self.statement(self._update, ns, flt, update, multi, upsert, replace)
@@ -513,10 +520,7 @@ class Transaction(Reader):
                                        "(use replace_one to replace a document)")
         lim = self.e.limits.document_bytes_max
         res = WriteResult()
-        hits = list(self.matching(ns, flt))
-        if not multi:
-            hits = hits[:1]
-        c = self.coll(ns)
+        hits, c = self._hits(ns, flt, multi)
         for pk, old in hits:
             res.matched += 1
             new = upd.apply_update(old, update)
@@ -541,10 +545,7 @@ class Transaction(Reader):
 
     def _delete(self, ns, flt, multi):
         res = WriteResult()
-        hits = list(self.matching(ns, flt))
-        if not multi:
-            hits = hits[:1]
-        c = self.coll(ns)
+        hits, c = self._hits(ns, flt, multi)
         for pk, old in hits:
             self._delete_doc(c, pk, old)
             self._log(codec.pack_image_op("d", ns, codec.pack(old), None))

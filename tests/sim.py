@@ -30,7 +30,8 @@ A run has two phases (TigerBeetle's VOPR):
   was not synced; a process crash keeps it). Invariants are checked after
   every event: at most one member commits under each term; no
   majority-acknowledged write is rolled back; every running member's oplog
-  is dense and hash-chained (every ``verify_every`` events and at restarts).
+  is dense and hash-chained (its new entries after every event that wrote
+  any; the whole oplog at every restart, after a rollback and at the end).
 * **liveness**: faults stop, the network heals, everyone restarts; the set
   must elect a primary, take a ``w="majority"`` probe write, and converge:
   identical oplogs (GTIDs and hashes), nothing unapplied, identical
@@ -46,6 +47,7 @@ clock).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import heapq
 import random
 import sys
@@ -60,6 +62,7 @@ from raymx.actors import replication as rep
 from raymx.actors.election import Action, ElectionCore
 from raymx.actors.gtid_manager import GTIDManager
 from raymx.actors.shard import ShardService, result_out, run_statement
+from raymx.storage import codec, oplog
 from raymx.storage.engine import Engine, WriteResult
 from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.limits import Limits
@@ -102,10 +105,11 @@ KNOWN_BUGS = {b.name: b for b in (
              "compared as GTIDs (d >= g), not as 'holds g': a deposed primary rolls its "
              "write back and still acknowledges it w='majority' later, when members "
              "report durable positions >= g (from their old copy or another branch)",
-             "on step-down (and on learning a higher term) fail every waiting write with "
-             "NotPrimary ('outcome unknown') and reset the durable map; count a member "
-             "for g only while it follows this primary in this term",
-             ("majority-acknowledged write",), None, ()),
+             "on step-down and whenever the member's durable term passes the write's term "
+             "(also when Feeder.pull learns it) fail every waiting write with NotPrimary "
+             "('outcome unknown') and reset the durable map; count a member for g only "
+             "while it follows this primary in this term",
+             ("majority-acknowledged write", "majority-committed point"), None, ()),
     KnownBug("election_not_fenced", "actors/election.py ElectionCore._elect + "
              "actors/coordinator.py Coordinator._act",
              "an election reads each member's last GTID and term from heartbeat replies "
@@ -136,6 +140,22 @@ KNOWN_BUGS = {b.name: b for b in (
              "(call _become_secondary whenever role == 'primary'); or let _commit tell the "
              "shell to step down instead of flipping service.primary alone",
              ("liveness: no convergence",), None, ()),
+    KnownBug("stale_sync_source", "actors/member.py Producer._run/_handle",
+             "after a member learns a new term (a heartbeat, or a pull answered "
+             "stale_term), its producer keeps pulling from the sync source it was given "
+             "for the old term, and accepts the entries because the check is 'the "
+             "source's current term >= mine' - and the source (say the deposed primary) "
+             "has just learned that term from this very producer's pull. So members that "
+             "recorded the new term still copy the old primary's branch and report it "
+             "durable: the old branch becomes 'majority durable' (the majority point and "
+             "w='majority' acknowledgements count it) while the new primary lacks it; it "
+             "is rolled back later (or rollback_to's majority assertion fires and, in the "
+             "shell, ends the producer thread)",
+             "a producer pulls only while its follow() term equals the member's durable "
+             "term: on learning a newer term it waits for the coordinator's follow(source, "
+             "term) for that term (the Raft rule: take entries only from the leader of "
+             "your current term)",
+             ("majority-acknowledged write", "majority-committed point"), None, ()),
     KnownBug("producer_thread_dies", "actors/member.py Producer._run/_roll_back",
              "only the pull is inside the producer loop's try: a find_common call that "
              "fails or times out (the source crashed or is cut off mid-rollback) raises "
@@ -201,7 +221,7 @@ class Options:
     safety_ms: int
     # scripted faults (scenarios): (at_ms, "partition", groups) | (at_ms, "heal")
     # | (at_ms, "crash", member, machine) | (at_ms, "restart", member)
-    # | (at_ms, "crash_c") | (at_ms, "restart_c")
+    # | (at_ms, "crash_c") | (at_ms, "restart_c") | (at_ms, "drop_p", p)
     script: tuple = ()
 
     @classmethod
@@ -237,6 +257,10 @@ class Options:
 
 # Named scenarios (TigerBeetle's replica_test style): a quiet cluster and a
 # script of faults. ``python -m tests.sim --scenario NAME``.
+def _hb() -> int:
+    return Limits().heartbeat_interval_ms
+
+
 SCENARIOS = {
     # the coordinator restarts while the primary (m1, the most advanced) is healthy
     "coordinator_restart": lambda: Options.quiet(script=((2_000, "crash_c"),
@@ -251,6 +275,20 @@ SCENARIOS = {
         majority_p=0.0, script=((0, "partition", [["m1"], ["m2", "m3"]]),
                                 (1_500, "partition", [["m1"], ["m2", "m3", "c"]]),
                                 (4_000, "heal"))),
+    # isolated_first_primary over a lossy network with a slow common-point search:
+    # some find_common call of m1's rollback is lost
+    "lossy_rollback": lambda: Options.quiet(
+        majority_p=0.0, hashes_per_round=2, safety_ms=10_000,
+        script=((0, "partition", [["m1"], ["m2", "m3"]]),
+                (1_500, "partition", [["m1"], ["m2", "m3", "c"]]),
+                (4_000, "heal"), (4_000, "drop_p", 0.3))),
+    # The coordinator sends become_primary(1) to m1 at the end of its first round
+    # and dies before the answer; m1 is cut off from the others and the coordinator
+    # (clients still reach it); the restarted coordinator has never heard of term 1
+    "coordinator_dies_mid_election": lambda: Options.quiet(
+        script=((_hb() + 1, "crash_c"),
+                (_hb() + 6, "partition", [["m1"], ["m2", "m3", "c"]]),
+                (3 * _hb(), "restart_c"))),
 }
 
 
@@ -386,6 +424,8 @@ class SimMember:
         self.engine = Engine(store, sim.limits, now_ms=lambda: sim.sched.now)
         self.engine.sync()  # what survived a crash is now the durable, recovered state
         self.engine.put_meta("member_id", mid)
+        self.verified: tuple = (ZERO, 0)  # the checker's verified oplog prefix (last, hash)
+        self.oplog_dirty = True
         # OplogShard
         self.role = "secondary"
         self.following: list | None = None
@@ -599,6 +639,7 @@ class SimMember:
                 raise
         finally:
             self.gm.done(g)
+            self.oplog_dirty = True
         h = self.engine.last()[1]
         w = req.get("w", 1)
         self.trace(f"commit {g} {req['op']} {req['ns']} w={w}")
@@ -656,6 +697,9 @@ class SimMember:
         self._wc_check()
 
     def _wc_check(self) -> None:
+        if "stale_write_concern" in self.sim.fixes and self.wc_waiting and (
+                not self.primary or self.engine.term > self.gm.term):
+            return self._wc_fail_all()  # deposed: nothing it waits for may be acknowledged
         keep = []
         for item in self.wc_waiting:
             g, h, w, deadline, out, respond = item
@@ -715,6 +759,7 @@ class SimMember:
             # the caller knows a newer term: learn it durably (a deposed primary
             # must not ship or gather acks any more)
             self.engine.set_term(term)
+            self._wc_check()
             return respond({"status": "stale_term", "term": term})
         now = self.now()
         self.feeder.report(member, durable, applied, now)
@@ -749,6 +794,8 @@ class SimMember:
         if self.paused or self.sync_source is None or self.p_inflight or self.p_locked \
                 or self.p_dead or self.engine.get_meta("needs_resync"):
             return  # follow() kicks it again
+        if "stale_sync_source" in self.sim.fixes and self.p_term < self.engine.term:
+            return  # told whom to follow in an older term: wait for follow() in this one
         src = self.sync_source
         last, last_h = self.engine.last()
         applied = rep.applied_point(self.engine)
@@ -765,6 +812,8 @@ class SimMember:
                 return self._kick_producer(100)
             if self.paused:
                 return  # paused while pulling: write nothing more
+            if "stale_sync_source" in self.sim.fixes and self.p_term < self.engine.term:
+                return  # learned a newer term while pulling: this source is not for it
             self._handle(out, src, last, last_h)
 
         def on_timeout():
@@ -788,6 +837,7 @@ class SimMember:
         try:
             batch = rep.check_batch(last, last_h, out["rows"], self.limits)
             g = rep.write_batch(self.engine, batch)
+            self.oplog_dirty = True
         except errors.RaymxError as e:
             self.trace(f"batch refused: {e}")
             return self._kick_producer(500)
@@ -850,6 +900,7 @@ class SimMember:
             self.trace(f"cannot roll back: {e}")
         finally:
             self.apply_held = False
+            self.oplog_dirty = True
         self._feeder_reset()  # feeder.truncated()
         self.p_locked = False
         self._kick_applier()
@@ -998,7 +1049,7 @@ class SimCoordinator:
         for mid in self.sim.member_ids:
             self.sim.rpc.call(self.name, f"m{mid}", "heartbeat", (term, []),
                               lambda r, err, mid=mid: on_reply(mid, r, err), CONTROL_TIMEOUT_MS)
-        self.later(CONTROL_TIMEOUT_MS, close)
+        self.later(3 * self.sim.limits.heartbeat_interval_ms, close)
 
     def _become_primary(self, a: Action, actions: list[Action]) -> None:
         self.sim.trace(self.name, f"elect m{a.member} term={a.term} (prepared)")
@@ -1122,6 +1173,7 @@ class Checker:
                           f"m{a[1]}): its sync source m{src} does not hold it; common point {common}")
 
     def check_oplog(self, m: SimMember) -> None:
+        """The whole oplog: dense from seq 1 and hash-chained."""
         try:
             m.engine.verify_oplog()
         except errors.CorruptEntry as e:
@@ -1129,6 +1181,28 @@ class Checker:
         first = next(iter(m.engine.read_oplog(limit=1)), None)
         if first is not None and first[0].seq != 1:
             self.fail(f"m{m.id}: oplog starts at {first[0]}, not at seq 1 (nothing trims here)")
+        m.verified = m.engine.last()
+        m.oplog_dirty = False
+
+    def check_tail(self, m: SimMember) -> None:
+        """After an event that changed m's oplog: the new entries continue the
+        verified prefix densely and chain to it; a changed prefix (rollback,
+        crash) is verified whole again."""
+        m.oplog_dirty = False
+        g0, h0 = m.verified
+        if g0 != ZERO:
+            with m.store.read() as t:
+                b = t.get("oplog", g0.to_bytes())
+            if b is None or codec.unpack(b)["h"] != h0:
+                return self.check_oplog(m)
+        prev, prev_h = g0, h0
+        for g, e in m.engine.read_oplog(after=None if g0 == ZERO else g0):
+            if g.seq != prev.seq + 1 or g < prev:
+                self.fail(f"m{m.id}: oplog gap or order break between {prev} and {g}")
+            if oplog.chain_hash(prev_h, g, oplog.digest_of(e["ops"])) != e["h"]:
+                self.fail(f"m{m.id}: hash chain broken at {g}")
+            prev, prev_h = g, e["h"]
+        m.verified = (prev, prev_h)
 
     def final(self, members: list[SimMember]) -> None:
         ref = members[0]
@@ -1192,6 +1266,7 @@ class Result:
     stats: dict = field(default_factory=dict)
     trace_tail: list = field(default_factory=list)
     options: dict = field(default_factory=dict)
+    digest: str = ""
 
     @property
     def reproduce(self) -> str:
@@ -1204,7 +1279,8 @@ class Result:
                  "options: " + " ".join(f"{k}={v}" for k, v in self.options.items()),
                  f"{'ok' if self.ok else 'FAILED'} after {self.events} events, "
                  f"{self.sim_ms} simulated ms; " + " ".join(f"{k}={v}" for k, v in
-                                                          self.stats.items())]
+                                                          self.stats.items()),
+                 f"trace digest {self.digest} (a replay prints the same)"]
         if not self.ok:
             lines += ["", self.message, "", "last events:"] + self.trace_tail + [
                 "", f"reproduce: {self.reproduce}"]
@@ -1236,6 +1312,7 @@ class Sim:
         self.rpc = Rpc(self)
         self.checker = Checker(self)
         self.trail: deque = deque(maxlen=120)
+        self._digest = hashlib.blake2b(digest_size=8)  # of every trace line: replays compare equal
         self.member_ids = list(range(1, self.opts.members + 1))
         self.specs = [{"id": m, "priority": 0 if m in self.opts.priority0 else 1}
                       for m in self.member_ids]
@@ -1243,7 +1320,6 @@ class Sim:
         self._nodes: dict[str, object] = {}
         self._epochs: dict[str, int] = {}
         self.crashes = 0
-        self.verify_every = 200
         for m in self.member_ids:
             self.start_member(m)
         self.start_coordinator()
@@ -1266,6 +1342,9 @@ class Sim:
                 self.crash_member(item[2], item[3])
         elif op == "restart":
             self._restart_member(item[2])
+        elif op == "drop_p":
+            self.opts.drop_p = item[2]
+            self.trace("net", f"drop_p={item[2]}")
         elif op == "crash_c":
             if "c" in self._nodes:
                 self.crash_coordinator()
@@ -1317,6 +1396,7 @@ class Sim:
     def trace(self, node: str, what: str) -> None:
         line = f"{self.sched.now:>7} {node:>3} {what}"
         self.trail.append(line)
+        self._digest.update(line.encode() + b"\n")
         if self.verbose:
             print(line)
 
@@ -1360,10 +1440,11 @@ class Sim:
 
     # running
     def _step(self) -> None:
+        """One event, then the invariants on every member it touched."""
         self.sched.step()
-        if self.sched.events % self.verify_every == 0:
-            for m in self.members():
-                self.checker.check_oplog(m)
+        for m in self.members():
+            if m.oplog_dirty:
+                self.checker.check_tail(m)
 
     def run(self) -> Result:
         try:
@@ -1464,7 +1545,8 @@ class Sim:
                              "elections": ck.elections, "crashes": self.crashes,
                              "rollbacks": ck.rollbacks,
                              "rolled_back_entries": ck.rolled_back_entries},
-                      trace_tail=list(self.trail), options=asdict(self.opts))
+                      trace_tail=list(self.trail), options=asdict(self.opts),
+                      digest=self._digest.hexdigest())
 
 
 def run(seed: int = 0, broken: str | None = None, trace: bool = False, fixes=FIXES_ALL,
