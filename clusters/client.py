@@ -75,37 +75,42 @@ class Connection:
     def request(self, req: dict, timeout_s: float | None = None):
         return self.submit(req).result(timeout_s)
 
-    def _read_exact(self, n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = self._sock.recv(min(n - len(buf), 1 << 20))
-            if not chunk:
-                raise ConnectionError("closed by the member")
-            buf += chunk
-        return bytes(buf)
-
     def _read_loop(self):
+        # one recv of up to 256 KiB, then every complete frame in the buffer:
+        # fewer syscalls and copies than reading header and body separately
+        buf = bytearray()
         try:
             while True:
-                n = codec.frame_length(self._read_exact(4), self.frame_bytes_max)
-                msg = codec.unpack_frame(self._read_exact(n))
-                rid = msg.get("id")
-                if rid is None and "err" in msg:
-                    raise errors.from_wire(msg["err"])
-                with self._plock:
-                    f = self._pending.pop(rid, None)
-                if f is None:
-                    continue
-                if "err" in msg:
-                    f.set_exception(errors.from_wire(msg["err"]))
-                else:
-                    f.set_result(msg.get("ok"))
+                chunk = self._sock.recv(1 << 18)
+                if not chunk:
+                    raise ConnectionError("closed by the member")
+                buf += chunk
+                while len(buf) >= 4:
+                    n = codec.frame_length(bytes(buf[:4]), self.frame_bytes_max)
+                    if len(buf) < 4 + n:
+                        break
+                    msg = codec.unpack_frame(bytes(buf[4:4 + n]))
+                    del buf[:4 + n]
+                    self._dispatch(msg)
         except errors.RaymxError as e:
             self._fail(e)
         except (OSError, ConnectionError) as e:
             self._fail(errors.ConnectionLost(
                 f"connection to {self.addr} lost ({e}); the outcome of requests in flight "
                 "is unknown", sent=True))
+
+    def _dispatch(self, msg: dict) -> None:
+        rid = msg.get("id")
+        if rid is None and "err" in msg:
+            raise errors.from_wire(msg["err"])
+        with self._plock:
+            f = self._pending.pop(rid, None)
+        if f is None:
+            return
+        if "err" in msg:
+            f.set_exception(errors.from_wire(msg["err"]))
+        else:
+            f.set_result(msg.get("ok"))
 
     def _fail(self, e: errors.RaymxError):
         with self._plock:

@@ -245,12 +245,14 @@ class Options:
         return cls(
             seed=seed, members=members, priority0=pri0, clients=r.randint(1, 3),
             write_gap_ms=r.choice((20, 50, 100)), majority_p=r.choice((0.3, 0.6, 0.9)),
-            drop_p=f * r.choice((0.0, 0.01, 0.05, 0.1)), dup_p=f * r.choice((0.0, 0.02, 0.05)),
-            delay_ms_max=r.choice((2, 10, 40, 150)), spike_p=f * r.choice((0.0, 0.01, 0.03)),
-            partition_p=f * r.choice((0.0, 0.01, 0.02, 0.05)),
-            crash_p=f * r.choice((0.0, 0.002, 0.005, 0.01)),
+            drop_p=round(f * r.choice((0.0, 0.01, 0.05, 0.1)), 4),
+            dup_p=round(f * r.choice((0.0, 0.02, 0.05)), 4),
+            delay_ms_max=r.choice((2, 10, 40, 150)),
+            spike_p=round(f * r.choice((0.0, 0.01, 0.03)), 4),
+            partition_p=round(f * r.choice((0.0, 0.02, 0.04, 0.08)), 4),
+            crash_p=round(f * r.choice((0.0, 0.002, 0.005, 0.01)), 4),
             machine_crash_p=r.choice((0.0, 0.5, 1.0)),
-            coordinator_crash_p=f * r.choice((0.0, 0.005, 0.02)),
+            coordinator_crash_p=round(f * r.choice((0.0, 0.005, 0.02)), 4),
             disk_ms_max=r.choice((1, 5, 20)), apply_batch_ops=r.choice((1, 3, 50)),
             hashes_per_round=r.choice((2, 5, 1000)), safety_ms=r.choice((4_000, 6_000, 8_000)))
 
@@ -1070,13 +1072,19 @@ class SimCoordinator:
 
 # --- clients ------------------------------------------------------------------
 class SimClient:
-    def __init__(self, sim: "Sim", cid: int):
+    """A driver: pipelines up to ``inflight_max`` writes to the member it believes
+    is primary; on NotPrimary or a timeout it tries the next member."""
+
+    def __init__(self, sim: "Sim", cid: int, active: bool = True):
         self.sim, self.id, self.name = sim, cid, f"k{cid}"
         self.n = 0
         self.target = sim.rng.choice(sim.member_ids)
         self.inserted: list[str] = []
-        self.active = True
-        self.sim.sched.at(sim.rng.randint(0, 100), self._next)
+        self.inflight = 0
+        self.inflight_max = sim.rng.choice((1, 2, 4))
+        self.active = active
+        if active:
+            self.sim.sched.at(sim.rng.randint(0, 100), self._tick)
 
     def _pick(self) -> dict:
         rng, o = self.sim.rng, self.sim.opts
@@ -1102,33 +1110,36 @@ class SimClient:
             req["wtimeout_ms"] = WTIMEOUT_MS
         return req
 
-    def _next(self) -> None:
+    def _tick(self) -> None:
         if not self.active:
             return
-        self.send(self._pick(), lambda ok: None)
+        if self.inflight < self.inflight_max:
+            self.send(self._pick(), lambda ok: None)
+        self.sim.sched.at(self.sim.rng.randint(1, 2 * self.sim.opts.write_gap_ms), self._tick)
+
+    def _next_target(self) -> None:
+        ids = self.sim.member_ids
+        self.target = ids[(ids.index(self.target) + 1) % len(ids)]
 
     def send(self, req: dict, done: Callable[[bool], None]) -> None:
         sim = self.sim
+        target = self.target
+        self.inflight += 1
 
         def on_reply(r, err):
-            if err is None:
-                done(True)
-            else:
-                if isinstance(err, errors.NotPrimary):
-                    self.target = sim.rng.choice(sim.member_ids)
-                done(False)
-            self._again()
+            self.inflight -= 1
+            if err is not None and self.target == target and \
+                    isinstance(err, (errors.NotPrimary, ActorUnavailable)):
+                self._next_target()
+            done(err is None)
 
         def on_timeout():
-            self.target = sim.rng.choice(sim.member_ids)
+            self.inflight -= 1
+            if self.target == target:
+                self._next_target()
             done(False)
-            self._again()
-        sim.rpc.call(self.name, f"m{self.target}", "write", (req,), on_reply, CLIENT_TIMEOUT_MS,
+        sim.rpc.call(self.name, f"m{target}", "write", (req,), on_reply, CLIENT_TIMEOUT_MS,
                      on_timeout)
-
-    def _again(self) -> None:
-        if self.active:
-            self.sim.sched.at(self.sim.rng.randint(1, 2 * self.sim.opts.write_gap_ms), self._next)
 
 
 # --- the checker: invariants after every event, convergence at the end -------
@@ -1411,7 +1422,14 @@ class Sim:
                 self.trace("net", "heal")
             else:
                 nodes = [f"m{m}" for m in self.member_ids] + ["c"]
-                if rng.random() < 0.5:
+                primaries = [m.name for m in self.members() if m.role == "primary"]
+                r = rng.random()
+                if r < 0.4 and primaries:
+                    # the interesting one: the primary keeps its clients but loses
+                    # its secondaries (and maybe the coordinator), writes on alone
+                    alone = [rng.choice(primaries)] + (["c"] if rng.random() < 0.5 else [])
+                    groups = [alone, [n for n in nodes if n not in alone]]
+                elif r < 0.7:
                     alone = [rng.choice(nodes)]
                     groups = [alone, [n for n in nodes if n not in alone]]
                 else:
@@ -1473,9 +1491,7 @@ class Sim:
         self._restart_coordinator()
         start = self.sched.now
         probe = {"ok": False, "sent": False}
-        prober = SimClient.__new__(SimClient)
-        prober.sim, prober.id, prober.name, prober.active = self, 0, "k0", False
-        prober.target = self.member_ids[0]
+        prober = SimClient(self, 0, active=False)
         self.clients.append(prober)
         n = [0]
 
