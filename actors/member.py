@@ -381,6 +381,7 @@ class Feeder:
                          for m, p in pos.items()}, {m: p["at_ms"] for m, p in pos.items()}))
         deadline = time.monotonic() + wait_ms / 1000
         while True:
+            seen = self.core.limit  # read before pulling, so no notification is missed
             out = self.core.pull(after, after_h, max_entries, max_bytes)
             out["term"] = my_term
             if out["status"] != "ok" or out["rows"]:
@@ -389,7 +390,8 @@ class Feeder:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return out
-                self._latch.wait(left)
+                if self.core.limit == seen:
+                    self._latch.wait(left)
 
     @ray.method(concurrency_group="control")
     def positions(self) -> dict:
@@ -445,8 +447,7 @@ class Producer:
                     src = _get(self.rs_name, src_id, "feeder")
                 last, last_h = self.engine.last()
                 applied = rep.applied_point(self.engine)
-                down = ray.get(_get(self.rs_name, self.member_id, "feeder").positions.remote(),
-                               timeout=5)
+                down = self._downstream()
                 out = ray.get(src.pull.remote(
                     list(last), last_h if last != ZERO else None, self.limits.pull_entries_max,
                     self.limits.pull_bytes_max, self.limits.pull_wait_ms, self.member_id,
@@ -461,6 +462,26 @@ class Producer:
                 if self._paused.is_set():
                     continue  # paused while pulling: write nothing more
                 self._handle(out, src, src_id, last, last_h)
+
+    def _downstream(self) -> dict:
+        """Positions of members that sync from this one (chained replication),
+        forwarded upstream with each pull. Never blocks the pull loop: the
+        newest answer is used and the next request is already on its way."""
+        ref = getattr(self, "_down_ref", None)
+        if ref is not None:
+            ready, _ = ray.wait([ref], timeout=0)
+            if ready:
+                try:
+                    self._down = ray.get(ref)
+                except Exception:
+                    pass
+                ref = None
+        if ref is None:
+            try:
+                self._down_ref = _get(self.rs_name, self.member_id, "feeder").positions.remote()
+            except Exception:
+                self._down_ref = None
+        return getattr(self, "_down", {})
 
     def _handle(self, out, src, src_id, last, last_h) -> None:
         status = out["status"]

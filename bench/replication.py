@@ -3,18 +3,21 @@
 Measures, with ~200-byte documents (same shape as bench/commit.py):
 
 1. the primary's maximum single-document commit rate: default write concern
-   (w=1, j=False), a few client processes doing sequential ``insert_one``
-   for ~3 s, with both secondaries replicating meanwhile;
+   (w=1, j=False), two client processes each keeping 16 single-document
+   inserts in flight on its connection, for 3 s, with both secondaries
+   replicating meanwhile (how far behind they end up is printed too);
 2. replication lag (commit on the primary to durable on a secondary) p50/p99
-   under an open-loop load at half that rate (method in ``lag_phase``);
+   under an open-loop load at half that rate (method in ``lag_phase``), and
+   the same at a light 100 writes/s for reference;
 3. secondary catch-up: pause one secondary's producer, commit 100,000
    single-document transactions on the primary (pipelined on one connection),
    unpause, and time until that secondary has applied them all. Printed as
    transactions/s, as a ratio to (1), and against raw LMDB batched puts of
    the same documents (py-lmdb + msgpack, 1,000 puts per transaction).
 
-Prints figures and ratios; asserts nothing (these machines are noisy).
-Progress lines go to stderr. ``RAYMX_BENCH_CATCHUP_N`` overrides 100,000.
+Prints figures and ratios; asserts nothing (these machines are noisy). Each
+phase also prints how busy the machine was and how much of it other programs
+took, since that moves every figure here. Progress lines go to stderr. ``RAYMX_BENCH_CATCHUP_N`` overrides 100,000.
 """
 import os
 import random
@@ -66,7 +69,7 @@ def pct(xs, q):
 # --- 1. maximum commit rate: client processes ---------------------------------
 def max_rate_worker(k, topo, ns, cmd_q, res_q):
     """One client process: single-document inserts, default write concern, with
-    WINDOW of them in flight on its connection (pipelined)."""
+    MAX_WINDOW of them in flight on its connection (pipelined)."""
     from raymx.client import Connection
 
     prim = next(m for m in topo["members"] if m["role"] == "primary")
@@ -109,8 +112,9 @@ def max_commit_rate(topo, ns="bench.max"):
         p.start()
     try:
         for _ in ps:
-            tag, _k = res_q.get(timeout=120)
-            assert tag == "ready"
+            tag, k = res_q.get(timeout=120)
+            if tag != "ready":
+                raise RuntimeError(f"client process {k} failed to start")
         start_at = time.monotonic() + 0.3  # synchronised start
         for q in cmd_qs:
             q.put((start_at, start_at + MAX_S))
@@ -271,9 +275,10 @@ def raw_batched_rate(path, all_docs):
 
 # --- noise: CPU used by processes outside this benchmark -----------------------
 class CpuShare:
-    """Machine CPU time (``/proc/stat``) minus that of this process and its
-    descendants (the Ray head, the members' actors): what other programs took
-    while a phase ran. Linux only; quietly absent elsewhere."""
+    """Machine CPU time (``/proc/stat``) against that of this process and its
+    descendants (the Ray head, the members' actors, the client processes):
+    how busy the machine was while a phase ran and how much of it other
+    programs took. Linux only; quietly absent elsewhere."""
 
     def __init__(self):
         self.t0 = time.monotonic()
@@ -295,7 +300,8 @@ class CpuShare:
                 except OSError:
                     continue
                 ppid[int(p)] = int(rest[1])
-                used[int(p)] = int(rest[11]) + int(rest[12])
+                # utime + stime, plus that of its children that have ended
+                used[int(p)] = sum(int(x) for x in rest[11:15])
             mine, todo = set(), [os.getpid()]
             while todo:
                 x = todo.pop()
@@ -305,7 +311,8 @@ class CpuShare:
         except OSError:
             return None
 
-    def stop(self) -> str:
+    def stop(self, per=None, unit="") -> str:
+        """A summary; with ``per`` (a count), also this benchmark's CPU ms per unit."""
         b = self._sample()
         if self.a is None or b is None:
             return ""
@@ -314,8 +321,10 @@ class CpuShare:
         busy = (b[0] - self.a[0]) / hz
         ours = sum(c - self.a[1].get(p, 0) for p, c in b[1].items()) / hz
         n = os.cpu_count() or 1
+        extra = f", {ours * 1000 / per:.2f} ms of its CPU per {unit}" if per else ""
         return (f"[CPU busy {busy / dt / n:.0%} of {n} cores, this benchmark "
-                f"{ours / dt / n:.0%}, other programs {max(0.0, busy - ours) / dt / n:.0%}]")
+                f"{ours / dt / n:.0%}{extra}, other programs "
+                f"{max(0.0, busy - ours) / dt / n:.0%}]")
 
 
 def main():
@@ -360,7 +369,8 @@ def main():
         progress(f"max single-doc commit rate: {MAX_CLIENTS} client processes x "
                  f"{MAX_WINDOW} in flight, {MAX_S:.0f} s")
         cpu = CpuShare()
-        res["max"] = (max_commit_rate(topo), cpu.stop())
+        max_r = max_commit_rate(topo)
+        res["max"] = (max_r, cpu.stop(max_r * MAX_S, "write"))
         res["max_drain"] = drain_time(ray, rs, prim["id"], secs)
 
         # 2. lag at half of it
@@ -374,7 +384,8 @@ def main():
             cpu = CpuShare()
             lat, lag, sent_hz, lag_err = lag_phase(conn, rate_hz, LAG_S,
                                                    first_id=10_000_000 * (k + 1))
-            res["lag" if not k else "light"] = (rate_hz, sent_hz, lat, lag, lag_err, cpu.stop())
+            res["lag" if not k else "light"] = (rate_hz, sent_hz, lat, lag, lag_err,
+                                                cpu.stop(rate_hz * LAG_S, "write"))
             drain_time(ray, rs, prim["id"], secs)
 
         # 3. catch-up
@@ -405,7 +416,7 @@ def catch_up(ray, rs, conn, prim, laggard, other, catchup_docs):
     cpu = CpuShare()
     t0 = time.perf_counter()
     target = load_pipelined(conn, catchup_docs, LOAD_WINDOW)
-    load = (CATCHUP_N / (time.perf_counter() - t0), cpu.stop())
+    load = (CATCHUP_N / (time.perf_counter() - t0), cpu.stop(CATCHUP_N, "write"))
     backlog = target[1] - b_applied[1]
     # Nothing else replicates while the laggard catches up: the other secondary
     # has everything and the primary has synced it (so the feeder may ship it all).
@@ -435,7 +446,7 @@ def catch_up(ray, rs, conn, prim, laggard, other, catchup_docs):
         if now - t0 > 600:
             raise TimeoutError(f"m{laggard} had not applied {target} after 600 s")
         time.sleep(0.01)
-    cu_cpu = cpu.stop()
+    cu_cpu = cpu.stop(target[1] - b_applied[1], "entry")
     applied_n = ray.get(applier.status.remote())["applied_entries"] - a0
     return {"backlog": backlog, "unwritten": target[1] - b_last[1], "t_written": t_written,
             "t_applied": t_applied, "applied_n": applied_n, "load": load, "cpu": cu_cpu}
