@@ -165,6 +165,12 @@ class WriteConcernWaiters:
         with self._cond:
             self.durable = {}
 
+    def fail_all(self, make_err) -> None:
+        with self._cond:
+            waiting, self._waiting = self._waiting, []
+        for g, _, _, _, fail in waiting:
+            fail(make_err(g))
+
     def majority_point(self) -> GTID | None:
         from raymx.actors.replication import majority_point
         with self._cond:
@@ -192,9 +198,16 @@ class WriteConcernWaiters:
                 self._cond.wait(min(1.0, max(0.0, min(dl) - now)) if dl else 1.0)
                 now = time.monotonic()
                 done, keep = [], []
+                term = self._svc.e.term if self._waiting else 0
                 for item in self._waiting:
                     g, w, d, ok, fail = item
-                    if acknowledged(g, w, self.durable, self._svc.votes):
+                    if term > g.term or not self._svc.primary:
+                        # a newer term exists: this primary is deposed, and positions
+                        # it hears may belong to another branch; never acknowledge
+                        done.append(lambda fail=fail, g=g: fail(errors.NotPrimary(
+                            f"the write at {g} was not acknowledged before a newer term began;"
+                            " its outcome is unknown", gtid=list(g), outcome="unknown")))
+                    elif acknowledged(g, w, self.durable, self._svc.votes):
                         done.append(ok)
                     elif d is not None and now >= d:
                         have = sum(1 for x in self.durable.values() if x is not None and x >= g)
@@ -321,7 +334,18 @@ class ShardService:
         self.primary = True
 
     def step_down(self) -> None:
+        """No more writes; writes still waiting for acknowledgements fail now.
+
+        Their outcome is unknown (a new primary may or may not hold them), and
+        positions reported to a deposed primary must never acknowledge them
+        later: the entry may be rolled back here while others hold another
+        branch past the same seq.
+        """
         self.primary = False
+        self.wc.fail_all(lambda g: errors.NotPrimary(
+            f"member {self.member_id} stepped down before the write at {g} was acknowledged; "
+            "its outcome is unknown", gtid=list(g), outcome="unknown"))
+        self.wc.reset()
 
     # --- dispatch --------------------------------------------------------
     def handle(self, req: dict, reply: Reply, conn: dict) -> None:

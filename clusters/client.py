@@ -306,6 +306,8 @@ class Client:
                 c = self._primary_conn()
                 return c.request(req, max(0.1, deadline - time.monotonic())), c
             except (errors.NotPrimary, errors.PrimaryUnavailable) as e:
+                if e.info.get("outcome") == "unknown":
+                    raise  # committed there, then the primary stepped down: never retry
                 err = e
             except errors.ConnectionLost as e:
                 if write and e.info.get("sent", True):
