@@ -34,6 +34,9 @@ class Writers:
             except errors.ConnectionLost:
                 self.unknown.append(doc["_id"])  # outcome unknown: said so, not counted
             except errors.RaymxError as e:
+                if e.info.get("outcome") == "unknown":
+                    self.unknown.append(doc["_id"])
+                    continue
                 self.errors.append(e)
             i += 1
 
