@@ -9,6 +9,8 @@ exactly::
     python -m tests.sim --seed 17 --trace     # print every event as it happens
     python -m tests.sim --seeds 0:300         # a sweep
     python -m tests.sim --seed 3 --broken ack_before_durable   # a planted bug
+    python -m tests.sim --scenario coordinator_dies_mid_election   # a scripted scenario
+    python -m tests.sim --bugs                # the protocol bugs it found
 
 What runs here is the real code of the protocol cores (``Engine`` over a
 ``MemoryStore``, ``GTIDManager``, ``FeederCore``, ``check_batch``/``write_batch``,
@@ -37,6 +39,13 @@ A run has two phases (TigerBeetle's VOPR):
   identical oplogs (GTIDs and hashes), nothing unapplied, identical
   collections, every majority-acknowledged write present with its hash, and
   the collections equal to a naive replay of the oplog's images.
+
+Known protocol bugs (``KNOWN_BUGS``, ``--bugs``): the simulation found bugs
+in the cores and shells. Until they are fixed there, the harness applies the
+suggested fix in its own glue, each behind a name in ``Sim.fixes``, so the
+sweep keeps testing the rest; ``--without NAME`` runs the code as the shells
+have it and replays the bug. tests/test_simulation.py keeps one strict-xfail
+reproduction per bug.
 
 Determinism traps avoided: one ``random.Random(seed)``; no wall clock (the
 engine gets ``now_ms`` from the scheduler); no ``hash()`` of strings; dicts
@@ -82,12 +91,17 @@ class KnownBug:
     what: str
     fix: str
     symptoms: tuple         # what the failure message says when it bites (any of)
-    repro: "str | tuple"    # a scenario name, or seeds that fail with this fix off
+    repro: tuple            # scenario names and/or seeds that fail with this fix off
     also_without: tuple = ()  # workarounds that would mask it (left off too)
 
     def fixes_without(self) -> tuple:
+        """The workarounds of a run that shows this bug."""
         off = (self.name,) + self.also_without
         return tuple(f for f in FIXES_ALL if f not in off)
+
+    def fixes_with(self) -> tuple:
+        """The same run with this bug's workaround back on: it must pass (attribution)."""
+        return tuple(f for f in FIXES_ALL if f not in self.also_without)
 
 
 KNOWN_BUGS = {b.name: b for b in (
@@ -98,7 +112,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "forever although nothing was trimmed",
              "compare seqs: too_stale only if after.seq < first.seq (seqs are dense "
              "across terms); otherwise answer diverged",
-             ("liveness: no convergence",), "isolated_first_primary", ()),
+             ("resync=sync source trimmed past",), ("isolated_first_primary",), ()),
     KnownBug("stale_write_concern", "actors/shard.py WriteConcernWaiters / "
              "actors/member.py OplogShard._become_secondary",
              "write-concern waiters survive step-down and the durable positions are "
@@ -109,7 +123,8 @@ KNOWN_BUGS = {b.name: b for b in (
              "(also when Feeder.pull learns it) fail every waiting write with NotPrimary "
              "('outcome unknown') and reset the durable map; count a member for g only "
              "while it follows this primary in this term",
-             ("majority-acknowledged write", "majority-committed point"), None, ()),
+             ("majority-acknowledged write", "majority-committed point"), (218, 172),
+             ("election_not_fenced", "stale_sync_source")),
     KnownBug("election_not_fenced", "actors/election.py ElectionCore._elect + "
              "actors/coordinator.py Coordinator._act",
              "an election reads each member's last GTID and term from heartbeat replies "
@@ -126,7 +141,8 @@ KNOWN_BUGS = {b.name: b for b in (
              "voting members to answer with their last GTID as of after recording it, and "
              "choose the winner among those answers only; never reuse a term the "
              "coordinator has sent (bump core.term when it issues an election)",
-             ("two primaries accepted writes", "majority-acknowledged write"), None, ()),
+             ("two primaries accepted writes", "majority-acknowledged write"),
+             ("coordinator_dies_mid_election", "primary_cut_from_coordinator"), ()),
     KnownBug("deposed_role_stuck", "actors/shard.py ShardService._commit + "
              "actors/member.py OplogShard._learn_term/step_down/follow",
              "a primary learns a higher term through a pull (Feeder.pull records it in the "
@@ -139,7 +155,8 @@ KNOWN_BUGS = {b.name: b for b in (
              "decide on OplogShard.role, not service.primary, in _learn_term/step_down/follow "
              "(call _become_secondary whenever role == 'primary'); or let _commit tell the "
              "shell to step down instead of flipping service.primary alone",
-             ("liveness: no convergence",), None, ()),
+             ("role=primary shard_primary=False",), ("primary_cut_from_coordinator",),
+             ("stale_sync_source",)),
     KnownBug("stale_sync_source", "actors/member.py Producer._run/_handle",
              "after a member learns a new term (a heartbeat, or a pull answered "
              "stale_term), its producer keeps pulling from the sync source it was given "
@@ -155,14 +172,15 @@ KNOWN_BUGS = {b.name: b for b in (
              "term: on learning a newer term it waits for the coordinator's follow(source, "
              "term) for that term (the Raft rule: take entries only from the leader of "
              "your current term)",
-             ("majority-acknowledged write", "majority-committed point"), None, ()),
+             ("majority-acknowledged write", "majority-committed point"), (444,),
+             ("election_not_fenced", "stale_write_concern")),
     KnownBug("producer_thread_dies", "actors/member.py Producer._run/_roll_back",
              "only the pull is inside the producer loop's try: a find_common call that "
              "fails or times out (the source crashed or is cut off mid-rollback) raises "
              "out of _roll_back/_handle and ends the producer thread; the actor stays up, "
              "so the member never replicates again until something restarts it",
              "wrap _handle in the loop's try (log, sleep, retry the pull), as the pull is",
-             ("liveness: no convergence",), None, ()),
+             ("producer_dead=True",), ("lossy_rollback",), ()),
 )}
 FIXES_ALL = tuple(KNOWN_BUGS)
 
@@ -219,6 +237,11 @@ class Options:
     apply_batch_ops: int
     hashes_per_round: int    # own_hashes batch when looking for the common point
     safety_ms: int
+    # timing limits are drawn too (not the project's defaults), so a seed keeps
+    # replaying the same run when a default changes
+    heartbeat_interval_ms: int = 100
+    heartbeat_timeout_ms: int = 600
+    pull_wait_ms: int = 500
     # scripted faults (scenarios): (at_ms, "partition", groups) | (at_ms, "heal")
     # | (at_ms, "crash", member, machine) | (at_ms, "restart", member)
     # | (at_ms, "crash_c") | (at_ms, "restart_c") | (at_ms, "drop_p", p)
@@ -254,13 +277,14 @@ class Options:
             machine_crash_p=r.choice((0.0, 0.5, 1.0)),
             coordinator_crash_p=round(f * r.choice((0.0, 0.005, 0.02)), 4),
             disk_ms_max=r.choice((1, 5, 20)), apply_batch_ops=r.choice((1, 3, 50)),
-            hashes_per_round=r.choice((2, 5, 1000)), safety_ms=r.choice((4_000, 6_000, 8_000)))
+            hashes_per_round=r.choice((2, 5, 1000)), safety_ms=r.choice((4_000, 6_000, 8_000)),
+            heartbeat_interval_ms=r.choice((50, 100, 200)),
+            heartbeat_timeout_ms=r.choice((300, 600, 1000)), pull_wait_ms=r.choice((100, 500)))
 
 
 # Named scenarios (TigerBeetle's replica_test style): a quiet cluster and a
 # script of faults. ``python -m tests.sim --scenario NAME``.
-def _hb() -> int:
-    return Limits().heartbeat_interval_ms
+_HB = Options.__dataclass_fields__["heartbeat_interval_ms"].default  # quiet()'s interval
 
 
 SCENARIOS = {
@@ -284,13 +308,17 @@ SCENARIOS = {
         script=((0, "partition", [["m1"], ["m2", "m3"]]),
                 (1_500, "partition", [["m1"], ["m2", "m3", "c"]]),
                 (4_000, "heal"), (4_000, "drop_p", 0.3))),
+    # the primary (m1) loses the coordinator but not the secondaries, which learn
+    # the new term from the coordinator while still pulling from m1
+    "primary_cut_from_coordinator": lambda: Options.quiet(
+        script=((2_000, "partition", [["m1"], ["c"]]), (4_000, "heal"))),
     # The coordinator sends become_primary(1) to m1 at the end of its first round
     # and dies before the answer; m1 is cut off from the others and the coordinator
     # (clients still reach it); the restarted coordinator has never heard of term 1
     "coordinator_dies_mid_election": lambda: Options.quiet(
-        script=((_hb() + 1, "crash_c"),
-                (_hb() + 6, "partition", [["m1"], ["m2", "m3", "c"]]),
-                (3 * _hb(), "restart_c"))),
+        script=((_HB + 1, "crash_c"),
+                (_HB + 6, "partition", [["m1"], ["m2", "m3", "c"]]),
+                (3 * _HB, "restart_c"))),
 }
 
 
@@ -1008,7 +1036,6 @@ class SimCoordinator:
             self._act(actions)
         self.sim.rpc.call(self.name, f"m{a.member}", method, args, on_reply, tmo, on_timeout)
 
-
     # The suggested fix for election_not_fenced: make the term durable on a
     # majority first, then choose the winner from their answers.
     def _prepare(self, a: Action, actions: list[Action]) -> None:
@@ -1144,6 +1171,11 @@ class SimClient:
 
 # --- the checker: invariants after every event, convergence at the end -------
 class Checker:
+    """Safety, checked as it happens: one member commits per term (and a GTID
+    never names two different entries); a majority-acknowledged write is never
+    rolled back; oplogs stay dense and hash-chained. Liveness and convergence,
+    checked at the end: see ``final``."""
+
     def __init__(self, sim: "Sim"):
         self.sim = sim
         self.term_owner: dict[int, int] = {}       # term -> the member that committed under it
@@ -1181,7 +1213,8 @@ class Checker:
             a = self.acked.get(g)
             if a is not None and a[0] == h:
                 self.fail(f"m{m.id} rolls back majority-acknowledged write {g} (acknowledged by "
-                          f"m{a[1]}): its sync source m{src} does not hold it; common point {common}")
+                          f"m{a[1]}): its sync source m{src} does not hold it; "
+                          f"common point {common}")
 
     def check_oplog(self, m: SimMember) -> None:
         """The whole oplog: dense from seq 1 and hash-chained."""
@@ -1318,7 +1351,11 @@ class Sim:
             self.opts = Options.swarm(seed)
         self.rng = random.Random(seed)
         self.sched = Scheduler(self.rng)
-        self.limits = Limits()
+        o = self.opts
+        self.limits = Limits().with_(heartbeat_interval_ms=o.heartbeat_interval_ms,
+                                     heartbeat_timeout_ms=max(o.heartbeat_timeout_ms,
+                                                              2 * o.heartbeat_interval_ms),
+                                     pull_wait_ms=o.pull_wait_ms)
         self.net = Network(self)
         self.rpc = Rpc(self)
         self.checker = Checker(self)
@@ -1547,7 +1584,7 @@ class Sim:
             last, h = m.engine.last()
             lines.append(f"  m{m.id}: role={m.role} shard_primary={m.primary} term={m.engine.term} "
                          f"last={last} h={h:016x} following={m.following} "
-                         f"source={m.sync_source} paused={m.paused} "
+                         f"source={m.sync_source} paused={m.paused} producer_dead={m.p_dead} "
                          f"unapplied_from={rep.min_unapplied(m.engine)} "
                          f"resync={m.engine.get_meta('needs_resync')}")
         return "\n".join(lines)

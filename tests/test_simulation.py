@@ -1,0 +1,127 @@
+"""The deterministic simulation (tests/sim.py) in CI.
+
+* a sweep of ``SEEDS`` seeds, in chunks, each a safety phase with faults and a
+  liveness phase without; a failure prints the seed's options, the last events
+  and ``reproduce: python -m tests.sim --seed N``;
+* the named scenarios, which script their faults;
+* replays are exact, also under another PYTHONHASHSEED;
+* planted bugs (a primary acknowledging w="majority" before anyone else has
+  the entry; an election reusing a term) are caught, so the invariants bite;
+* every known protocol bug still reproduces with the harness's workaround for
+  it switched off (strict xfail: when the core is fixed, the xfail turns into a
+  failure that says to drop the workaround).
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests import sim
+
+CHUNKS = 10
+PER_CHUNK = 40
+SEEDS = CHUNKS * PER_CHUNK
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _failures(results) -> str:
+    """The first failure in full, one line for each other."""
+    bad = [r for r in results if not r.ok]
+    if not bad:
+        return ""
+    out = [f"{len(bad)} of {len(results)} seeds failed", "", bad[0].report()]
+    for r in bad[1:]:
+        out.append(f"also: seed {r.seed}: {r.message.splitlines()[0]}\n"
+                   f"  reproduce: {r.reproduce}")
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_seeds(chunk):
+    seeds = range(chunk * PER_CHUNK, (chunk + 1) * PER_CHUNK)
+    results = [sim.run(s) for s in seeds]
+    assert all(r.ok for r in results), _failures(results)
+    # the runs did something: writes were acknowledged and survived elections
+    assert sum(r.stats["majority_acks"] for r in results) > 0
+
+
+@pytest.mark.parametrize("name", sorted(sim.SCENARIOS))
+def test_scenario(name):
+    r = sim.run(scenario=name)
+    assert r.ok, r.report()
+
+
+def test_a_replay_is_exact():
+    a, b = sim.run(7), sim.run(7)
+    assert (a.digest, a.events, a.sim_ms, a.stats) == (b.digest, b.events, b.sim_ms, b.stats)
+    assert sim.run(8).digest != a.digest
+
+
+def test_a_replay_does_not_depend_on_the_string_hash_seed():
+    outs = []
+    for hs in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=hs)
+        p = subprocess.run([sys.executable, "-m", "tests.sim", "--seed", "11"], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout + p.stderr
+        outs.append(p.stdout)
+    assert outs[0] == outs[1]
+    assert "trace digest" in outs[0]
+
+
+@pytest.mark.parametrize("broken", sim.BROKEN)
+def test_the_invariants_catch_a_planted_bug(broken):
+    for seed in range(60):
+        r = sim.run(seed, broken=broken)
+        if not r.ok:
+            rep = r.report()
+            assert f"reproduce: python -m tests.sim --seed {seed} --broken {broken}" in rep
+            assert sim.run(seed, broken=broken).digest == r.digest  # and it replays
+            return
+    pytest.fail(f"no seed in 0..59 caught the planted bug {broken!r}: the invariants are blind")
+
+
+def test_a_failing_seed_prints_how_to_replay_it(capsys):
+    seed = next(s for s in range(60) if not sim.run(s, broken="reuse_term").ok)
+    assert sim.main(["--seed", str(seed), "--broken", "reuse_term"]) == 1
+    out = capsys.readouterr().out
+    assert f"SEED={seed}" in out and "last events:" in out
+    assert f"reproduce: python -m tests.sim --seed {seed} --broken reuse_term" in out
+
+
+def _known_bug_cases():
+    for b in sim.KNOWN_BUGS.values():
+        for repro in b.repro:
+            yield pytest.param(b.name, repro, id=f"{b.name}-{repro}", marks=pytest.mark.xfail(
+                strict=True, raises=AssertionError,
+                reason=f"protocol bug {b.name} ({b.where}): {b.what}. Suggested fix: {b.fix}"))
+
+
+@pytest.mark.parametrize("name,repro", list(_known_bug_cases()))
+def test_known_bug_still_bites_without_its_workaround(name, repro):
+    """Strict xfail. If this passes (XPASS fails the run), the bug is gone: for a
+    core bug, delete its workaround in tests/sim.py and its KNOWN_BUGS entry; for
+    a shell bug, make the simulated glue do what the fixed shell does, then
+    delete both. If it fails for another reason, that is a new problem."""
+    b = sim.KNOWN_BUGS[name]
+    if isinstance(repro, str):
+        r = sim.run(scenario=repro, fixes=b.fixes_without())
+    else:
+        r = sim.run(repro, fixes=b.fixes_without())
+    if not r.ok and not any(s in r.message for s in b.symptoms):
+        raise RuntimeError(f"{name}: failed, but not as the known bug does:\n{r.report()}")
+    assert r.ok, r.report()
+
+
+@pytest.mark.parametrize("name,repro", [(b.name, x) for b in sim.KNOWN_BUGS.values()
+                                        for x in b.repro])
+def test_known_bug_workaround_is_what_prevents_it(name, repro):
+    """The same run as above with only this bug's workaround switched back on
+    passes: the failure is this bug's, and the suggested fix works."""
+    b = sim.KNOWN_BUGS[name]
+    if isinstance(repro, str):
+        r = sim.run(scenario=repro, fixes=b.fixes_with())
+    else:
+        r = sim.run(repro, fixes=b.fixes_with())
+    assert r.ok, r.report()
