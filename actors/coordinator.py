@@ -132,6 +132,12 @@ class Coordinator:
         try:
             if a.kind == "elect":
                 t0 = _now_ms()
+                winner = self._prepare(a)
+                if winner is None:
+                    self.core.on_failed(a)
+                    return
+                a = Action("elect", winner, a.term)
+                h = self._handle(winner)
                 ray.get(h.become_primary.remote(a.term), timeout=30)
                 self.core.on_elected(a.member, a.term)
                 self._addr.pop(a.member, None)
@@ -153,6 +159,47 @@ class Coordinator:
             log.warning("replica set %s: %s for member %d failed: %s", self.name, a.kind,
                         a.member, e)
             self.core.on_failed(a)
+
+    def _prepare(self, a: Action) -> int | None:
+        """Fence the election: every reachable member records the new term
+        durably (so none of them acknowledges or takes entries from an older
+        primary again) and answers with its last GTID; only with a majority of
+        voters answering is a winner chosen, from those fresh answers. A term
+        once sent is never reused: ElectionCore only moves terms up."""
+        term = a.term
+        refs = {}
+        for m in self.members:
+            try:
+                refs[m["id"]] = self._handle(m["id"]).heartbeat.remote(term)
+            except Exception:
+                pass
+        if not refs:
+            return None
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs),
+                            timeout=self.limits.heartbeat_timeout_ms / 1000)
+        now = _now_ms()
+        answered = []
+        for mid, ref in refs.items():
+            if ref in ready:
+                try:
+                    self.core.on_heartbeat(mid, ray.get(ref), now)
+                    answered.append(self.core.members[mid])
+                except Exception:
+                    pass
+        self.core.term = max(self.core.term, term)
+        voters = [v for v in answered if v.votes > 0]
+        if len(voters) < self.core.majority():
+            return None
+        cands = [v for v in answered if v.state == "running"]
+        if not cands:
+            return None
+        best = max(cands, key=lambda v: (v.last, v.priority, -v.id))
+        eligible = [v for v in cands if v.eligible and v.last >= best.last]
+        if not eligible:
+            return None  # the most advanced may not lead: the next tick catches one up
+        if any(v.id == a.member for v in eligible):
+            return a.member  # the core's choice still holds (a planned step-down's target)
+        return max(eligible, key=lambda v: (v.priority, -v.id)).id
 
     def _loop(self) -> None:
         interval = self.limits.heartbeat_interval_ms / 1000

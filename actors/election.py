@@ -133,9 +133,10 @@ class ElectionCore:
             self.primary = None
         if self.primary is None:
             out += self._elect()
+        chosen = {a.member for a in out if a.kind == "elect"}
         # deposed or confused primaries step down; everyone follows the primary
         for v in self.members.values():
-            if not v.alive or v.id == self.primary:
+            if not v.alive or v.id == self.primary or v.id in chosen:
                 continue
             if v.role == "primary":
                 out.append(Action("step_down", v.id, self.term))

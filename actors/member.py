@@ -148,8 +148,8 @@ class OplogShard:
         """Record a higher term durably before answering; step down if primary."""
         if term > self.engine.term:
             self.engine.set_term(term)  # synced
-            if self.service.primary:
-                self._become_secondary()
+        if term >= self.engine.term and self._is_primary() and term > self.service.gm.term:
+            self._become_secondary()
 
     @ray.method(concurrency_group="heartbeat")
     def heartbeat(self, term: int, alive: list | None = None) -> dict:
@@ -196,6 +196,11 @@ class OplogShard:
                      self.member_id, term, last)
             return {"term": term, "last": list(last)}
 
+    def _is_primary(self) -> bool:
+        # the role, not only the service flag: a commit that found a newer term
+        # clears the flag alone, and the member must still step down fully
+        return self.role == "primary" or self.service.primary
+
     def _become_secondary(self) -> None:
         self.following = None
         self.service.step_down()
@@ -207,7 +212,7 @@ class OplogShard:
         """Be a secondary of term ``term`` pulling from ``source``."""
         with self._role_lock:
             self._learn_term(term)
-            if self.service.primary:
+            if self._is_primary():
                 self._become_secondary()
             if source is not None:
                 ray.get(_get(self.rs_name, self.member_id, "producer").follow.remote(source, term))
@@ -242,7 +247,7 @@ class OplogShard:
     def step_down(self, term: int) -> None:
         with self._role_lock:
             self._learn_term(term)
-            if self.service.primary:
+            if self._is_primary():
                 self._become_secondary()
 
     @ray.method(concurrency_group="control")
@@ -438,7 +443,9 @@ class Producer:
         src_id = None
         while not self._stop.is_set():
             if self._paused.is_set() or self.sync_source is None or \
-                    self.engine.get_meta("needs_resync"):
+                    self.engine.get_meta("needs_resync") or self.term < self.engine.term:
+                # a newer term is known than the one we were told to follow in:
+                # the source may be a deposed primary; wait for the next follow()
                 time.sleep(0.02)
                 continue
             try:
@@ -461,7 +468,13 @@ class Producer:
             with self._write_lock:
                 if self._paused.is_set():
                     continue  # paused while pulling: write nothing more
-                self._handle(out, src, src_id, last, last_h)
+                try:
+                    self._handle(out, src, src_id, last, last_h)
+                except Exception as e:  # never let the thread die: report and retry
+                    self.error = f"{type(e).__name__}: {e}"
+                    log.exception("member %d: producer step failed", self.member_id)
+                    src = None
+                    time.sleep(0.2)
 
     def _downstream(self) -> dict:
         """Positions of members that sync from this one (chained replication),

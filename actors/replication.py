@@ -100,7 +100,9 @@ class FeederCore:
             if after is not None and after != ZERO:
                 v = t.get("oplog", after.to_bytes())
                 if v is None:
-                    if first is not None and after < GTID.from_bytes(first[0]):
+                    # seqs, not GTIDs: a caller that diverged under another term at a
+                    # seq this oplog still holds must hear "diverged", not "too stale"
+                    if first is not None and after.seq < GTID.from_bytes(first[0]).seq:
                         return {"status": "too_stale", "first": list(GTID.from_bytes(first[0]))}
                     return {"status": "diverged", "reason": f"{after} is not in this oplog"}
                 if after_h is not None and codec.unpack(v, "oplog entry")["h"] != after_h:
