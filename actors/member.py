@@ -429,6 +429,10 @@ class Producer:
         self._write_lock = threading.Lock()  # held while a batch is checked and written
         self._applier = Notifier(lambda g: _get(rs_name, member_id, "applier").wake.remote(g))
         self._feeder = Notifier(lambda g: _get(rs_name, member_id, "feeder").on_limit.remote(g))
+        # durable positions go straight to the sync source's shard after each sync
+        # (write concern waits on them); the pulls carry them too, one cycle later
+        self._report = Notifier(lambda v: _get(rs_name, self.sync_source, "")
+                                .on_positions.remote(*v))
         if ray.get_runtime_context().was_current_actor_reconstructed:
             # restarted alone (crash): the shard knows whom this member follows
             try:
@@ -524,6 +528,7 @@ class Producer:
         self.state = "running"
         self.batches += 1
         self.entries += len(batch)
+        self._report(({self.member_id: list(g)}, {self.member_id: now_ms()}))
         self._applier(list(g))
         self._feeder(list(g))
 
