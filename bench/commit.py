@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 # Keep the module top light: "spawn" children import it again.
-from _util import progress, rate, row  # noqa: E402
+from _util import progress, rate, raw_batched_rate, row  # noqa: E402
 
 LEVELS = (1, 8, 16)
 DURATION_S = 4.0          # per concurrency level
@@ -207,20 +207,6 @@ def raw_fsync_rate(path, per_txn_env_sync):
     return r
 
 
-def raw_batched_rate(path, all_docs):
-    import lmdb
-    import msgpack
-    env = lmdb.open(path, map_size=1 << 32, max_dbs=4, sync=False, metasync=False)
-    db = env.open_db(b"docs")
-
-    def go():
-        for i in range(0, len(all_docs), 1000):
-            with env.begin(write=True) as t:
-                for d in all_docs[i:i + 1000]:
-                    t.put(msgpack.packb(d["_id"]), msgpack.packb(d), db=db)
-    r = rate(len(all_docs), go)
-    env.close()
-    return r
 
 
 def member_counters(rs):

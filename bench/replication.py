@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 # Keep the module top light: "spawn" children import it again.
-from _util import progress, rate, row  # noqa: E402
+from _util import progress, rate, raw_batched_rate, row  # noqa: E402
 
 MAX_CLIENTS = 2            # client processes for the maximum commit rate ...
 MAX_WINDOW = 16            # ... each with this many inserts in flight (pipelined)
@@ -257,20 +257,6 @@ def wait_for(fn, timeout_s, every_s=0.01):
         time.sleep(every_s)
 
 
-def raw_batched_rate(path, all_docs):
-    import lmdb
-    import msgpack
-    env = lmdb.open(path, map_size=1 << 32, max_dbs=4, sync=False, metasync=False)
-    db = env.open_db(b"docs")
-
-    def go():
-        for i in range(0, len(all_docs), 1000):
-            with env.begin(write=True) as t:
-                for d in all_docs[i:i + 1000]:
-                    t.put(msgpack.packb(d["_id"]), msgpack.packb(d), db=db)
-    r = rate(len(all_docs), go)
-    env.close()
-    return r
 
 
 # --- noise: CPU used by processes outside this benchmark -----------------------
