@@ -137,8 +137,8 @@ class OplogShard:
         return self._feeder
 
     def _on_durable(self, g: GTID) -> None:
-        if not self.service.primary:
-            return
+        if not self.service.primary or len(self.service.votes) == 1:
+            return  # nobody pulls from a one-member set: spare a Ray call per sync
         # the replicatable point is min_live recorded before the sync; ship below it
         rp = self.service.gm.replicatable()
         self._notify_feeder(GTID(rp.term, rp.seq - 1) if rp.seq > 1 else ZERO)
