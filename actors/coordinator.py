@@ -169,6 +169,8 @@ class Coordinator:
         term = a.term
         refs = {}
         for m in self.members:
+            if not self.core.members[m["id"]].alive:
+                continue  # known down: waiting for it would only delay the election
             try:
                 refs[m["id"]] = self._handle(m["id"]).heartbeat.remote(term)
             except Exception:

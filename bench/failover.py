@@ -1,7 +1,8 @@
 """Failover: kill the primary's processes while clients write; time to the first
 w="majority" write on the new primary, and majority writes lost (must be 0).
 
-Prints figures; asserts nothing. ``python bench/failover.py [trials]``.
+Prints figures; asserts nothing. ``python bench/failover.py [trials per way of killing]``
+(default 10 + 10 = 20 trials).
 """
 import os
 import statistics
@@ -39,13 +40,16 @@ def main(trials: int = 20) -> None:
         while not stop.is_set():
             i += 1
             try:
-                coll.insert_one({"_id": f"{k}-{i}"})
+                r = coll.insert_one({"_id": f"{k}-{i}"})
             except raymx.errors.RaymxError:
                 continue  # refused or outcome unknown: not acknowledged
             now = time.time()
             with lock:
                 acked.append(f"{k}-{i}")
-                if "kill" in first_after and "t" not in first_after:
+                # the first majority write of the new primary (a higher term): the
+                # old one may still acknowledge a write or two while it dies
+                if "kill" in first_after and "t" not in first_after and \
+                        r.gtid.term > first_after["term"]:
                     first_after["t"] = now
 
     ts = [threading.Thread(target=writer, args=(k,), daemon=True) for k in range(3)]
@@ -59,8 +63,10 @@ def main(trials: int = 20) -> None:
             old = rs.wait_for_primary()
             pids = member_pids(rs, old) if sig else None
             time.sleep(0.3)
+            term = rs.status()["term"]
             with lock:
                 first_after.clear()
+                first_after["term"] = term
                 first_after["kill"] = time.time()
             if sig:
                 for pid in pids:
@@ -80,7 +86,9 @@ def main(trials: int = 20) -> None:
             deadline = time.time() + 60
             while time.time() < deadline:
                 st = rs.status()["members"]
-                if all(m["state"] == "running" and m.get("lag") == 0 for m in st):
+                # back in the set and caught up to within a moment of writes
+                if all(m["state"] == "running" and m.get("lag") is not None
+                       and m["lag"] < 200 for m in st):
                     break
                 time.sleep(0.1)
     finally:
@@ -103,4 +111,4 @@ def main(trials: int = 20) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 20)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 10)  # trials per way of killing
