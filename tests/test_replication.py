@@ -80,7 +80,10 @@ def test_secondaries_refuse_writes_and_serve_reads(ray_session, rs3):
     r = c["rp"]["docs"].insert_one({"_id": 1, "v": "x"}, w=3, wtimeout_ms=10_000)
     sec = rs3.client(read_preference="secondary")
     coll = sec["rp"]["docs"]
-    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": "x"}
+    # w=3: durable in every oplog, not necessarily applied yet; read after its GTID
+    assert coll.with_options(read_preference=ReadPreference("secondary", after=r.gtid)) \
+        .find_one({"_id": 1}) == {"_id": 1, "v": "x"}
+    wait_until(lambda: coll.find_one({"_id": 1}) == {"_id": 1, "v": "x"})
     topo = rs3._topology()
     s = [m for m in topo["members"] if m["role"] == "secondary"][0]
     conn = raymx.client.Connection(s["host"], s["port"], topo["secret"])
