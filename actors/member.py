@@ -270,15 +270,13 @@ class OplogShard:
     def status(self) -> dict:
         s = self.service.status()
         r = self.engine.range()
-        last_ts = None
-        if r.last is not None:
-            with self.engine.store.read() as t:
-                last_ts = codec.unpack(t.get("oplog", r.last.to_bytes()))["ts"]
-        applied = rep.applied_point(self.engine)
-        applied_ts = None
-        if applied != ZERO:
-            with self.engine.store.read() as t:
-                applied_ts = codec.unpack(t.get("oplog", applied.to_bytes()))["ts"]
+        applied = r.last_applied or ZERO
+
+        def ts(g):  # commit time of an entry, for lag in seconds
+            return None if g is None or g == ZERO else \
+                codec.unpack(t.get("oplog", g.to_bytes()))["ts"]
+        with self.engine.store.read() as t:
+            last_ts, applied_ts = ts(r.last), ts(applied)
         s.update({"id": self.member_id, "role": self.role,
                   "state": "resync" if self.engine.get_meta("needs_resync") else "running",
                   "host": f"{self.port.host}:{self.port.port}", "pid": os.getpid(),

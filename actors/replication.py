@@ -274,13 +274,7 @@ def apply_batch(e: Engine, limits: Limits, now_ms: int, delay_ms: int = 0,
 
 def applied_point(e: Engine) -> GTID:
     """The newest GTID applied here: the entry before the first unapplied one."""
-    with e.store.read() as t:
-        mu = t.first("unapplied")
-        if mu is None:
-            last = t.last("oplog")
-            return ZERO if last is None else GTID.from_bytes(last[0])
-        prev = next(iter(t.scan("oplog", None, mu[0], reverse=True)), None)
-        return ZERO if prev is None else GTID.from_bytes(prev[0])
+    return e.applied_point()
 
 
 def write_repl_info(e: Engine, min_uncommitted: GTID | None) -> None:

@@ -27,7 +27,6 @@ from typing import Callable
 
 from raymx import errors
 from raymx.actors.gtid_manager import GTIDManager
-from raymx.storage import codec
 from raymx.storage.engine import Engine, Reader, Transaction, WriteResult, split_ns
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import Limits
@@ -608,6 +607,3 @@ class ShardService:
             self._close_cursor(cid)
         self.e.sync()
 
-
-def decode_oplog_batch(rows: list[tuple[bytes, bytes]]) -> list[tuple[GTID, dict]]:
-    return [(GTID.from_bytes(k), codec.unpack(v, "oplog entry")) for k, v in rows]

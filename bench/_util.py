@@ -1,6 +1,19 @@
 """Small helpers shared by the benchmarks: timing and a progress line."""
+import random
 import sys
 import time
+
+
+def make_doc(i, rnd):
+    """A ~200-byte document (packed), the shape the commit and replication benches use."""
+    return {"_id": i, "name": f"user{i:08d}", "age": rnd.randrange(100),
+            "city": rnd.choice(["Oslo", "Lima", "Pune", "Kyiv"]), "score": rnd.random(),
+            "bio": "x" * 140}
+
+
+def docs(n, start=0):
+    rnd = random.Random(start)
+    return [make_doc(start + i, rnd) for i in range(n)]
 
 
 def rate(n, fn, label=""):

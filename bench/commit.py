@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 # Keep the module top light: "spawn" children import it again.
-from _util import progress, rate, raw_batched_rate, row  # noqa: E402
+from _util import docs, make_doc, progress, rate, raw_batched_rate, row  # noqa: E402
 
 LEVELS = (1, 8, 16)
 DURATION_S = 4.0          # per concurrency level
@@ -41,18 +41,6 @@ RAW_FSYNC_S = 1.5         # per raw LMDB fsync measurement (one before each leve
 PING_N = 2000             # sequential Ray actor calls
 N_BATCH = 50_000          # insert_many docs (50 batches of 1,000)
 PEERS = (("PostgreSQL 15", 3300), ("MariaDB 10.11", 2000))  # durable txns/s, 8 clients
-
-
-def make_doc(i, rnd):
-    # ~200 bytes packed (bench/storage.py's shape, a longer bio)
-    return {"_id": i, "name": f"user{i:08d}", "age": rnd.randrange(100),
-            "city": rnd.choice(["Oslo", "Lima", "Pune", "Kyiv"]), "score": rnd.random(),
-            "bio": "x" * 140}
-
-
-def docs(n, start=0):
-    rnd = random.Random(start)
-    return [make_doc(start + i, rnd) for i in range(n)]
 
 
 # --- client processes -------------------------------------------------------

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 # Keep the module top light: "spawn" children import it again.
-from _util import progress, rate, raw_batched_rate, row  # noqa: E402
+from _util import docs, make_doc, progress, raw_batched_rate, row  # noqa: E402
 
 MAX_CLIENTS = 2            # client processes for the maximum commit rate ...
 MAX_WINDOW = 16            # ... each with this many inserts in flight (pipelined)
@@ -47,18 +47,6 @@ NS = "bench.repl"
 # first runs); a longer timeout keeps the primary in place. A change of
 # primary is still detected and reported.
 HEARTBEAT_TIMEOUT_MS = 5000
-
-
-def make_doc(i, rnd):
-    # ~200 bytes packed (same shape as bench/commit.py)
-    return {"_id": i, "name": f"user{i:08d}", "age": rnd.randrange(100),
-            "city": rnd.choice(["Oslo", "Lima", "Pune", "Kyiv"]), "score": rnd.random(),
-            "bio": "x" * 140}
-
-
-def docs(n, start=0):
-    rnd = random.Random(start)
-    return [make_doc(start + i, rnd) for i in range(n)]
 
 
 def pct(xs, q):

@@ -231,7 +231,9 @@ class ReplicaSet:
             pass
         everything = []
         # downstream roles first, so nothing writes while the shards flush and close
-        for roles in (("producer", "applier"), ("feeder",), ("",)):
+        # (roles, whether they have a polite shutdown): feeders only read
+        for roles, polite in ((("producer", "applier"), True), (("feeder",), False),
+                              (("",), True)):
             handles = []
             for m in cfg["members"]:
                 for role in roles:
@@ -240,10 +242,11 @@ class ReplicaSet:
                                                      namespace=NAMESPACE))
                     except ValueError:
                         pass
-            try:
-                ray.get([h.shutdown.remote() for h in handles if role != "feeder"], timeout=30)
-            except Exception:
-                pass
+            if polite:
+                try:
+                    ray.get([h.shutdown.remote() for h in handles], timeout=30)
+                except Exception:
+                    pass
             everything += handles
         for h in everything + [self._coord]:
             try:

@@ -721,6 +721,17 @@ def _contains_op(v) -> bool:
     return False
 
 
+def _applied_in(t) -> GTID | None:
+    """The entry before the first unapplied one (the unapplied table's first key
+    is the exact minimum unapplied GTID), or the oplog's last if none is."""
+    mu = t.first("unapplied")
+    if mu is None:
+        last = t.last("oplog")
+        return None if last is None else GTID.from_bytes(last[0])
+    prev = next(iter(t.scan("oplog", None, mu[0], reverse=True)), None)
+    return None if prev is None else GTID.from_bytes(prev[0])
+
+
 def _delete_range(t, db: str, prefix: bytes) -> None:
     for k in [k for k, _ in t.scan(db, prefix, prefix_end(prefix))]:
         t.delete(db, k)
@@ -847,13 +858,13 @@ class Engine:
             first, last = t.first("oplog"), t.last("oplog")
             r.first = None if first is None else GTID.from_bytes(first[0])
             r.last = None if last is None else GTID.from_bytes(last[0])
-            mu = t.first("unapplied")
-            if mu is None:
-                r.last_applied = r.last
-            else:
-                prev = next(iter(t.scan("oplog", None, mu[0], reverse=True)), None)
-                r.last_applied = None if prev is None else GTID.from_bytes(prev[0])
+            r.last_applied = _applied_in(t)
             return r
+
+    def applied_point(self) -> GTID:
+        """The newest GTID applied here (ZERO for an empty oplog)."""
+        with self.store.read() as t:
+            return _applied_in(t) or ZERO
 
     def set_majority(self, g: GTID) -> None:
         """Record the majority-committed point in the range record (it only moves up)."""
