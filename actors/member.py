@@ -2,14 +2,16 @@
 
 A member is a group of co-located actors sharing one LMDB folder, each with
 its own environment handle (LMDB is multi-process safe on one machine). Only
-notifications travel between them through Ray, never data:
+notifications travel between them, never data:
 
 * ``OplogShard``: the client port and the shard service (writes on the
-  primary, reads everywhere); tells its feeder the replicatable point after
-  every sync, and learns other members' durable positions from the feeder;
-* ``Feeder``: serves ``pull`` to downstream producers (long-poll on a latch);
+  primary, reads everywhere) and, in its "feeder" concurrency group, the
+  ``FeederService`` that serves ``pull`` to downstream producers (long-poll
+  on a latch). The replicatable point after each sync and the positions each
+  pull reports are in-process calls, not Ray hops;
 * ``Producer`` (secondaries): pulls from the sync source, checks, writes
-  unapplied entries, syncs, tells the applier and its own feeder;
+  unapplied entries, syncs, rings the applier's and its own feeder's
+  doorbells (``raymx.actors.doorbell``: a local datagram, not a Ray call);
 * ``Applier`` (secondaries): applies unapplied entries in GTID order.
 
 The GTIDManager core lives in the shard's process for a one-shard member (a
@@ -26,6 +28,7 @@ import time
 import ray
 
 from raymx import errors
+from raymx.actors import doorbell
 from raymx.actors import replication as rep
 from raymx.actors.gtid_manager import GTIDManager
 from raymx.actors.server import ClientPort
@@ -88,11 +91,40 @@ class Notifier:
         self._fire()
 
 
+_reniced_at = [0.0]
+
+
+def serve_at_normal_priority(every_s: float = 0.0) -> None:
+    """Ray starts workers at nice 15; a member's processes serve clients (and,
+    for w > 1, replicate for them) at nice 0 when allowed. Measured: ~17-20%
+    more durable commits at 8-16 clients for the shard; for the producer and
+    applier, replication lag that does not wait behind every other program.
+
+    On Linux the nice value belongs to each thread and new threads inherit it
+    from their creator, so every thread of the process is set, and callers
+    repeat it now and then (``every_s``) for threads Ray starts later (the
+    threads of a concurrency group start with its first call)."""
+    now = time.monotonic()
+    if every_s and now - _reniced_at[0] < every_s:
+        return
+    _reniced_at[0] = now
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        try:
+            if os.getpriority(os.PRIO_PROCESS, tid) > 0:
+                os.setpriority(os.PRIO_PROCESS, tid, 0)
+        except OSError:
+            pass
+
+
 def _get(rs: str, member: int, role: str):
     return ray.get_actor(actor_name(rs, member, role), namespace=NAMESPACE)
 
 
-@ray.remote(max_concurrency=16, concurrency_groups={"control": 4, "heartbeat": 2})
+@ray.remote(max_concurrency=16, concurrency_groups={"control": 4, "heartbeat": 2, "feeder": 8})
 class OplogShard:
     """Starts as a secondary; the election coordinator makes it primary or tells
     it whom to follow (also after a restart, so a returning old primary never
@@ -103,12 +135,7 @@ class OplogShard:
         self.rs_name, self.member_id, self.path, self.limits = rs_name, member["id"], path, limits
         self.spec = member
         self.role = "secondary"
-        try:
-            # Ray starts workers at nice 15; the member serves clients at nice 0
-            # when allowed (measured: ~17-20% more durable commits at 8-16 clients)
-            os.setpriority(os.PRIO_PROCESS, 0, 0)
-        except OSError:
-            pass
+        serve_at_normal_priority()
         ctx = ray.get_runtime_context()
         self.node_id = ctx.get_node_id()
         self.restarted = ctx.was_current_actor_reconstructed
@@ -119,11 +146,13 @@ class OplogShard:
             raise RuntimeError(f"{path} belongs to member {owner}, not {self.member_id}")
         self.engine.put_meta("member_id", self.member_id)
         self.engine.put_meta("replset", rs_name)
-        self._feeder = None
         self.following: list | None = None  # [source, term] set by follow()
         self._majority_at = 0.0
+        self._majority_busy = False
         self._role_lock = threading.Lock()
-        self._notify_feeder = Notifier(lambda g: self._feeder_handle().on_limit.remote(list(g)))
+        self.feeder = FeederService(self.engine, limits, self.member_id, self._positions)
+        # the producer rings after each batch it writes: wake long-polling pulls
+        self._bell = doorbell.Listener(path, "feeder", self.feeder.on_limit)
         self.service = ShardService(self.engine, limits, primary=False,
                                     on_durable=self._on_durable, member_id=self.member_id,
                                     votes={int(k): v for k, v in votes.items()})
@@ -131,17 +160,12 @@ class OplogShard:
         self.port = ClientPort(self.service, secret, host, limits.frame_bytes_max,
                                {"member": self.member_id, "replset": rs_name})
 
-    def _feeder_handle(self):
-        if self._feeder is None:
-            self._feeder = _get(self.rs_name, self.member_id, "feeder")
-        return self._feeder
-
     def _on_durable(self, g: GTID) -> None:
         if not self.service.primary or len(self.service.votes) == 1:
             return  # nobody pulls from a one-member set: spare a Ray call per sync
         # the replicatable point is min_live recorded before the sync; ship below it
         rp = self.service.gm.replicatable()
-        self._notify_feeder(GTID(rp.term, rp.seq - 1) if rp.seq > 1 else ZERO)
+        self.feeder.on_limit(GTID(rp.term, rp.seq - 1) if rp.seq > 1 else ZERO)
 
     # --- elections (called by the coordinator) ------------------------------
     def _learn_term(self, term: int) -> None:
@@ -155,6 +179,7 @@ class OplogShard:
     def heartbeat(self, term: int, alive: list | None = None) -> dict:
         """The coordinator's heartbeat; ``alive``: members it hears from, which
         count for this primary's view of a majority along with the pulls."""
+        serve_at_normal_priority(every_s=2.0)
         self._learn_term(term)
         if self.role == "primary" and (not self.service.primary
                                        or self.engine.term > self.service.gm.term):
@@ -184,10 +209,12 @@ class OplogShard:
                 ray.get(_get(self.rs_name, self.member_id, "applier").wake.remote())
                 time.sleep(0.005)
             self.engine.set_term(term)  # durable before the first write under it
+            # the feeder leaves "ship the written oplog" mode before any write
+            # under the new term can commit (unsynced entries must not ship)
+            self.feeder.set_primary(True)
             self.service.become_primary(term)
             self.role = "primary"
             self.following = None
-            ray.get(self._feeder_handle().set_primary.remote(True))
             last, _ = self.engine.last()
             self.engine.sync()
             self.service.group.durable = last if last != ZERO else None
@@ -205,7 +232,7 @@ class OplogShard:
         self.following = None
         self.service.step_down()
         self.role = "secondary"
-        ray.get(self._feeder_handle().set_primary.remote(False))
+        self.feeder.set_primary(False)
 
     @ray.method(concurrency_group="control")
     def follow(self, term: int, source: int | None) -> None:
@@ -252,13 +279,56 @@ class OplogShard:
 
     @ray.method(concurrency_group="control")
     def on_positions(self, durable: dict, heard: dict | None = None) -> None:
-        self.service.set_positions({int(m): None if g is None else GTID(*g)
-                                    for m, g in durable.items()},
-                                   {int(m): at for m, at in (heard or {}).items()})
+        self._positions({int(m): None if g is None else GTID(*g) for m, g in durable.items()},
+                        {int(m): at for m, at in (heard or {}).items()})
+
+    def _positions(self, durable: dict, heard: dict) -> None:
+        """Durable positions (and when each member was heard from), as pulls report them."""
+        self.service.set_positions(durable, heard)
         mp = self.service.wc.majority_point()
-        if mp is not None and time.monotonic() - self._majority_at >= 1.0:
+        if mp is not None and time.monotonic() - self._majority_at >= 1.0 \
+                and not self._majority_busy:
+            # about once a second: a restart point, not a gate. A write transaction,
+            # so never on the pulling thread (an open client transaction holds LMDB's
+            # writer and would stall replication)
             self._majority_at = time.monotonic()
-            self.engine.set_majority(mp)  # about once a second: a restart point, not a gate
+            self._majority_busy = True
+
+            def record():
+                try:
+                    self.engine.set_majority(mp)
+                finally:
+                    self._majority_busy = False
+            threading.Thread(target=record, name="raymx-majority", daemon=True).start()
+
+    # --- the feeder (pulls from downstream producers) ------------------------
+    @ray.method(concurrency_group="feeder")
+    def pull(self, after, after_h, max_entries: int, max_bytes: int, wait_ms: int,
+             member: int, durable, applied, downstream: dict | None = None,
+             term: int = 0) -> dict:
+        """Stored rows after ``after`` (long-polls up to ``wait_ms``); the caller's
+        positions count for write concern as soon as the pull arrives."""
+        return self.feeder.pull(after, after_h, max_entries, max_bytes, wait_ms, member,
+                                durable, applied, downstream, term)
+
+    @ray.method(concurrency_group="feeder")
+    def find_common(self, candidates: list) -> list | None:
+        return self.feeder.find_common(candidates)
+
+    @ray.method(concurrency_group="feeder")
+    def positions(self) -> dict:
+        """Positions of the members pulling from this one (chained replication)."""
+        return self.feeder.positions()
+
+    @ray.method(concurrency_group="feeder")
+    def on_limit(self, _limit=None) -> None:
+        """The producer wrote a batch (the Ray fallback of the doorbell)."""
+        self.feeder.on_limit(None)
+
+    @ray.method(concurrency_group="control")
+    def truncated(self) -> None:
+        """The oplog was rolled back: forget cached entries past its new end."""
+        self.feeder.reset()
 
     @ray.method(concurrency_group="control")
     def address(self) -> dict:
@@ -307,6 +377,7 @@ class OplogShard:
         return {"collections": codec.pack(st), "oplog": ol}
 
     def shutdown(self) -> None:
+        self._bell.close()
         self.port.close()
         self.service.close()
         self.engine.store.close()
@@ -315,59 +386,61 @@ class OplogShard:
         return os.getpid()
 
 
-@ray.remote(max_concurrency=32, concurrency_groups={"control": 4})
-class Feeder:
-    """Tailable cursors over a member's oplog for downstream producers."""
+class FeederService:
+    """Tailable cursors over a member's oplog for downstream producers, served
+    from the member's OplogShard process (its "feeder" concurrency group).
 
-    def __init__(self, rs_name: str, member_id: int, path: str, limits: Limits):
-        self.rs_name, self.member_id = rs_name, member_id
-        self.engine = open_member(path, limits)
-        self.core = rep.FeederCore(self.engine, limits)
-        self.limits = limits
+    Living beside the shard makes the two notifications of every replicated
+    batch in-process calls: the new replicatable point after each sync
+    (``on_limit``) and the durable positions a pull reports (``on_positions``,
+    which releases write-concern waiters at once). On a primary the limit is
+    the replicatable point's predecessor, moved only by ``on_limit``; on a
+    secondary it is the end of its written oplog, re-read by every pull (the
+    producer rings a doorbell after each batch to wake long-polling pulls).
+    """
+
+    def __init__(self, engine: Engine, limits: Limits, member_id: int, on_positions):
+        self.engine = engine
+        self.member_id = member_id
+        self.core = rep.FeederCore(engine, limits)
         self.primary = False
-        self._latch = threading.Condition()
-        self._shard = None
-        self._upstream = Notifier(self._send_positions)
-        self._reset()
+        self._on_positions = on_positions
+        self._core_lock = threading.Lock()   # FeederCore is not thread-safe
+        self._latch = threading.Condition()  # long-polling pulls wait here
+        self._version = 0                    # bumped by every notification
+        self._target = ZERO                  # newest limit notified (primary)
+        self.reset()
 
-    def _reset(self):
-        # a secondary ships its written, gap-free oplog (chained replication); a
-        # new primary everything it holds (it synced before taking writes)
-        with self._latch:
+    def reset(self) -> None:
+        """A secondary ships its written, gap-free oplog (chained replication); a
+        new primary everything it holds (it synced before taking writes)."""
+        with self._core_lock:
             self.core.truncated()
-            self.core.advance(self.engine.last()[0])
+            self._target = self.engine.last()[0]
+            self.core.advance(self._target)
+        self._ring()
+
+    def set_primary(self, primary: bool) -> None:
+        with self._core_lock:
+            self.primary = primary
+        self.reset()
+
+    def on_limit(self, limit: GTID | None = None) -> None:
+        """New entries up to ``limit`` may be shipped (a primary's sync); on a
+        secondary (``None``): the producer wrote a batch. Never blocks on LMDB."""
+        if limit is not None:
+            with self._latch:
+                if limit > self._target:
+                    self._target = limit
+        self._ring()
+
+    def _ring(self) -> None:
+        with self._latch:
+            self._version += 1
             self._latch.notify_all()
 
-    def _send_positions(self, v):
-        if self._shard is None:
-            self._shard = _get(self.rs_name, self.member_id, "")
-        return self._shard.on_positions.remote(*v)
-
-    @ray.method(concurrency_group="control")
-    def set_primary(self, primary: bool) -> None:
-        self.primary = primary
-        self._reset()
-
-    @ray.method(concurrency_group="control")
-    def truncated(self) -> None:
-        """The oplog was rolled back: forget cached entries past its new end."""
-        self._reset()
-
-    @ray.method(concurrency_group="control")
-    def on_limit(self, limit) -> None:
-        """Notification: new entries up to ``limit`` may be shipped (the latch)."""
-        with self._latch:
-            if self.core.advance(GTID(*limit)):
-                self._latch.notify_all()
-
-    @ray.method(concurrency_group="control")
-    def find_common(self, candidates: list) -> list | None:
-        g = rep.match_common(self.engine, candidates)
-        return None if g is None else list(g)
-
     def pull(self, after, after_h, max_entries: int, max_bytes: int, wait_ms: int,
-             member: int, durable, applied, downstream: dict | None = None,
-             term: int = 0) -> dict:
+             member: int, durable, applied, downstream: dict | None, term: int) -> dict:
         my_term = self.engine.term
         if term > my_term:
             # the caller knows a newer term: learn it durably; this member (if it
@@ -376,16 +449,25 @@ class Feeder:
             return {"status": "stale_term", "term": term,
                     "reason": f"member {self.member_id} was at term {my_term} < {term}"}
         now = now_ms()
-        self.core.report(member, durable, applied, now)
-        for m, p in (downstream or {}).items():
-            self.core.report(int(m), p.get("durable"), p.get("applied"), p.get("at_ms", now))
-        pos = self.core.positions
-        self._upstream(({m: None if p["durable"] is None else list(p["durable"])
-                         for m, p in pos.items()}, {m: p["at_ms"] for m, p in pos.items()}))
+        with self._core_lock:
+            self.core.report(member, durable, applied, now)
+            for m, p in (downstream or {}).items():
+                self.core.report(int(m), p.get("durable"), p.get("applied"),
+                                 p.get("at_ms", now))
+            pos = dict(self.core.positions)
+        self._on_positions({m: p["durable"] for m, p in pos.items()},
+                           {m: p["at_ms"] for m, p in pos.items()})
         deadline = time.monotonic() + wait_ms / 1000
         while True:
-            seen = self.core.limit  # read before pulling, so no notification is missed
-            out = self.core.pull(after, after_h, max_entries, max_bytes)
+            with self._latch:
+                seen = self._version  # read before pulling, so no notification is missed
+                target = self._target
+            with self._core_lock:
+                if not self.primary:
+                    target = self.engine.last()[0]
+                if target > self.core.limit:
+                    self.core.advance(target)
+                out = self.core.pull(after, after_h, max_entries, max_bytes)
             out["term"] = my_term
             if out["status"] != "ok" or out["rows"]:
                 return out
@@ -393,14 +475,19 @@ class Feeder:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return out
-                if self.core.limit == seen:
+                if self._version == seen:
                     self._latch.wait(left)
 
-    @ray.method(concurrency_group="control")
+    def find_common(self, candidates: list) -> list | None:
+        g = rep.match_common(self.engine, candidates)
+        return None if g is None else list(g)
+
     def positions(self) -> dict:
+        with self._core_lock:
+            pos = dict(self.core.positions)
         return {m: {"durable": None if p["durable"] is None else list(p["durable"]),
                     "applied": None if p["applied"] is None else list(p["applied"]),
-                    "at_ms": p["at_ms"]} for m, p in self.core.positions.items()}
+                    "at_ms": p["at_ms"]} for m, p in pos.items()}
 
 
 @ray.remote(max_concurrency=4, concurrency_groups={"control": 2})
@@ -415,6 +502,7 @@ class Producer:
 
     def __init__(self, rs_name: str, member_id: int, path: str, limits: Limits):
         self.rs_name, self.member_id, self.limits, self.path = rs_name, member_id, limits, path
+        serve_at_normal_priority()
         self.sync_source: int | None = None
         self.term = 0
         self.engine = open_member(path, limits)
@@ -425,12 +513,16 @@ class Producer:
         self._paused = threading.Event()
         self._paused.set()
         self._write_lock = threading.Lock()  # held while a batch is checked and written
+        # after each batch: wake the applier and this member's feeder (for members
+        # syncing from this one) by doorbell; a Ray call only if nobody listens.
+        # The durable position travels upstream with the next pull, sent at once.
+        self._applier_bell = doorbell.Bell(path, "applier")
+        self._feeder_bell = doorbell.Bell(path, "feeder")
         self._applier = Notifier(lambda g: _get(rs_name, member_id, "applier").wake.remote(g))
-        self._feeder = Notifier(lambda g: _get(rs_name, member_id, "feeder").on_limit.remote(g))
-        # durable positions go straight to the sync source's shard after each sync
-        # (write concern waits on them); the pulls carry them too, one cycle later
-        self._report = Notifier(lambda v: _get(rs_name, self.sync_source, "")
-                                .on_positions.remote(*v))
+        self._feeder = Notifier(lambda g: _get(rs_name, member_id, "").on_limit.remote(g))
+        self._down: dict = {}
+        self._down_ref = None
+        self._down_at = 0.0
         if ray.get_runtime_context().was_current_actor_reconstructed:
             # restarted alone (crash): the shard knows whom this member follows
             try:
@@ -444,6 +536,7 @@ class Producer:
         src = None
         src_id = None
         while not self._stop.is_set():
+            serve_at_normal_priority(every_s=2.0)
             if self._paused.is_set() or self.sync_source is None or \
                     self.engine.get_meta("needs_resync") or self.term < self.engine.term:
                 # a newer term is known than the one we were told to follow in:
@@ -453,7 +546,7 @@ class Producer:
             try:
                 if src is None or src_id != self.sync_source:
                     src_id = self.sync_source
-                    src = _get(self.rs_name, src_id, "feeder")
+                    src = _get(self.rs_name, src_id, "")  # its shard serves pulls
                 last, last_h = self.engine.last()
                 applied = rep.applied_point(self.engine)
                 down = self._downstream()
@@ -481,8 +574,10 @@ class Producer:
     def _downstream(self) -> dict:
         """Positions of members that sync from this one (chained replication),
         forwarded upstream with each pull. Never blocks the pull loop: the
-        newest answer is used and the next request is already on its way."""
-        ref = getattr(self, "_down_ref", None)
+        newest answer is used and the next request is already on its way.
+        While nobody syncs from this member it asks about once a second, not
+        once per pull (a Ray call each)."""
+        ref = self._down_ref
         if ref is not None:
             ready, _ = ray.wait([ref], timeout=0)
             if ready:
@@ -490,13 +585,14 @@ class Producer:
                     self._down = ray.get(ref)
                 except Exception:
                     pass
-                ref = None
-        if ref is None:
+                ref = self._down_ref = None
+        if ref is None and (self._down or time.monotonic() - self._down_at >= 1.0):
+            self._down_at = time.monotonic()
             try:
-                self._down_ref = _get(self.rs_name, self.member_id, "feeder").positions.remote()
+                self._down_ref = _get(self.rs_name, self.member_id, "").positions.remote()
             except Exception:
                 self._down_ref = None
-        return getattr(self, "_down", {})
+        return self._down
 
     def _handle(self, out, src, src_id, last, last_h) -> None:
         status = out["status"]
@@ -526,9 +622,10 @@ class Producer:
         self.state = "running"
         self.batches += 1
         self.entries += len(batch)
-        self._report(({self.member_id: list(g)}, {self.member_id: now_ms()}))
-        self._applier(list(g))
-        self._feeder(list(g))
+        if not self._applier_bell.ring():
+            self._applier(list(g))
+        if not self._feeder_bell.ring():
+            self._feeder(list(g))
 
     def _roll_back(self, src) -> None:
         """Find the common point with the sync source, undo past it, truncate."""
@@ -567,7 +664,7 @@ class Producer:
         self.last_rollback = {"common": list(common), "undone_entries": n, "file": path}
         log.warning("member %d rolled back %d entries after %s; undone ops in %s",
                     self.member_id, n, common, path)
-        ray.get(_get(self.rs_name, self.member_id, "feeder").truncated.remote(), timeout=30)
+        ray.get(_get(self.rs_name, self.member_id, "").truncated.remote(), timeout=30)
 
     @ray.method(concurrency_group="control")
     def follow(self, source: int, term: int) -> None:
@@ -597,6 +694,9 @@ class Producer:
         self._stop.set()
         self._t.join(10)
 
+    def pid(self) -> int:
+        return os.getpid()
+
 
 @ray.remote(max_concurrency=4, concurrency_groups={"control": 2})
 class Applier:
@@ -605,6 +705,7 @@ class Applier:
     def __init__(self, rs_name: str, member_id: int, path: str, limits: Limits,
                  delay_s: float = 0):
         self.member_id, self.limits = member_id, limits
+        serve_at_normal_priority()
         self.delay_ms = int(delay_s * 1000)
         self.engine = open_member(path, limits)
         self.applied_entries = self.applied_ops = 0
@@ -613,6 +714,8 @@ class Applier:
         self._hold = threading.Event()
         self._idle = threading.Event()
         self._info_at = 0.0
+        # the producer rings after each batch (a Ray call to wake() otherwise)
+        self._bell = doorbell.Listener(path, "applier", self._wake.set)
         self._t = threading.Thread(target=self._run, name="raymx-applier", daemon=True)
         self._t.start()
 
@@ -637,6 +740,7 @@ class Applier:
 
     def _run(self):
         while not self._stop.is_set():
+            serve_at_normal_priority(every_s=2.0)
             if self._hold.is_set():
                 self._idle.set()
                 time.sleep(0.01)
@@ -667,6 +771,10 @@ class Applier:
         self._stop.set()
         self._wake.set()
         self._t.join(10)
+        self._bell.close()
+
+    def pid(self) -> int:
+        return os.getpid()
 
 
 @ray.remote(num_cpus=0)

@@ -143,7 +143,13 @@ class GroupCommit:
 
 
 class WriteConcernWaiters:
-    """Writes waiting until enough members hold their entry durably."""
+    """Writes waiting until enough members hold their entry durably.
+
+    A position that moves releases the writes it acknowledges at once, on the
+    thread that reported it (a pull, the syncer): no hand-off to another
+    thread on the acknowledgement path. The waiters' own thread handles
+    timeouts and deposed primaries.
+    """
 
     def __init__(self, svc: "ShardService"):
         self._svc = svc
@@ -156,9 +162,14 @@ class WriteConcernWaiters:
     def update(self, member: int, g: GTID | None) -> None:
         with self._cond:
             cur = self.durable.get(member)
-            if g is not None and (cur is None or g > cur):
-                self.durable[member] = g
-                self._cond.notify()
+            if g is None or (cur is not None and g <= cur):
+                return
+            self.durable[member] = g
+            if not self._waiting:
+                return
+            done = self._sweep(time.monotonic())
+        for cb in done:
+            cb()
 
     def reset(self) -> None:
         with self._cond:
@@ -189,37 +200,42 @@ class WriteConcernWaiters:
             self._cond.notify()
 
     def _run(self):
-        from raymx.actors.replication import acknowledged
         while True:
             with self._cond:
                 now = time.monotonic()
                 dl = [d for _, _, d, _, _ in self._waiting if d is not None]
                 self._cond.wait(min(1.0, max(0.0, min(dl) - now)) if dl else 1.0)
-                now = time.monotonic()
-                done, keep = [], []
-                term = self._svc.e.term if self._waiting else 0
-                for item in self._waiting:
-                    g, w, d, ok, fail = item
-                    if term > g.term or not self._svc.primary:
-                        # a newer term exists: this primary is deposed, and positions
-                        # it hears may belong to another branch; never acknowledge
-                        done.append(lambda fail=fail, g=g: fail(errors.NotPrimary(
-                            f"the write at {g} was not acknowledged before a newer term began;"
-                            " its outcome is unknown", gtid=list(g), outcome="unknown")))
-                    elif acknowledged(g, w, self.durable, self._svc.votes):
-                        done.append(ok)
-                    elif d is not None and now >= d:
-                        have = sum(1 for x in self.durable.values() if x is not None and x >= g)
-                        done.append(lambda fail=fail, g=g, w=w, have=have: fail(
-                            errors.WriteConcernTimeout(
-                                f"write at {g} reached {have} member(s), w={w!r} not met in "
-                                "time; it stays committed (a timeout is not a rollback)",
-                                gtid=list(g))))
-                    else:
-                        keep.append(item)
-                self._waiting = keep
+                done = self._sweep(time.monotonic())
             for cb in done:
                 cb()
+
+    def _sweep(self, now: float) -> list:
+        """With the lock held: take every waiter that is acknowledged, timed out
+        or deposed off the list; returns their callbacks (run them unlocked)."""
+        from raymx.actors.replication import acknowledged
+        done, keep = [], []
+        term = self._svc.e.term if self._waiting else 0
+        for item in self._waiting:
+            g, w, d, ok, fail = item
+            if term > g.term or not self._svc.primary:
+                # a newer term exists: this primary is deposed, and positions
+                # it hears may belong to another branch; never acknowledge
+                done.append(lambda fail=fail, g=g: fail(errors.NotPrimary(
+                    f"the write at {g} was not acknowledged before a newer term began;"
+                    " its outcome is unknown", gtid=list(g), outcome="unknown")))
+            elif acknowledged(g, w, self.durable, self._svc.votes):
+                done.append(ok)
+            elif d is not None and now >= d:
+                have = sum(1 for x in self.durable.values() if x is not None and x >= g)
+                done.append(lambda fail=fail, g=g, w=w, have=have: fail(
+                    errors.WriteConcernTimeout(
+                        f"write at {g} reached {have} member(s), w={w!r} not met in "
+                        "time; it stays committed (a timeout is not a rollback)",
+                        gtid=list(g))))
+            else:
+                keep.append(item)
+        self._waiting = keep
+        return done
 
 
 class _Session:

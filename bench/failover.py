@@ -22,7 +22,7 @@ from _util import progress  # noqa: E402
 
 def member_pids(rs, m):
     hs = [ray.get_actor(f"{rs.name}/m{m}" + (f"/{r}" if r else ""), namespace="raymx")
-          for r in ("", "feeder", "producer", "applier")]
+          for r in ("", "producer", "applier")]
     return ray.get([h.__ray_call__.remote(lambda self: os.getpid()) for h in hs])
 
 

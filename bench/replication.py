@@ -230,6 +230,21 @@ def load_pipelined(conn, batch, window):
     return tuple(last[0])
 
 
+def member_pids(ray, rs, topo) -> dict:
+    """{pid: "m1 shard (primary)"} for every member actor, for the CPU breakdown."""
+    out = {}
+    for m in topo["members"]:
+        tag = "P" if m["role"] == "primary" else "S"
+        for role in ("", "producer", "applier"):
+            try:
+                h = ray.get_actor(f"{rs.name}/m{m['id']}" + (f"/{role}" if role else ""),
+                                  namespace="raymx")
+                out[ray.get(h.pid.remote(), timeout=30)] = f"m{m['id']}{tag} {role or 'shard'}"
+            except Exception:
+                pass
+    return out
+
+
 def member_status(ray, rs, i):
     return ray.get(rs.member(i).status.remote(), timeout=30)
 
@@ -252,7 +267,11 @@ class CpuShare:
     """Machine CPU time (``/proc/stat``) against that of this process and its
     descendants (the Ray head, the members' actors, the client processes):
     how busy the machine was while a phase ran and how much of it other
-    programs took. Linux only; quietly absent elsewhere."""
+    programs took. With ``labels`` ({pid: name}) it also breaks this
+    benchmark's CPU down per named process (the members' actors). Linux only;
+    quietly absent elsewhere."""
+
+    labels: dict = {}
 
     def __init__(self):
         self.t0 = time.monotonic()
@@ -286,7 +305,8 @@ class CpuShare:
             return None
 
     def stop(self, per=None, unit="") -> str:
-        """A summary; with ``per`` (a count), also this benchmark's CPU ms per unit."""
+        """A summary; with ``per`` (a count), also this benchmark's CPU ms per unit,
+        and per labelled process."""
         b = self._sample()
         if self.a is None or b is None:
             return ""
@@ -296,9 +316,19 @@ class CpuShare:
         ours = sum(c - self.a[1].get(p, 0) for p, c in b[1].items()) / hz
         n = os.cpu_count() or 1
         extra = f", {ours * 1000 / per:.2f} ms of its CPU per {unit}" if per else ""
-        return (f"[CPU busy {busy / dt / n:.0%} of {n} cores, this benchmark "
-                f"{ours / dt / n:.0%}{extra}, other programs "
-                f"{max(0.0, busy - ours) / dt / n:.0%}]")
+        out = (f"[CPU busy {busy / dt / n:.0%} of {n} cores, this benchmark "
+               f"{ours / dt / n:.0%}{extra}, other programs "
+               f"{max(0.0, busy - ours) / dt / n:.0%}; load average "
+               f"{os.getloadavg()[0]:.1f}]")
+        if per and self.labels:
+            parts, named = [], 0.0
+            for pid, name in sorted(self.labels.items(), key=lambda x: x[1]):
+                c = (b[1].get(pid, 0) - self.a[1].get(pid, 0)) / hz
+                named += c
+                parts.append(f"{name} {c * 1e6 / per:.0f}")
+            parts.append(f"rest {(ours - named) * 1e6 / max(per, 1):.0f}")
+            out += f"\n    us of CPU per {unit}: " + ", ".join(parts)
+        return out
 
 
 def main():
@@ -334,6 +364,7 @@ def main():
         secs = sorted(m["id"] for m in topo["members"] if m["role"] == "secondary")
         laggard, other = secs[-1], secs[0]  # the laggard's producer is paused in part 3
         term0 = topo.get("term")
+        CpuShare.labels = member_pids(ray, rs, topo)
         conn = Connection(prim["host"], prim["port"], topo["secret"])
         for i in range(200):  # warm up the connection and the w=3 path
             conn.request({"op": "insert", "ns": NS, "docs": [{"_id": f"warm{i}"}], "w": 3,

@@ -122,7 +122,7 @@ class ReplicaSet:
         """Kill every process of a member at once, without restart (a crash: no
         flush, no goodbye). Its files stay; ``start_member`` brings it back."""
         ray = _ray()
-        for role in ("", "feeder", "producer", "applier"):
+        for role in ("", "producer", "applier"):
             try:
                 ray.kill(ray.get_actor(f"{self.name}/m{member_id}" + (f"/{role}" if role else ""),
                                        namespace=NAMESPACE), no_restart=True)
@@ -231,9 +231,8 @@ class ReplicaSet:
             pass
         everything = []
         # downstream roles first, so nothing writes while the shards flush and close
-        # (roles, whether they have a polite shutdown): feeders only read
-        for roles, polite in ((("producer", "applier"), True), (("feeder",), False),
-                              (("",), True)):
+        # (roles, whether they have a polite shutdown)
+        for roles, polite in ((("producer", "applier"), True), (("",), True)):
             handles = []
             for m in cfg["members"]:
                 for role in roles:
@@ -298,7 +297,8 @@ class ReplicaSet:
 
 def _start_member(name: str, m: dict, secret: str, limits: Limits, votes: dict,
                   bind_host: str | None) -> list:
-    """Create a member's four co-located actors, pinned to the node of its files.
+    """Create a member's three co-located actors, pinned to the node of its files
+    (the shard process also serves the feeder).
 
     Hard node affinity: a restarted actor comes back only on that node (a
     placement group or soft affinity would restart it elsewhere, without its
@@ -306,7 +306,7 @@ def _start_member(name: str, m: dict, secret: str, limits: Limits, votes: dict,
     """
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from raymx.actors.member import Applier, Feeder, OplogShard, Producer, actor_name
+    from raymx.actors.member import Applier, OplogShard, Producer, actor_name
     opts = dict(namespace=NAMESPACE, lifetime="detached", max_restarts=-1, num_cpus=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=m["node_id"],
                                                                    soft=False))
@@ -314,7 +314,6 @@ def _start_member(name: str, m: dict, secret: str, limits: Limits, votes: dict,
     return [
         OplogShard.options(name=m["actor"], **opts).remote(name, m, path, secret, limits, votes,
                                                            bind_host),
-        Feeder.options(name=actor_name(name, i, "feeder"), **opts).remote(name, i, path, limits),
         Producer.options(name=actor_name(name, i, "producer"), **opts).remote(name, i, path,
                                                                               limits),
         Applier.options(name=actor_name(name, i, "applier"), **opts).remote(name, i, path, limits,
