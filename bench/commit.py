@@ -84,6 +84,7 @@ def client_worker(k, topo, cmd_q, res_q):
             time.sleep(start_at - now)
         if prof:
             prof.enable()
+        cpu0 = time.process_time()
         while True:
             d = make_doc(base + i, rnd)
             i += 1
@@ -105,7 +106,7 @@ def client_worker(k, topo, cmd_q, res_q):
         if prof:
             prof.disable()
             prof.dump_stats(profile)
-        res_q.put((k, n, lat, errs, last_err))
+        res_q.put((k, n, lat, errs, last_err, time.process_time() - cpu0))
     cl.close()
 
 
@@ -147,6 +148,7 @@ class Clients:
         total = sum(g[1] for g in got)
         lat = sorted(x for g in got for x in g[2])
         errs = sum(g[3] for g in got)
+        self.cpu_s = sum(g[5] for g in got)  # the client processes' CPU in this level
         if errs:
             progress(f"{errs} failed inserts, e.g. {next(g[4] for g in got if g[4])}")
         return total, lat, errs
@@ -213,6 +215,23 @@ def per_sync(before, after):
     return (after[0] - before[0]) / (after[1] - before[1])
 
 
+def proc_cpu_s(pid) -> float:
+    """CPU seconds (user + system) a process has used so far (Linux; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return 0.0
+
+
+def cpu_note(total, member_s, client_s) -> str:
+    if not total:
+        return ""
+    return (f"; CPU per txn: member {member_s / total * 1e6:.0f} us, "
+            f"client {client_s / total * 1e6:.0f} us")
+
+
 def load():
     return "load avg " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -258,8 +277,9 @@ def main():
         progress("launch replica set")
         rs = raymx.ReplicaSet.launch("bench", members=1, data_dir=os.path.join(base, "rs"))
         topo = rs._topology()
+        member_pid = ray.get(rs.member(0).pid.remote())
         try:  # Ray runs workers niced (RAY_worker_niceness, default 15); clients are not
-            member_nice = os.getpriority(os.PRIO_PROCESS, ray.get(rs.member(0).pid.remote()))
+            member_nice = os.getpriority(os.PRIO_PROCESS, member_pid)
         except Exception:
             member_nice = "?"
         progress(f"start {max(LEVELS)} client processes (spawn)")
@@ -272,12 +292,17 @@ def main():
                 progress(f"durable (j=True) inserts, {n} client(s), {DURATION_S:.0f} s")
                 m0 = member_counters(rs)
                 prof = (os.path.join(profile_dir, f"client-{n}.prof") if profile_dir else None)
+                c0 = proc_cpu_s(member_pid)
                 total, lat, errs = pool.run(n, DURATION_S, True, prof)
-                results[n] = (total / DURATION_S, lat, per_sync(m0, member_counters(rs)), errs)
+                cpu = cpu_note(total, proc_cpu_s(member_pid) - c0, pool.cpu_s)
+                results[n] = (total / DURATION_S, lat, per_sync(m0, member_counters(rs)), errs,
+                              cpu + f"; {load()}")
             n = max(LEVELS)
             progress(f"non-durable (j=False) inserts, {n} clients, {DURATION_S:.0f} s")
+            c0 = proc_cpu_s(member_pid)
             total, lat, errs = pool.run(n, DURATION_S, False)
-            fast = (total / DURATION_S, lat, errs)
+            fast = (total / DURATION_S, lat, errs,
+                    cpu_note(total, proc_cpu_s(member_pid) - c0, pool.cpu_s))
         finally:
             pool.close()
 
@@ -290,10 +315,15 @@ def main():
         def drv_batched():
             for i in range(0, N_BATCH, 1000):
                 coll.insert_many(batch_docs[i:i + 1000])
+        c0, d0 = proc_cpu_s(member_pid), time.process_time()
         drv_b = rate(N_BATCH, drv_batched)
+        drv_cpu = (f"CPU per doc: member {(proc_cpu_s(member_pid) - c0) / N_BATCH * 1e6:.1f} us,"
+                   f" driver {(time.process_time() - d0) / N_BATCH * 1e6:.1f} us; {load()}")
         cl.close()
         progress(f"raw LMDB batched puts {N_BATCH:,} docs")
+        d0 = time.process_time()
         raw_b = raw_batched_rate(os.path.join(base, "raw-batch"), batch_docs)
+        raw_b_cpu = f"CPU per doc {(time.process_time() - d0) / N_BATCH * 1e6:.1f} us"
     finally:
         progress("shutdown")
         if rs is not None:
@@ -314,15 +344,15 @@ def main():
     print(f"durable (j=True) single-doc inserts through the driver; separate client processes "
           f"(nice 0), member process nice {member_nice}")
     for n in LEVELS:
-        r, lat, ps, errs = results[n]
+        r, lat, ps, errs, cpu = results[n]
         row(f"  {n:>2} client(s)", r, "txn/s",
             f"p50 {pct(lat, .5):.1f} ms, p99 {pct(lat, .99):.1f} ms, {ps:.1f} commits/sync"
-            + (f", {errs} FAILED" if errs else ""))
-    r, lat, errs = fast
+            + (f", {errs} FAILED" if errs else "") + cpu)
+    r, lat, errs, cpu = fast
     n = max(LEVELS)
     row(f"  {n:>2} clients, j=False (request ceiling, for reference)", r, "txn/s",
         f"p50 {pct(lat, .5):.1f} ms; durable = {results[n][0] / r:.2f}x of it"
-        + (f", {errs} FAILED" if errs else ""))
+        + (f", {errs} FAILED" if errs else "") + cpu)
     print()
     print("durable driver txn/s : raw LMDB fsync-ed txn/s (the better of the first and the "
           "level's own)")
@@ -337,9 +367,10 @@ def main():
         row(f"  {name}", v, "txn/s", f"raymx at 8 clients = {r8 / v:.2f}x")
     print()
     print("batched inserts, 1,000 docs per transaction")
-    row("raw LMDB+msgpack batched puts, no sync", raw_b, "docs/s")
+    row("raw LMDB+msgpack batched puts, no sync", raw_b, "docs/s", raw_b_cpu)
     row("driver insert_many, default write concern", drv_b, "docs/s",
         f"ratio {drv_b / raw_b:.2f} (target >= 0.5: {'met' if drv_b / raw_b >= 0.5 else 'NOT met'})")
+    print(f"  {drv_cpu}")
 
 
 if __name__ == "__main__":
