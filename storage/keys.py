@@ -41,13 +41,20 @@ _Q = struct.Struct(">Q")
 _EXACT = 1 << 53
 
 
+_NUM_TAG = bytes((T_NUM,))
+_NAN_KEY = _NUM_TAG + bytes(8)
+_FLIP = (1 << 64) - 1
+
+
 def _num(v) -> bytes:
     f = float(v)
-    (bits,) = _Q.unpack(_D.pack(f + 0.0))  # + 0.0 folds -0.0 into 0.0
-    bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | (1 << 63)
     if f != f:
-        bits = 0  # every NaN is one value, below -inf (as in MongoDB)
-    out = bytes((T_NUM,)) + _Q.pack(bits)
+        return _NAN_KEY  # every NaN is one value, below -inf (as in MongoDB)
+    b = _D.pack(f + 0.0)  # + 0.0 folds -0.0 into 0.0
+    if b[0] < 0x80:  # positive: set the sign bit
+        out = bytes((T_NUM, b[0] | 0x80)) + b[1:]
+    else:            # negative: flip every bit
+        out = _NUM_TAG + _Q.pack(_Q.unpack(b)[0] ^ _FLIP)
     if _EXACT <= abs(f) < math.inf:
         # Past 2**53 a double skips integers: append the exact distance from the
         # double so distinct large ints never collide in a unique index. Floats
@@ -55,6 +62,10 @@ def _num(v) -> bytes:
         # and the length still follows from the first 9 bytes (self-delimiting).
         out += _Q.pack(int(v) - int(f) + (1 << 63))
     return out
+
+
+# small integers are most index keys (ages, counts, flags): encode them once
+_SMALL_INTS = {i: _num(i) for i in range(-1024, 4096)}
 
 
 def _escaped(tag: int, b: bytes) -> bytes:
@@ -67,9 +78,14 @@ def encode_key(v) -> bytes:
     t = type(v)
     if t is bool:
         return bytes((T_BOOL, 1 if v else 0))
-    if t is int or t is float:
-        if t is int and not -(1 << 63) <= v < (1 << 64):
+    if t is int:
+        k = _SMALL_INTS.get(v)
+        if k is not None:
+            return k
+        if not -(1 << 63) <= v < (1 << 64):
             raise InvalidDocument(f"integer {v} does not fit in 64 bits")
+        return _num(v)
+    if t is float:
         return _num(v)
     if t is str:
         return _escaped(T_STR, v.encode("utf-8", "surrogatepass"))
