@@ -94,6 +94,18 @@ class Notifier:
 _reniced_at = [0.0]
 
 
+PULL_REQUEST_BYTES_MAX = 1 << 20  # positions of every member: far below this
+
+
+def pull_request(after, after_h, max_entries: int, max_bytes: int, wait_ms: int, member: int,
+                 durable, applied, downstream: dict | None, term: int) -> bytes:
+    """The argument of ``OplogShard.pull`` (a producer's pull)."""
+    return codec.pack({"after": after, "after_h": after_h, "max_entries": max_entries,
+                       "max_bytes": max_bytes, "wait_ms": wait_ms, "member": member,
+                       "durable": durable, "applied": applied, "downstream": downstream,
+                       "term": term})
+
+
 def serve_at_normal_priority(every_s: float = 0.0) -> None:
     """Ray starts workers at nice 15; a member's processes serve clients (and,
     for w > 1, replicate for them) at nice 0 when allowed. Measured: ~17-20%
@@ -303,13 +315,22 @@ class OplogShard:
 
     # --- the feeder (pulls from downstream producers) ------------------------
     @ray.method(concurrency_group="feeder")
-    def pull(self, after, after_h, max_entries: int, max_bytes: int, wait_ms: int,
-             member: int, durable, applied, downstream: dict | None = None,
-             term: int = 0) -> dict:
+    def pull(self, req: bytes) -> bytes:
         """Stored rows after ``after`` (long-polls up to ``wait_ms``); the caller's
-        positions count for write concern as soon as the pull arrives."""
-        return self.feeder.pull(after, after_h, max_entries, max_bytes, wait_ms, member,
-                                durable, applied, downstream, term)
+        positions count for write concern as soon as the pull arrives.
+
+        One msgpack map in (``pull_request``), one out: a Ray call with one
+        bytes argument and a bytes result costs ~25% less CPU on each side than
+        with ten arguments and a dict (measured). The entries ride in the
+        answer as msgpack bin: the stored bytes, unchanged."""
+        r = codec.unpack(req, "pull request", PULL_REQUEST_BYTES_MAX)
+        try:
+            args = (r["after"], r["after_h"], r["max_entries"], r["max_bytes"], r["wait_ms"],
+                    r["member"], r["durable"], r["applied"], r.get("downstream"),
+                    r.get("term", 0))
+        except (KeyError, TypeError) as e:
+            raise errors.ProtocolError(f"malformed pull request: {e!r:.200}") from None
+        return codec.pack(self.feeder.pull(*args))
 
     @ray.method(concurrency_group="feeder")
     def find_common(self, candidates: list) -> list | None:
@@ -550,11 +571,14 @@ class Producer:
                 last, last_h = self.engine.last()
                 applied = rep.applied_point(self.engine)
                 down = self._downstream()
-                out = ray.get(src.pull.remote(
+                ans = ray.get(src.pull.remote(pull_request(
                     list(last), last_h if last != ZERO else None, self.limits.pull_entries_max,
                     self.limits.pull_bytes_max, self.limits.pull_wait_ms, self.member_id,
                     list(last) if last != ZERO else None, list(applied), down,
-                    max(self.term, self.engine.term)), timeout=30)
+                    max(self.term, self.engine.term))), timeout=30)
+                # one entry may exceed pull_bytes_max (a pull always carries one)
+                out = codec.unpack(ans, "pull answer", self.limits.transaction_bytes_max
+                                   + self.limits.pull_bytes_max + (1 << 20))
             except Exception as e:  # the source is restarting or gone: retry
                 src = None
                 self.error = f"sync source {self.sync_source} unreachable: {type(e).__name__}"
