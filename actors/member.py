@@ -607,7 +607,7 @@ class Applier:
         self.member_id, self.limits = member_id, limits
         self.delay_ms = int(delay_s * 1000)
         self.engine = open_member(path, limits)
-        self.applied_entries = self.applied_ops = 0
+        self.applied_entries = self.applied_ops = self.replays = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._hold = threading.Event()
@@ -643,8 +643,10 @@ class Applier:
                 continue
             self._idle.clear()
             try:
-                n, ops, _ = rep.apply_batch(self.engine, self.limits, now_ms(), self.delay_ms,
-                                            clock=now_ms)
+                n, ops, _, mode = rep.apply_step(self.engine, self.limits, now_ms(),
+                                                 self.delay_ms, clock=now_ms)
+                if mode == "replay":
+                    self.replays += 1
             except Exception:
                 log.exception("member %d: apply failed", self.member_id)
                 time.sleep(1)
@@ -661,7 +663,8 @@ class Applier:
 
     @ray.method(concurrency_group="control")
     def status(self) -> dict:
-        return {"applied_entries": self.applied_entries, "applied_ops": self.applied_ops}
+        return {"applied_entries": self.applied_entries, "applied_ops": self.applied_ops,
+                "replays": self.replays}
 
     def shutdown(self):
         self._stop.set()
