@@ -30,7 +30,7 @@ from raymx.actors import replication as rep
 from raymx.actors.gtid_manager import GTIDManager
 from raymx.actors.server import ClientPort
 from raymx.actors.shard import ShardService, gtid_out
-from raymx.storage import codec
+from raymx.storage import codec, snapshot
 from raymx.storage.engine import Engine
 from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.limits import Limits
@@ -92,7 +92,8 @@ def _get(rs: str, member: int, role: str):
     return ray.get_actor(actor_name(rs, member, role), namespace=NAMESPACE)
 
 
-@ray.remote(max_concurrency=16, concurrency_groups={"control": 4, "heartbeat": 2})
+@ray.remote(max_concurrency=16,
+            concurrency_groups={"control": 4, "heartbeat": 2, "snapshot": 2, "load": 1})
 class OplogShard:
     """Starts as a secondary; the election coordinator makes it primary or tells
     it whom to follow (also after a restart, so a returning old primary never
@@ -119,10 +120,19 @@ class OplogShard:
             raise RuntimeError(f"{path} belongs to member {owner}, not {self.member_id}")
         self.engine.put_meta("member_id", self.member_id)
         self.engine.put_meta("replset", rs_name)
+        if member.get("initial_sync") and snapshot.is_empty(self.engine) and \
+                self.engine.get_meta("initial_sync") is None:
+            # to be loaded from a snapshot: the producer must not pull from the
+            # start of the oplog meanwhile (begin_load replaces this mark)
+            self.engine.put_meta("initial_sync", {"pending": True})
         self._feeder = None
         self.following: list | None = None  # [source, term] set by follow()
         self._majority_at = 0.0
         self._role_lock = threading.Lock()
+        self._snapshots: dict[int, tuple] = {}  # id -> (Snapshot, lock, checksums)
+        self._snapshot_ids = iter(range(1, 1 << 62))
+        self.synchronizing = False  # catching up after a snapshot load (not yet voting)
+        self.load_progress: dict | None = None
         self._notify_feeder = Notifier(lambda g: self._feeder_handle().on_limit.remote(list(g)))
         self.service = ShardService(self.engine, limits, primary=False,
                                     on_durable=self._on_durable, member_id=self.member_id,
@@ -167,8 +177,13 @@ class OplogShard:
             self.service.set_positions({}, {int(m): now for m in alive})
         last, h = self.engine.last()
         return {"term": self.engine.term, "last": list(last), "h": h, "role": self.role,
-                "following": self.following,
-                "state": "running" if not self.engine.get_meta("needs_resync") else "resync"}
+                "following": self.following, "state": self._state()}
+
+    def _state(self) -> str:
+        """running, synchronizing (initial sync: never elected, see DESIGN 4) or resync."""
+        if self.synchronizing or self.engine.get_meta("initial_sync") is not None:
+            return "synchronizing"
+        return "resync" if self.engine.get_meta("needs_resync") else "running"
 
     @ray.method(concurrency_group="control")
     def become_primary(self, term: int, timeout_s: float = 30) -> dict:
@@ -277,8 +292,8 @@ class OplogShard:
                 codec.unpack(t.get("oplog", g.to_bytes()))["ts"]
         with self.engine.store.read() as t:
             last_ts, applied_ts = ts(r.last), ts(applied)
-        s.update({"id": self.member_id, "role": self.role,
-                  "state": "resync" if self.engine.get_meta("needs_resync") else "running",
+        s.update({"id": self.member_id, "role": self.role, "state": self._state(),
+                  "initial_sync": self.load_progress,
                   "host": f"{self.port.host}:{self.port.port}", "pid": os.getpid(),
                   "term": self.engine.term, "applied": gtid_out(applied),
                   "first": gtid_out(r.first), "last_ts": last_ts, "applied_ts": applied_ts,
@@ -289,6 +304,107 @@ class OplogShard:
         if self.role != "primary":
             s["durable"] = gtid_out(r.last)  # the producer syncs every batch it writes
         return s
+
+    # --- snapshots (a source) and bulk-loading them (a new member): DESIGN 8 ---
+    @ray.method(concurrency_group="snapshot")
+    def snapshot_open(self, rows_per_part: int | None = None) -> dict:
+        """Open a consistent snapshot (one LMDB read transaction) and plan its
+        partitions; ``info`` carries everything but the partitions' rows."""
+        s = snapshot.Snapshot(self.engine, rows_per_part or self.limits.snapshot_part_rows)
+        sid = next(self._snapshot_ids)
+        self._snapshots[sid] = (s, threading.Lock(), {})
+        info = s.info()
+        info["id"] = sid
+        info["member"] = self.member_id
+        return info
+
+    @ray.method(concurrency_group="snapshot", num_returns=2)
+    def snapshot_read(self, sid: int, part) -> tuple[list, list]:
+        """One partition's rows as stored (key, value bytes) and their checksum."""
+        s, lock, sums = self._snapshot(sid)
+        with lock:  # a read transaction serves one thread at a time
+            rows, c = s.read(part)
+        sums[snapshot.Part.of(part).index] = c
+        return rows, c
+
+    @ray.method(concurrency_group="snapshot")
+    def snapshot_checksums(self, sid: int) -> dict:
+        return dict(self._snapshot(sid)[2])
+
+    @ray.method(concurrency_group="snapshot")
+    def snapshot_close(self, sid: int) -> None:
+        ent = self._snapshots.pop(sid, None)
+        if ent is not None:
+            with ent[1]:
+                ent[0].close()
+
+    def _snapshot(self, sid: int):
+        ent = self._snapshots.get(sid)
+        if ent is None:
+            raise errors.InvalidOperation(f"snapshot {sid} is not open on member "
+                                          f"{self.member_id}")
+        return ent
+
+    @ray.method(concurrency_group="load")
+    def load_begin(self, info: dict) -> None:
+        snapshot.begin_load(self.engine, info)
+        total = sum(1 for _ in info["parts"])
+        self.load_progress = {"source": info.get("member"), "gtid": info["gtid"],
+                              "parts": total, "parts_done": 0, "rows": info.get("rows"),
+                              "rows_done": 0, "phase": "copy"}
+
+    @ray.method(concurrency_group="load")
+    def load_rows(self, db: str, rows: list, parts_done: int = 1) -> int:
+        """Bulk-load one sorted run (one concurrency slot: runs arrive in order)."""
+        n = snapshot.load_rows(self.engine, db, rows)
+        self._loaded(n, parts_done)
+        return n
+
+    @ray.method(concurrency_group="load")
+    def load_table(self, table, parts_done: int = 0) -> int:
+        """Bulk-load an Arrow table with columns ``db``, ``key``, ``value``, sorted
+        by (db, key) (a Spark partition after repartition and sort)."""
+        dbs = table.column("db").to_pylist()
+        keys = table.column("key").to_pylist()
+        vals = table.column("value").to_pylist()
+        n, i = 0, 0
+        while i < len(dbs):
+            j = i
+            while j < len(dbs) and dbs[j] == dbs[i]:
+                j += 1
+            n += snapshot.load_rows(self.engine, dbs[i], list(zip(keys[i:j], vals[i:j])))
+            i = j
+        self._loaded(n, parts_done)
+        return n
+
+    def _loaded(self, rows: int, parts: int) -> None:
+        p = self.load_progress
+        if p is not None:
+            p["rows_done"] += rows
+            p["parts_done"] += parts
+
+    @ray.method(concurrency_group="load")
+    def load_finish(self, info: dict, checksums: dict) -> list:
+        """Verify every partition's checksum, then start the oplog at the snapshot."""
+        if self.load_progress is not None:
+            self.load_progress["phase"] = "verify"
+        g = snapshot.finish_load(self.engine, info, {int(k): v for k, v in checksums.items()})
+        self.synchronizing = True  # until the driver says it caught up
+        if self.load_progress is not None:
+            self.load_progress["phase"] = "catch-up"
+        ray.get(self._feeder_handle().truncated.remote())  # its oplog starts here now
+        return list(g)
+
+    @ray.method(concurrency_group="control")
+    def set_synchronizing(self, on: bool) -> None:
+        self.synchronizing = on
+        if not on:
+            self.load_progress = None
+
+    @ray.method(concurrency_group="control")
+    def backup(self, dest: str) -> list:
+        """A consistent hot copy of this member's files into ``dest`` (this node)."""
+        return list(snapshot.backup(self.engine, dest))
 
     @ray.method(concurrency_group="control")
     def oplog(self, after=None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
@@ -445,7 +561,9 @@ class Producer:
         src_id = None
         while not self._stop.is_set():
             if self._paused.is_set() or self.sync_source is None or \
-                    self.engine.get_meta("needs_resync") or self.term < self.engine.term:
+                    self.engine.get_meta("needs_resync") or self.term < self.engine.term or \
+                    self.engine.get_meta("initial_sync") is not None:
+                # (an initial sync is loading a snapshot: pull only from its GTID on)
                 # a newer term is known than the one we were told to follow in:
                 # the source may be a deposed primary; wait for the next follow()
                 time.sleep(0.02)

@@ -115,6 +115,11 @@ class LMDBStore:
     def sync(self):
         self._env.sync(True)
 
+    def copy_to(self, dest: str) -> None:
+        """A consistent hot copy of the environment into the folder ``dest``
+        (LMDB's copy runs in one read transaction; writers go on)."""
+        self._env.copy(make_private_dir(dest), compact=True)
+
     def stat(self) -> dict:
         info = self._env.info()
         return {"map_bytes": info["map_size"], "last_page": info["last_pgno"],

@@ -134,6 +134,7 @@ class Snapshot:
 
     def _plan(self, rows_per_part: int) -> list[Part]:
         parts: list[Part] = []
+        self.rows = 0
         for db in SNAPSHOT_DBS:
             start, n, rows = None, 0, 0
             for k, _ in self.t.scan(db):
@@ -142,6 +143,7 @@ class Snapshot:
                     start, n = k, 0
                 n += 1
                 rows += 1
+            self.rows += rows
             if rows:
                 parts.append(Part(len(parts), db, start, None))
         return parts
@@ -152,7 +154,7 @@ class Snapshot:
                 "term": self.term, "meta": {k.decode(): v for k, v in self.meta.items()},
                 "catalog": [[k, v] for k, v in self.catalog], "terms": self.terms,
                 "majority": None if self.majority is None else list(self.majority),
-                "parts": [p.as_list() for p in self.parts]}
+                "parts": [p.as_list() for p in self.parts], "rows": self.rows}
 
     def read(self, part) -> tuple[list[tuple[bytes, bytes]], list]:
         """The rows of one partition as stored, and their checksum."""
@@ -263,3 +265,47 @@ def copy_local(source: Engine, target: Engine, rows_per_part: int = 100_000) -> 
             rows, sums[p.index] = s.read(p)
             load_rows(target, p.db, rows)
     return finish_load(target, info, sums)
+
+
+# --- hot copies (backups) ----------------------------------------------------
+def backup(engine: Engine, dest: str) -> GTID:
+    """A consistent hot copy of a member's LMDB files into ``dest`` (LMDB's own
+    copy: one read transaction, writers go on). Returns the copy's applied point."""
+    import os
+
+    from raymx.storage.lmdb_store import LMDBStore
+    if os.path.isdir(dest) and os.listdir(dest):
+        raise errors.InvalidOperation(f"backup folder {dest} is not empty")
+    engine.store.copy_to(dest)
+    s = LMDBStore(dest, map_bytes=engine.limits.map_bytes)
+    try:
+        with s.read() as t:
+            return _applied_in(t) or ZERO
+    finally:
+        s.close()
+
+
+def adopt_copy(engine: Engine) -> GTID | None:
+    """Make a hot copy of another member's files ready to join as a new member.
+
+    Entries from its ``replInfo`` point (the conservative minimum unapplied
+    GTID recorded about once a second) onward are marked unapplied again, so
+    the applier replays them (idempotently, from their images) and none is
+    missed whatever the copy caught; the producer then resumes after the last
+    entry it holds, skipping every GTID it already has. The old member's
+    identity, configuration and resync mark are dropped. Returns the point
+    replay restarts from (None: everything was applied)."""
+    with engine.store.write() as t:
+        b = t.get("replInfo", b"min_unapplied")
+        start = b if b else None
+        if start is None:
+            mu = t.first("unapplied")
+            start = None if mu is None else mu[0]
+        if start is not None:
+            for k, _ in list(t.scan("oplog", start)):
+                t.put("unapplied", k, b"")
+        for k in (b"member_id", b"replset", b"rs_config", b"needs_resync", b"initial_sync"):
+            t.delete("meta", k)
+    engine._tail = None
+    engine.sync()
+    return None if start is None else GTID.from_bytes(start)

@@ -150,3 +150,26 @@ def test_rollback_never_reaches_before_the_first_entry_of_a_snapshot_member(tmp_
     assert rep.rollback_to(t, GTID(g.term, g.seq + 3), 10**6, lambda r: None) > 0
     with pytest.raises(errors.IrreversibleOp, match="needs a resync"):
         rep.rollback_to(t, GTID(g.term, g.seq - 1), 10**6, lambda r: None)
+
+
+def test_a_hot_copy_joins_from_its_repl_info_point(tmp_path):
+    p = primary(tmp_path, entries=200)
+    sec = lmdb_engine(tmp_path, "s")
+    workload.ship(p, sec)
+    for _ in range(30):
+        rep.apply_batch(sec, Limits(apply_batch_ops=1), 0)
+    rep.write_repl_info(sec, None)  # replInfo says 31 is the first unapplied
+    for _ in range(20):  # applied after replInfo was written: the copy re-applies them
+        rep.apply_batch(sec, Limits(apply_batch_ops=1), 0)
+    sec.put_meta("member_id", 1)
+    g = snapshot.backup(sec, str(tmp_path / "backup"))
+    assert g.seq == 50
+    with pytest.raises(errors.InvalidOperation, match="not empty"):
+        snapshot.backup(sec, str(tmp_path / "backup"))
+    c = lmdb_engine(tmp_path, "backup")
+    assert snapshot.adopt_copy(c).seq == 31
+    assert c.get_meta("member_id") is None and c.applied_point().seq == 30
+    workload.run(p, 6, 50)
+    catch_up(p, c)  # skips the GTIDs it has, re-applies 31.. from their images
+    assert workload.state(c)["state"] == workload.state(p)["state"]
+    assert c.verify_oplog() == p.last()[0].seq
