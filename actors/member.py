@@ -30,9 +30,10 @@ from raymx.actors import replication as rep
 from raymx.actors.gtid_manager import GTIDManager
 from raymx.actors.server import ClientPort
 from raymx.actors.shard import ShardService, gtid_out
-from raymx.storage import codec, snapshot
+from raymx.storage import codec, replay, snapshot
 from raymx.storage.engine import Engine
 from raymx.storage.gtid import GTID, ZERO
+from raymx.storage.keys import prefix_end
 from raymx.storage.limits import Limits
 from raymx.storage.lmdb_store import LMDBStore
 
@@ -93,7 +94,7 @@ def _get(rs: str, member: int, role: str):
 
 
 @ray.remote(max_concurrency=16,
-            concurrency_groups={"control": 4, "heartbeat": 2, "snapshot": 2, "load": 1})
+            concurrency_groups={"control": 4, "heartbeat": 2, "oplog": 2, "load": 1})
 class OplogShard:
     """Starts as a secondary; the election coordinator makes it primary or tells
     it whom to follow (also after a restart, so a returning old primary never
@@ -129,8 +130,6 @@ class OplogShard:
         self.following: list | None = None  # [source, term] set by follow()
         self._majority_at = 0.0
         self._role_lock = threading.Lock()
-        self._snapshots: dict[int, tuple] = {}  # id -> (Snapshot, lock, checksums)
-        self._snapshot_ids = iter(range(1, 1 << 62))
         self.synchronizing = False  # catching up after a snapshot load (not yet voting)
         self.load_progress: dict | None = None
         self._notify_feeder = Notifier(lambda g: self._feeder_handle().on_limit.remote(list(g)))
@@ -305,46 +304,7 @@ class OplogShard:
             s["durable"] = gtid_out(r.last)  # the producer syncs every batch it writes
         return s
 
-    # --- snapshots (a source) and bulk-loading them (a new member): DESIGN 8 ---
-    @ray.method(concurrency_group="snapshot")
-    def snapshot_open(self, rows_per_part: int | None = None) -> dict:
-        """Open a consistent snapshot (one LMDB read transaction) and plan its
-        partitions; ``info`` carries everything but the partitions' rows."""
-        s = snapshot.Snapshot(self.engine, rows_per_part or self.limits.snapshot_part_rows)
-        sid = next(self._snapshot_ids)
-        self._snapshots[sid] = (s, threading.Lock(), {})
-        info = s.info()
-        info["id"] = sid
-        info["member"] = self.member_id
-        return info
-
-    @ray.method(concurrency_group="snapshot", num_returns=2)
-    def snapshot_read(self, sid: int, part) -> tuple[list, list]:
-        """One partition's rows as stored (key, value bytes) and their checksum."""
-        s, lock, sums = self._snapshot(sid)
-        with lock:  # a read transaction serves one thread at a time
-            rows, c = s.read(part)
-        sums[snapshot.Part.of(part).index] = c
-        return rows, c
-
-    @ray.method(concurrency_group="snapshot")
-    def snapshot_checksums(self, sid: int) -> dict:
-        return dict(self._snapshot(sid)[2])
-
-    @ray.method(concurrency_group="snapshot")
-    def snapshot_close(self, sid: int) -> None:
-        ent = self._snapshots.pop(sid, None)
-        if ent is not None:
-            with ent[1]:
-                ent[0].close()
-
-    def _snapshot(self, sid: int):
-        ent = self._snapshots.get(sid)
-        if ent is None:
-            raise errors.InvalidOperation(f"snapshot {sid} is not open on member "
-                                          f"{self.member_id}")
-        return ent
-
+    # --- bulk-loading a snapshot into this (new) member: DESIGN 8 ---------------
     @ray.method(concurrency_group="load")
     def load_begin(self, info: dict) -> None:
         snapshot.begin_load(self.engine, info)
@@ -394,6 +354,66 @@ class OplogShard:
             self.load_progress["phase"] = "catch-up"
         ray.get(self._feeder_handle().truncated.remote())  # its oplog starts here now
         return list(g)
+
+    # --- parallel replay driven by a Spark job (raymx.spark_bridge.replay) ----------
+    @ray.method(concurrency_group="load")
+    def replay_prepare(self, max_entries: int | None, per_part: int) -> dict | None:
+        """Hold the applier and cut the unapplied range into GTID key ranges."""
+        applier = _get(self.rs_name, self.member_id, "applier")
+        ray.get(applier.pause.remote(True))
+        max_entries = max_entries or self.limits.replay_entries_max
+        keys = []
+        with self.engine.store.read() as t:
+            for k, _ in t.scan("unapplied"):
+                keys.append(k)
+                if len(keys) >= max_entries:
+                    break
+        if not keys:
+            ray.get(applier.pause.remote(False))
+            return None
+        starts = keys[::per_part]
+        stops = starts[1:] + [prefix_end(keys[-1])]
+        return {"first": list(GTID.from_bytes(keys[0])), "last": list(GTID.from_bytes(keys[-1])),
+                "entries": len(keys), "ranges": list(zip(starts, stops))}
+
+    @ray.method(concurrency_group="oplog")
+    def oplog_rows(self, start: bytes, stop: bytes) -> list:
+        """Stored oplog rows (gtid, entry, chunks) with ``start <= gtid < stop``."""
+        with self.engine.store.read() as t:
+            return rep._rows(t, start, stop, 1 << 62, 1 << 62)
+
+    @ray.method(concurrency_group="load")
+    def replay_begin(self, commands: list, done: dict, first_use: list, first: list) -> None:
+        cmds = [replay.Command(tuple(o), codec.unpack(op)) for o, op in commands]
+        self._replay = replay.SegmentWriter(
+            self.engine, cmds, {int(k): v for k, v in done.items()},
+            {(s, ns): tuple(o) for s, ns, o in first_use}, GTID(*first).to_bytes(),
+            self.limits.replay_txn_docs_max)
+
+    @ray.method(concurrency_group="load")
+    def replay_block(self, table) -> int:
+        """One block of the Spark result, in (segment, ns, pk) order."""
+        c = {n: table.column(n).to_pylist() for n in ("seg", "ns", "pk", "seq", "i", "kind",
+                                                      "post")}
+        changes = [replay.Change(sg, ns, pk, (q, i), None if k == "d" else post)
+                   for sg, ns, pk, q, i, k, post in zip(c["seg"], c["ns"], c["pk"], c["seq"],
+                                                        c["i"], c["kind"], c["post"])]
+        self._replay.write(changes)
+        return len(changes)
+
+    @ray.method(concurrency_group="load")
+    def replay_end(self) -> int:
+        """The last barriers (commands, marks), then the applier resumes tailing."""
+        w, self._replay = self._replay, None
+        w.close()
+        self.replays = getattr(self, "replays", 0) + 1
+        ray.get(_get(self.rs_name, self.member_id, "applier").pause.remote(False))
+        return w.written
+
+    @ray.method(concurrency_group="load")
+    def replay_abort(self) -> None:
+        self._replay = None
+        ray.get(_get(self.rs_name, self.member_id, "applier").pause.remote(False))
 
     @ray.method(concurrency_group="control")
     def set_synchronizing(self, on: bool) -> None:
@@ -788,6 +808,40 @@ class Applier:
         self._stop.set()
         self._wake.set()
         self._t.join(10)
+
+
+@ray.remote(num_cpus=0, max_concurrency=2)
+class SnapshotSource:
+    """One consistent snapshot of a member (one LMDB read transaction), served
+    from its own process on the member's node, so bulk reads never compete
+    with the member's client port. Started by the driver for one copy."""
+
+    def __init__(self, path: str, limits: Limits, rows_per_part: int):
+        if not os.path.isfile(os.path.join(path, "data.mdb")):
+            raise errors.ConfigError(f"no member data at {path}")
+        self.engine = open_member(path, limits)
+        self.snap = snapshot.Snapshot(self.engine, rows_per_part)
+        self._lock = threading.Lock()  # a read transaction serves one thread at a time
+        self.sums: dict[int, list] = {}
+
+    def info(self) -> dict:
+        return self.snap.info()
+
+    @ray.method(num_returns=2)
+    def read(self, part) -> tuple[list, list]:
+        """One partition's rows as stored (key, value bytes) and their checksum."""
+        with self._lock:
+            rows, c = self.snap.read(part)
+        self.sums[snapshot.Part.of(part).index] = c
+        return rows, c
+
+    def checksums(self) -> dict:
+        return dict(self.sums)
+
+    def close(self) -> None:
+        with self._lock:
+            self.snap.close()
+        self.engine.store.close()
 
 
 @ray.remote(num_cpus=0)

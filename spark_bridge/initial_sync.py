@@ -71,27 +71,46 @@ def choose_source(status: dict, exclude: int | None = None) -> int:
     return status["primary"]
 
 
+def open_source(rs, source: int, rows_per_part: int | None = None):
+    """A ``SnapshotSource`` actor on member ``source``'s node, holding one snapshot."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from raymx.actors.member import SnapshotSource
+    cfg = ray.get(rs._coord.config.remote())
+    m = next((x for x in cfg["members"] if x["id"] == source), None)
+    if m is None:
+        raise errors.ConfigError(f"no member {source} to take a snapshot from")
+    limits = cfg["limits"]
+    return SnapshotSource.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(m["node_id"], soft=False)
+    ).remote(m["path"], limits, rows_per_part or limits.snapshot_part_rows)
+
+
 def copy_snapshot(rs, source: int, target: int, spark=None, rows_per_part: int | None = None,
                   progress: bool = True) -> dict:
     """Copy a snapshot of member ``source`` into the empty member ``target``."""
     import ray
-    src, dst = rs.member(source), rs.member(target)
+    src, dst = open_source(rs, source, rows_per_part), rs.member(target)
     t0 = time.monotonic()
-    info = ray.get(src.snapshot_open.remote(rows_per_part))
-    bar = Progress(f"member {target}: copying from {source}", info["rows"], progress)
+    bar = None
     try:
+        info = ray.get(src.info.remote())
+        bar = Progress(f"member {target}: copying from {source}", info["rows"], progress)
         ray.get(dst.load_begin.remote(info))
         if spark is None:
             _copy_with_ray(src, dst, info, bar)
         else:
             _copy_with_spark(spark, src, dst, info, bar)
-        sums = ray.get(src.snapshot_checksums.remote(info["id"]))
+        sums = ray.get(src.checksums.remote())
     finally:
         try:
-            ray.get(src.snapshot_close.remote(info["id"]))
+            ray.get(src.close.remote(), timeout=30)
         except Exception:
             pass
-        bar.close()
+        ray.kill(src, no_restart=True)
+        if bar is not None:
+            bar.close()
     g = ray.get(dst.load_finish.remote(info, sums))
     return {"gtid": GTID(*g), "rows": info["rows"], "parts": len(info["parts"]),
             "source": source, "seconds": time.monotonic() - t0,
@@ -104,7 +123,7 @@ def _copy_with_ray(src, dst, info, bar, window: int = 4) -> None:
     import ray
     pending = []
     for p in info["parts"]:
-        rows_ref, _sum_ref = src.snapshot_read.remote(info["id"], p)
+        rows_ref, _sum_ref = src.read.remote(p)
         pending.append(dst.load_rows.remote(p[1], rows_ref))
         while len(pending) >= window:
             done, pending = ray.wait(pending, num_returns=1)
@@ -123,7 +142,7 @@ def snapshot_datasource(src, info):
 
     schema = pa.schema([("part", pa.int32()), ("db", pa.string()), ("key", pa.binary()),
                         ("value", pa.binary())])
-    sid, parts = info["id"], info["parts"]
+    parts = info["parts"]
 
     class SnapshotPartitions(Datasource):
         def estimate_inmemory_data_size(self):
@@ -133,7 +152,7 @@ def snapshot_datasource(src, info):
             tasks = []
             for p in parts:
                 def read(p=p):
-                    rows_ref, _ = src.snapshot_read.remote(sid, p)
+                    rows_ref, _ = src.read.remote(p)
                     rows = ray.get(rows_ref)
                     yield pa.table({"part": pa.array([p[0]] * len(rows), pa.int32()),
                                     "db": pa.array([p[1]] * len(rows), pa.string()),

@@ -5,149 +5,186 @@ document. Because every ``i``/``u``/``d`` op carries the full image after it
 (``post``; nothing after a delete), only the last op per (namespace, ``_id``)
 matters for the final state, and documents are independent of each other.
 Commands are not: a ``create``/``drop``/``createIndex``/``dropIndex`` changes
-what later ops mean, so commands cut the range into segments that are
-replayed in order, each command alone between them.
+what later ops mean, so commands cut the range into segments: segment ``k``
+holds the document ops between command ``k-1`` and command ``k``, and command
+``k`` runs alone right after segment ``k`` is written.
 
-The work splits into pure steps that Spark can also run (``spark_bridge``):
+The steps are pure and row-shaped, so Spark can run the first two
+(``raymx.spark_bridge.replay``) and a member the last:
 
-* ``explode(entries)`` -> one ``Change`` per op, with its segment number and
-  its order ``(seq, op index)``; commands become ``Command`` barriers;
-* ``last_images(changes)`` keeps the newest change per (segment, ns, pk);
-* ``apply_segment`` writes one segment's results with index maintenance and
-  removes the unapplied marks of the entries that segment completes, in the
-  same LMDB transaction (several, split by key range, for a huge segment:
-  the marks go with the last, and a crash in between replays the segment
-  again, which gives the same result because images are absolute).
+* ``explode_entry`` turns one entry into rows ``(seq, i, kind, ns, pk, post)``;
+  ``kind`` is ``w`` (write ``post``), ``d`` (delete) or ``c`` (a command,
+  ``post`` = the packed op);
+* ``segment_of`` numbers a row's segment from the (few) command orders, and
+  ``last_images`` keeps the newest row per (segment, ns, pk);
+* ``SegmentWriter`` writes those rows in (segment, ns, pk) order with index
+  maintenance, runs each command at its barrier, and removes the unapplied
+  marks of the entries each barrier completes in the barrier's transaction.
+  A crash before a barrier leaves the marks: the segment is replayed again,
+  which gives the same result because images are absolute.
 
 The result is exactly the state that applying the entries one at a time
-gives (tests/test_replay.py checks that on random workloads), including the
-collection and index ids the catalog hands out.
+gives, catalog ids included (tests/test_replay.py checks that on random
+workloads, with and without Spark).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import bisect
+from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from raymx.storage import codec
 from raymx.storage.engine import Engine, _pk
 from raymx.storage.gtid import GTID
-from raymx.storage.keys import prefix_end
 
 
 @dataclass
 class Change:
-    """One document op of the range, reduced to what the final state needs."""
+    """The newest op on one document within one segment."""
     segment: int
     ns: str
     pk: bytes          # encode_key(_id): the document's key in its collection
     order: tuple       # (seq, op index): GTID order within the range
-    post: dict | None  # the image after the op; None: deleted
+    post: bytes | None  # the packed image after the op; None: deleted
 
 
 @dataclass
 class Command:
-    segment: int       # the command runs after segment ``segment``
-    order: tuple
+    order: tuple       # (seq, op index); command k closes segment k
     op: dict
 
 
-@dataclass
-class Segment:
-    """What one segment writes, and the barrier command that follows it."""
-    index: int
-    changes: list[Change] = field(default_factory=list)  # the last one per (ns, pk)
-    namespaces: list[str] = field(default_factory=list)  # in order of first use
-    command: Command | None = None
-    done_through: GTID | None = None  # entries up to here are complete after it
+# --- explode (per entry: Spark runs this in its Python workers) -------------
+def explode_entry(seq: int, ops: list[dict]) -> list[tuple]:
+    """Rows ``(seq, i, kind, ns, pk, post bytes, last_i)`` for one entry's ops.
+
+    ``last_i`` is the index of the entry's last op that is not a no-op: an
+    entry is complete once the segment holding that op has been written."""
+    last_i = max((i for i, op in enumerate(ops) if op["op"] != "n"), default=-1)
+    out = []
+    for i, op in enumerate(ops):
+        kind = op["op"]
+        if kind == "n":
+            continue
+        if kind == "c":
+            out.append((seq, i, "c", op["ns"], b"", codec.pack(op), last_i))
+        elif kind == "d":
+            out.append((seq, i, "d", op["ns"], _pk(op["pre"]["_id"]), None, last_i))
+        else:
+            out.append((seq, i, "w", op["ns"], _pk(op["post"]["_id"]), codec.pack(op["post"]),
+                        last_i))
+    return out
 
 
-def explode(entries: Iterable[tuple[GTID, list[dict]]]) -> tuple[list[Change], list[Command],
-                                                                  dict[int, GTID]]:
-    """One ``Change`` per document op and one ``Command`` per command, in GTID order.
-
-    Also returns, per segment, the newest entry whose every op lies in or
-    before that segment (what may be marked applied once it is written)."""
-    changes: list[Change] = []
-    commands: list[Command] = []
-    done: dict[int, GTID] = {}
-    seg = 0
-    for g, ops in entries:
-        end = seg  # the entry is complete once this segment (and its command) ran
-        for i, op in enumerate(ops):
-            kind = op["op"]
-            if kind == "n":
-                continue
-            order = (g.seq, i)
-            end = seg
-            if kind == "c":
-                commands.append(Command(seg, order, op))
-                seg += 1
-                continue
-            img = op["post"] if kind != "d" else None
-            _id = (op["pre"] if kind == "d" else op["post"])["_id"]
-            changes.append(Change(seg, op["ns"], _pk(_id), order, img))
-        done[end] = g
-    return changes, commands, done
+def segment_of(cmd_orders: list[tuple], order: tuple) -> int:
+    """The segment of a document op: how many commands come before it."""
+    return bisect.bisect_left(cmd_orders, order)
 
 
-def last_images(changes: Iterable[Change]) -> list[Change]:
-    """The newest change per (segment, ns, pk), sorted by (segment, ns, pk)."""
-    best: dict[tuple, Change] = {}
-    for c in changes:
-        k = (c.segment, c.ns, c.pk)
+def done_through(first_seq: int, last_seq: int, commands: list[tuple]) -> dict[int, int]:
+    """For each segment ``k``, the newest seq whose entry is complete once
+    segment ``k`` and its command have run.
+
+    ``commands``: ``(seq, i, last_i)`` per command, sorted. An entry without
+    commands ends in the segment of its position; one holding commands ends
+    in the segment of its last op (a command closes its own segment)."""
+    orders = [(s, i) for s, i, _ in commands]
+    last_i = {s: li for s, _, li in commands}
+
+    def end(s: int) -> int:
+        return bisect.bisect_left(orders, (s, last_i.get(s, -1)))
+    out = {}
+    for k in range(len(orders) + 1):
+        lo, hi = first_seq, last_seq  # end() never decreases with seq: bisect
+        if end(lo) > k:
+            continue
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if end(mid) <= k:
+                lo = mid
+            else:
+                hi = mid - 1
+        out[k] = lo
+    return out
+
+
+def last_images(rows: Iterable[tuple], cmd_orders: list[tuple]) -> list[Change]:
+    """The newest document row per (segment, ns, pk), sorted by (segment, ns, pk)."""
+    best: dict[tuple, tuple] = {}
+    for seq, i, kind, ns, pk, post, _ in rows:
+        if kind == "c":
+            continue
+        k = (segment_of(cmd_orders, (seq, i)), ns, pk)
         cur = best.get(k)
-        if cur is None or c.order > cur.order:
-            best[k] = c
-    return [best[k] for k in sorted(best)]
+        if cur is None or (seq, i) > cur[0]:
+            best[k] = ((seq, i), post)
+    return [Change(k[0], k[1], k[2], v[0], v[1]) for k, v in sorted(best.items())]
 
 
-def plan(entries: Iterable[tuple[GTID, list[dict]]]) -> list[Segment]:
-    """explode + last_images, grouped into segments (the single-process path)."""
-    changes, commands, done = explode(entries)
-    first_use: dict[tuple[int, str], tuple] = {}
-    for c in changes:
-        k = (c.segment, c.ns)
-        if k not in first_use or c.order < first_use[k]:
-            first_use[k] = c.order
-    return build_segments(last_images(changes), commands, done, first_use)
+def first_uses(rows: Iterable[tuple], cmd_orders: list[tuple]) -> dict[tuple, tuple]:
+    """(segment, ns) -> order of the segment's first op on ns: an applier creates
+    missing collections implicitly at first use, so the replay creates them in
+    that order and the catalog hands out the same ids."""
+    out: dict[tuple, tuple] = {}
+    for seq, i, kind, ns, _, _, _ in rows:
+        if kind == "c":
+            continue
+        k = (segment_of(cmd_orders, (seq, i)), ns)
+        if k not in out or (seq, i) < out[k]:
+            out[k] = (seq, i)
+    return out
 
 
-def build_segments(last: list[Change], commands: list[Command], done: dict[int, GTID],
-                   first_use: dict[tuple[int, str], tuple]) -> list[Segment]:
-    """Group deduplicated changes by segment; ``first_use[(segment, ns)]`` is the
-    order of the segment's first op on ``ns`` (collections an applier would
-    create implicitly are created in that order, so catalog ids match)."""
-    segs = [Segment(i) for i in range(len(commands) + 1)]  # the last has no command
-    for c in last:
-        segs[c.segment].changes.append(c)
-    for cmd in commands:
-        segs[cmd.segment].command = cmd
-    by_seg: dict[int, list] = {}
-    for (s, ns), order in first_use.items():
-        by_seg.setdefault(s, []).append((order, ns))
-    for s, lst in by_seg.items():
-        segs[s].namespaces = [ns for _, ns in sorted(lst)]
-    last_done = None
-    for s in segs:
-        last_done = done.get(s.index, last_done)
-        s.done_through = last_done
-    return [s for s in segs if s.changes or s.command is not None or s.index in done]
+# --- write (on the member) ------------------------------------------------------
+class SegmentWriter:
+    """Writes deduplicated changes in (segment, ns, pk) order, possibly in many
+    calls (blocks of a Spark result), running barriers as segments end."""
 
+    def __init__(self, engine: Engine, commands: list[Command], done: dict[int, int],
+                 first_use: dict[tuple, tuple], first_unapplied: bytes | None,
+                 txn_docs_max: int):
+        self.e = engine
+        self.commands = sorted(commands, key=lambda c: c.order)
+        self.done = done
+        self.namespaces: dict[int, list[str]] = {}
+        for (s, ns), order in sorted(first_use.items(), key=lambda x: x[1]):
+            self.namespaces.setdefault(s, []).append(ns)
+        self.first_unapplied = first_unapplied
+        self.txn_docs_max = txn_docs_max
+        self.seg = 0
+        self.entered = False  # the current segment's collections exist
+        self.written = 0
 
-def apply_segment(engine: Engine, seg: Segment, first_unapplied: bytes | None,
-                  txn_docs_max: int) -> int:
-    """Write one segment's last images (index maintenance, no uniqueness checks:
-    the primary decided), run its command, and delete the unapplied marks from
-    ``first_unapplied`` through ``seg.done_through``. Returns documents written."""
-    chunks = [seg.changes[i:i + txn_docs_max]
-              for i in range(0, len(seg.changes), txn_docs_max)] or [[]]
-    for n, chunk in enumerate(chunks):
-        final = n == len(chunks) - 1
-        tx = engine.begin(log=False, autocommit=True)
+    def write(self, changes: list[Change]) -> None:
+        i = 0
+        while i < len(changes):
+            s = changes[i].segment
+            if s < self.seg:
+                raise AssertionError(f"segment {s} arrived after segment {self.seg}")
+            while self.seg < s:
+                self._barrier()
+            j = i
+            while j < len(changes) and changes[j].segment == s:
+                j += 1
+            for a in range(i, j, self.txn_docs_max):
+                self._write_docs(changes[a:min(j, a + self.txn_docs_max)])
+            i = j
+
+    def close(self) -> None:
+        """Run the remaining barriers (through the last segment)."""
+        while self.seg <= len(self.commands):
+            self._barrier()
+
+    def _enter(self, tx) -> None:
+        if not self.entered:
+            for ns in self.namespaces.get(self.seg, ()):
+                tx._coll_for_write(ns)  # implicit creations, in first-use order
+            self.entered = True
+
+    def _write_docs(self, chunk: list[Change]) -> None:
+        tx = self.e.begin(log=False, autocommit=True)
         try:
-            if n == 0:
-                for ns in seg.namespaces:
-                    tx._coll_for_write(ns)  # implicit creations, in first-use order
+            self._enter(tx)
             colls = {}
             for c in chunk:
                 coll = colls.get(c.ns)
@@ -158,28 +195,73 @@ def apply_segment(engine: Engine, seg: Segment, first_unapplied: bytes | None,
                     if cur is not None:
                         tx._delete_doc(coll, c.pk, cur)
                 else:
-                    tx._write_doc(coll, c.pk, cur, c.post, codec.pack(c.post), False)
-            if final:
-                if seg.command is not None:
-                    tx.apply_op(seg.command.op)
-                if seg.done_through is not None and first_unapplied is not None:
-                    stop = prefix_end(seg.done_through.to_bytes())
-                    for k in [k for k, _ in tx.t.scan("unapplied", first_unapplied, stop)]:
-                        tx.t.delete("unapplied", k)
+                    tx._write_doc(coll, c.pk, cur, codec.unpack_document(c.post), c.post, False)
             tx.commit()
         except BaseException:
             tx.abort()
             raise
-    return len(seg.changes)
+        self.written += len(chunk)
+
+    def _barrier(self) -> None:
+        """The end of segment ``seg``: its command, then the marks it completes."""
+        tx = self.e.begin(log=False, autocommit=True)
+        try:
+            self._enter(tx)
+            if self.seg < len(self.commands):
+                tx.apply_op(self.commands[self.seg].op)
+            upto = self.done.get(self.seg)
+            if upto is not None and self.first_unapplied is not None:
+                # the unapplied table is in GTID order, which is seq order
+                dead = []
+                for k, _ in tx.t.scan("unapplied", self.first_unapplied):
+                    if GTID.from_bytes(k).seq > upto:
+                        break
+                    dead.append(k)
+                for k in dead:
+                    tx.t.delete("unapplied", k)
+            tx.commit()
+        except BaseException:
+            tx.abort()
+            raise
+        self.seg += 1
+        self.entered = False
 
 
-def unapplied_entries(engine: Engine, until: GTID | None = None,
-                      max_entries: int | None = None) -> Iterator[tuple[GTID, list[dict]]]:
-    """The unapplied entries in GTID order (ops resolved), up to ``until``."""
+# --- the single-process path ----------------------------------------------------
+def plan(entries: Iterable[tuple[GTID, list[dict]]]):
+    """explode + last images in one streaming pass over entries in GTID order
+    (the single-process path; same result as ``last_images``/``first_uses``):
+    returns (changes, commands, done, first_use, entries seen, first GTID, last GTID)."""
+    best: dict[tuple, tuple] = {}
+    first_use: dict[tuple, tuple] = {}
+    cmds = []
+    seg = n = 0
+    first = last = None
+    for g, ops in entries:
+        if first is None:
+            first = g
+        last = g
+        n += 1
+        for seq, i, kind, ns, pk, post, last_i in explode_entry(g.seq, ops):
+            if kind == "c":
+                cmds.append((seq, i, last_i, codec.unpack(post)))
+                seg += 1
+                continue
+            best[(seg, ns, pk)] = ((seq, i), post)  # in GTID order: the newest wins
+            if (seg, ns) not in first_use:
+                first_use[(seg, ns)] = (seq, i)
+    done = done_through(first.seq, last.seq, [c[:3] for c in cmds]) if n else {}
+    changes = [Change(k[0], k[1], k[2], v[0], v[1]) for k, v in sorted(best.items())]
+    return (changes, [Command((s, i), op) for s, i, _, op in cmds], done, first_use, n,
+            first, last)
+
+
+def unapplied_entries(engine: Engine, max_entries: int | None = None
+                      ) -> Iterator[tuple[GTID, list[dict]]]:
+    """The unapplied entries in GTID order (ops resolved), at most ``max_entries``."""
     with engine.store.read() as t:
         n = 0
-        for k, _ in t.scan("unapplied", None, None if until is None
-                           else prefix_end(until.to_bytes())):
+        for k, _ in t.scan("unapplied"):
             v = t.get("oplog", k)
             if v is None:
                 raise AssertionError(f"unapplied {GTID.from_bytes(k)} has no oplog entry")
@@ -189,15 +271,15 @@ def unapplied_entries(engine: Engine, until: GTID | None = None,
                 return
 
 
-def replay_unapplied(engine: Engine, txn_docs_max: int, until: GTID | None = None,
-                     max_entries: int | None = None) -> tuple[int, int, GTID | None]:
-    """Replay unapplied entries (up to ``until`` / ``max_entries``) in parallel
-    form in this process. Returns (entries, documents written, last GTID)."""
-    entries = list(unapplied_entries(engine, until, max_entries))
-    if not entries:
+def replay_unapplied(engine: Engine, txn_docs_max: int, max_entries: int | None = None
+                     ) -> tuple[int, int, GTID | None]:
+    """Replay up to ``max_entries`` unapplied entries in this process.
+    Returns (entries, documents written, last GTID)."""
+    changes, commands, done, first_use, n, first, last = plan(
+        unapplied_entries(engine, max_entries))
+    if not n:
         return 0, 0, None
-    first = entries[0][0].to_bytes()
-    written = 0
-    for seg in plan(entries):
-        written += apply_segment(engine, seg, first, txn_docs_max)
-    return len(entries), written, entries[-1][0]
+    w = SegmentWriter(engine, commands, done, first_use, first.to_bytes(), txn_docs_max)
+    w.write(changes)
+    w.close()
+    return n, w.written, last

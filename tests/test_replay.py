@@ -66,20 +66,24 @@ def test_segments_split_at_commands_and_mark_entries_when_complete():
         tx.create_index("db.a", "v")
         tx.update("db.a", {"_id": 1}, {"$set": {"v": 3}})
     p.insert_many("db.a", [{"_id": 2, "v": 9}])           # 3
+    with p.begin() as tx:                                 # 4: ends with a command
+        tx.insert("db.a", [{"_id": 3}])
+        tx.create_index("db.a", "w")
     entries = [(g, e["ops"]) for g, e in p.read_oplog()]
-    changes, commands, done = replay.explode(entries)
-    assert [c.op["cmd"] for c in commands] == ["create", "createIndex"]
-    assert [c.segment for c in changes] == [1, 1, 2, 2]
-    segs = replay.plan(entries)
-    assert [(s.index, len(s.changes), s.command and s.command.op["cmd"]) for s in segs] == \
-        [(0, 0, "create"), (1, 1, "createIndex"), (2, 2, None)]
-    # entry 2 is complete only after the segment holding its second update
-    assert [s.done_through for s in segs] == [None, GTID(1, 1), GTID(1, 3)]
+    changes, commands, done, first_use, *_ = replay.plan(entries)
+    assert [c.op["cmd"] for c in commands] == ["create", "createIndex", "createIndex"]
+    # segment 1: the insert and the first update (deduplicated to the update)
+    assert [(c.segment, c.order) for c in changes] == [(1, (2, 0)), (2, (2, 2)), (2, (3, 0)),
+                                                       (2, (4, 0))]
+    # entry 2 is complete after segment 2 (its second update); entry 4 too, since its
+    # command closes segment 2; segment 0 (before the create) completes no entry
+    assert done == {1: 1, 2: 4, 3: 4}
+    assert first_use == {(1, "db.a"): (1, 1), (2, "db.a"): (2, 2)}
     s = Engine(MemoryStore())
     workload.ship(p, s)
     replay.replay_unapplied(s, 100)
     assert s.find("db.a", {"v": 3}) == [{"_id": 1, "v": 3}]
-    assert workload.state(s)["state"] == workload.state(p)["state"]
+    assert workload.state(s) == workload.state(p)
 
 
 def test_a_replay_interrupted_between_transactions_gives_the_same_state():
@@ -90,21 +94,22 @@ def test_a_replay_interrupted_between_transactions_gives_the_same_state():
     s = Engine(MemoryStore())
     workload.ship(p, s)
     entries = list(replay.unapplied_entries(s))
-    create, seg = replay.plan(entries)  # the implicit create, then everything else
-    replay.apply_segment(s, create, entries[0][0].to_bytes(), 5)
+    changes, commands, done, first_use, *_ = replay.plan(entries)
     calls = []
     real_begin = s.begin
 
     def failing_begin(*a, **kw):
         calls.append(1)
-        if len(calls) == 3:
+        if len(calls) == 4:  # the create barrier and two chunks of writes commit first
             raise RuntimeError("crash")
         return real_begin(*a, **kw)
     s.begin = failing_begin
+    w = replay.SegmentWriter(s, commands, done, first_use, entries[0][0].to_bytes(), 5)
     with pytest.raises(RuntimeError):
-        replay.apply_segment(s, seg, entries[0][0].to_bytes(), 5)
+        w.write(changes)
+        w.close()
     s.begin = real_begin
-    assert workload.state(s)["unapplied"]  # nothing was marked
+    assert len(workload.state(s)["unapplied"]) == len(entries)  # nothing marked yet
     replay.replay_unapplied(s, 5)
     assert workload.state(s) == want
 
@@ -129,3 +134,21 @@ def test_the_applier_replays_in_parallel_only_when_far_behind():
     s2 = Engine(MemoryStore())
     workload.ship(p, s2)
     assert rep.apply_step(s2, lim, 0, delay_ms=1)[3] == "batch"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_row_steps_spark_runs_agree_with_the_streaming_plan(seed):
+    """explode_entry -> segment_of/last_images/first_uses/done_through (what the
+    Spark job computes, row by row and in any order) equals the one-pass plan."""
+    import random
+    p = primary(100 + seed, 200, command_p=0.06)
+    entries = [(g, e["ops"]) for g, e in p.read_oplog()]
+    changes, commands, done, first_use, *_ = replay.plan(entries)
+    rows = [r for g, ops in entries for r in replay.explode_entry(g.seq, ops)]
+    random.Random(seed).shuffle(rows)  # Spark gives no order
+    cmds = sorted((r[0], r[1], r[6]) for r in rows if r[2] == "c")
+    orders = [c[:2] for c in cmds]
+    assert replay.last_images(rows, orders) == changes
+    assert replay.first_uses(rows, orders) == first_use
+    assert replay.done_through(entries[0][0].seq, entries[-1][0].seq, cmds) == done
+    assert [c.order for c in commands] == orders
