@@ -99,7 +99,8 @@ class OplogShard:
     takes writes on its own)."""
 
     def __init__(self, rs_name: str, member: dict, path: str, secret: str,
-                 limits: Limits, votes: dict, bind_host: str | None = None):
+                 limits: Limits, votes: dict, bind_host: str | None = None,
+                 oplog_cap: dict | None = None):
         self.rs_name, self.member_id, self.path, self.limits = rs_name, member["id"], path, limits
         self.spec = member
         self.role = "secondary"
@@ -127,6 +128,10 @@ class OplogShard:
         self.service = ShardService(self.engine, limits, primary=False,
                                     on_durable=self._on_durable, member_id=self.member_id,
                                     votes={int(k): v for k, v in votes.items()})
+        cfg = self.engine.get_meta("rs_config") or {}
+        cap = cfg.get("oplog_cap") or oplog_cap
+        if cap:
+            self.service.set_oplog_cap(cap)
         host = bind_host or ray.util.get_node_ip_address()
         self.port = ClientPort(self.service, secret, host, limits.frame_bytes_max,
                                {"member": self.member_id, "replset": rs_name})
@@ -231,6 +236,9 @@ class OplogShard:
         if mine is not None:
             self.spec = mine
         self.service.set_votes({m["id"]: m["votes"] for m in config["members"]})
+        if config.get("oplog_cap"):
+            self.service.set_oplog_cap(config["oplog_cap"])
+        self._feeder_handle().set_votes.remote({m["id"]: m["votes"] for m in config["members"]})
         ray.get(_get(self.rs_name, self.member_id, "applier").set_delay.remote(
             (mine or {}).get("delay_s", 0)))
 
@@ -255,10 +263,32 @@ class OplogShard:
         self.service.set_positions({int(m): None if g is None else GTID(*g)
                                     for m, g in durable.items()},
                                    {int(m): at for m, at in (heard or {}).items()})
-        mp = self.service.wc.majority_point()
+        mp = self.service.wc.majority_point() if self.service.primary else None
+        self.service.note_majority(mp)
+        self._persist_majority()
+
+    def _persist_majority(self) -> None:
+        mp = self.service.majority_known
         if mp is not None and time.monotonic() - self._majority_at >= 1.0:
             self._majority_at = time.monotonic()
-            self.engine.set_majority(mp)  # about once a second: a restart point, not a gate
+            self.engine.set_majority(mp)  # about once a second: a restart point
+
+    @ray.method(concurrency_group="control")
+    def on_majority(self, g) -> None:
+        """A secondary's producer learned a newer majority-committed point."""
+        self.service.note_majority(GTID(*g))
+        self._persist_majority()
+
+    @ray.method(concurrency_group="control")
+    def set_oplog_cap(self, cap: dict) -> None:
+        """Change this member's oplog cap now (the coordinator also records it
+        in the configuration, so restarted members keep it)."""
+        self.service.set_oplog_cap(cap)
+
+    @ray.method(concurrency_group="control")
+    def trim_now(self) -> dict:
+        """Trim to the cap at once (tests, operators); returns the trim state."""
+        return dict(self.service.trim_once())
 
     @ray.method(concurrency_group="control")
     def address(self) -> dict:
@@ -288,7 +318,24 @@ class OplogShard:
                   "sync_source": self.spec.get("sync_source")})
         if self.role != "primary":
             s["durable"] = gtid_out(r.last)  # the producer syncs every batch it writes
+        s["oplog"] = self.oplog_status()
         return s
+
+    def oplog_status(self) -> dict:
+        info = self.engine.oplog_info()
+        cap = self.service.oplog_cap
+        tr = self.service.trim
+        over = bool(cap.get("max_bytes") and info["bytes"] > cap["max_bytes"])
+        window = None if info["first_ts"] is None else (info["last_ts"] - info["first_ts"]) / 1000
+        return {"bytes": info["bytes"], "entries": info["entries"],
+                "first": gtid_out(info["first"]), "last": gtid_out(info["last"]),
+                "first_ts": info["first_ts"], "last_ts": info["last_ts"], "window_s": window,
+                "cap": dict(cap), "over_cap": over,
+                "held_by": tr["held_by"] if over or tr["held_by"] else None,
+                "trimmed": tr["trimmed"], "trim_txns": tr["txns"],
+                "max_trim_txn_entries": tr["max_txn_entries"],
+                "max_trim_txn_ms": tr["max_txn_ms"], "trim_error": tr["last_error"],
+                "majority": gtid_out(self.service.majority_known)}
 
     @ray.method(concurrency_group="control")
     def oplog(self, after=None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
@@ -319,10 +366,13 @@ class OplogShard:
 class Feeder:
     """Tailable cursors over a member's oplog for downstream producers."""
 
-    def __init__(self, rs_name: str, member_id: int, path: str, limits: Limits):
+    def __init__(self, rs_name: str, member_id: int, path: str, limits: Limits,
+                 votes: dict | None = None):
         self.rs_name, self.member_id = rs_name, member_id
         self.engine = open_member(path, limits)
         self.core = rep.FeederCore(self.engine, limits)
+        self.core.votes = {int(k): v for k, v in (votes or {}).items()}
+        self.core.upstream_majority = self.engine.range().majority
         self.limits = limits
         self.primary = False
         self._latch = threading.Condition()
@@ -349,6 +399,19 @@ class Feeder:
         self._reset()
 
     @ray.method(concurrency_group="control")
+    def set_votes(self, votes: dict) -> None:
+        self.core.votes = {int(k): v for k, v in votes.items()}
+
+    @ray.method(concurrency_group="control")
+    def on_majority(self, g) -> None:
+        """The majority point this member's producer learned (chained members)."""
+        g = GTID(*g)
+        with self._latch:
+            if self.core.upstream_majority is None or g > self.core.upstream_majority:
+                self.core.upstream_majority = g
+                self._latch.notify_all()
+
+    @ray.method(concurrency_group="control")
     def truncated(self) -> None:
         """The oplog was rolled back: forget cached entries past its new end."""
         self._reset()
@@ -367,7 +430,10 @@ class Feeder:
 
     def pull(self, after, after_h, max_entries: int, max_bytes: int, wait_ms: int,
              member: int, durable, applied, downstream: dict | None = None,
-             term: int = 0) -> dict:
+             term: int = 0, majority=None) -> dict:
+        """Entries after ``after`` (long-poll up to ``wait_ms``). Answers carry
+        the majority-committed point; a pull returns at once, even empty, when
+        it is newer than the caller's ``majority`` (change streams wait on it)."""
         my_term = self.engine.term
         if term > my_term:
             # the caller knows a newer term: learn it durably; this member (if it
@@ -383,17 +449,36 @@ class Feeder:
         self._upstream(({m: None if p["durable"] is None else list(p["durable"])
                          for m, p in pos.items()}, {m: p["at_ms"] for m, p in pos.items()}))
         deadline = time.monotonic() + wait_ms / 1000
+        known = None if majority is None else GTID(*majority)
+        validated = False
         while True:
             seen = self.core.limit  # read before pulling, so no notification is missed
+            seen_mj = self.core.majority(self.member_id, self.primary)
             out = self.core.pull(after, after_h, max_entries, max_bytes)
             out["term"] = my_term
-            if out["status"] != "ok" or out["rows"]:
+            if out["status"] == "diverged":
+                self.core.validated.pop(member, None)
+            elif (out["status"] == "ok" and not validated and after is not None
+                  and after_h is not None and tuple(after) != tuple(ZERO)):
+                validated = True  # the caller holds ``after`` with our hash
+                with self._latch:
+                    cur = self.core.validated.get(member)
+                    if cur is None or GTID(*after) > cur:
+                        self.core.validated[member] = GTID(*after)
+                        if self.core.majority(self.member_id, self.primary) != seen_mj:
+                            self._latch.notify_all()  # long-polls learn the new point
+                seen_mj = self.core.majority(self.member_id, self.primary)
+            if seen_mj is not None:
+                out["majority"] = list(seen_mj)
+            if out["status"] != "ok" or out["rows"] or (
+                    seen_mj is not None and (known is None or seen_mj > known)):
                 return out
             with self._latch:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return out
-                if self.core.limit == seen:
+                if (self.core.limit == seen
+                        and self.core.majority(self.member_id, self.primary) == seen_mj):
                     self._latch.wait(left)
 
     @ray.method(concurrency_group="control")
@@ -431,6 +516,14 @@ class Producer:
         # (write concern waits on them); the pulls carry them too, one cycle later
         self._report = Notifier(lambda v: _get(rs_name, self.sync_source, "")
                                 .on_positions.remote(*v))
+        # the majority-committed point learned from the sync source goes to this
+        # member's shard (change streams, trimming) and, if anyone pulls from
+        # this member, to its feeder
+        self.majority: GTID | None = self.engine.range().majority
+        self._majority_shard = Notifier(lambda g: _get(rs_name, member_id, "")
+                                        .on_majority.remote(g))
+        self._majority_feeder = Notifier(lambda g: _get(rs_name, member_id, "feeder")
+                                         .on_majority.remote(g))
         if ray.get_runtime_context().was_current_actor_reconstructed:
             # restarted alone (crash): the shard knows whom this member follows
             try:
@@ -461,7 +554,8 @@ class Producer:
                     list(last), last_h if last != ZERO else None, self.limits.pull_entries_max,
                     self.limits.pull_bytes_max, self.limits.pull_wait_ms, self.member_id,
                     list(last) if last != ZERO else None, list(applied), down,
-                    max(self.term, self.engine.term)), timeout=30)
+                    max(self.term, self.engine.term),
+                    None if self.majority is None else list(self.majority)), timeout=30)
             except Exception as e:  # the source is restarting or gone: retry
                 src = None
                 self.error = f"sync source {self.sync_source} unreachable: {type(e).__name__}"
@@ -498,10 +592,23 @@ class Producer:
                 self._down_ref = None
         return getattr(self, "_down", {})
 
+    def _learn_majority(self, out) -> None:
+        mj = out.get("majority")
+        if mj is None:
+            return
+        g = GTID(*mj)
+        if self.majority is None or g > self.majority:
+            self.majority = g
+            self._majority_shard(mj)
+            if getattr(self, "_down", None):
+                self._majority_feeder(mj)
+
     def _handle(self, out, src, src_id, last, last_h) -> None:
         status = out["status"]
         if status == "ok" and out.get("term", 0) < self.engine.term:
             status = "stale_term"  # never take entries from a deposed primary
+        if status == "ok":
+            self._learn_majority(out)
         if status == "diverged":
             return self._roll_back(src)
         if status != "ok":

@@ -22,7 +22,7 @@ import logging
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from raymx import errors
@@ -154,11 +154,17 @@ class WriteConcernWaiters:
         self._t.start()
 
     def update(self, member: int, g: GTID | None) -> None:
+        from raymx.actors.replication import majority_point
         with self._cond:
             cur = self.durable.get(member)
             if g is not None and (cur is None or g > cur):
                 self.durable[member] = g
                 self._cond.notify()
+                mp = majority_point(self.durable, self._svc.votes) if self._svc.primary else None
+            else:
+                mp = None
+        if mp is not None:
+            self._svc.note_majority(mp)
 
     def reset(self) -> None:
         with self._cond:
@@ -287,8 +293,20 @@ class ShardService:
         self._cursors_lock = threading.Lock()
         self.readers = ThreadPoolExecutor(4, thread_name_prefix="raymx-reader")
         self.commits = 0
+        # the majority-committed point as this member knows it (only moves up):
+        # change streams deliver up to it, trimming never passes it
+        self.majority_known: GTID | None = engine.range().majority
+        self.majority_cond = threading.Condition()
+        self.watchers = ThreadPoolExecutor(32, thread_name_prefix="raymx-watch")
+        self.oplog_cap = {"max_bytes": limits.oplog_bytes_max, "max_age_s": None, "force": False}
+        self.trim = {"trimmed": 0, "txns": 0, "max_txn_entries": 0, "max_txn_ms": 0.0,
+                     "held_by": None, "bound": None, "last_error": None}
+        self._stopping = threading.Event()
+        self._trim_wake = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="raymx-writer", daemon=True)
         self._writer.start()
+        self._trimmer = threading.Thread(target=self._trim_loop, name="raymx-trimmer", daemon=True)
+        self._trimmer.start()
 
     def _durable_hook(self, on_durable):
         def hook(g):
@@ -306,6 +324,76 @@ class ShardService:
         for m, at in (heard_ms or {}).items():
             if at > self.heard_ms.get(m, 0):
                 self.heard_ms[m] = at
+
+    def note_majority(self, g: GTID | None) -> None:
+        """A newer majority-committed point (from write-concern positions on the
+        primary, from the sync source on a secondary): wake change streams."""
+        if g is None:
+            return
+        with self.majority_cond:
+            if self.majority_known is None or g > self.majority_known:
+                self.majority_known = g
+                self.majority_cond.notify_all()
+
+    # --- oplog trimming ----------------------------------------------------
+    def set_oplog_cap(self, cap: dict) -> None:
+        self.oplog_cap = dict(cap)
+        self._trim_wake.set()
+
+    def on_writer(self, fn) -> Future:
+        """Run ``fn()`` on the writer thread, between writes; its result in a Future."""
+        f: Future = Future()
+        self._q.put(("call", fn, None, f))
+        return f
+
+    def trim_once(self, now_ms: int | None = None) -> dict:
+        """Trim to the cap in small transactions on the writer; writes queued
+        meanwhile run between them. Returns the trim state (also in status)."""
+        from raymx.actors.replication import applied_point, trim_bound
+        cap = self.oplog_cap
+        max_bytes, age_s = cap.get("max_bytes"), cap.get("max_age_s")
+        if not max_bytes and not age_s:
+            self.trim["held_by"] = None
+            return self.trim
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        with self.wc._cond:
+            durable = dict(self.wc.durable)
+        bound, why = trim_bound(self.majority_known, applied_point(self.e), durable,
+                                dict(self.heard_ms), now, self.limits.heartbeat_timeout_ms,
+                                self.member_id, bool(cap.get("force")))
+        batch = self.limits.trim_batch_entries
+
+        def step():
+            t0 = time.perf_counter()
+            r = self.e.trim_oplog(bound, max_bytes, None if not age_s else int(age_s * 1000),
+                                  batch, now)
+            return r, (time.perf_counter() - t0) * 1000
+        while True:
+            r, ms = self.on_writer(step).result()
+            st = self.trim
+            st["trimmed"] += r.trimmed
+            if r.trimmed:
+                st["txns"] += 1
+                st["max_txn_entries"] = max(st["max_txn_entries"], r.trimmed)
+                st["max_txn_ms"] = max(st["max_txn_ms"], round(ms, 3))
+            if not r.more or self._stopping.is_set():
+                break
+        st["bound"] = gtid_out(bound)
+        st["held_by"] = why if r.held else None
+        return st
+
+    def _trim_loop(self):
+        while not self._stopping.is_set():
+            self._trim_wake.wait(self.limits.trim_interval_ms / 1000)
+            self._trim_wake.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                self.trim_once()
+                self.trim["last_error"] = None
+            except Exception as e:  # report and retry next round
+                self.trim["last_error"] = f"{type(e).__name__}: {e}"
+                log.exception("trimming the oplog failed")
 
     def set_votes(self, votes: dict[int, int]) -> None:
         """Reconfiguration: majorities follow the new membership at once."""
@@ -391,6 +479,12 @@ class ShardService:
             if item is None:
                 return
             kind, sess, req, reply = item
+            if kind == "call":  # internal work between writes (trimming): a Future
+                try:
+                    reply.set_result(sess())
+                except BaseException as e:
+                    reply.set_exception(e)
+                continue
             try:
                 if kind == "session":
                     self._run_session(sess, req, reply)
@@ -599,6 +693,12 @@ class ShardService:
                 "open_cursors": len(self._cursors)}
 
     def close(self) -> None:
+        self._stopping.set()
+        self._trim_wake.set()
+        self._trimmer.join(10)
+        with self.majority_cond:
+            self.majority_cond.notify_all()
+        self.watchers.shutdown(wait=False, cancel_futures=True)
         self._q.put(None)
         self._writer.join(10)
         self.group.stop()

@@ -221,6 +221,17 @@ class RangeRecord:
         self.last = gtid
 
 
+@dataclass
+class TrimResult:
+    """What one trim transaction did (``Engine.trim_oplog``)."""
+
+    trimmed: int = 0          # entries dropped (with their spilled chunks)
+    first: GTID | None = None  # the oplog's first entry afterwards
+    bytes: int = 0            # oplog + oplog.refs size afterwards
+    more: bool = False        # stopped at max_entries with more over the cap
+    held: bool = False        # over the cap, but keep_from stopped it
+
+
 # --- reading -------------------------------------------------------------
 class Stats:
     """Counters a query fills in; tests use ``examined`` to see index use."""
@@ -866,6 +877,74 @@ class Engine:
         with self.store.read() as t:
             return _applied_in(t) or ZERO
 
+    def oplog_info(self) -> dict:
+        """Size (LMDB pages of oplog and oplog.refs), entries, first/last GTID and times."""
+        with self.store.read() as t:
+            n, size = t.db_stat("oplog")
+            size += t.db_stat("oplog.refs")[1]
+            first, last = t.first("oplog"), t.last("oplog")
+            return {"entries": n, "bytes": size,
+                    "first": None if first is None else GTID.from_bytes(first[0]),
+                    "last": None if last is None else GTID.from_bytes(last[0]),
+                    "first_ts": None if first is None else codec.entry_ts(first[1]),
+                    "last_ts": None if last is None else codec.entry_ts(last[1])}
+
+    def trim_oplog(self, keep_from: GTID | None, max_bytes: int | None,
+                   max_age_ms: int | None, max_entries: int,
+                   now_ms: int | None = None) -> TrimResult:
+        """Drop the oldest entries in ONE small write transaction (DESIGN section 3).
+
+        Trims while the oplog is over ``max_bytes`` (estimated from the average
+        entry size) or its first entry is older than ``max_age_ms``; at most
+        ``max_entries`` entries, never ``keep_from`` or anything after it, and
+        never the last entry (the next GTID and the hash chain continue from it).
+        Spilled chunks go with their entry, and the range's first entry moves
+        in the same transaction, since it is the oplog's first key. Callers
+        loop while ``more`` is set, letting writers in between.
+        """
+        now = self._now_ms() if now_ms is None else now_ms
+        res = TrimResult()
+        with self.store.write() as t:
+            n, size = t.db_stat("oplog")
+            size += t.db_stat("oplog.refs")[1]
+            last = t.last("oplog")
+            if last is None:
+                return res
+            stop = GTID.from_bytes(last[0])
+            if keep_from is not None and keep_from < stop:
+                stop = keep_from
+            want = 0
+            if max_bytes and size > max_bytes:
+                want = -(-(size - max_bytes) * n // size)
+            cutoff = None if not max_age_ms else now - max_age_ms
+            for k, v in list(itertools.islice(t.scan("oplog"), max_entries + 1)):
+                if not (res.trimmed < want or (cutoff is not None and codec.entry_ts(v) < cutoff)):
+                    break
+                if res.trimmed >= max_entries:
+                    res.more = True
+                    break
+                if GTID.from_bytes(k) >= stop:
+                    res.held = keep_from is not None and stop == keep_from
+                    break
+                if not v.startswith(_ENTRY_TS):  # spilled: its chunks go with it
+                    e = codec.unpack(v, "oplog entry")
+                    for i in range(e.get("chunks", 0)):
+                        t.delete("oplog.refs", oplog.spill_key(e["ref"], i))
+                t.delete("oplog", k)
+                res.trimmed += 1
+            f = t.first("oplog")
+            res.first = GTID.from_bytes(f[0])
+            if res.trimmed:
+                b = t.get("range", RANGE_KEY)
+                if b is not None:
+                    r = RangeRecord.unpack(b)
+                    keep = [x for x in r.terms if x[0] >= res.first.term]
+                    if keep != r.terms:
+                        r.terms = keep
+                        t.put("range", RANGE_KEY, r.pack())
+            res.bytes = t.db_stat("oplog")[1] + t.db_stat("oplog.refs")[1]
+        return res
+
     def set_majority(self, g: GTID) -> None:
         """Record the majority-committed point in the range record (it only moves up)."""
         def up(r):
@@ -907,7 +986,12 @@ class Engine:
                     return
 
     def verify_oplog(self) -> int:
-        """Check density and the hash chain from the first entry; return the count."""
+        """Check density and the hash chain; return the count.
+
+        The first entry present is the chain's base: after trimming (or in a
+        member created from a snapshot) the oplog starts mid-chain, and its
+        first entry's hash is taken as given.
+        """
         prev = None
         n = 0
         for g, e in self.read_oplog():
