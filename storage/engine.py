@@ -364,6 +364,60 @@ class Reader:
     def list_collections(self) -> list[str]:
         return [k.decode() for k, _ in self.t.scan("catalog")]
 
+    # point-in-time recovery (DESIGN section 9)
+    def revert_entries(self, target) -> Iterator[tuple[GTID, list[dict]]]:
+        """Every entry after ``target``, newest first, with its ops; raises
+        (before yielding anything) if one cannot be undone or the oplog no
+        longer reaches back to ``target``."""
+        target = GTID.parse(target)
+        first, last = self.t.first("oplog"), self.t.last("oplog")
+        if last is None:
+            return
+        fg, lg = GTID.from_bytes(first[0]), GTID.from_bytes(last[0])
+        if target > lg:
+            raise errors.InvalidOperation(f"revert target {target} is after the oplog's last "
+                                          f"entry {lg}", target=list(target))
+        if target < fg and not (target == ZERO and fg.seq == 1):
+            raise errors.OplogTrimmed(
+                f"revert target {target} is below the oplog's first entry {fg}: the entries "
+                f"after it were trimmed; the oldest point to revert to is {fg}",
+                target=list(target), oldest=list(fg))
+        if target >= fg and self.t.get("oplog", target.to_bytes()) is None:
+            raise errors.InvalidOperation(f"revert target {target} is not an entry of this oplog",
+                                          target=list(target))
+        start = prefix_end(target.to_bytes()) if target != ZERO else None
+        for k, v in self.t.scan("oplog", start, None, reverse=True):
+            ops = self.e.entry_ops(self.t, codec.unpack(v, "oplog entry"))
+            for op in ops:
+                if oplog.is_irreversible(op):
+                    g = GTID.from_bytes(k)
+                    raise errors.IrreversibleOp(
+                        f"cannot revert to {target}: entry {g} holds '{op.get('cmd')}' of "
+                        f"{op.get('ns')}, which cannot be undone (dropping a collection does not "
+                        "log its documents); the newest point to revert to is "
+                        f"{g} or later", gtid=list(g), op=op.get("cmd"), ns=op.get("ns"))
+        for k, v in self.t.scan("oplog", start, None, reverse=True):
+            yield GTID.from_bytes(k), self.e.entry_ops(self.t, codec.unpack(v, "oplog entry"))
+
+    def revert_plan(self, target, gtids_max: int = 1000) -> dict:
+        """What ``revert_to(target)`` would undo: entries, ops per namespace."""
+        names = {"i": "insert", "u": "update", "d": "delete", "c": "command"}
+        out = {"target": list(GTID.parse(target)), "entries": 0, "ops": 0, "newest": None,
+               "oldest": None, "gtids": [], "namespaces": {}}
+        for g, ops in self.revert_entries(target):
+            out["entries"] += 1
+            out["newest"] = out["newest"] or list(g)
+            out["oldest"] = list(g)
+            if len(out["gtids"]) < gtids_max:
+                out["gtids"].append(list(g))
+            for op in ops:
+                if op["op"] == "n":
+                    continue
+                out["ops"] += 1
+                per = out["namespaces"].setdefault(op["ns"], {})
+                per[names[op["op"]]] = per.get(names[op["op"]], 0) + 1
+        return out
+
 
 # --- writing -------------------------------------------------------------
 class Transaction(Reader):
@@ -668,6 +722,22 @@ class Transaction(Reader):
         pk = _pk(post["_id"])
         self._write_doc(c, pk, self._get_pk(c, pk), post, codec.pack(post), False)
         self._log(codec.pack(op))
+
+    def revert_to(self, target) -> dict:
+        """Append compensating ops that return every collection and index to
+        their state right after ``target``: the inverse of every later op,
+        newest first, from the logged images, in THIS transaction (one GTID, so
+        the revert is atomic and replicates like any write). Later writes that
+        touched the same documents are undone too. Returns the plan."""
+        plan = self.revert_plan(target)
+        if not plan["entries"]:
+            return plan
+        self._log(codec.pack({"op": "n", "revert": {"to": plan["target"], "newest": plan["newest"],
+                                                    "oldest": plan["oldest"],
+                                                    "entries": plan["entries"]}}))
+        for _, ops in self.revert_entries(target):
+            self.undo_ops(ops)
+        return plan
 
     def undo_ops(self, ops: list[dict]) -> None:
         """Undo ``ops`` (one entry's, in their logged order) newest first."""
