@@ -331,7 +331,7 @@ class OplogShard:
                 "first": gtid_out(info["first"]), "last": gtid_out(info["last"]),
                 "first_ts": info["first_ts"], "last_ts": info["last_ts"], "window_s": window,
                 "cap": dict(cap), "over_cap": over,
-                "held_by": tr["held_by"] if over or tr["held_by"] else None,
+                "held_by": tr["held_by"] if over else None,
                 "trimmed": tr["trimmed"], "trim_txns": tr["txns"],
                 "max_trim_txn_entries": tr["max_txn_entries"],
                 "max_trim_txn_ms": tr["max_txn_ms"], "trim_error": tr["last_error"],

@@ -35,13 +35,21 @@ log = logging.getLogger("raymx.shard")
 Reply = Callable[..., None]
 
 WRITE_OPS = {"insert", "update", "delete", "createIndex", "dropIndex", "dropCollection",
-             "createCollection"}
-READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes"}
+             "createCollection", "revertTo"}
+READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes",
+            "revertPlan"}
 TXN_OPS = {"txnBegin", "txnCommit", "txnAbort"}
 
 
 def gtid_out(g: GTID | None):
     return None if g is None else [g.term, g.seq]
+
+
+def _gtid_in(v, what: str) -> GTID:
+    try:
+        return GTID.parse(v)
+    except (ValueError, TypeError):
+        raise errors.InvalidOperation(f"{what} must be a GTID [term, seq], got {v!r:.60}") from None
 
 
 def result_out(r) -> dict:
@@ -71,6 +79,8 @@ def run_statement(tx: Transaction, req: dict):
         return tx.drop_collection(ns)
     if op == "createCollection":
         return tx.create_collection(ns)
+    if op == "revertTo":
+        return tx.revert_to(_gtid_in(req.get("target"), "target"))
     raise errors.InvalidOperation(f"unknown write operation {op!r}")
 
 
@@ -279,6 +289,11 @@ class ShardService:
         self.member_id = member_id
         self.votes = votes or {member_id: 1}
         self.heard_ms: dict[int, int] = {}
+        # the majority-committed point as this member knows it (only moves up):
+        # change streams deliver up to it, trimming never passes it
+        self.majority_known: GTID | None = engine.range().majority
+        self.majority_cond = threading.Condition()
+        self._watching = 0
         self.wc = WriteConcernWaiters(self)
         self._on_commit = on_commit
         last, _ = engine.last()
@@ -293,10 +308,6 @@ class ShardService:
         self._cursors_lock = threading.Lock()
         self.readers = ThreadPoolExecutor(4, thread_name_prefix="raymx-reader")
         self.commits = 0
-        # the majority-committed point as this member knows it (only moves up):
-        # change streams deliver up to it, trimming never passes it
-        self.majority_known: GTID | None = engine.range().majority
-        self.majority_cond = threading.Condition()
         self.watchers = ThreadPoolExecutor(32, thread_name_prefix="raymx-watch")
         self.oplog_cap = {"max_bytes": limits.oplog_bytes_max, "max_age_s": None, "force": False}
         self.trim = {"trimmed": 0, "txns": 0, "max_txn_entries": 0, "max_txn_ms": 0.0,
@@ -311,6 +322,9 @@ class ShardService:
     def _durable_hook(self, on_durable):
         def hook(g):
             self.wc.update(self.member_id, g)
+            if self._watching:
+                with self.majority_cond:  # non-majority change streams wait on this
+                    self.majority_cond.notify_all()
             if on_durable is not None:
                 on_durable(g)
         return hook
@@ -463,6 +477,8 @@ class ShardService:
                 self._q.put(("write", None, req, reply))
         elif op in READ_OPS:
             self.readers.submit(self._read, req, reply, conn)
+        elif op == "watch":
+            self.watchers.submit(self._watch, req, reply)
         else:
             reply(err=errors.InvalidOperation(f"unknown operation {op!r}"))
 
@@ -567,7 +583,7 @@ class ShardService:
                 if op == "txnAbort":
                     tx.abort()
                     return sreply(ok={"aborted": True})
-                if op in WRITE_OPS:
+                if op in WRITE_OPS and op != "revertTo":
                     sreply(ok=result_out(run_statement(tx, sreq)))
                 elif op in ("find", "count"):
                     sreply(ok=self._read_in(tx, sreq, {}))
@@ -622,6 +638,8 @@ class ShardService:
                 req.get("skip") or 0, req.get("limit") or 0))}
         if op == "listCollections":
             return {"value": r.list_collections()}
+        if op == "revertPlan":
+            return {"value": r.revert_plan(_gtid_in(req.get("target"), "target"))}
         if op == "listIndexes":
             split_ns(req["ns"])
             c = r.coll(req["ns"])
@@ -667,6 +685,62 @@ class ShardService:
             c = self._cursors.pop(cid, None)
         if c is not None:
             c.close()
+
+    # --- change streams ---------------------------------------------------
+    def _watch(self, req: dict, reply: Reply) -> None:
+        try:
+            reply(ok=self.watch(req))
+        except errors.RaymxError as e:
+            reply(err=e)
+        except Exception as e:
+            log.exception("watch failed")
+            reply(err=errors.RaymxError(f"internal error: {type(e).__name__}: {e}"))
+
+    def watch_gate(self, majority: bool) -> GTID | None:
+        """The newest entry a change stream may deliver here: the majority point
+        (capped at this member's oplog end), or with ``majority=False`` what is
+        durable here (the primary) or written (a secondary)."""
+        last, _ = self.e.last()
+        if not majority:
+            d = self.group.durable if self.primary else last
+            return d if d is not None and d != GTID(0, 0) else None
+        mk = self.majority_known
+        return None if mk is None else min(mk, last)
+
+    def watch(self, req: dict) -> dict:
+        """One change-stream batch (long-poll): events after the resume token, up
+        to the gate, and the token to resume from (a high-water mark on a
+        quiet stream). See ``raymx.storage.changes`` for the format."""
+        from raymx.storage import changes
+        majority = req.get("majority", True) is not False
+        flt = changes.Filter(req.get("namespaces"), req.get("ops"))
+        n_max = min(int(req.get("batch") or self.limits.watch_batch_max),
+                    self.limits.watch_batch_max)
+        wait_ms = min(int(req.get("wait_ms") or self.limits.watch_wait_ms), 60_000)
+        after = req.get("after")
+        if after is None:
+            gate = self.watch_gate(majority)
+            after = [0, 0] if gate is None else list(gate)  # from now on
+        token = changes.parse_token(after)
+        if req.get("after") is None:  # opening a stream: its start token, at once
+            return {"events": [], "resume": list(token)}
+        deadline = time.monotonic() + wait_ms / 1000
+        self._watching += 1
+        try:
+            while True:
+                gate = self.watch_gate(majority)
+                out = changes.scan(self.e, token, gate, flt, n_max, self.member_id)
+                if out["events"] or out["resume"] != list(token) or self._stopping.is_set():
+                    return out
+                with self.majority_cond:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return out
+                    if self.watch_gate(majority) == gate:
+                        self.majority_cond.wait(min(left, 0.05 if not self.primary
+                                                    and not majority else left))
+        finally:
+            self._watching -= 1
 
     def wait_applied(self, g: GTID, timeout_ms: int) -> None:
         """Read-after-GTID: block until this member has applied ``g``."""

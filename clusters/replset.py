@@ -231,6 +231,37 @@ class ReplicaSet:
                 out.append({"id": m["id"], "error": f"{type(e).__name__}: {e}"})
         return out
 
+    def revert_to(self, gtid, dry_run: bool = False, w: int | str = "majority",
+                  j: bool = True, timeout_s: float = 300) -> dict:
+        """Point-in-time recovery: return every collection and index to their
+        state right after ``gtid`` by appending compensating ops (the inverse of
+        every later op, newest first, from the logged images) on the primary.
+
+        They commit as ONE new entry (one GTID): the revert is atomic, replicates
+        like any write, honours ``w``/``j``, and the oplog keeps the whole
+        history (reverting the revert is another ``revert_to``). Writes after
+        ``gtid`` that touched the same documents are undone too. Refuses,
+        naming the entry and op, if a later entry cannot be undone (a dropped
+        collection: ``IrreversibleOp``) or if ``gtid`` is below the oplog's
+        first entry (``OplogTrimmed``, with the oldest GTID available).
+
+        ``dry_run=True`` changes nothing and returns what would be undone:
+        ``entries``, ``ops``, ``newest``/``oldest`` GTIDs, ``gtids`` (up to
+        1,000) and per-namespace op counts. Otherwise returns the same plan
+        plus ``gtid``, the compensating entry's GTID (None if nothing to undo).
+        """
+        target = list(GTID.parse(gtid))
+        c = self.client(w=w, j=j, timeout_s=timeout_s)
+        try:
+            if dry_run:
+                return c._call({"op": "revertPlan", "target": target})["value"]
+            r = c._call({"op": "revertTo", "target": target, **WriteConcern(w, j).fields()})
+        finally:
+            c.close()
+        plan = r["value"]
+        plan["gtid"] = None if r.get("gtid") is None else GTID(*r["gtid"])
+        return plan
+
     def step_down(self) -> dict:
         """Hand the primary role over in a planned way: writes pause, the best
         eligible secondary catches up, then it is elected. Nothing is lost."""
