@@ -49,3 +49,16 @@ def replset(ray_session, tmp_path):
     rs = raymx.ReplicaSet.launch(f"t{_RS_COUNTER[0]}", members=1, data_dir=str(tmp_path / "rs"))
     yield rs
     rs.shutdown()
+
+
+@pytest.fixture(scope="session")
+def spark(ray_session):
+    """One Spark (through RayDP, on the session's Ray) for the whole test session.
+
+    Starting it costs ~20-30 s here, so it is started once, on first use, and
+    stopped at the end of the session (before Ray shuts down).
+    """
+    from raymx.spark_bridge import spark_session, stop_spark
+    s = spark_session(app_name="raymx-tests")
+    yield s
+    stop_spark()
