@@ -34,6 +34,7 @@ class Coordinator:
         self.members = members  # [{"id", "actor", "path", "node_id", "priority", ...}]
         self.limits = limits
         self.version = 1
+        self.oplog_cap = extra.get("oplog_cap")
         self._load_newest_config()
         self.core = ElectionCore.from_specs(self.members, limits.heartbeat_timeout_ms)
         self._addr: dict[int, dict] = {}
@@ -59,9 +60,29 @@ class Coordinator:
                 best = c
         if best is not None:
             self.members, self.version = best["members"], best["version"]
+            self.oplog_cap = best.get("oplog_cap") or self.oplog_cap
 
     def _config(self) -> dict:
-        return {"version": self.version, "members": [dict(m) for m in self.members]}
+        return {"version": self.version, "members": [dict(m) for m in self.members],
+                "oplog_cap": self.oplog_cap}
+
+    def _push_config(self) -> dict:
+        cfg = self._config()
+        refs = []
+        for m in self.members:
+            try:
+                refs.append(self._handle(m["id"]).set_config.remote(cfg))
+            except Exception:
+                pass
+        ray.wait(refs, num_returns=len(refs), timeout=30)
+        return cfg
+
+    def set_oplog_cap(self, cap: dict) -> dict:
+        """A new oplog cap for every member, kept in the configuration."""
+        with self._lock:
+            self.version += 1
+            self.oplog_cap = dict(cap)
+            return self._push_config()
 
     def reconfigure(self, members: list[dict]) -> dict:
         """Install a new member list (ids kept); every member records it durably."""
@@ -73,15 +94,7 @@ class Coordinator:
             self._inflight = {k: v for k, v in self._inflight.items()
                               if any(m["id"] == k for m in members)}
             self.core.reconfigure(members)
-            cfg = self._config()
-            refs = []
-            for m in members:
-                try:
-                    refs.append(self._handle(m["id"]).set_config.remote(cfg))
-                except Exception:
-                    pass
-            ray.wait(refs, num_returns=len(refs), timeout=30)
-            return cfg
+            return self._push_config()
 
     # --- heartbeats and actions ------------------------------------------
     def _handle(self, mid: int):
@@ -290,7 +303,7 @@ class Coordinator:
 
     def config(self) -> dict:
         return {"name": self.name, "members": [dict(m) for m in self.members],
-                "version": self.version,
+                "version": self.version, "oplog_cap": self.oplog_cap,
                 "secret": self.secret, "limits": self.limits, "extra": self.extra}
 
     def status(self, timeout_s: float = 5.0) -> dict:

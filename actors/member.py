@@ -99,12 +99,13 @@ PULL_REQUEST_BYTES_MAX = 1 << 20  # positions of every member: far below this
 
 
 def pull_request(after, after_h, max_entries: int, max_bytes: int, wait_ms: int, member: int,
-                 durable, applied, downstream: dict | None, term: int) -> bytes:
+                 durable, applied, downstream: dict | None, term: int,
+                 majority=None) -> bytes:
     """The argument of ``OplogShard.pull`` (a producer's pull)."""
     return codec.pack({"after": after, "after_h": after_h, "max_entries": max_entries,
                        "max_bytes": max_bytes, "wait_ms": wait_ms, "member": member,
                        "durable": durable, "applied": applied, "downstream": downstream,
-                       "term": term})
+                       "term": term, "majority": majority})
 
 
 def serve_at_normal_priority(every_s: float = 0.0) -> None:
@@ -146,7 +147,8 @@ class OplogShard:
     takes writes on its own)."""
 
     def __init__(self, rs_name: str, member: dict, path: str, secret: str,
-                 limits: Limits, votes: dict, bind_host: str | None = None):
+                 limits: Limits, votes: dict, bind_host: str | None = None,
+                 oplog_cap: dict | None = None):
         self.rs_name, self.member_id, self.path, self.limits = rs_name, member["id"], path, limits
         self.spec = member
         self.role = "secondary"
@@ -172,12 +174,17 @@ class OplogShard:
         self._role_lock = threading.Lock()
         self.synchronizing = False  # catching up after a snapshot load (not yet voting)
         self.load_progress: dict | None = None
-        self.feeder = FeederService(self.engine, limits, self.member_id, self._positions)
+        self.feeder = FeederService(self.engine, limits, self.member_id, self._positions,
+                                    {int(k): v for k, v in votes.items()})
         # the producer rings after each batch it writes: wake long-polling pulls
         self._bell = doorbell.Listener(path, "feeder", self.feeder.on_limit)
         self.service = ShardService(self.engine, limits, primary=False,
                                     on_durable=self._on_durable, member_id=self.member_id,
                                     votes={int(k): v for k, v in votes.items()})
+        cfg = self.engine.get_meta("rs_config") or {}
+        cap = cfg.get("oplog_cap") or oplog_cap
+        if cap:
+            self.service.set_oplog_cap(cap)
         host = bind_host or ray.util.get_node_ip_address()
         self.port = ClientPort(self.service, secret, host, limits.frame_bytes_max,
                                {"member": self.member_id, "replset": rs_name})
@@ -285,6 +292,9 @@ class OplogShard:
         if mine is not None:
             self.spec = mine
         self.service.set_votes({m["id"]: m["votes"] for m in config["members"]})
+        if config.get("oplog_cap"):
+            self.service.set_oplog_cap(config["oplog_cap"])
+        self.feeder.set_votes({m["id"]: m["votes"] for m in config["members"]})
         ray.get(_get(self.rs_name, self.member_id, "applier").set_delay.remote(
             (mine or {}).get("delay_s", 0)))
 
@@ -312,10 +322,15 @@ class OplogShard:
     def _positions(self, durable: dict, heard: dict) -> None:
         """Durable positions (and when each member was heard from), as pulls report them."""
         self.service.set_positions(durable, heard)
-        mp = self.service.wc.majority_point()
+        mp = self.service.wc.majority_point() if self.service.primary else None
+        self.service.note_majority(mp)
+        self._persist_majority()
+
+    def _persist_majority(self) -> None:
+        mp = self.service.majority_known
         if mp is not None and time.monotonic() - self._majority_at >= 1.0 \
                 and not self._majority_busy:
-            # about once a second: a restart point, not a gate. A write transaction,
+            # about once a second: a restart point. A write transaction,
             # so never on the pulling thread (an open client transaction holds LMDB's
             # writer and would stall replication)
             self._majority_at = time.monotonic()
@@ -327,6 +342,26 @@ class OplogShard:
                 finally:
                     self._majority_busy = False
             threading.Thread(target=record, name="raymx-majority", daemon=True).start()
+
+    @ray.method(concurrency_group="control")
+    def on_majority(self, g) -> None:
+        """A secondary's producer learned a newer majority-committed point (for
+        this member's change streams, its trimming, and members syncing from it)."""
+        g = GTID(*g)
+        self.service.note_majority(g)
+        self.feeder.on_majority(g)
+        self._persist_majority()
+
+    @ray.method(concurrency_group="control")
+    def set_oplog_cap(self, cap: dict) -> None:
+        """Change this member's oplog cap now (the coordinator also records it
+        in the configuration, so restarted members keep it)."""
+        self.service.set_oplog_cap(cap)
+
+    @ray.method(concurrency_group="control")
+    def trim_now(self) -> dict:
+        """Trim to the cap at once (tests, operators); returns the trim state."""
+        return dict(self.service.trim_once())
 
     # --- the feeder (pulls from downstream producers) ------------------------
     @ray.method(concurrency_group="feeder")
@@ -342,7 +377,7 @@ class OplogShard:
         try:
             args = (r["after"], r["after_h"], r["max_entries"], r["max_bytes"], r["wait_ms"],
                     r["member"], r["durable"], r["applied"], r.get("downstream"),
-                    r.get("term", 0))
+                    r.get("term", 0), r.get("majority"))
         except (KeyError, TypeError) as e:
             raise errors.ProtocolError(f"malformed pull request: {e!r:.200}") from None
         return codec.pack(self.feeder.pull(*args))
@@ -394,7 +429,24 @@ class OplogShard:
                   "sync_source": self.spec.get("sync_source")})
         if self.role != "primary":
             s["durable"] = gtid_out(r.last)  # the producer syncs every batch it writes
+        s["oplog"] = self.oplog_status()
         return s
+
+    def oplog_status(self) -> dict:
+        info = self.engine.oplog_info()
+        cap = self.service.oplog_cap
+        tr = self.service.trim
+        over = bool(cap.get("max_bytes") and info["bytes"] > cap["max_bytes"])
+        window = None if info["first_ts"] is None else (info["last_ts"] - info["first_ts"]) / 1000
+        return {"bytes": info["bytes"], "entries": info["entries"],
+                "first": gtid_out(info["first"]), "last": gtid_out(info["last"]),
+                "first_ts": info["first_ts"], "last_ts": info["last_ts"], "window_s": window,
+                "cap": dict(cap), "over_cap": over,
+                "held_by": tr["held_by"] if over else None,
+                "trimmed": tr["trimmed"], "trim_txns": tr["txns"],
+                "max_trim_txn_entries": tr["max_txn_entries"],
+                "max_trim_txn_ms": tr["max_txn_ms"], "trim_error": tr["last_error"],
+                "majority": gtid_out(self.service.majority_known)}
 
     # --- bulk-loading a snapshot into this (new) member: DESIGN 8 ---------------
     @ray.method(concurrency_group="load")
@@ -555,12 +607,16 @@ class FeederService:
     the replicatable point's predecessor, moved only by ``on_limit``; on a
     secondary it is the end of its written oplog, re-read by every pull (the
     producer rings a doorbell after each batch to wake long-polling pulls).
+    Answers carry the majority-committed point this feeder can vouch for.
     """
 
-    def __init__(self, engine: Engine, limits: Limits, member_id: int, on_positions):
+    def __init__(self, engine: Engine, limits: Limits, member_id: int, on_positions,
+                 votes: dict | None = None):
         self.engine = engine
         self.member_id = member_id
         self.core = rep.FeederCore(engine, limits)
+        self.core.votes = {int(k): v for k, v in (votes or {}).items()}
+        self.core.upstream_majority = engine.range().majority
         self.primary = False
         self._on_positions = on_positions
         self._core_lock = threading.Lock()   # FeederCore is not thread-safe
@@ -597,8 +653,24 @@ class FeederService:
             self._version += 1
             self._latch.notify_all()
 
+    def set_votes(self, votes: dict) -> None:
+        with self._core_lock:
+            self.core.votes = {int(k): v for k, v in votes.items()}
+
+    def on_majority(self, g: GTID) -> None:
+        """The majority point this member's producer learned (chained members)."""
+        with self._core_lock:
+            if self.core.upstream_majority is not None and g <= self.core.upstream_majority:
+                return
+            self.core.upstream_majority = g
+        self._ring()
+
     def pull(self, after, after_h, max_entries: int, max_bytes: int, wait_ms: int,
-             member: int, durable, applied, downstream: dict | None, term: int) -> dict:
+             member: int, durable, applied, downstream: dict | None, term: int,
+             majority=None) -> dict:
+        """Entries after ``after`` (long-poll up to ``wait_ms``). Answers carry
+        the majority-committed point; a pull returns at once, even empty, when
+        it is newer than the caller's ``majority`` (change streams wait on it)."""
         my_term = self.engine.term
         if term > my_term:
             # the caller knows a newer term: learn it durably; this member (if it
@@ -616,18 +688,37 @@ class FeederService:
         self._on_positions({m: p["durable"] for m, p in pos.items()},
                            {m: p["at_ms"] for m, p in pos.items()})
         deadline = time.monotonic() + wait_ms / 1000
+        known = None if majority is None else GTID(*majority)
+        validated = False
         while True:
             with self._latch:
                 seen = self._version  # read before pulling, so no notification is missed
                 target = self._target
+            changed = False
             with self._core_lock:
                 if not self.primary:
                     target = self.engine.last()[0]
                 if target > self.core.limit:
                     self.core.advance(target)
+                seen_mj = self.core.majority(self.member_id, self.primary)
                 out = self.core.pull(after, after_h, max_entries, max_bytes)
-            out["term"] = my_term
-            if out["status"] != "ok" or out["rows"]:
+                out["term"] = my_term
+                if out["status"] == "diverged":
+                    self.core.validated.pop(member, None)
+                elif (out["status"] == "ok" and not validated and after is not None
+                      and after_h is not None and tuple(after) != tuple(ZERO)):
+                    validated = True  # the caller holds ``after`` with our hash
+                    cur = self.core.validated.get(member)
+                    if cur is None or GTID(*after) > cur:
+                        self.core.validated[member] = GTID(*after)
+                        changed = self.core.majority(self.member_id, self.primary) != seen_mj
+                    seen_mj = self.core.majority(self.member_id, self.primary)
+            if changed:
+                self._ring()  # long-polls learn the new point
+            if seen_mj is not None:
+                out["majority"] = list(seen_mj)
+            if out["status"] != "ok" or out["rows"] or (
+                    seen_mj is not None and (known is None or seen_mj > known)):
                 return out
             with self._latch:
                 left = deadline - time.monotonic()
@@ -681,6 +772,12 @@ class Producer:
         self._down: dict = {}
         self._down_ref = None
         self._down_at = 0.0
+        # the majority-committed point learned from the sync source goes to this
+        # member's shard (change streams, trimming, and its feeder for members
+        # syncing from this one)
+        self.majority: GTID | None = self.engine.range().majority
+        self._majority_shard = Notifier(lambda g: _get(rs_name, member_id, "")
+                                        .on_majority.remote(g))
         if ray.get_runtime_context().was_current_actor_reconstructed:
             # restarted alone (crash): the shard knows whom this member follows
             try:
@@ -714,7 +811,8 @@ class Producer:
                     list(last), last_h if last != ZERO else None, self.limits.pull_entries_max,
                     self.limits.pull_bytes_max, self.limits.pull_wait_ms, self.member_id,
                     list(last) if last != ZERO else None, list(applied), down,
-                    max(self.term, self.engine.term))), timeout=30)
+                    max(self.term, self.engine.term),
+                    None if self.majority is None else list(self.majority))), timeout=30)
                 # one entry may exceed pull_bytes_max (a pull always carries one)
                 out = codec.unpack(ans, "pull answer", self.limits.transaction_bytes_max
                                    + self.limits.pull_bytes_max + (1 << 20))
@@ -757,10 +855,21 @@ class Producer:
                 self._down_ref = None
         return self._down
 
+    def _learn_majority(self, out) -> None:
+        mj = out.get("majority")
+        if mj is None:
+            return
+        g = GTID(*mj)
+        if self.majority is None or g > self.majority:
+            self.majority = g
+            self._majority_shard(mj)  # the shard tells its feeder too
+
     def _handle(self, out, src, src_id, last, last_h) -> None:
         status = out["status"]
         if status == "ok" and out.get("term", 0) < self.engine.term:
             status = "stale_term"  # never take entries from a deposed primary
+        if status == "ok":
+            self._learn_majority(out)
         if status == "diverged":
             return self._roll_back(src)
         if status != "ok":

@@ -55,6 +55,12 @@ class FeederCore:
         self.limit: GTID = ZERO
         self.cache: deque[Row] = deque(maxlen=cache_entries)
         self.positions: dict[int, dict] = {}  # member id -> {"durable", "applied", "at_ms"}
+        # majority-committed point: on a primary, computed from the positions of
+        # members whose pull proved (by hash) that they hold this branch; on a
+        # secondary, the one its producer learned upstream
+        self.votes: dict[int, int] = {}
+        self.validated: dict[int, GTID] = {}
+        self.upstream_majority: GTID | None = None
 
     def advance(self, limit: GTID) -> bool:
         """The shell calls this on every notification; True if there is something new."""
@@ -84,6 +90,18 @@ class FeederCore:
         """After a rollback: forget everything cached and shipped-bounds."""
         self.cache.clear()
         self.limit = ZERO
+        self.validated.clear()
+
+    def majority(self, self_id: int, primary: bool) -> GTID | None:
+        """The majority-committed point this feeder can vouch for."""
+        mp = self.upstream_majority
+        if primary and self.votes:
+            pos = {m: g for m, g in self.validated.items() if g <= self.limit}
+            pos[self_id] = self.limit  # the limit is durable here
+            own = majority_point(pos, self.votes)
+            if own is not None and (mp is None or own > mp):
+                mp = own
+        return mp
 
     def report(self, member: int, durable, applied, now_ms: int) -> None:
         self.positions[member] = {"durable": None if durable is None else GTID(*durable),
@@ -333,6 +351,27 @@ def acknowledged(gtid: GTID, w, durable: dict[int, GTID | None], votes: dict[int
     if w == "majority":
         return sum(1 for m in have if votes.get(m, 1) > 0) >= majority(list(votes.values()))
     return len(have) >= int(w)
+
+
+def trim_bound(majority: GTID | None, applied: GTID | None, durable: dict,
+               heard_ms: dict, now_ms: int, timeout_ms: int, self_id: int,
+               force: bool = False) -> tuple[GTID, str]:
+    """The oldest entry trimming must keep on this member, and what holds it.
+
+    Always the applied point (an unapplied entry is never dropped). Unless
+    ``force``: the majority-committed point (so an entry that could still be
+    rolled back, and the resume points of change streams, stay) and the
+    durable position of every member heard from within ``timeout_ms`` (a
+    running member resumes from its last entry, which the feeder checks by
+    hash). A stopped member is not waited for: it will hear ``too_stale``.
+    """
+    cands = [(applied or ZERO, f"the applier at {applied or ZERO}")]
+    if not force:
+        cands.append((majority or ZERO, f"the majority-committed point {majority or ZERO}"))
+        for m, d in sorted(durable.items()):
+            if m != self_id and d is not None and now_ms - heard_ms.get(m, 0) <= timeout_ms:
+                cands.append((d, f"member {m} at {d}"))
+    return min(cands, key=lambda c: c[0])
 
 
 def own_hashes(e: Engine, before: GTID | None, n: int) -> list[tuple[list, int]]:

@@ -22,7 +22,7 @@ import logging
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from raymx import errors
@@ -35,13 +35,21 @@ log = logging.getLogger("raymx.shard")
 Reply = Callable[..., None]
 
 WRITE_OPS = {"insert", "update", "delete", "createIndex", "dropIndex", "dropCollection",
-             "createCollection"}
-READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes"}
+             "createCollection", "revertTo"}
+READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes",
+            "revertPlan"}
 TXN_OPS = {"txnBegin", "txnCommit", "txnAbort"}
 
 
 def gtid_out(g: GTID | None):
     return None if g is None else [g.term, g.seq]
+
+
+def _gtid_in(v, what: str) -> GTID:
+    try:
+        return GTID.parse(v)
+    except (ValueError, TypeError):
+        raise errors.InvalidOperation(f"{what} must be a GTID [term, seq], got {v!r:.60}") from None
 
 
 def result_out(r) -> dict:
@@ -71,6 +79,8 @@ def run_statement(tx: Transaction, req: dict):
         return tx.drop_collection(ns)
     if op == "createCollection":
         return tx.create_collection(ns)
+    if op == "revertTo":
+        return tx.revert_to(_gtid_in(req.get("target"), "target"))
     raise errors.InvalidOperation(f"unknown write operation {op!r}")
 
 
@@ -160,16 +170,18 @@ class WriteConcernWaiters:
         self._t.start()
 
     def update(self, member: int, g: GTID | None) -> None:
+        from raymx.actors.replication import majority_point
         with self._cond:
             cur = self.durable.get(member)
             if g is None or (cur is not None and g <= cur):
                 return
             self.durable[member] = g
-            if not self._waiting:
-                return
-            done = self._sweep(time.monotonic())
+            mp = majority_point(self.durable, self._svc.votes) if self._svc.primary else None
+            done = self._sweep(time.monotonic()) if self._waiting else []
         for cb in done:
             cb()
+        if mp is not None:
+            self._svc.note_majority(mp)
 
     def reset(self) -> None:
         with self._cond:
@@ -289,6 +301,11 @@ class ShardService:
         self.member_id = member_id
         self.votes = votes or {member_id: 1}
         self.heard_ms: dict[int, int] = {}
+        # the majority-committed point as this member knows it (only moves up):
+        # change streams deliver up to it, trimming never passes it
+        self.majority_known: GTID | None = engine.range().majority
+        self.majority_cond = threading.Condition()
+        self._watching = 0
         self.wc = WriteConcernWaiters(self)
         self._on_commit = on_commit
         last, _ = engine.last()
@@ -303,12 +320,23 @@ class ShardService:
         self._cursors_lock = threading.Lock()
         self.readers = ThreadPoolExecutor(4, thread_name_prefix="raymx-reader")
         self.commits = 0
+        self.watchers = ThreadPoolExecutor(32, thread_name_prefix="raymx-watch")
+        self.oplog_cap = {"max_bytes": limits.oplog_bytes_max, "max_age_s": None, "force": False}
+        self.trim = {"trimmed": 0, "txns": 0, "max_txn_entries": 0, "max_txn_ms": 0.0,
+                     "held_by": None, "bound": None, "last_error": None}
+        self._stopping = threading.Event()
+        self._trim_wake = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="raymx-writer", daemon=True)
         self._writer.start()
+        self._trimmer = threading.Thread(target=self._trim_loop, name="raymx-trimmer", daemon=True)
+        self._trimmer.start()
 
     def _durable_hook(self, on_durable):
         def hook(g):
             self.wc.update(self.member_id, g)
+            if self._watching:
+                with self.majority_cond:  # non-majority change streams wait on this
+                    self.majority_cond.notify_all()
             if on_durable is not None:
                 on_durable(g)
         return hook
@@ -322,6 +350,76 @@ class ShardService:
         for m, at in (heard_ms or {}).items():
             if at > self.heard_ms.get(m, 0):
                 self.heard_ms[m] = at
+
+    def note_majority(self, g: GTID | None) -> None:
+        """A newer majority-committed point (from write-concern positions on the
+        primary, from the sync source on a secondary): wake change streams."""
+        if g is None:
+            return
+        with self.majority_cond:
+            if self.majority_known is None or g > self.majority_known:
+                self.majority_known = g
+                self.majority_cond.notify_all()
+
+    # --- oplog trimming ----------------------------------------------------
+    def set_oplog_cap(self, cap: dict) -> None:
+        self.oplog_cap = dict(cap)
+        self._trim_wake.set()
+
+    def on_writer(self, fn) -> Future:
+        """Run ``fn()`` on the writer thread, between writes; its result in a Future."""
+        f: Future = Future()
+        self._q.put(("call", fn, None, f))
+        return f
+
+    def trim_once(self, now_ms: int | None = None) -> dict:
+        """Trim to the cap in small transactions on the writer; writes queued
+        meanwhile run between them. Returns the trim state (also in status)."""
+        from raymx.actors.replication import applied_point, trim_bound
+        cap = self.oplog_cap
+        max_bytes, age_s = cap.get("max_bytes"), cap.get("max_age_s")
+        if not max_bytes and not age_s:
+            self.trim["held_by"] = None
+            return self.trim
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        with self.wc._cond:
+            durable = dict(self.wc.durable)
+        bound, why = trim_bound(self.majority_known, applied_point(self.e), durable,
+                                dict(self.heard_ms), now, self.limits.heartbeat_timeout_ms,
+                                self.member_id, bool(cap.get("force")))
+        batch = self.limits.trim_batch_entries
+
+        def step():
+            t0 = time.perf_counter()
+            r = self.e.trim_oplog(bound, max_bytes, None if not age_s else int(age_s * 1000),
+                                  batch, now)
+            return r, (time.perf_counter() - t0) * 1000
+        while True:
+            r, ms = self.on_writer(step).result()
+            st = self.trim
+            st["trimmed"] += r.trimmed
+            if r.trimmed:
+                st["txns"] += 1
+                st["max_txn_entries"] = max(st["max_txn_entries"], r.trimmed)
+                st["max_txn_ms"] = max(st["max_txn_ms"], round(ms, 3))
+            if not r.more or self._stopping.is_set():
+                break
+        st["bound"] = gtid_out(bound)
+        st["held_by"] = why if r.held else None
+        return st
+
+    def _trim_loop(self):
+        while not self._stopping.is_set():
+            self._trim_wake.wait(self.limits.trim_interval_ms / 1000)
+            self._trim_wake.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                self.trim_once()
+                self.trim["last_error"] = None
+            except Exception as e:  # report and retry next round
+                self.trim["last_error"] = f"{type(e).__name__}: {e}"
+                log.exception("trimming the oplog failed")
 
     def set_votes(self, votes: dict[int, int]) -> None:
         """Reconfiguration: majorities follow the new membership at once."""
@@ -391,6 +489,8 @@ class ShardService:
                 self._q.put(("write", None, req, reply))
         elif op in READ_OPS:
             self.readers.submit(self._read, req, reply, conn)
+        elif op == "watch":
+            self.watchers.submit(self._watch, req, reply)
         else:
             reply(err=errors.InvalidOperation(f"unknown operation {op!r}"))
 
@@ -407,6 +507,12 @@ class ShardService:
             if item is None:
                 return
             kind, sess, req, reply = item
+            if kind == "call":  # internal work between writes (trimming): a Future
+                try:
+                    reply.set_result(sess())
+                except BaseException as e:
+                    reply.set_exception(e)
+                continue
             try:
                 if kind == "session":
                     self._run_session(sess, req, reply)
@@ -489,7 +595,7 @@ class ShardService:
                 if op == "txnAbort":
                     tx.abort()
                     return sreply(ok={"aborted": True})
-                if op in WRITE_OPS:
+                if op in WRITE_OPS and op != "revertTo":
                     sreply(ok=result_out(run_statement(tx, sreq)))
                 elif op in ("find", "count"):
                     sreply(ok=self._read_in(tx, sreq, {}))
@@ -544,6 +650,8 @@ class ShardService:
                 req.get("skip") or 0, req.get("limit") or 0))}
         if op == "listCollections":
             return {"value": r.list_collections()}
+        if op == "revertPlan":
+            return {"value": r.revert_plan(_gtid_in(req.get("target"), "target"))}
         if op == "listIndexes":
             split_ns(req["ns"])
             c = r.coll(req["ns"])
@@ -590,6 +698,62 @@ class ShardService:
         if c is not None:
             c.close()
 
+    # --- change streams ---------------------------------------------------
+    def _watch(self, req: dict, reply: Reply) -> None:
+        try:
+            reply(ok=self.watch(req))
+        except errors.RaymxError as e:
+            reply(err=e)
+        except Exception as e:
+            log.exception("watch failed")
+            reply(err=errors.RaymxError(f"internal error: {type(e).__name__}: {e}"))
+
+    def watch_gate(self, majority: bool) -> GTID | None:
+        """The newest entry a change stream may deliver here: the majority point
+        (capped at this member's oplog end), or with ``majority=False`` what is
+        durable here (the primary) or written (a secondary)."""
+        last, _ = self.e.last()
+        if not majority:
+            d = self.group.durable if self.primary else last
+            return d if d is not None and d != GTID(0, 0) else None
+        mk = self.majority_known
+        return None if mk is None else min(mk, last)
+
+    def watch(self, req: dict) -> dict:
+        """One change-stream batch (long-poll): events after the resume token, up
+        to the gate, and the token to resume from (a high-water mark on a
+        quiet stream). See ``raymx.storage.changes`` for the format."""
+        from raymx.storage import changes
+        majority = req.get("majority", True) is not False
+        flt = changes.Filter(req.get("namespaces"), req.get("ops"))
+        n_max = min(int(req.get("batch") or self.limits.watch_batch_max),
+                    self.limits.watch_batch_max)
+        wait_ms = min(int(req.get("wait_ms") or self.limits.watch_wait_ms), 60_000)
+        after = req.get("after")
+        if after is None:
+            gate = self.watch_gate(majority)
+            after = [0, 0] if gate is None else list(gate)  # from now on
+        token = changes.parse_token(after)
+        if req.get("after") is None:  # opening a stream: its start token, at once
+            return {"events": [], "resume": list(token)}
+        deadline = time.monotonic() + wait_ms / 1000
+        self._watching += 1
+        try:
+            while True:
+                gate = self.watch_gate(majority)
+                out = changes.scan(self.e, token, gate, flt, n_max, self.member_id)
+                if out["events"] or out["resume"] != list(token) or self._stopping.is_set():
+                    return out
+                with self.majority_cond:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return out
+                    if self.watch_gate(majority) == gate:
+                        self.majority_cond.wait(min(left, 0.05 if not self.primary
+                                                    and not majority else left))
+        finally:
+            self._watching -= 1
+
     def wait_applied(self, g: GTID, timeout_ms: int) -> None:
         """Read-after-GTID: block until this member has applied ``g``."""
         from raymx.actors.replication import applied_point
@@ -615,6 +779,12 @@ class ShardService:
                 "open_cursors": len(self._cursors)}
 
     def close(self) -> None:
+        self._stopping.set()
+        self._trim_wake.set()
+        self._trimmer.join(10)
+        with self.majority_cond:
+            self.majority_cond.notify_all()
+        self.watchers.shutdown(wait=False, cancel_futures=True)
         self._q.put(None)
         self._writer.join(10)
         self.group.stop()

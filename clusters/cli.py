@@ -1,4 +1,4 @@
-"""The ``raymx`` command: status and shutdown of replica sets on a Ray cluster.
+"""The ``raymx`` command: status, revert and shutdown of replica sets on a Ray cluster.
 
 On token-authenticated Ray clusters (the default for Ray 2.60 local clusters)
 run it with ``RAY_AUTH_MODE=token`` so it can attach.
@@ -54,6 +54,42 @@ def shutdown(name, address):
     _attach(address)
     raymx.connect(name).shutdown()
     click.echo(f"replica set {name} stopped")
+
+
+def format_plan(plan: dict) -> str:
+    g = lambda x: "-" if x is None else f"{x[0]}:{x[1]}"  # noqa: E731
+    lines = [f"revert to {g(plan['target'])}: undo {plan['entries']} entries "
+             f"({g(plan['oldest'])} .. {g(plan['newest'])}), {plan['ops']} ops"]
+    for ns, per in sorted(plan["namespaces"].items()):
+        lines.append(f"  {ns}: " + ", ".join(f"{n} {k}" for k, n in sorted(per.items())))
+    return "\n".join(lines)
+
+
+@main.command()
+@click.argument("name")
+@click.argument("gtid")
+@click.option("--address", default=None, help="Ray address (default: RAY_ADDRESS or auto)")
+@click.option("--dry-run", is_flag=True, help="only list what would be undone")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+def revert(name, gtid, address, dry_run, yes):
+    """Return every collection and index of NAME to its state right after GTID
+    (term:seq), by appending compensating entries on the primary."""
+    import raymx
+    try:
+        _attach(address)
+        rs = raymx.connect(name)
+        plan = rs.revert_to(gtid, dry_run=True)
+        click.echo(format_plan(plan))
+        if dry_run or not plan["entries"]:
+            return
+        if not yes:
+            click.confirm(f"Append one compensating entry undoing these {plan['entries']} "
+                          "entries on every member?", abort=True)
+        out = rs.revert_to(gtid)
+    except (raymx.errors.RaymxError, ValueError) as e:
+        click.echo(f"raymx: {e}", err=True)
+        sys.exit(1)
+    click.echo(f"reverted {name} to {gtid}: {out['entries']} entries undone by entry {out['gtid']}")
 
 
 if __name__ == "__main__":

@@ -119,6 +119,15 @@ class TooStale(RaymxError):
     """The requested position was trimmed from the oplog: resync needed."""
 
 
+class OplogTrimmed(TooStale):
+    """A resume token or revert target older than the oplog's first entry.
+
+    ``info["oldest"]`` is the oldest GTID still available (the oplog's first
+    entry): a change stream can resume from any token at or after the entry
+    before it; a revert can go back to it.
+    """
+
+
 class StaleTerm(RaymxError):
     """A message from a lower term than this member has durably recorded."""
 

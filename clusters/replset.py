@@ -55,8 +55,8 @@ class ReplicaSet:
     @classmethod
     def launch(cls, name: str, members=1, data_dir: str | None = None,
                limits: Limits | None = None, secret: str | None = None,
-               bind_host: str | None = None, node_ids: list[str] | None = None
-               ) -> "ReplicaSet":
+               bind_host: str | None = None, node_ids: list[str] | None = None,
+               oplog_cap: dict | None = None) -> "ReplicaSet":
         """Start every member's actors on this node, pinned to it (their files live here).
 
         ``members`` is a count or a list of member specs: dicts with optional
@@ -64,13 +64,17 @@ class ReplicaSet:
         ``delay_s`` (a delayed member applies entries that old) and
         ``sync_source`` (a member id, for chained replication). Restarting
         over an existing ``data_dir`` recovers every committed transaction and
-        the oplog; the primary comes back under a new term. ``node_ids`` places
+        the oplog; the primary comes back under a new term. ``oplog_cap``:
+        ``{"max_bytes": n, "max_age_s": s}`` (either may be None; default
+        ``Limits.oplog_bytes_max`` bytes, no age), see ``set_oplog_cap``. ``node_ids`` places
         member i on ``node_ids[i]`` (default: every member on this node); the
         data folder must then be node-local on each of them.
         """
         _check_name(name)
         specs = _member_specs(members)
         limits = limits or DEFAULT
+        cap = _check_cap(oplog_cap if oplog_cap is not None
+                         else {"max_bytes": limits.oplog_bytes_max})
         ray = _ensure_ray()
         from raymx.actors.coordinator import Coordinator
         from raymx.actors.member import actor_name
@@ -92,11 +96,11 @@ class ReplicaSet:
             m["node_id"] = node if not node_ids else node_ids[m["id"] % len(node_ids)]
         try:
             for m in specs:
-                handles += _start_member(name, m, secret, limits, votes, bind_host)
+                handles += _start_member(name, m, secret, limits, votes, bind_host, cap)
             ray.get([h.__ray_ready__.remote() for h in handles], timeout=120)
             coord = Coordinator.options(name=f"{name}/coordinator", namespace=NAMESPACE,
                                         lifetime="detached", max_restarts=-1, num_cpus=0).remote(
-                name, secret, specs, limits, {"bind_host": bind_host})
+                name, secret, specs, limits, {"bind_host": bind_host, "oplog_cap": cap})
             handles.append(coord)
             rs = cls(name, coord)
             rs.wait_for_primary(60)
@@ -142,7 +146,7 @@ class ReplicaSet:
             raise errors.ConfigError(f"replica set {self.name} has no member {member_id}")
         votes = {x["id"]: x["votes"] for x in cfg["members"]}
         hs = _start_member(self.name, m, cfg["secret"], cfg["limits"], votes,
-                           cfg["extra"].get("bind_host"))
+                           cfg["extra"].get("bind_host"), cfg.get("oplog_cap"))
         ray.get([h.__ray_ready__.remote() for h in hs], timeout=120)
 
     # --- reconfiguration ---------------------------------------------------
@@ -223,7 +227,8 @@ class ReplicaSet:
         ray = _ray()
         votes_map = {m["id"]: m["votes"] for m in members}
         hs = _start_member(self.name, dict(spec, initial_sync=initial_sync), cfg["secret"],
-                           cfg["limits"], votes_map, cfg["extra"].get("bind_host"))
+                           cfg["limits"], votes_map, cfg["extra"].get("bind_host"),
+                           cfg.get("oplog_cap"))
         ray.get([h.__ray_ready__.remote() for h in hs], timeout=120)
 
     def _sync_from_snapshot(self, spec: dict, cfg: dict, members: list, source, spark,
@@ -297,6 +302,62 @@ class ReplicaSet:
         if m["priority"] == 0 and self._topology().get("primary") == member_id:
             raise errors.ConfigError(f"member {member_id} is the primary: step_down() first")
         ray.get(self._coord.reconfigure.remote(members))
+
+    def set_oplog_cap(self, max_bytes: int | None = None, max_age_s: float | None = None,
+                      force: bool = False) -> dict:
+        """Cap every member's oplog by size and/or age, online (None: no cap on
+        that dimension; both None: no trimming). Members trim in the background
+        in small transactions, never past the majority-committed point or the
+        position of a running member unless ``force`` (never an unapplied
+        entry). Kept in the configuration, so restarted members keep it."""
+        cap = _check_cap({"max_bytes": max_bytes, "max_age_s": max_age_s, "force": force})
+        return _ray().get(self._coord.set_oplog_cap.remote(cap))
+
+    def trim_now(self) -> list[dict]:
+        """Trim every running member to the cap now (it also happens every
+        ``Limits.trim_interval_ms``); returns each member's oplog status."""
+        ray = _ray()
+        cfg = ray.get(self._coord.config.remote())
+        out = []
+        for m in cfg["members"]:
+            try:
+                h = self.member(m["id"])
+                ray.get(h.trim_now.remote(), timeout=60)
+                out.append(dict(ray.get(h.status.remote(), timeout=30)["oplog"], id=m["id"]))
+            except Exception as e:
+                out.append({"id": m["id"], "error": f"{type(e).__name__}: {e}"})
+        return out
+
+    def revert_to(self, gtid, dry_run: bool = False, w: int | str = "majority",
+                  j: bool = True, timeout_s: float = 300) -> dict:
+        """Point-in-time recovery: return every collection and index to their
+        state right after ``gtid`` by appending compensating ops (the inverse of
+        every later op, newest first, from the logged images) on the primary.
+
+        They commit as ONE new entry (one GTID): the revert is atomic, replicates
+        like any write, honours ``w``/``j``, and the oplog keeps the whole
+        history (reverting the revert is another ``revert_to``). Writes after
+        ``gtid`` that touched the same documents are undone too. Refuses,
+        naming the entry and op, if a later entry cannot be undone (a dropped
+        collection: ``IrreversibleOp``) or if ``gtid`` is below the oplog's
+        first entry (``OplogTrimmed``, with the oldest GTID available).
+
+        ``dry_run=True`` changes nothing and returns what would be undone:
+        ``entries``, ``ops``, ``newest``/``oldest`` GTIDs, ``gtids`` (up to
+        1,000) and per-namespace op counts. Otherwise returns the same plan
+        plus ``gtid``, the compensating entry's GTID (None if nothing to undo).
+        """
+        target = list(GTID.parse(gtid))
+        c = self.client(w=w, j=j, timeout_s=timeout_s)
+        try:
+            if dry_run:
+                return c._call({"op": "revertPlan", "target": target})["value"]
+            r = c._call({"op": "revertTo", "target": target, **WriteConcern(w, j).fields()})
+        finally:
+            c.close()
+        plan = r["value"]
+        plan["gtid"] = None if r.get("gtid") is None else GTID(*r["gtid"])
+        return plan
 
     def step_down(self) -> dict:
         """Hand the primary role over in a planned way: writes pause, the best
@@ -422,7 +483,7 @@ def _adopt_backup(backup: str, path: str, limits: Limits) -> None:
 
 
 def _start_member(name: str, m: dict, secret: str, limits: Limits, votes: dict,
-                  bind_host: str | None) -> list:
+                  bind_host: str | None, oplog_cap: dict | None = None) -> list:
     """Create a member's three co-located actors, pinned to the node of its files
     (the shard process also serves the feeder).
 
@@ -439,7 +500,7 @@ def _start_member(name: str, m: dict, secret: str, limits: Limits, votes: dict,
     i, path = m["id"], m["path"]
     return [
         OplogShard.options(name=m["actor"], **opts).remote(name, m, path, secret, limits, votes,
-                                                           bind_host),
+                                                           bind_host, oplog_cap),
         Producer.options(name=actor_name(name, i, "producer"), **opts).remote(name, i, path,
                                                                               limits),
         Applier.options(name=actor_name(name, i, "applier"), **opts).remote(name, i, path, limits,
@@ -466,6 +527,20 @@ def _one_spec(i: int, m) -> dict:
     if s["hidden"] or s["delay_s"]:
         s["priority"] = 0  # hidden and delayed members never become primary
     return s
+
+
+def _check_cap(cap) -> dict:
+    """Validate an oplog cap: ``max_bytes`` (int > 0 or None), ``max_age_s``
+    (number > 0 or None), ``force`` (bool)."""
+    if not isinstance(cap, dict) or set(cap) - {"max_bytes", "max_age_s", "force"}:
+        raise errors.ConfigError(f"oplog cap {cap!r}: a dict with max_bytes, max_age_s, force")
+    mb, age = cap.get("max_bytes"), cap.get("max_age_s")
+    if mb is not None and (not isinstance(mb, int) or isinstance(mb, bool) or mb <= 0):
+        raise errors.ConfigError(f"oplog max_bytes must be a positive integer or None, got {mb!r}")
+    if age is not None and (not isinstance(age, (int, float)) or isinstance(age, bool)
+                            or age <= 0):
+        raise errors.ConfigError(f"oplog max_age_s must be a positive number or None, got {age!r}")
+    return {"max_bytes": mb, "max_age_s": age, "force": bool(cap.get("force", False))}
 
 
 def _member_specs(members) -> list[dict]:
@@ -507,11 +582,14 @@ def connect(name: str) -> ReplicaSet:
 def format_status(st: dict) -> str:
     """The table ``raymx status`` prints."""
     cols = ("id", "role", "state", "term", "last", "durable", "applied", "lag", "lag_s",
-            "source", "host")
+            "source", "oplog_MiB", "first", "window_s", "host")
     rows = [cols]
     g = lambda x: "-" if x is None else f"{x[0]}:{x[1]}"  # noqa: E731
+    notes = []
     for m in st["members"]:
         lag_s = m.get("lag_s")
+        ol = m.get("oplog") or {}
+        win = ol.get("window_s")
         state = m.get("state", "?")
         p = m.get("initial_sync")
         if p:  # a snapshot copy in progress: its phase and how much is loaded
@@ -521,8 +599,14 @@ def format_status(st: dict) -> str:
                      g(m.get("applied")), str(m.get("lag", "-")),
                      "-" if lag_s is None else f"{lag_s:.3f}",
                      "-" if m.get("sync_source") is None else str(m["sync_source"]),
+                     "-" if "bytes" not in ol else f"{ol['bytes'] / 2**20:.1f}",
+                     g(ol.get("first")), "-" if win is None else f"{win:.0f}",
                      m.get("host", "-")))
+        if ol.get("over_cap"):
+            cap = ol["cap"]["max_bytes"]
+            notes.append(f"member {m.get('id')}: oplog {ol['bytes']:,} bytes is over its cap "
+                         f"of {cap:,}; trimming held by {ol.get('held_by') or 'nothing (catching up)'}")
     w = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     lines = [f"replica set {st['set']}"]
     lines += ["  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]
-    return "\n".join(lines)
+    return "\n".join(lines + notes)

@@ -125,3 +125,19 @@ def unpack_frame(body: bytes) -> dict:
     if type(obj) is not dict:
         raise ProtocolError(f"a frame must be a msgpack map, got {type(obj).__name__}")
     return obj
+
+
+def entry_ts(b: bytes) -> int:
+    """The ``ts`` field of a stored oplog entry, without decoding its ops."""
+    u = msgpack.Unpacker(raw=False, strict_map_key=False)
+    u.feed(b[:64])
+    try:
+        for _ in range(u.read_map_header()):
+            if u.unpack() == "ts":
+                return u.unpack()
+            u.skip()
+    except msgpack.OutOfData:
+        pass
+    except Exception as e:
+        raise CorruptEntry(f"oplog entry is not valid msgpack: {e}") from None
+    return unpack(b, "oplog entry")["ts"]

@@ -221,6 +221,17 @@ class RangeRecord:
         self.last = gtid
 
 
+@dataclass
+class TrimResult:
+    """What one trim transaction did (``Engine.trim_oplog``)."""
+
+    trimmed: int = 0          # entries dropped (with their spilled chunks)
+    first: GTID | None = None  # the oplog's first entry afterwards
+    bytes: int = 0            # oplog + oplog.refs size afterwards
+    more: bool = False        # stopped at max_entries with more over the cap
+    held: bool = False        # over the cap, but keep_from stopped it
+
+
 # --- reading -------------------------------------------------------------
 class Stats:
     """Counters a query fills in; tests use ``examined`` to see index use."""
@@ -352,6 +363,60 @@ class Reader:
 
     def list_collections(self) -> list[str]:
         return [k.decode() for k, _ in self.t.scan("catalog")]
+
+    # point-in-time recovery (DESIGN section 9)
+    def revert_entries(self, target) -> Iterator[tuple[GTID, list[dict]]]:
+        """Every entry after ``target``, newest first, with its ops; raises
+        (before yielding anything) if one cannot be undone or the oplog no
+        longer reaches back to ``target``."""
+        target = GTID.parse(target)
+        first, last = self.t.first("oplog"), self.t.last("oplog")
+        if last is None:
+            return
+        fg, lg = GTID.from_bytes(first[0]), GTID.from_bytes(last[0])
+        if target > lg:
+            raise errors.InvalidOperation(f"revert target {target} is after the oplog's last "
+                                          f"entry {lg}", target=list(target))
+        if target < fg and not (target == ZERO and fg.seq == 1):
+            raise errors.OplogTrimmed(
+                f"revert target {target} is below the oplog's first entry {fg}: the entries "
+                f"after it were trimmed; the oldest point to revert to is {fg}",
+                target=list(target), oldest=list(fg))
+        if target >= fg and self.t.get("oplog", target.to_bytes()) is None:
+            raise errors.InvalidOperation(f"revert target {target} is not an entry of this oplog",
+                                          target=list(target))
+        start = prefix_end(target.to_bytes()) if target != ZERO else None
+        for k, v in self.t.scan("oplog", start, None, reverse=True):
+            ops = self.e.entry_ops(self.t, codec.unpack(v, "oplog entry"))
+            for op in ops:
+                if oplog.is_irreversible(op):
+                    g = GTID.from_bytes(k)
+                    raise errors.IrreversibleOp(
+                        f"cannot revert to {target}: entry {g} holds '{op.get('cmd')}' of "
+                        f"{op.get('ns')}, which cannot be undone (dropping a collection does not "
+                        "log its documents); the newest point to revert to is "
+                        f"{g} or later", gtid=list(g), op=op.get("cmd"), ns=op.get("ns"))
+        for k, v in self.t.scan("oplog", start, None, reverse=True):
+            yield GTID.from_bytes(k), self.e.entry_ops(self.t, codec.unpack(v, "oplog entry"))
+
+    def revert_plan(self, target, gtids_max: int = 1000) -> dict:
+        """What ``revert_to(target)`` would undo: entries, ops per namespace."""
+        names = {"i": "insert", "u": "update", "d": "delete", "c": "command"}
+        out = {"target": list(GTID.parse(target)), "entries": 0, "ops": 0, "newest": None,
+               "oldest": None, "gtids": [], "namespaces": {}}
+        for g, ops in self.revert_entries(target):
+            out["entries"] += 1
+            out["newest"] = out["newest"] or list(g)
+            out["oldest"] = list(g)
+            if len(out["gtids"]) < gtids_max:
+                out["gtids"].append(list(g))
+            for op in ops:
+                if op["op"] == "n":
+                    continue
+                out["ops"] += 1
+                per = out["namespaces"].setdefault(op["ns"], {})
+                per[names[op["op"]]] = per.get(names[op["op"]], 0) + 1
+        return out
 
 
 # --- writing -------------------------------------------------------------
@@ -658,6 +723,22 @@ class Transaction(Reader):
         self._write_doc(c, pk, self._get_pk(c, pk), post, codec.pack(post), False)
         self._log(codec.pack(op))
 
+    def revert_to(self, target) -> dict:
+        """Append compensating ops that return every collection and index to
+        their state right after ``target``: the inverse of every later op,
+        newest first, from the logged images, in THIS transaction (one GTID, so
+        the revert is atomic and replicates like any write). Later writes that
+        touched the same documents are undone too. Returns the plan."""
+        plan = self.revert_plan(target)
+        if not plan["entries"]:
+            return plan
+        self._log(codec.pack({"op": "n", "revert": {"to": plan["target"], "newest": plan["newest"],
+                                                    "oldest": plan["oldest"],
+                                                    "entries": plan["entries"]}}))
+        for _, ops in self.revert_entries(target):
+            self.undo_ops(ops)
+        return plan
+
     def undo_ops(self, ops: list[dict]) -> None:
         """Undo ``ops`` (one entry's, in their logged order) newest first."""
         inv = [oplog.invert(op) for op in reversed(ops)]  # raises before writing anything
@@ -866,6 +947,74 @@ class Engine:
         with self.store.read() as t:
             return _applied_in(t) or ZERO
 
+    def oplog_info(self) -> dict:
+        """Size (LMDB pages of oplog and oplog.refs), entries, first/last GTID and times."""
+        with self.store.read() as t:
+            n, size = t.db_stat("oplog")
+            size += t.db_stat("oplog.refs")[1]
+            first, last = t.first("oplog"), t.last("oplog")
+            return {"entries": n, "bytes": size,
+                    "first": None if first is None else GTID.from_bytes(first[0]),
+                    "last": None if last is None else GTID.from_bytes(last[0]),
+                    "first_ts": None if first is None else codec.entry_ts(first[1]),
+                    "last_ts": None if last is None else codec.entry_ts(last[1])}
+
+    def trim_oplog(self, keep_from: GTID | None, max_bytes: int | None,
+                   max_age_ms: int | None, max_entries: int,
+                   now_ms: int | None = None) -> TrimResult:
+        """Drop the oldest entries in ONE small write transaction (DESIGN section 3).
+
+        Trims while the oplog is over ``max_bytes`` (estimated from the average
+        entry size) or its first entry is older than ``max_age_ms``; at most
+        ``max_entries`` entries, never ``keep_from`` or anything after it, and
+        never the last entry (the next GTID and the hash chain continue from it).
+        Spilled chunks go with their entry, and the range's first entry moves
+        in the same transaction, since it is the oplog's first key. Callers
+        loop while ``more`` is set, letting writers in between.
+        """
+        now = self._now_ms() if now_ms is None else now_ms
+        res = TrimResult()
+        with self.store.write() as t:
+            n, size = t.db_stat("oplog")
+            size += t.db_stat("oplog.refs")[1]
+            last = t.last("oplog")
+            if last is None:
+                return res
+            stop = GTID.from_bytes(last[0])
+            if keep_from is not None and keep_from < stop:
+                stop = keep_from
+            want = 0
+            if max_bytes and size > max_bytes:
+                want = -(-(size - max_bytes) * n // size)
+            cutoff = None if not max_age_ms else now - max_age_ms
+            for k, v in list(itertools.islice(t.scan("oplog"), max_entries + 1)):
+                if not (res.trimmed < want or (cutoff is not None and codec.entry_ts(v) < cutoff)):
+                    break
+                if res.trimmed >= max_entries:
+                    res.more = True
+                    break
+                if GTID.from_bytes(k) >= stop:
+                    res.held = keep_from is not None and stop == keep_from
+                    break
+                if not v.startswith(_ENTRY_TS):  # spilled: its chunks go with it
+                    e = codec.unpack(v, "oplog entry")
+                    for i in range(e.get("chunks", 0)):
+                        t.delete("oplog.refs", oplog.spill_key(e["ref"], i))
+                t.delete("oplog", k)
+                res.trimmed += 1
+            f = t.first("oplog")
+            res.first = GTID.from_bytes(f[0])
+            if res.trimmed:
+                b = t.get("range", RANGE_KEY)
+                if b is not None:
+                    r = RangeRecord.unpack(b)
+                    keep = [x for x in r.terms if x[0] >= res.first.term]
+                    if keep != r.terms:
+                        r.terms = keep
+                        t.put("range", RANGE_KEY, r.pack())
+            res.bytes = t.db_stat("oplog")[1] + t.db_stat("oplog.refs")[1]
+        return res
+
     def set_majority(self, g: GTID) -> None:
         """Record the majority-committed point in the range record (it only moves up)."""
         def up(r):
@@ -907,7 +1056,12 @@ class Engine:
                     return
 
     def verify_oplog(self) -> int:
-        """Check density and the hash chain from the first entry; return the count."""
+        """Check density and the hash chain; return the count.
+
+        The first entry present is the chain's base: after trimming (or in a
+        member created from a snapshot) the oplog starts mid-chain, and its
+        first entry's hash is taken as given.
+        """
         prev = None
         n = 0
         for g, e in self.read_oplog():

@@ -50,6 +50,16 @@ class Limits:
     heartbeat_interval_ms: int = 100
     heartbeat_timeout_ms: int = 600
     rollback_ops_max: int = 100_000
+    # Oplog trimming (DESIGN section 3): the default cap of a replica set's
+    # oplogs (change it per set with ReplicaSet.set_oplog_cap, also by age),
+    # how often each member checks it, and the entries one trim transaction
+    # may drop (writers wait at most for one such transaction).
+    oplog_bytes_max: int = 1 * GiB
+    trim_interval_ms: int = 1000
+    trim_batch_entries: int = 500
+    # Change streams: events per answer and how long a quiet watch waits.
+    watch_batch_max: int = 1000
+    watch_wait_ms: int = 500
 
     def __post_init__(self):
         for k, v in asdict(self).items():

@@ -25,6 +25,7 @@ class ReadTxn(Protocol):
              reverse: bool = False) -> Iterator[tuple[bytes, bytes]]: ...
     def first(self, db: str) -> tuple[bytes, bytes] | None: ...
     def last(self, db: str) -> tuple[bytes, bytes] | None: ...
+    def db_stat(self, db: str) -> tuple[int, int]: ...  # (entries, bytes)
     def abort(self) -> None: ...
 
 
@@ -56,6 +57,14 @@ class _TxnBase:
 
     def last(self, db):
         return next(iter(self.scan(db, reverse=True)), None)
+
+    def db_stat(self, db):
+        """(entries, bytes of keys and values); LMDB counts pages instead."""
+        n = size = 0
+        for k, v in self.scan(db):
+            n += 1
+            size += len(k) + len(v)
+        return n, size
 
     def __enter__(self):
         return self

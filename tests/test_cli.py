@@ -19,3 +19,20 @@ def test_status_table_and_json(replset):
 def test_status_of_unknown_set_fails_clearly(ray_session):
     r = CliRunner().invoke(main, ["status", "nosuchset"])
     assert r.exit_code == 1 and "no replica set named 'nosuchset'" in r.output
+
+
+def test_revert_asks_then_reverts(replset):
+    coll = replset.client()["a"]["r"]
+    g = coll.insert_one({"_id": 1}).gtid
+    coll.insert_one({"_id": 2})
+    coll.update_one({"_id": 1}, {"$set": {"x": 1}})
+    r = CliRunner().invoke(main, ["revert", replset.name, str(g)], input="n\n")
+    assert r.exit_code == 1 and "undo 2 entries" in r.output and "a.r: 1 insert, 1 update" in r.output
+    assert coll.count_documents({}) == 2  # declined: nothing changed
+    r = CliRunner().invoke(main, ["revert", replset.name, str(g), "--dry-run"])
+    assert r.exit_code == 0 and coll.count_documents({}) == 2
+    r = CliRunner().invoke(main, ["revert", replset.name, str(g)], input="y\n")
+    assert r.exit_code == 0 and "2 entries undone" in r.output, r.output
+    assert list(coll.find({})) == [{"_id": 1}]
+    r = CliRunner().invoke(main, ["revert", replset.name, "99:1", "--yes"])
+    assert r.exit_code == 1 and "after the oplog's last entry" in r.output

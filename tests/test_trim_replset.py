@@ -1,0 +1,98 @@
+"""Trimming on a running replica set: within the cap under a writer, in small
+transactions, held at the majority point, and a stopped member told too_stale."""
+import threading
+import time
+
+import raymx
+from raymx.storage.gtid import GTID
+from raymx.storage.limits import Limits
+
+from tests.test_replication import wait_until
+
+BATCH = 40
+LIM = Limits(trim_interval_ms=100, trim_batch_entries=BATCH)
+CAP = 256 * 1024
+DOC = "p" * 1000
+
+
+def oplogs(rs):
+    return {m["id"]: m.get("oplog") for m in rs.status()["members"]}
+
+
+def test_trimming_under_a_writer_stays_within_the_cap(ray_session, tmp_path):
+    rs = raymx.ReplicaSet.launch("trim1", members=3, data_dir=str(tmp_path), limits=LIM,
+                                 oplog_cap={"max_bytes": CAP})
+    try:
+        c = rs.client()
+        coll = c["t"]["c"]
+        stop = threading.Event()
+        lat, n = [], [0]
+
+        def writer():
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                coll.insert_one({"_id": n[0], "pad": DOC})
+                lat.append(time.perf_counter() - t0)
+                n[0] += 1
+        t = threading.Thread(target=writer)
+        t.start()
+        peak = 0
+        try:
+            deadline = time.time() + 6
+            while time.time() < deadline:
+                peak = max(peak, oplogs(rs)[0]["bytes"])
+                time.sleep(0.2)
+        finally:
+            stop.set()
+            t.join()
+        assert n[0] > 400  # the oplog went round its cap several times
+        # every member trims to the cap once its entries are applied and
+        # majority-committed (meanwhile status says what holds it)
+        o = wait_until(lambda: (lambda o: all(not x["over_cap"] for x in o.values()) and o)(
+            oplogs(rs)), timeout_s=60)
+        for m, st in o.items():
+            assert st["trimmed"] > 0 and st["first"][1] > 1, (m, st)
+            assert st["max_trim_txn_entries"] <= BATCH  # small transactions only
+            assert st["trim_txns"] >= st["trimmed"] / BATCH
+            assert st["bytes"] <= CAP and st["window_s"] is not None and st["held_by"] is None
+        assert o[0]["trim_txns"] > 3
+        assert coll.count_documents({}) == n[0]  # trimming never touches the data
+        print(f"inserts {n[0]}, peak oplog {peak} B (cap {CAP}), max write "
+              f"{max(lat) * 1000:.1f} ms, max trim txn {o[0]['max_trim_txn_ms']} ms")
+    finally:
+        rs.shutdown()
+
+
+def test_trimming_is_held_at_the_majority_point_and_a_stopped_member_is_too_stale(
+        ray_session, tmp_path):
+    import ray
+    rs = raymx.ReplicaSet.launch("trim2", members=3, data_dir=str(tmp_path), limits=LIM,
+                                 oplog_cap={"max_bytes": None})
+    try:
+        c = rs.client(w=3, wtimeout_ms=10_000)
+        coll = c["t"]["c"]
+        coll.insert_many([{"_id": i, "pad": DOC} for i in range(50)])
+        rs.kill_member(2)  # a stopped secondary
+        prod1 = ray.get_actor("trim2/m1/producer", namespace="raymx")
+        ray.get(prod1.pause.remote(True, wait=True))  # and one that does not move
+        c1 = rs.client()
+        for i in range(50, 400):
+            c1["t"]["c"].insert_one({"_id": i, "pad": DOC})
+        rs.set_oplog_cap(max_bytes=CAP)
+        st = rs.trim_now()[0]
+        assert st["over_cap"] and st["held_by"] is not None, st
+        held = GTID(*st["first"])
+        assert held <= GTID(*st["majority"]) and held.seq <= 51
+        # the held state shows in the table
+        assert "held by" in raymx.replset.format_status(rs.status())
+        # the stalled member moves again: majority advances, trimming follows
+        ray.get(prod1.pause.remote(False))
+        wait_until(lambda: (lambda s: not s["over_cap"] and s["held_by"] is None and s)(
+            rs.trim_now()[0]), timeout_s=30)
+        # the stopped member comes back: its position is gone, it must resync
+        rs.start_member(2)
+        wait_until(lambda: rs.status()["members"][2]["state"] == "resync", timeout_s=30)
+        m2 = rs.status()["members"][2]
+        assert "trimmed" in (m2.get("error") or "") or "too_stale" in (m2.get("error") or "")
+    finally:
+        rs.shutdown()
