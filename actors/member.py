@@ -747,6 +747,8 @@ class Producer:
             status = "stale_term"  # never take entries from a deposed primary
         if status == "ok":
             self._learn_majority(out)
+            if self.state == "recovering":
+                self.state = "running"  # the source answers again (even with nothing new)
         if status == "diverged":
             return self._roll_back(src)
         if status != "ok":
