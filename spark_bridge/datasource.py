@@ -85,8 +85,8 @@ class MemberSnapshot:
         while True:
             time.sleep(min(5.0, self._idle_s))
             if time.monotonic() - self._used > self._idle_s:
-                self.close()
-                ray.actor.exit_actor()
+                self.close()  # the transaction is released even if the kill lags
+                ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
                 return
 
     def _call(self, fn, *a):
@@ -99,8 +99,12 @@ class MemberSnapshot:
     def info(self) -> dict:
         if self._error is not None:
             raise self._error
-        return {"gtid": list(self.core.gtid), "node_id": ray.get_runtime_context().get_node_id(),
-                "collections": self._call(lambda: self.core.collections())}
+        return self._call(lambda: {"gtid": list(self.core.gtid),
+                                   "node_id": ray.get_runtime_context().get_node_id(),
+                                   "collections": self.core.collections()})
+
+    def catalog(self) -> dict:
+        return self._call(self.core.catalog)
 
     def plan(self, ns, at, partitions, rows_per_partition, sample_docs) -> dict:
         return self._call(self.core.plan, ns, None if at is None else GTID(*at), partitions,

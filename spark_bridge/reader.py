@@ -59,6 +59,15 @@ class SnapshotReader:
     def collections(self) -> list[str]:
         return self._reader.list_collections()
 
+    def catalog(self) -> dict:
+        """Every collection's secondary indexes in the snapshot:
+        ``{ns: {name: {"key": [[path, dir]], "unique": bool}}}`` (for copies)."""
+        out = {}
+        for ns in self.collections():
+            c = self._reader.coll(ns)
+            out[ns] = {n: ix.spec() for n, ix in c.indexes.items()}
+        return out
+
     def oplog_bounds(self) -> tuple[GTID | None, GTID | None]:
         f, last = self.t.first("oplog"), self.t.last("oplog")
         return (None if f is None else GTID.from_bytes(f[0]),

@@ -1,6 +1,7 @@
 """Ray Data datasource/datasink on their own, and DataFrame I/O through real Spark
 (RayDP, started once per session by the ``spark`` fixture)."""
 import itertools
+import time
 
 import pytest
 
@@ -149,6 +150,24 @@ def test_bad_input_to_datasource_and_datasink(rs, coll):
     with pytest.raises(errors.ReadConcernTimeout):
         from raymx.spark_bridge import open_snapshot
         open_snapshot(rs, wait_for=GTID(1, 10**9), wait_s=0.2)
+
+
+def test_a_snapshot_nobody_reads_closes_itself(rs, coll, ray_session):
+    from raymx.spark_bridge import open_snapshot
+    ray = ray_session
+    c, _ = coll
+    g = c.insert_one({"_id": 1}).gtid
+    snap = open_snapshot(rs, wait_for=g, idle_s=0.3)
+    assert snap.gtid >= g
+    deadline = time.monotonic() + 30
+    while True:  # the read transaction is released and the actor goes away
+        try:
+            ray.get(snap.actor.info.remote(), timeout=10)
+        except (ray.exceptions.RayActorError, errors.InvalidOperation):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    snap.close()  # harmless afterwards
 
 
 # --- Spark DataFrames ------------------------------------------------------------------

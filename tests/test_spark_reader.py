@@ -45,6 +45,11 @@ def test_partitions_come_from_one_snapshot_and_cover_the_collection(engine):
     assert [d["_id"] for d in docs] == list(range(1000))  # key order, no overlap, no gap
     assert all(d["v"] == d["_id"] for d in docs)
     assert len(codec.unpack(plan["sample"])) <= 1000
+    assert r.collections() == ["app.items", "app.other"]
+    r.close()
+    engine.run(lambda tx: tx.create_index(NS, [("v", -1)]))
+    r = SnapshotReader(engine)
+    assert r.catalog() == {NS: {"v_-1": {"key": [["v", -1]], "unique": False}}, "app.other": {}}
     r.close()
 
 
