@@ -245,7 +245,10 @@ class CollectionDatasource(Datasource):
                                       f"{type(schema).__name__}")
         if partitions is not None and (not isinstance(partitions, int) or partitions < 1):
             raise errors.InvalidInput(f"partitions must be a positive integer, got {partitions!r}")
-        at = None if at is None else GTID.parse(at)
+        try:
+            at = None if at is None else GTID.parse(at)
+        except ValueError as e:
+            raise errors.InvalidInput(str(e)) from None
         self.ns, self.format, self.page_bytes = ns, format, page_bytes
         self._own = snapshot is None
         self.snapshot = snapshot or open_snapshot(rs, member, wait_for=at)

@@ -113,7 +113,9 @@ class SnapshotReader:
             # not there at `at`: not now and no drop since (refused above), or
             # created after `at`
             self._plans[ns] = {"prefix": None, "overrides": []}
-            return {"gtid": list(at), "count": 0, "parts": [], "sample": codec.array_header(0)}
+            # one empty partition, so a reader still gets an (empty) block in the schema
+            return {"gtid": list(at), "count": 0, "parts": [[b"", b"", 0]],
+                    "sample": codec.array_header(0)}
         prefix, end = c.prefix, prefix_end(c.prefix)
         overrides = [(prefix + pk, v) for pk, v in overrides]
         self._plans[ns] = {"prefix": prefix, "overrides": overrides}

@@ -139,6 +139,8 @@ def test_bad_input_to_datasource_and_datasink(rs, coll):
         CollectionDatasource(rs, "nodot")
     with pytest.raises(errors.InvalidInput, match="format"):
         CollectionDatasource(rs, ns, format="csv")
+    with pytest.raises(errors.InvalidInput, match="not a GTID"):
+        CollectionDatasource(rs, ns, at="yesterday")
     with pytest.raises(errors.ConfigError, match="member"):
         CollectionDatasource(rs, ns, member=7)
     with pytest.raises(errors.InvalidInput, match="mode"):
@@ -246,3 +248,4 @@ def test_dataframe_bad_input_is_refused_before_writing(spark, rs, coll):
         read_collection(spark, rs, ns)
     df = read_collection(spark, rs, ns, schema="_id long")  # a schema projects
     assert sorted(r["_id"] for r in df.collect()) == [1, 2]
+    assert read_collection(spark, rs, "io.no_such_collection").count() == 0

@@ -85,6 +85,7 @@ def test_point_in_time_before_the_collection_existed_and_across_a_drop(engine):
     engine.insert_many(NS, [{"_id": 1}])
     r = SnapshotReader(engine)
     assert read_all(r, NS, at=g0)[1] == []  # created after g0: empty then
+    assert read_all(r, "app.none")[1] == []
     r.close()
     engine.run(lambda tx: tx.drop_collection(NS))
     engine.insert_many(NS, [{"_id": 2}])
