@@ -295,13 +295,14 @@ class Coordinator:
 
     def status(self, timeout_s: float = 5.0) -> dict:
         refs = {}
-        for m in self.members:
+        members_cfg = list(self.members)  # a reconfiguration may replace the list meanwhile
+        for m in members_cfg:
             try:
                 refs[m["id"]] = self._handle(m["id"]).status.remote()
             except Exception:
                 refs[m["id"]] = None
         members = []
-        for m in self.members:
+        for m in members_cfg:
             ref, err = refs[m["id"]], "not found"
             try:
                 s = ray.get(ref, timeout=timeout_s) if ref is not None else None

@@ -30,9 +30,10 @@ from raymx.actors import replication as rep
 from raymx.actors.gtid_manager import GTIDManager
 from raymx.actors.server import ClientPort
 from raymx.actors.shard import ShardService, gtid_out
-from raymx.storage import codec
+from raymx.storage import codec, replay, snapshot
 from raymx.storage.engine import Engine
 from raymx.storage.gtid import GTID, ZERO
+from raymx.storage.keys import prefix_end
 from raymx.storage.limits import Limits
 from raymx.storage.lmdb_store import LMDBStore
 
@@ -92,7 +93,8 @@ def _get(rs: str, member: int, role: str):
     return ray.get_actor(actor_name(rs, member, role), namespace=NAMESPACE)
 
 
-@ray.remote(max_concurrency=16, concurrency_groups={"control": 4, "heartbeat": 2})
+@ray.remote(max_concurrency=16,
+            concurrency_groups={"control": 4, "heartbeat": 2, "oplog": 2, "load": 1})
 class OplogShard:
     """Starts as a secondary; the election coordinator makes it primary or tells
     it whom to follow (also after a restart, so a returning old primary never
@@ -119,10 +121,17 @@ class OplogShard:
             raise RuntimeError(f"{path} belongs to member {owner}, not {self.member_id}")
         self.engine.put_meta("member_id", self.member_id)
         self.engine.put_meta("replset", rs_name)
+        if member.get("initial_sync") and snapshot.is_empty(self.engine) and \
+                self.engine.get_meta("initial_sync") is None:
+            # to be loaded from a snapshot: the producer must not pull from the
+            # start of the oplog meanwhile (begin_load replaces this mark)
+            self.engine.put_meta("initial_sync", {"pending": True})
         self._feeder = None
         self.following: list | None = None  # [source, term] set by follow()
         self._majority_at = 0.0
         self._role_lock = threading.Lock()
+        self.synchronizing = False  # catching up after a snapshot load (not yet voting)
+        self.load_progress: dict | None = None
         self._notify_feeder = Notifier(lambda g: self._feeder_handle().on_limit.remote(list(g)))
         self.service = ShardService(self.engine, limits, primary=False,
                                     on_durable=self._on_durable, member_id=self.member_id,
@@ -167,8 +176,13 @@ class OplogShard:
             self.service.set_positions({}, {int(m): now for m in alive})
         last, h = self.engine.last()
         return {"term": self.engine.term, "last": list(last), "h": h, "role": self.role,
-                "following": self.following,
-                "state": "running" if not self.engine.get_meta("needs_resync") else "resync"}
+                "following": self.following, "state": self._state()}
+
+    def _state(self) -> str:
+        """running, synchronizing (initial sync: never elected, see DESIGN 4) or resync."""
+        if self.synchronizing or self.engine.get_meta("initial_sync") is not None:
+            return "synchronizing"
+        return "resync" if self.engine.get_meta("needs_resync") else "running"
 
     @ray.method(concurrency_group="control")
     def become_primary(self, term: int, timeout_s: float = 30) -> dict:
@@ -277,8 +291,8 @@ class OplogShard:
                 codec.unpack(t.get("oplog", g.to_bytes()))["ts"]
         with self.engine.store.read() as t:
             last_ts, applied_ts = ts(r.last), ts(applied)
-        s.update({"id": self.member_id, "role": self.role,
-                  "state": "resync" if self.engine.get_meta("needs_resync") else "running",
+        s.update({"id": self.member_id, "role": self.role, "state": self._state(),
+                  "initial_sync": self.load_progress,
                   "host": f"{self.port.host}:{self.port.port}", "pid": os.getpid(),
                   "term": self.engine.term, "applied": gtid_out(applied),
                   "first": gtid_out(r.first), "last_ts": last_ts, "applied_ts": applied_ts,
@@ -289,6 +303,128 @@ class OplogShard:
         if self.role != "primary":
             s["durable"] = gtid_out(r.last)  # the producer syncs every batch it writes
         return s
+
+    # --- bulk-loading a snapshot into this (new) member: DESIGN 8 ---------------
+    @ray.method(concurrency_group="load")
+    def load_begin(self, info: dict) -> None:
+        snapshot.begin_load(self.engine, info)
+        total = sum(1 for _ in info["parts"])
+        self.load_progress = {"source": info.get("member"), "gtid": info["gtid"],
+                              "parts": total, "parts_done": 0, "rows": info.get("rows"),
+                              "rows_done": 0, "phase": "copy"}
+
+    @ray.method(concurrency_group="load")
+    def load_rows(self, db: str, rows: list, parts_done: int = 1) -> int:
+        """Bulk-load one sorted run (one concurrency slot: runs arrive in order)."""
+        n = snapshot.load_rows(self.engine, db, rows)
+        self._loaded(n, parts_done)
+        return n
+
+    @ray.method(concurrency_group="load")
+    def load_table(self, table, parts_done: int = 0) -> int:
+        """Bulk-load an Arrow table with columns ``db``, ``key``, ``value``, sorted
+        by (db, key) (a Spark partition after repartition and sort)."""
+        dbs = table.column("db").to_pylist()
+        keys = table.column("key").to_pylist()
+        vals = table.column("value").to_pylist()
+        n, i = 0, 0
+        while i < len(dbs):
+            j = i
+            while j < len(dbs) and dbs[j] == dbs[i]:
+                j += 1
+            n += snapshot.load_rows(self.engine, dbs[i], list(zip(keys[i:j], vals[i:j])))
+            i = j
+        self._loaded(n, parts_done)
+        return n
+
+    def _loaded(self, rows: int, parts: int) -> None:
+        p = self.load_progress
+        if p is not None:
+            p["rows_done"] += rows
+            p["parts_done"] += parts
+
+    @ray.method(concurrency_group="load")
+    def load_finish(self, info: dict, checksums: dict) -> list:
+        """Verify every partition's checksum, then start the oplog at the snapshot."""
+        if self.load_progress is not None:
+            self.load_progress["phase"] = "verify"
+        g = snapshot.finish_load(self.engine, info, {int(k): v for k, v in checksums.items()})
+        self.synchronizing = True  # until the driver says it caught up
+        if self.load_progress is not None:
+            self.load_progress["phase"] = "catch-up"
+        ray.get(self._feeder_handle().truncated.remote())  # its oplog starts here now
+        return list(g)
+
+    # --- parallel replay driven by a Spark job (raymx.spark_bridge.replay) ----------
+    @ray.method(concurrency_group="load")
+    def replay_prepare(self, max_entries: int | None, per_part: int) -> dict | None:
+        """Hold the applier and cut the unapplied range into GTID key ranges."""
+        applier = _get(self.rs_name, self.member_id, "applier")
+        ray.get(applier.pause.remote(True))
+        max_entries = max_entries or self.limits.replay_entries_max
+        keys = []
+        with self.engine.store.read() as t:
+            for k, _ in t.scan("unapplied"):
+                keys.append(k)
+                if len(keys) >= max_entries:
+                    break
+        if not keys:
+            ray.get(applier.pause.remote(False))
+            return None
+        starts = keys[::per_part]
+        stops = starts[1:] + [prefix_end(keys[-1])]
+        return {"first": list(GTID.from_bytes(keys[0])), "last": list(GTID.from_bytes(keys[-1])),
+                "entries": len(keys), "ranges": list(zip(starts, stops))}
+
+    @ray.method(concurrency_group="oplog")
+    def oplog_rows(self, start: bytes, stop: bytes) -> list:
+        """Stored oplog rows (gtid, entry, chunks) with ``start <= gtid < stop``."""
+        with self.engine.store.read() as t:
+            return rep._rows(t, start, stop, 1 << 62, 1 << 62)
+
+    @ray.method(concurrency_group="load")
+    def replay_begin(self, commands: list, done: dict, first_use: list, first: list) -> None:
+        cmds = [replay.Command(tuple(o), codec.unpack(op)) for o, op in commands]
+        self._replay = replay.SegmentWriter(
+            self.engine, cmds, {int(k): v for k, v in done.items()},
+            {(s, ns): tuple(o) for s, ns, o in first_use}, GTID(*first).to_bytes(),
+            self.limits.replay_txn_docs_max)
+
+    @ray.method(concurrency_group="load")
+    def replay_block(self, table) -> int:
+        """One block of the Spark result, in (segment, ns, pk) order."""
+        c = {n: table.column(n).to_pylist() for n in ("seg", "ns", "pk", "seq", "i", "kind",
+                                                      "post")}
+        changes = [replay.Change(sg, ns, pk, (q, i), None if k == "d" else post)
+                   for sg, ns, pk, q, i, k, post in zip(c["seg"], c["ns"], c["pk"], c["seq"],
+                                                        c["i"], c["kind"], c["post"])]
+        self._replay.write(changes)
+        return len(changes)
+
+    @ray.method(concurrency_group="load")
+    def replay_end(self) -> int:
+        """The last barriers (commands, marks), then the applier resumes tailing."""
+        w, self._replay = self._replay, None
+        w.close()
+        self.replays = getattr(self, "replays", 0) + 1
+        ray.get(_get(self.rs_name, self.member_id, "applier").pause.remote(False))
+        return w.written
+
+    @ray.method(concurrency_group="load")
+    def replay_abort(self) -> None:
+        self._replay = None
+        ray.get(_get(self.rs_name, self.member_id, "applier").pause.remote(False))
+
+    @ray.method(concurrency_group="control")
+    def set_synchronizing(self, on: bool) -> None:
+        self.synchronizing = on
+        if not on:
+            self.load_progress = None
+
+    @ray.method(concurrency_group="control")
+    def backup(self, dest: str) -> list:
+        """A consistent hot copy of this member's files into ``dest`` (this node)."""
+        return list(snapshot.backup(self.engine, dest))
 
     @ray.method(concurrency_group="control")
     def oplog(self, after=None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
@@ -445,7 +581,9 @@ class Producer:
         src_id = None
         while not self._stop.is_set():
             if self._paused.is_set() or self.sync_source is None or \
-                    self.engine.get_meta("needs_resync") or self.term < self.engine.term:
+                    self.engine.get_meta("needs_resync") or self.term < self.engine.term or \
+                    self.engine.get_meta("initial_sync") is not None:
+                # (an initial sync is loading a snapshot: pull only from its GTID on)
                 # a newer term is known than the one we were told to follow in:
                 # the source may be a deposed primary; wait for the next follow()
                 time.sleep(0.02)
@@ -607,7 +745,7 @@ class Applier:
         self.member_id, self.limits = member_id, limits
         self.delay_ms = int(delay_s * 1000)
         self.engine = open_member(path, limits)
-        self.applied_entries = self.applied_ops = 0
+        self.applied_entries = self.applied_ops = self.replays = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._hold = threading.Event()
@@ -643,8 +781,10 @@ class Applier:
                 continue
             self._idle.clear()
             try:
-                n, ops, _ = rep.apply_batch(self.engine, self.limits, now_ms(), self.delay_ms,
-                                            clock=now_ms)
+                n, ops, _, mode = rep.apply_step(self.engine, self.limits, now_ms(),
+                                                 self.delay_ms, clock=now_ms)
+                if mode == "replay":
+                    self.replays += 1
             except Exception:
                 log.exception("member %d: apply failed", self.member_id)
                 time.sleep(1)
@@ -661,12 +801,47 @@ class Applier:
 
     @ray.method(concurrency_group="control")
     def status(self) -> dict:
-        return {"applied_entries": self.applied_entries, "applied_ops": self.applied_ops}
+        return {"applied_entries": self.applied_entries, "applied_ops": self.applied_ops,
+                "replays": self.replays}
 
     def shutdown(self):
         self._stop.set()
         self._wake.set()
         self._t.join(10)
+
+
+@ray.remote(num_cpus=0, max_concurrency=2)
+class SnapshotSource:
+    """One consistent snapshot of a member (one LMDB read transaction), served
+    from its own process on the member's node, so bulk reads never compete
+    with the member's client port. Started by the driver for one copy."""
+
+    def __init__(self, path: str, limits: Limits, rows_per_part: int):
+        if not os.path.isfile(os.path.join(path, "data.mdb")):
+            raise errors.ConfigError(f"no member data at {path}")
+        self.engine = open_member(path, limits)
+        self.snap = snapshot.Snapshot(self.engine, rows_per_part)
+        self._lock = threading.Lock()  # a read transaction serves one thread at a time
+        self.sums: dict[int, list] = {}
+
+    def info(self) -> dict:
+        return self.snap.info()
+
+    @ray.method(num_returns=2)
+    def read(self, part) -> tuple[list, list]:
+        """One partition's rows as stored (key, value bytes) and their checksum."""
+        with self._lock:
+            rows, c = self.snap.read(part)
+        self.sums[snapshot.Part.of(part).index] = c
+        return rows, c
+
+    def checksums(self) -> dict:
+        return dict(self.sums)
+
+    def close(self) -> None:
+        with self._lock:
+            self.snap.close()
+        self.engine.store.close()
 
 
 @ray.remote(num_cpus=0)

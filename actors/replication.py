@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from raymx import errors
-from raymx.storage import codec, oplog
+from raymx.storage import codec, oplog, replay
 from raymx.storage.engine import Engine, RANGE_KEY, RangeRecord
 from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.keys import prefix_end
@@ -272,6 +272,29 @@ def apply_batch(e: Engine, limits: Limits, now_ms: int, delay_ms: int = 0,
     return n_entries, n_ops, last
 
 
+def backlog(e: Engine) -> int:
+    """Entries written but not applied: a subtraction, since seqs are dense."""
+    with e.store.read() as t:
+        mu, last = t.first("unapplied"), t.last("oplog")
+        if mu is None or last is None:
+            return 0
+        return GTID.from_bytes(last[0]).seq - GTID.from_bytes(mu[0]).seq + 1
+
+
+def apply_step(e: Engine, limits: Limits, now_ms: int, delay_ms: int = 0,
+               clock=None) -> tuple[int, int, GTID | None, str]:
+    """One applier step: parallel replay of up to ``replay_entries_max`` entries
+    when more than ``replay_entries_min`` are behind (not for a delayed member:
+    it must hold young entries back), else one ordinary batch.
+
+    Returns (entries, ops or documents written, last GTID applied, mode)."""
+    if not delay_ms and backlog(e) > limits.replay_entries_min:
+        n, docs, last = replay.replay_unapplied(e, limits.replay_txn_docs_max,
+                                                max_entries=limits.replay_entries_max)
+        return n, docs, last, "replay"
+    return (*apply_batch(e, limits, now_ms, delay_ms, clock), "batch")
+
+
 def applied_point(e: Engine) -> GTID:
     """The newest GTID applied here: the entry before the first unapplied one."""
     return e.applied_point()
@@ -345,6 +368,14 @@ def rollback_to(e: Engine, common: GTID, ops_max: int, write_records) -> int:
     tx = e.begin(log=False, autocommit=True)
     try:
         t = tx.t
+        first = t.first("oplog")
+        if first is not None and common < GTID.from_bytes(first[0]) and \
+                GTID.from_bytes(first[0]).seq > 1:
+            # the oplog starts mid-chain (created from a snapshot, or trimmed): what
+            # lies before its first entry cannot be undone from images it holds
+            raise errors.IrreversibleOp(
+                f"the common point {common} is before this oplog's first entry "
+                f"{GTID.from_bytes(first[0])}: this member needs a resync", gtid=list(common))
         later = list(t.scan("oplog", prefix_end(common.to_bytes()), None, reverse=True))
         n_ops = 0
         for k, v in later:

@@ -147,9 +147,29 @@ class ReplicaSet:
 
     # --- reconfiguration ---------------------------------------------------
     def add_member(self, priority: float = 1, votes: int = 1, hidden: bool = False,
-                   delay_s: float = 0, sync_source: int | None = None) -> int:
-        """Add a member on this node; it replicates the whole oplog from its sync
-        source, then counts in majorities like the others. Returns its id."""
+                   delay_s: float = 0, sync_source: int | None = None,
+                   initial_sync: str = "oplog", source: int | None = None, spark=None,
+                   backup: str | None = None, progress: bool = True,
+                   timeout_s: float = 3600) -> int:
+        """Add a member on this node; returns its id.
+
+        ``initial_sync``: ``"oplog"`` replicates the whole oplog from its sync
+        source (the oplog must still start at the first entry); ``"snapshot"``
+        copies a consistent snapshot of a running member (``source``, default the
+        most advanced secondary) and replicates from the snapshot's GTID, as a
+        Spark job when ``spark`` is a session from ``raymx.spark_bridge``, else
+        straight between the members' actors; ``"backup"`` starts from a hot
+        copy made by ``rs.backup()`` (``backup=`` its folder), re-applying from
+        its replInfo point and skipping the GTIDs it already has. While a
+        snapshot sync runs the member is *synchronizing*: in the configuration
+        with no vote and priority 0, shown with its progress in ``status()``;
+        it gets ``votes``/``priority`` once it has caught up.
+        """
+        if initial_sync not in ("oplog", "snapshot", "backup"):
+            raise errors.ConfigError(f"initial_sync must be 'oplog', 'snapshot' or 'backup', "
+                                     f"not {initial_sync!r}")
+        if (backup is not None) != (initial_sync == "backup"):
+            raise errors.ConfigError("backup= goes with initial_sync='backup' (and only there)")
         ray = _ray()
         cfg = ray.get(self._coord.config.remote())
         members = [dict(m) for m in cfg["members"]]
@@ -161,13 +181,89 @@ class ReplicaSet:
         spec.update(actor=f"{self.name}/m{new_id}",
                     path=os.path.join(os.path.dirname(members[0]["path"]), f"m{new_id}"),
                     node_id=ray.get_runtime_context().get_node_id())
-        members.append(spec)
-        votes_map = {m["id"]: m["votes"] for m in members}
-        hs = _start_member(self.name, spec, cfg["secret"], cfg["limits"], votes_map,
-                           cfg["extra"].get("bind_host"))
-        ray.get([h.__ray_ready__.remote() for h in hs], timeout=120)
-        ray.get(self._coord.reconfigure.remote(members))
+        if os.path.isdir(spec["path"]) and os.listdir(spec["path"]):
+            raise errors.ConfigError(f"{spec['path']} already holds files: move it away first")
+        if initial_sync == "backup":
+            _adopt_backup(backup, spec["path"], cfg["limits"])
+        if initial_sync != "snapshot":
+            members.append(spec)
+            self._start(spec, cfg, members)
+            ray.get(self._coord.reconfigure.remote(members))
+            return new_id
+        self._sync_from_snapshot(spec, cfg, members, source, spark, progress, timeout_s)
         return new_id
+
+    def resync_member(self, member_id: int, source: int | None = None, spark=None,
+                      progress: bool = True, timeout_s: float = 3600) -> dict:
+        """Rebuild a member (too stale, or unable to roll back) from a snapshot of
+        another member, by the same path as ``add_member(initial_sync="snapshot")``.
+        Its old folder is moved aside (``<path>.resync-<ms>``), not deleted."""
+        ray = _ray()
+        cfg = ray.get(self._coord.config.remote())
+        members = [dict(m) for m in cfg["members"]]
+        m = next((x for x in members if x["id"] == member_id), None)
+        if m is None:
+            raise errors.ConfigError(f"no member {member_id}")
+        if self._topology().get("primary") == member_id:
+            raise errors.ConfigError(f"member {member_id} is the primary: step_down() first")
+        final = dict(m)
+        m.update(votes=0, priority=0)  # never counted or elected while it resyncs
+        ray.get(self._coord.reconfigure.remote(members))
+        self.kill_member(member_id)
+        aside = f"{m['path']}.resync-{int(time.time() * 1000)}"
+        ray.get(ray.remote(num_cpus=0)(_move_aside).options(
+            scheduling_strategy=_on_node(m["node_id"])).remote(m["path"], aside))
+        members = [x for x in members if x["id"] != member_id]
+        out = self._sync_from_snapshot(final, cfg, members, source, spark, progress,
+                                       timeout_s, rejoin=True)
+        out["moved_aside"] = aside
+        return out
+
+    def _start(self, spec: dict, cfg: dict, members: list, initial_sync: bool = False) -> None:
+        ray = _ray()
+        votes_map = {m["id"]: m["votes"] for m in members}
+        hs = _start_member(self.name, dict(spec, initial_sync=initial_sync), cfg["secret"],
+                           cfg["limits"], votes_map, cfg["extra"].get("bind_host"))
+        ray.get([h.__ray_ready__.remote() for h in hs], timeout=120)
+
+    def _sync_from_snapshot(self, spec: dict, cfg: dict, members: list, source, spark,
+                            progress: bool, timeout_s: float, rejoin: bool = False) -> dict:
+        from raymx.spark_bridge import initial_sync as isync
+        ray = _ray()
+        mid = spec["id"]
+        syncing = dict(spec, votes=0, priority=0)
+        all_members = members + [syncing]
+        all_members.sort(key=lambda x: x["id"])
+        # started marked as synchronizing: its producer pulls nothing until loaded
+        self._start(syncing, cfg, all_members, initial_sync=True)
+        ray.get(self._coord.reconfigure.remote(all_members))
+        if source is None:
+            source = isync.choose_source(self.status(), exclude=mid)
+        out = isync.copy_snapshot(self, source, mid, spark=spark, progress=progress)
+        goal = GTID(*self.status_of(self._primary_id())["last"])
+        isync.wait_caught_up(self, mid, goal, timeout_s, progress)
+        final = [dict(x) for x in all_members]
+        for x in final:
+            if x["id"] == mid:
+                x.update(votes=spec["votes"], priority=spec["priority"])
+        ray.get(self._coord.reconfigure.remote(final))
+        ray.get(self.member(mid).set_synchronizing.remote(False))
+        out["caught_up_to"] = goal
+        return out
+
+    def _primary_id(self) -> int:
+        p = self._topology().get("primary")
+        if p is None:
+            raise errors.PrimaryUnavailable("no primary is available")
+        return p
+
+    def status_of(self, member_id: int) -> dict:
+        return _ray().get(self.member(member_id).status.remote())
+
+    def backup(self, member_id: int, dest: str) -> GTID:
+        """A consistent hot copy of a member's files into ``dest`` (a folder on that
+        member's node). ``add_member(initial_sync="backup", backup=dest)`` joins it."""
+        return GTID(*_ray().get(self.member(member_id).backup.remote(os.path.abspath(dest))))
 
     def remove_member(self, member_id: int) -> None:
         """Remove a secondary (step the primary down first); its files stay on disk."""
@@ -296,6 +392,36 @@ class ReplicaSet:
             pos = list(GTID.from_bytes(rows[-1][0]))
 
 
+def _on_node(node_id: str):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+
+
+def _move_aside(path: str, aside: str) -> None:
+    if os.path.exists(path):
+        os.rename(path, aside)
+
+
+def _adopt_backup(backup: str, path: str, limits: Limits) -> None:
+    """Copy a hot backup's files into a new member folder and make them joinable."""
+    import shutil
+
+    from raymx.storage import snapshot
+    from raymx.storage.engine import Engine
+    from raymx.storage.lmdb_store import LMDBStore
+    src = os.path.abspath(backup)
+    if not os.path.isfile(os.path.join(src, "data.mdb")):
+        raise errors.ConfigError(f"{src} is not a raymx backup (no data.mdb): make one with "
+                                 "rs.backup(member, folder)")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    shutil.copy2(os.path.join(src, "data.mdb"), os.path.join(path, "data.mdb"))
+    e = Engine(LMDBStore(path, map_bytes=limits.map_bytes), limits)
+    try:
+        snapshot.adopt_copy(e)
+    finally:
+        e.store.close()
+
+
 def _start_member(name: str, m: dict, secret: str, limits: Limits, votes: dict,
                   bind_host: str | None) -> list:
     """Create a member's four co-located actors, pinned to the node of its files.
@@ -387,7 +513,11 @@ def format_status(st: dict) -> str:
     g = lambda x: "-" if x is None else f"{x[0]}:{x[1]}"  # noqa: E731
     for m in st["members"]:
         lag_s = m.get("lag_s")
-        rows.append((str(m.get("id")), m.get("role", "?"), m.get("state", "?"),
+        state = m.get("state", "?")
+        p = m.get("initial_sync")
+        if p:  # a snapshot copy in progress: its phase and how much is loaded
+            state += f" ({p['phase']} {100 * p['rows_done'] // max(p['rows'] or 1, 1)}%)"
+        rows.append((str(m.get("id")), m.get("role", "?"), state,
                      str(m.get("term", "-")), g(m.get("last")), g(m.get("durable")),
                      g(m.get("applied")), str(m.get("lag", "-")),
                      "-" if lag_s is None else f"{lag_s:.3f}",

@@ -33,6 +33,15 @@ class Limits:
     apply_batch_ms: int = 1000
     apply_batch_ops: int = 5000
     apply_batch_bytes: int = 100 * MiB
+    # A member more than this many entries behind its last written entry
+    # catches up by parallel replay (last image per document, DESIGN 8)
+    # instead of applying entry by entry; at most replay_entries_max per round,
+    # written in transactions of at most replay_txn_docs_max documents.
+    replay_entries_min: int = 10_000
+    replay_entries_max: int = 500_000
+    replay_txn_docs_max: int = 100_000
+    # Snapshot copies (initial sync): rows per partition of docs and index.
+    snapshot_part_rows: int = 50_000
     # Feeder pulls.
     pull_entries_max: int = 5000
     pull_bytes_max: int = 16 * MiB
@@ -51,6 +60,8 @@ class Limits:
         if self.document_bytes_max + 64 * KiB > self.frame_bytes_max:
             raise ConfigError("frame_bytes_max must exceed document_bytes_max by 64 KiB "
                               "(a frame carries one document plus overhead)")
+        if self.replay_entries_max < self.replay_entries_min:
+            raise ConfigError("replay_entries_max must be at least replay_entries_min")
         if self.heartbeat_timeout_ms <= self.heartbeat_interval_ms:
             raise ConfigError("heartbeat_timeout_ms must be greater than heartbeat_interval_ms")
 

@@ -72,6 +72,21 @@ class _Txn(_TxnBase):
     def put(self, db, key, value, overwrite=True):
         return self._t.put(key, value, db=self._s._dbs[db], overwrite=overwrite)
 
+    def put_sorted(self, db, rows):
+        if not rows:
+            return 0
+        d = self._s._dbs[db]
+        with self._t.cursor(db=d) as c:
+            append = not c.last() or c.key() < rows[0][0]
+            if not append and any(rows[i][0] >= rows[i + 1][0] for i in range(len(rows) - 1)):
+                raise ValueError(f"put_sorted: rows for {db} are not in increasing key order")
+            consumed, added = c.putmulti(rows, append=append)
+        if added != len(rows):
+            # append mode skips a key that does not sort after the previous one
+            raise ValueError(f"put_sorted: {len(rows) - added} of {len(rows)} rows for {db} "
+                             "were not in strictly increasing key order")
+        return added
+
     def delete(self, db, key):
         return self._t.delete(key, db=self._s._dbs[db])
 
@@ -108,6 +123,11 @@ class LMDBStore:
 
     def sync(self):
         self._env.sync(True)
+
+    def copy_to(self, dest: str) -> None:
+        """A consistent hot copy of the environment into the folder ``dest``
+        (LMDB's copy runs in one read transaction; writers go on)."""
+        self._env.copy(make_private_dir(dest), compact=True)
 
     def stat(self) -> dict:
         info = self._env.info()

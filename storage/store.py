@@ -33,6 +33,10 @@ class ReadTxn(Protocol):
 class WriteTxn(ReadTxn, Protocol):
     def put(self, db: str, key: bytes, value: bytes, overwrite: bool = True) -> bool: ...
     def delete(self, db: str, key: bytes) -> bool: ...
+    # Bulk load: rows in strictly increasing key order; appended at the end of
+    # the sub-database when they all sort after its last key (LMDB's append
+    # mode: no page splits, no search), else put one by one. Returns rows put.
+    def put_sorted(self, db: str, rows: list[tuple[bytes, bytes]]) -> int: ...
     def nested(self) -> "WriteTxn": ...  # a savepoint: commit merges, abort discards
     def commit(self) -> None: ...
 
@@ -165,6 +169,16 @@ class _MemWrite(_TxnBase):
             return False
         self._over.setdefault(db, {})[key] = bytes(value)
         return True
+
+    def put_sorted(self, db, rows):
+        self._check(db)
+        prev = None
+        for k, v in rows:
+            if prev is not None and k <= prev:
+                raise ValueError(f"put_sorted: key {k!r:.40} does not follow {prev!r:.40}")
+            self.put(db, k, v)
+            prev = k
+        return len(rows)
 
     def delete(self, db, key):
         self._check(db)

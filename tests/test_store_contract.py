@@ -128,3 +128,19 @@ def test_unknown_subdatabase_is_refused(store):
     with pytest.raises(KeyError):
         with store.read() as r:
             r.get("nope", b"x")
+
+
+def test_put_sorted_appends_runs_and_refuses_disorder(store):
+    with store.write() as t:
+        assert t.put_sorted("docs", [(bytes([i]), b"v%d" % i) for i in range(0, 10, 2)]) == 5
+        assert t.put_sorted("docs", [(bytes([20 + i]), b"w") for i in range(3)]) == 3
+        # a run inside existing keys is put one by one (not appended)
+        assert t.put_sorted("docs", [(bytes([1]), b"x"), (bytes([3]), b"y")]) == 2
+    with store.read() as t:
+        assert [k[0] for k, _ in t.scan("docs")] == [0, 1, 2, 3, 4, 6, 8, 20, 21, 22]
+        assert t.get("docs", bytes([1])) == b"x"
+    with pytest.raises(ValueError):
+        with store.write() as t:
+            t.put_sorted("docs", [(bytes([40]), b""), (bytes([30]), b"")])
+    with store.read() as t:  # the refused run left nothing behind
+        assert t.get("docs", bytes([40])) is None

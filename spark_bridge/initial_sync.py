@@ -1,0 +1,207 @@
+"""Snapshot-based member creation and resync (DESIGN 8), driven from the driver.
+
+1. The new member's actors start on an empty folder and join the configuration
+   with ``votes=0, priority=0``: while it synchronizes it is never elected and
+   never counted in a majority, and ``rs.status()`` shows it *synchronizing*
+   with its progress.
+2. A running member (a secondary if one is running, else the primary) opens a
+   snapshot: one LMDB read transaction, whose applied point is the GTID the new
+   member will replicate from; it is planned as key-range partitions of the
+   ``docs`` and ``index`` sub-databases.
+3. The partitions travel as stored bytes, never through the driver: either
+   straight from the source's actor to the target's (``spark=None``), or as a
+   Spark job (``spark=`` a session from ``raymx.spark_bridge``): the partitions
+   come out through a Ray Data datasource, Spark range-partitions and sorts
+   them by key for the target, and the target bulk-loads each sorted run.
+4. The target compares each partition's checksum (computed by the source while
+   reading it) with its own copy, writes the snapshot's oplog entry, and its
+   producer starts pulling after that GTID; entries committed during the copy
+   are caught up (in parallel replay when there are many, see
+   ``raymx.storage.replay``).
+5. Once it has applied what the primary had when the load finished, the member
+   gets its real votes and priority.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from raymx import errors
+from raymx.storage.gtid import GTID
+
+
+class Progress:
+    """A one-line progress bar on stderr (the driver's view of a long copy)."""
+
+    def __init__(self, label: str, total: int, enabled: bool = True, width: int = 30):
+        self.label, self.total, self.enabled, self.width = label, max(total, 1), enabled, width
+        self.done = 0
+        self.t0 = time.monotonic()
+        self._shown = 0.0
+
+    def update(self, n: int, force: bool = False) -> None:
+        self.done += n
+        now = time.monotonic()
+        if not self.enabled or (not force and now - self._shown < 0.2):
+            return
+        self._shown = now
+        f = min(1.0, self.done / self.total)
+        rate = self.done / max(now - self.t0, 1e-9)
+        bar = "#" * int(f * self.width) + "." * (self.width - int(f * self.width))
+        sys.stderr.write(f"\r{self.label} [{bar}] {f * 100:5.1f}% {self.done:,}/{self.total:,} "
+                         f"({rate:,.0f}/s)")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.update(0, force=True)
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def choose_source(status: dict, exclude: int | None = None) -> int:
+    """The most advanced running secondary that is not delayed, else the primary."""
+    cands = [m for m in status["members"] if m.get("id") != exclude
+             and m.get("state") == "running" and m.get("role") == "secondary"
+             and not m.get("delay_s") and m.get("applied")]
+    if cands:
+        return max(cands, key=lambda m: (tuple(m["applied"]), -m["id"]))["id"]
+    if status.get("primary") is None:
+        raise errors.PrimaryUnavailable("no running member to take a snapshot from")
+    return status["primary"]
+
+
+def open_source(rs, source: int, rows_per_part: int | None = None):
+    """A ``SnapshotSource`` actor on member ``source``'s node, holding one snapshot."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from raymx.actors.member import SnapshotSource
+    cfg = ray.get(rs._coord.config.remote())
+    m = next((x for x in cfg["members"] if x["id"] == source), None)
+    if m is None:
+        raise errors.ConfigError(f"no member {source} to take a snapshot from")
+    limits = cfg["limits"]
+    return SnapshotSource.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(m["node_id"], soft=False)
+    ).remote(m["path"], limits, rows_per_part or limits.snapshot_part_rows)
+
+
+def copy_snapshot(rs, source: int, target: int, spark=None, rows_per_part: int | None = None,
+                  progress: bool = True) -> dict:
+    """Copy a snapshot of member ``source`` into the empty member ``target``."""
+    import ray
+    src, dst = open_source(rs, source, rows_per_part), rs.member(target)
+    t0 = time.monotonic()
+    bar = None
+    try:
+        info = ray.get(src.info.remote())
+        bar = Progress(f"member {target}: copying from {source}", info["rows"], progress)
+        ray.get(dst.load_begin.remote(info))
+        if spark is None:
+            _copy_with_ray(src, dst, info, bar)
+        else:
+            _copy_with_spark(spark, src, dst, info, bar)
+        sums = ray.get(src.checksums.remote())
+    finally:
+        try:
+            ray.get(src.close.remote(), timeout=30)
+        except Exception:
+            pass
+        ray.kill(src, no_restart=True)
+        if bar is not None:
+            bar.close()
+    g = ray.get(dst.load_finish.remote(info, sums))
+    return {"gtid": GTID(*g), "rows": info["rows"], "parts": len(info["parts"]),
+            "source": source, "seconds": time.monotonic() - t0,
+            "via": "ray" if spark is None else "spark"}
+
+
+def _copy_with_ray(src, dst, info, bar, window: int = 4) -> None:
+    """Partitions go from the source's actor to the target's through the object
+    store (never the driver), a few in flight, loaded in key order."""
+    import ray
+    pending = []
+    for p in info["parts"]:
+        rows_ref, _sum_ref = src.read.remote(p)
+        pending.append(dst.load_rows.remote(p[1], rows_ref))
+        while len(pending) >= window:
+            done, pending = ray.wait(pending, num_returns=1)
+            bar.update(ray.get(done[0]))
+    for ref in pending:
+        bar.update(ray.get(ref))
+
+
+def snapshot_datasource(src, info):
+    """A Ray Data datasource over an open snapshot's partitions: one read task
+    per partition, rows ``(part, db, key, value)`` with the stored bytes."""
+    import pyarrow as pa
+    import ray
+    from ray.data import Datasource, ReadTask
+    from ray.data.block import BlockMetadata
+
+    schema = pa.schema([("part", pa.int32()), ("db", pa.string()), ("key", pa.binary()),
+                        ("value", pa.binary())])
+    parts = info["parts"]
+
+    class SnapshotPartitions(Datasource):
+        def estimate_inmemory_data_size(self):
+            return None
+
+        def get_read_tasks(self, parallelism, per_task_row_limit=None, data_context=None):
+            tasks = []
+            for p in parts:
+                def read(p=p):
+                    rows_ref, _ = src.read.remote(p)
+                    rows = ray.get(rows_ref)
+                    yield pa.table({"part": pa.array([p[0]] * len(rows), pa.int32()),
+                                    "db": pa.array([p[1]] * len(rows), pa.string()),
+                                    "key": pa.array([k for k, _ in rows], pa.binary()),
+                                    "value": pa.array([v for _, v in rows], pa.binary())},
+                                   schema=schema)
+                tasks.append(ReadTask(read, BlockMetadata(None, None, None, None, None),
+                                      schema=schema))
+            return tasks
+
+    return SnapshotPartitions()
+
+
+def _copy_with_spark(spark, src, dst, info, bar) -> None:
+    """The copy as a Spark job: partitions out through the datasource, range
+    partitioned and sorted by (db, key) for the target, bulk-loaded run by run."""
+    import ray
+    ds = ray.data.read_datasource(snapshot_datasource(src, info),
+                                  override_num_blocks=max(1, len(info["parts"])))
+    df = ds.to_spark(spark)
+    n_out = max(1, len(info["parts"]))
+    out = df.repartitionByRange(n_out, "db", "key").sortWithinPartitions("db", "key") \
+        .select("db", "key", "value")
+    back = ray.data.from_spark(out)
+    for ref in back.to_arrow_refs():
+        bar.update(ray.get(dst.load_table.remote(ref)))
+
+
+def wait_caught_up(rs, member: int, goal: GTID, timeout_s: float, progress: bool) -> None:
+    """Until ``member`` has applied ``goal`` (the primary's last GTID when the load
+    finished): the entries committed during the copy."""
+    import ray
+    h = rs.member(member)
+    st = ray.get(h.status.remote())
+    start = GTID(*st["applied"]) if st.get("applied") else GTID(0, 0)
+    bar = Progress(f"member {member}: catching up", max(1, goal.seq - start.seq), progress)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            st = ray.get(h.status.remote())
+            applied = GTID(*st["applied"]) if st.get("applied") else GTID(0, 0)
+            bar.done = max(0, applied.seq - start.seq)
+            bar.update(0)
+            if applied >= goal:
+                return
+            if time.monotonic() > deadline:
+                raise errors.PrimaryUnavailable(
+                    f"member {member} did not catch up to {goal} within {timeout_s}s "
+                    f"(applied {applied})")
+            time.sleep(0.05)
+    finally:
+        bar.close()

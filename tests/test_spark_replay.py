@@ -1,0 +1,92 @@
+"""Parallel replay and snapshot copies with Spark (through RayDP) doing the work."""
+import pytest
+
+import raymx
+from raymx.actors import replication as rep
+from raymx.spark_bridge import replay as spark_replay
+from raymx.storage import replay
+from raymx.storage.engine import Engine
+from raymx.storage.store import MemoryStore
+from tests import workload
+from tests.test_initial_sync import Writer, assert_converged
+from tests.test_replay import ONE, primary, serial
+from tests.test_replication import wait_until
+
+
+@pytest.mark.parametrize("seed", [11, 12])
+def test_spark_explode_and_last_images_equal_one_at_a_time_apply(spark, seed):
+    p = primary(seed, 300, command_p=0.05)
+    want = workload.state(serial(p))
+    s = Engine(MemoryStore())
+    workload.ship(p, s)
+    with s.store.read() as t:
+        rows = rep._rows(t, None, None, 1 << 62, 1 << 62)
+    df = spark.createDataFrame([(k, v, list(c)) for k, v, c in rows],
+                               "gtid binary, entry binary, chunks array<binary>")
+    out, ex, commands, cmds, first_use = spark_replay.last_images_df(spark, df, 3)
+    try:
+        got = out.collect()
+    finally:
+        ex.unpersist()
+    entries = list(replay.unapplied_entries(s))
+    done = replay.done_through(entries[0][0].seq, entries[-1][0].seq, cmds)
+    w = replay.SegmentWriter(s, commands, done, first_use, entries[0][0].to_bytes(), 50)
+    w.write([replay.Change(r["seg"], r["ns"], bytes(r["pk"]), (r["seq"], r["i"]),
+                           None if r["kind"] == "d" else bytes(r["post"])) for r in got])
+    w.close()
+    assert workload.state(s) == want
+    # and the same as the single-process plan, row for row
+    assert [(r["seg"], r["ns"], bytes(r["pk"])) for r in got] == \
+        [(c.segment, c.ns, c.pk) for c in replay.plan(entries)[0]]
+
+
+def test_far_behind_member_replays_with_spark_then_tails(spark, ray_session, tmp_path):
+    rs = raymx.ReplicaSet.launch("sprep", members=2, data_dir=str(tmp_path))
+    try:
+        c = rs.client()
+        coll = c["app"]["k"]
+        coll.create_index("v")
+        applier = ray_session.get_actor("sprep/m1/applier", namespace="raymx")
+        ray_session.get(applier.pause.remote(True))
+        for i in range(0, 600, 50):
+            coll.insert_many([{"_id": j, "v": j % 7} for j in range(i, i + 50)])
+            coll.update_many({"v": i % 7}, {"$inc": {"n": 1}})
+            coll.delete_many({"_id": {"$lt": i // 3}})
+        coll.create_index("n")
+        coll.insert_one({"_id": "after-index", "n": 5})
+        last = GTID_of(rs, 0)
+        wait_until(lambda: GTID_of(rs, 1, "last") >= last)  # written, not applied
+        assert rs.status_of(1)["applied"][1] < last[1]
+        out = spark_replay.spark_replay(spark, rs, 1, entries_per_read=10)
+        assert out["entries"] >= 30 and out["last"] == last
+        w = Writer(rs, "t")  # normal tailing resumes
+        import time
+        time.sleep(1)
+        w.finish()
+        assert_converged(ray_session, rs, 1)
+    finally:
+        rs.shutdown()
+
+
+def GTID_of(rs, m, what="last"):
+    from raymx.storage.gtid import GTID
+    return GTID(*rs.status_of(m)[what])
+
+
+def test_snapshot_member_creation_as_a_spark_job(spark, ray_session, tmp_path):
+    rs = raymx.ReplicaSet.launch("spsnap", members=1, data_dir=str(tmp_path))
+    try:
+        c = rs.client()
+        c["app"]["users"].create_index("age")
+        c["app"]["users"].insert_many([{"_id": j, "age": j % 50, "doc": {"a": [j, "x"]}}
+                                       for j in range(2000)])
+        w = Writer(rs, "s")
+        try:
+            mid = rs.add_member(initial_sync="snapshot", spark=spark, progress=False)
+        finally:
+            w.finish()
+        assert assert_converged(ray_session, rs, mid)[1] > 1
+        st = {m["id"]: m for m in rs.status()["members"]}
+        assert st[mid]["state"] == "running" and st[mid]["votes"] == 1
+    finally:
+        rs.shutdown()
