@@ -198,6 +198,7 @@ def wait_caught_up(rs, member: int, goal: GTID, timeout_s: float, progress: bool
             bar.done = max(0, applied.seq - start.seq)
             bar.update(0)
             if applied >= goal:
+                bar.done = bar.total
                 return
             if time.monotonic() > deadline:
                 raise errors.PrimaryUnavailable(
