@@ -116,6 +116,21 @@ def pack_image_op(kind: str, ns: str, pre: bytes | None, post: bytes | None) -> 
     return map_header(len(parts) // 2) + b"".join(parts)
 
 
+def split_array(blob: bytes) -> list[bytes]:
+    """The packed elements of a msgpack array, each as its own bytes (sliced,
+    never re-encoded): documents read in bulk stay their stored bytes."""
+    up = msgpack.Unpacker(max_buffer_size=max(1, len(blob)))
+    up.feed(blob)
+    n = up.read_array_header()
+    out, pos = [], up.tell()
+    for _ in range(n):
+        up.skip()
+        end = up.tell()
+        out.append(blob[pos:end])
+        pos = end
+    return out
+
+
 # --- client-port frames: 4-byte big-endian length, then one msgpack map ---
 FRAME_HEADER_BYTES = 4
 
