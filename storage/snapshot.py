@@ -120,7 +120,7 @@ class Snapshot:
         self.rows = 0
         for db in SNAPSHOT_DBS:
             start, n, rows = None, 0, 0
-            for k, _ in self.t.scan(db):
+            for k in self.t.scan_keys(db):  # keys only: no value is copied to plan
                 if n == rows_per_part:
                     parts.append(Part(len(parts), db, start, k))
                     start, n = k, 0
