@@ -69,6 +69,23 @@ def pack_document(doc, max_bytes: int) -> bytes:
     return b
 
 
+def pack_rows(rows) -> bytes:
+    """A run of stored (key, value) rows as one msgpack array (snapshot copies:
+    one object to ship and to hash instead of one per row)."""
+    return msgpack.packb(rows, use_bin_type=True)
+
+
+def unpack_rows(b: bytes) -> tuple:
+    """The rows of ``pack_rows``, as (key, value) tuples."""
+    try:
+        rows = msgpack.unpackb(b, raw=False, use_list=False)
+    except Exception as e:
+        raise CorruptEntry(f"a snapshot run is not valid msgpack: {e}") from None
+    if type(rows) is not tuple or any(type(r) is not tuple or len(r) != 2 for r in rows):
+        raise CorruptEntry("a snapshot run must be an array of [key, value] pairs")
+    return rows
+
+
 def unpack_document(b: bytes):
     return msgpack.unpackb(b, raw=False)
 
