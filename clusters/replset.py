@@ -197,17 +197,22 @@ class ReplicaSet:
         self._sync_from_snapshot(spec, cfg, members, source, spark, progress, timeout_s)
         return new_id
 
+    def _config_member(self, member_id: int) -> tuple[dict, list[dict], dict]:
+        """The configuration, its members (copies, to reconfigure) and member ``member_id``'s."""
+        cfg = _ray().get(self._coord.config.remote())
+        members = [dict(m) for m in cfg["members"]]
+        m = next((x for x in members if x["id"] == member_id), None)
+        if m is None:
+            raise errors.ConfigError(f"no member {member_id}")
+        return cfg, members, m
+
     def resync_member(self, member_id: int, source: int | None = None, spark=None,
                       progress: bool = True, timeout_s: float = 3600) -> dict:
         """Rebuild a member (too stale, or unable to roll back) from a snapshot of
         another member, by the same path as ``add_member(initial_sync="snapshot")``.
         Its old folder is moved aside (``<path>.resync-<ms>``), not deleted."""
         ray = _ray()
-        cfg = ray.get(self._coord.config.remote())
-        members = [dict(m) for m in cfg["members"]]
-        m = next((x for x in members if x["id"] == member_id), None)
-        if m is None:
-            raise errors.ConfigError(f"no member {member_id}")
+        cfg, members, m = self._config_member(member_id)
         if self._topology().get("primary") == member_id:
             raise errors.ConfigError(f"member {member_id} is the primary: step_down() first")
         final = dict(m)
@@ -290,11 +295,7 @@ class ReplicaSet:
         if set(changes) - allowed:
             raise errors.ConfigError(f"can change only {sorted(allowed)}")
         ray = _ray()
-        cfg = ray.get(self._coord.config.remote())
-        members = [dict(m) for m in cfg["members"]]
-        m = next((x for x in members if x["id"] == member_id), None)
-        if m is None:
-            raise errors.ConfigError(f"no member {member_id}")
+        _, members, m = self._config_member(member_id)
         m.update(changes)
         m.update(_one_spec(member_id, {k: m[k] for k in _SPEC_KEYS}))
         if not any(x["votes"] for x in members):
