@@ -167,9 +167,15 @@ def test_remove_the_primarys_node_from_a_ray_cluster(tmp_path):
     process, because it needs a Ray cluster of its own."""
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-m", "tests.cluster_failover", str(tmp_path)],
-                       capture_output=True, text=True, timeout=300,
-                       cwd=os.path.dirname(os.path.dirname(__file__)))
+    for attempt in range(3):
+        r = subprocess.run([sys.executable, "-m", "tests.cluster_failover",
+                            str(tmp_path / f"try{attempt}")],
+                           capture_output=True, text=True, timeout=300,
+                           cwd=os.path.dirname(os.path.dirname(__file__)))
+        # Ray gives a raylet 30 s (hard-coded) to register; four nodes starting on a
+        # saturated 2-core machine can miss that before anything of ours runs
+        if r.returncode == 0 or "timed out during startup" not in r.stderr:
+            break
     line = [x for x in r.stdout.splitlines() if x.startswith("old=")]
     assert r.returncode == 0 and line, r.stdout[-2000:] + r.stderr[-3000:]
     assert "lost=0" in line[0]
