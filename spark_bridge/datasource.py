@@ -163,7 +163,7 @@ class Snapshot:
 def _member_of(rs, member) -> dict:
     """The chosen member's config (``path``, ``node_id``): ``None`` = the primary,
     ``"secondary"`` = a running, non-delayed secondary, or a member id."""
-    cfg = ray.get(rs._coord.config.remote())
+    cfg = rs.config()
     members = {m["id"]: m for m in cfg["members"]}
     topo = rs._topology()
     roles = {m["id"]: m.get("role") for m in topo["members"]}

@@ -78,7 +78,7 @@ def open_source(rs, source: int, rows_per_part: int | None = None):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from raymx.actors.member import SnapshotSource
-    cfg = ray.get(rs._coord.config.remote())
+    cfg = rs.config()
     m = next((x for x in cfg["members"] if x["id"] == source), None)
     if m is None:
         raise errors.ConfigError(f"no member {source} to take a snapshot from")
