@@ -458,7 +458,7 @@ class OplogShard:
                               "rows_done": 0, "phase": "copy"}
 
     @ray.method(concurrency_group="load")
-    def load_rows(self, db: str, rows: list, parts_done: int = 1) -> int:
+    def load_rows(self, db: str, rows: bytes, parts_done: int = 1) -> int:
         """Bulk-load one sorted run (one concurrency slot: runs arrive in order)."""
         n = snapshot.load_rows(self.engine, db, rows)
         self._loaded(n, parts_done)
@@ -870,6 +870,8 @@ class Producer:
             status = "stale_term"  # never take entries from a deposed primary
         if status == "ok":
             self._learn_majority(out)
+            if self.state == "recovering":
+                self.state = "running"  # the source answers again (even with nothing new)
         if status == "diverged":
             return self._roll_back(src)
         if status != "ok":
@@ -1070,8 +1072,8 @@ class SnapshotSource:
         return self.snap.info()
 
     @ray.method(num_returns=2)
-    def read(self, part) -> tuple[list, list]:
-        """One partition's rows as stored (key, value bytes) and their checksum."""
+    def read(self, part) -> tuple[bytes, list]:
+        """One partition's rows as stored, packed into one run, and its checksum."""
         with self._lock:
             rows, c = self.snap.read(part)
         self.sums[snapshot.Part.of(part).index] = c

@@ -113,7 +113,7 @@ def _snapshot_member(rs, client, format_status) -> None:
     n0 = 20_000
     print(f"== a new member from a snapshot: {n0:,} more orders first, then a writer keeps going")
     import shutil
-    cfg = __import__("ray").get(rs._coord.config.remote())
+    cfg = rs.config()
     stale = os.path.join(os.path.dirname(cfg["members"][0]["path"]),
                          f"m{max(m['id'] for m in cfg['members']) + 1}")
     shutil.rmtree(stale, ignore_errors=True)  # left by an interrupted earlier demo run

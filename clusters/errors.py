@@ -58,6 +58,10 @@ class DuplicateKey(InvalidInput):
     """Duplicate ``_id`` or a unique-index violation; the statement wrote nothing."""
 
 
+class SchemaMismatch(InvalidInput):
+    """Documents that do not fit one DataFrame/Arrow schema (``info['field']``)."""
+
+
 class CollectionNotFound(InvalidInput):
     pass
 

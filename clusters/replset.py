@@ -29,6 +29,28 @@ def _ensure_ray():
     return ray
 
 
+def _coordinator_read(coord, method: str, timeout_s: float = 60.0):
+    """Call a read-only coordinator method, waiting out a restart.
+
+    The coordinator is a detached actor with unlimited restarts: when its node
+    dies Ray starts it again elsewhere and, meanwhile, calls fail with
+    ActorUnavailableError (or RayActorError for a call in flight). Reads are
+    safe to repeat, so they are retried until ``timeout_s``."""
+    ray = _ray()
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(getattr(coord, method).remote())
+        except (ActorUnavailableError, RayActorError) as e:
+            if isinstance(e, ActorDiedError) and "killed by `ray.kill`" in str(e):
+                raise errors.ConfigError("the replica set's coordinator was stopped "
+                                         "(the set was shut down)") from None
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _check_name(name) -> str:
     if not isinstance(name, str) or not name or len(name) > 64 or not all(
             c.isalnum() or c in "-_" for c in name):
@@ -140,7 +162,7 @@ class ReplicaSet:
         not hold, it rolls them back (see its rollback file) and catches up.
         """
         ray = _ray()
-        cfg = ray.get(self._coord.config.remote())
+        cfg = self.config()
         m = next((x for x in cfg["members"] if x["id"] == member_id), None)
         if m is None:
             raise errors.ConfigError(f"replica set {self.name} has no member {member_id}")
@@ -175,7 +197,7 @@ class ReplicaSet:
         if (backup is not None) != (initial_sync == "backup"):
             raise errors.ConfigError("backup= goes with initial_sync='backup' (and only there)")
         ray = _ray()
-        cfg = ray.get(self._coord.config.remote())
+        cfg = self.config()
         members = [dict(m) for m in cfg["members"]]
         new_id = max(m["id"] for m in members) + 1
         spec = _one_spec(new_id, {"priority": priority, "votes": votes, "hidden": hidden,
@@ -197,17 +219,22 @@ class ReplicaSet:
         self._sync_from_snapshot(spec, cfg, members, source, spark, progress, timeout_s)
         return new_id
 
+    def _config_member(self, member_id: int) -> tuple[dict, list[dict], dict]:
+        """The configuration, its members (copies, to reconfigure) and member ``member_id``'s."""
+        cfg = self.config()
+        members = [dict(m) for m in cfg["members"]]
+        m = next((x for x in members if x["id"] == member_id), None)
+        if m is None:
+            raise errors.ConfigError(f"no member {member_id}")
+        return cfg, members, m
+
     def resync_member(self, member_id: int, source: int | None = None, spark=None,
                       progress: bool = True, timeout_s: float = 3600) -> dict:
         """Rebuild a member (too stale, or unable to roll back) from a snapshot of
         another member, by the same path as ``add_member(initial_sync="snapshot")``.
         Its old folder is moved aside (``<path>.resync-<ms>``), not deleted."""
         ray = _ray()
-        cfg = ray.get(self._coord.config.remote())
-        members = [dict(m) for m in cfg["members"]]
-        m = next((x for x in members if x["id"] == member_id), None)
-        if m is None:
-            raise errors.ConfigError(f"no member {member_id}")
+        cfg, members, m = self._config_member(member_id)
         if self._topology().get("primary") == member_id:
             raise errors.ConfigError(f"member {member_id} is the primary: step_down() first")
         final = dict(m)
@@ -273,7 +300,7 @@ class ReplicaSet:
     def remove_member(self, member_id: int) -> None:
         """Remove a secondary (step the primary down first); its files stay on disk."""
         ray = _ray()
-        cfg = ray.get(self._coord.config.remote())
+        cfg = self.config()
         if self._topology().get("primary") == member_id:
             raise errors.ConfigError(f"member {member_id} is the primary: step_down() first")
         members = [dict(m) for m in cfg["members"] if m["id"] != member_id]
@@ -290,11 +317,7 @@ class ReplicaSet:
         if set(changes) - allowed:
             raise errors.ConfigError(f"can change only {sorted(allowed)}")
         ray = _ray()
-        cfg = ray.get(self._coord.config.remote())
-        members = [dict(m) for m in cfg["members"]]
-        m = next((x for x in members if x["id"] == member_id), None)
-        if m is None:
-            raise errors.ConfigError(f"no member {member_id}")
+        _, members, m = self._config_member(member_id)
         m.update(changes)
         m.update(_one_spec(member_id, {k: m[k] for k in _SPEC_KEYS}))
         if not any(x["votes"] for x in members):
@@ -317,7 +340,7 @@ class ReplicaSet:
         """Trim every running member to the cap now (it also happens every
         ``Limits.trim_interval_ms``); returns each member's oplog status."""
         ray = _ray()
-        cfg = ray.get(self._coord.config.remote())
+        cfg = self.config()
         out = []
         for m in cfg["members"]:
             try:
@@ -381,7 +404,7 @@ class ReplicaSet:
     def shutdown(self) -> None:
         """Stop every member (flushing LMDB) and the coordinator. Data stays on disk."""
         ray = _ray()
-        cfg = ray.get(self._coord.config.remote())
+        cfg = self.config()
         try:
             ray.get(self._coord.stop.remote(), timeout=10)  # no elections while stopping
         except Exception:
@@ -411,8 +434,12 @@ class ReplicaSet:
                 pass
 
     # --- use -------------------------------------------------------------
+    def config(self) -> dict:
+        """The set's configuration as the coordinator holds it (members, votes, cap)."""
+        return _coordinator_read(self._coord, "config")
+
     def _topology(self) -> dict:
-        return _ray().get(self._coord.topology.remote())
+        return _coordinator_read(self._coord, "topology")
 
     def client(self, w: int | str = 1, j: bool = False, wtimeout_ms: int | None = None,
                timeout_s: float = 30.0, read_preference: str | ReadPreference = "primary"
@@ -422,7 +449,7 @@ class ReplicaSet:
         return Client(self._topology, WriteConcern(w, j, wtimeout_ms), timeout_s, rp, self.status)
 
     def status(self) -> dict:
-        return _ray().get(self._coord.status.remote())
+        return _coordinator_read(self._coord, "status")
 
     def member(self, member_id: int):
         return _ray().get_actor(f"{self.name}/m{member_id}", namespace=NAMESPACE)

@@ -27,6 +27,7 @@ import sys
 import time
 
 from raymx import errors
+from raymx.storage import codec
 from raymx.storage.gtid import GTID
 
 
@@ -77,7 +78,7 @@ def open_source(rs, source: int, rows_per_part: int | None = None):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from raymx.actors.member import SnapshotSource
-    cfg = ray.get(rs._coord.config.remote())
+    cfg = rs.config()
     m = next((x for x in cfg["members"] if x["id"] == source), None)
     if m is None:
         raise errors.ConfigError(f"no member {source} to take a snapshot from")
@@ -152,8 +153,8 @@ def snapshot_datasource(src, info):
             tasks = []
             for p in parts:
                 def read(p=p):
-                    rows_ref, _ = src.read.remote(p)
-                    rows = ray.get(rows_ref)
+                    run_ref, _ = src.read.remote(p)
+                    rows = codec.unpack_rows(ray.get(run_ref))
                     yield pa.table({"part": pa.array([p[0]] * len(rows), pa.int32()),
                                     "db": pa.array([p[1]] * len(rows), pa.string()),
                                     "key": pa.array([k for k, _ in rows], pa.binary()),
@@ -197,6 +198,7 @@ def wait_caught_up(rs, member: int, goal: GTID, timeout_s: float, progress: bool
             bar.done = max(0, applied.seq - start.seq)
             bar.update(0)
             if applied >= goal:
+                bar.done = bar.total
                 return
             if time.monotonic() > deadline:
                 raise errors.PrimaryUnavailable(

@@ -143,3 +143,71 @@ def parse_schema(spark, schema):
     from raymx import errors
     raise errors.InvalidInput(f"schema must be a Spark StructType or a DDL string, "
                               f"got {type(schema).__name__}")
+
+
+def arrow_schema(schema):
+    """The Arrow schema for a Spark StructType (what read tasks must produce)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    return to_arrow_schema(schema)
+
+
+def spark_schema(schema):
+    """The Spark StructType for an Arrow schema."""
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import StructField, StructType
+    return StructType([StructField(f.name, from_arrow_type(f.type), nullable=f.nullable)
+                       for f in schema])
+
+
+def dataframe_from_blocks(spark, blocks: list, schema):
+    """A Spark DataFrame over Arrow blocks in Ray's object store (``blocks``:
+    ObjectRefs of ``pyarrow.Table``s in ``schema``).
+
+    RayDP's ``Dataset.to_spark`` goes through pandas, which turns an int64
+    column with nulls into float64 (integers above 2**53 silently change) and
+    costs a copy; this hands the Arrow batches to Spark as they are
+    (``mapInArrow``), keeping RayDP's trick for locality and ownership: the
+    refs are parked in the Spark master actor, and each Spark task fetches its
+    blocks from Ray.
+    """
+    import uuid
+
+    import ray
+    from pyspark.sql import DataFrame
+    from raydp.spark.dataset import get_locations
+    from raydp.spark.ray_cluster_master import RAYDP_SPARK_MASTER_SUFFIX
+    st = spark_schema(schema)
+    if not blocks:
+        return spark.createDataFrame([], st)
+    holder_name = spark.sparkContext.appName + RAYDP_SPARK_MASTER_SUFFIX
+    holder = ray.get_actor(holder_name)
+    df_id = uuid.uuid4()
+    ray.get(holder.add_objects.remote(df_id, blocks))
+    jvm = spark.sparkContext._jvm
+    jdf = jvm.org.apache.spark.sql.raydp.ObjectStoreReader.createRayObjectRefDF(
+        spark._jsparkSession, get_locations(blocks))
+    address = ray.get(holder.get_ray_address.remote())
+    namespace = ray.get_runtime_context().namespace
+
+    def fetch(batches):
+        # runs in Spark's Python workers: they join the Ray cluster as drivers
+        import ray as _ray
+        if not _ray.is_initialized():
+            _ray.init(address=address, namespace=namespace, logging_level=logging.WARN,
+                      log_to_driver=False)
+        h = _ray.get_actor(holder_name)
+        for b in batches:
+            for idx in b.column("idx").to_pylist():
+                table = _ray.get(_ray.get(h.get_object.remote(df_id, idx)))
+                yield from table.to_batches()
+
+    return DataFrame(jdf, spark).mapInArrow(fetch, st)
+
+
+def dataset_from_spark(df):
+    """``(ray.data.Dataset, release)``: the DataFrame's rows as Arrow blocks in
+    Ray (RayDP's recoverable conversion: Spark caches the Arrow batches and Ray
+    tasks fetch them); call ``release()`` once the dataset is consumed."""
+    import ray
+    from raydp.spark.dataset import release_spark_recoverable
+    return ray.data.from_spark(df), lambda: release_spark_recoverable(df)

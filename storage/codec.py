@@ -69,6 +69,23 @@ def pack_document(doc, max_bytes: int) -> bytes:
     return b
 
 
+def pack_rows(rows) -> bytes:
+    """A run of stored (key, value) rows as one msgpack array (snapshot copies:
+    one object to ship and to hash instead of one per row)."""
+    return msgpack.packb(rows, use_bin_type=True)
+
+
+def unpack_rows(b: bytes) -> tuple:
+    """The rows of ``pack_rows``, as (key, value) tuples."""
+    try:
+        rows = msgpack.unpackb(b, raw=False, use_list=False)
+    except Exception as e:
+        raise CorruptEntry(f"a snapshot run is not valid msgpack: {e}") from None
+    if type(rows) is not tuple or any(type(r) is not tuple or len(r) != 2 for r in rows):
+        raise CorruptEntry("a snapshot run must be an array of [key, value] pairs")
+    return rows
+
+
 def unpack_document(b: bytes):
     return msgpack.unpackb(b, raw=False)
 
@@ -97,6 +114,21 @@ def pack_image_op(kind: str, ns: str, pre: bytes | None, post: bytes | None) -> 
     if post is not None:
         parts += (_K_POST, post)
     return map_header(len(parts) // 2) + b"".join(parts)
+
+
+def split_array(blob: bytes) -> list[bytes]:
+    """The packed elements of a msgpack array, each as its own bytes (sliced,
+    never re-encoded): documents read in bulk stay their stored bytes."""
+    up = msgpack.Unpacker(max_buffer_size=max(1, len(blob)))
+    up.feed(blob)
+    n = up.read_array_header()
+    out, pos = [], up.tell()
+    for _ in range(n):
+        up.skip()
+        end = up.tell()
+        out.append(blob[pos:end])
+        pos = end
+    return out
 
 
 # --- client-port frames: 4-byte big-endian length, then one msgpack map ---

@@ -66,6 +66,15 @@ class _Txn(_TxnBase):
         pages = st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
         return st["entries"], pages * st["psize"]
 
+    def scan_keys(self, db, start=None, stop=None):
+        with self._t.cursor(db=self._s._dbs[db]) as c:
+            if not (c.set_range(start) if start is not None else c.first()):
+                return
+            for k in c.iternext(keys=True, values=False):
+                if stop is not None and k >= stop:
+                    return
+                yield k
+
     def put(self, db, key, value, overwrite=True):
         return self._t.put(key, value, db=self._s._dbs[db], overwrite=overwrite)
 

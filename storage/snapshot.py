@@ -28,7 +28,6 @@ the first entry present.
 from __future__ import annotations
 
 import hashlib
-import struct
 from dataclasses import dataclass
 
 from raymx import errors
@@ -40,7 +39,6 @@ SNAPSHOT_DBS = ("docs", "index")
 # meta keys the new member takes over: collection/index ids and spill ids must
 # not be reused if it becomes primary; the format marks an initialised store
 COPIED_META = (b"format", b"next_id", b"next_spill")
-_LEN = struct.Struct(">I")
 
 
 @dataclass(frozen=True)
@@ -59,38 +57,23 @@ class Part:
         return x if isinstance(x, Part) else cls(int(x[0]), x[1], x[2], x[3])
 
 
-class Checksum:
-    """Order-sensitive digest of (key, value) rows plus their count and bytes.
-
-    Both sides feed the same key range in key order, so equal digests mean the
-    target holds exactly the source's rows for that range."""
-
-    __slots__ = ("_h", "rows", "bytes")
-
-    def __init__(self):
-        self._h = hashlib.blake2b(digest_size=16)
-        self.rows = 0
-        self.bytes = 0
-
-    def add(self, k: bytes, v: bytes) -> None:
-        self._h.update(_LEN.pack(len(k)) + k + _LEN.pack(len(v)) + v)
-        self.rows += 1
-        self.bytes += len(k) + len(v)
-
-    def value(self) -> list:
-        return [self.rows, self._h.hexdigest()]
+def checksum_run(run: bytes, rows: int) -> list:
+    """A run's checksum: its row count and a digest of its packed bytes. Both
+    sides pack the same key range in key order (``codec.pack_rows`` is
+    deterministic), so equal checksums mean the target holds exactly the
+    source's rows for that range."""
+    return [rows, hashlib.blake2b(run, digest_size=16).hexdigest()]
 
 
-def checksum_rows(rows) -> list:
-    c = Checksum()
-    for k, v in rows:
-        c.add(k, v)
-    return c.value()
+def read_run(t, part: "Part") -> tuple[bytes, list]:
+    """``part``'s key range as stored in transaction ``t``: packed, and its checksum."""
+    rows = list(t.scan(part.db, part.start, part.stop))
+    run = codec.pack_rows(rows)
+    return run, checksum_run(run, len(rows))
 
 
-def range_checksum(t, part: Part) -> list:
-    """The checksum of ``part``'s key range as stored in transaction ``t``."""
-    return checksum_rows(t.scan(part.db, part.start, part.stop))
+def range_checksum(t, part: "Part") -> list:
+    return read_run(t, part)[1]
 
 
 class Snapshot:
@@ -137,7 +120,7 @@ class Snapshot:
         self.rows = 0
         for db in SNAPSHOT_DBS:
             start, n, rows = None, 0, 0
-            for k, _ in self.t.scan(db):
+            for k in self.t.scan_keys(db):  # keys only: no value is copied to plan
                 if n == rows_per_part:
                     parts.append(Part(len(parts), db, start, k))
                     start, n = k, 0
@@ -156,15 +139,9 @@ class Snapshot:
                 "majority": None if self.majority is None else list(self.majority),
                 "parts": [p.as_list() for p in self.parts], "rows": self.rows}
 
-    def read(self, part) -> tuple[list[tuple[bytes, bytes]], list]:
-        """The rows of one partition as stored, and their checksum."""
-        p = Part.of(part)
-        c = Checksum()
-        rows = []
-        for k, v in self.t.scan(p.db, p.start, p.stop):
-            c.add(k, v)
-            rows.append((k, v))
-        return rows, c.value()
+    def read(self, part) -> tuple[bytes, list]:
+        """One partition's rows as stored, packed into one run, and its checksum."""
+        return read_run(self.t, Part.of(part))
 
     def close(self) -> None:
         self.t.abort()
@@ -200,10 +177,13 @@ def begin_load(engine: Engine, info: dict) -> None:
     engine._catalog_cache.clear()
 
 
-def load_rows(engine: Engine, db: str, rows: list[tuple[bytes, bytes]]) -> int:
-    """Bulk-load one sorted run into ``db`` in one transaction."""
+def load_rows(engine: Engine, db: str, rows) -> int:
+    """Bulk-load one sorted run (packed bytes, or (key, value) rows) into ``db``
+    in one transaction."""
     if db not in SNAPSHOT_DBS:
         raise errors.InvalidOperation(f"a snapshot loads only {SNAPSHOT_DBS}, not {db!r}")
+    if isinstance(rows, (bytes, bytearray)):
+        rows = codec.unpack_rows(rows)
     with engine.store.write() as t:
         return t.put_sorted(db, rows)
 

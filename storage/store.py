@@ -23,6 +23,8 @@ class ReadTxn(Protocol):
     def get(self, db: str, key: bytes) -> bytes | None: ...
     def scan(self, db: str, start: bytes | None = None, stop: bytes | None = None,
              reverse: bool = False) -> Iterator[tuple[bytes, bytes]]: ...
+    def scan_keys(self, db: str, start: bytes | None = None, stop: bytes | None = None
+                  ) -> Iterator[bytes]: ...
     def first(self, db: str) -> tuple[bytes, bytes] | None: ...
     def last(self, db: str) -> tuple[bytes, bytes] | None: ...
     def db_stat(self, db: str) -> tuple[int, int]: ...  # (entries, bytes)
@@ -51,6 +53,11 @@ class Store(Protocol):
 
 class _TxnBase:
     """first/last and context-manager behaviour shared by both stores."""
+
+    def scan_keys(self, db, start=None, stop=None):
+        """Keys only, in order (the LMDB store copies no values)."""
+        for k, _ in self.scan(db, start, stop):
+            yield k
 
     def first(self, db):
         return next(iter(self.scan(db)), None)

@@ -129,6 +129,31 @@ def test_planned_step_down_loses_nothing(ray_session, tmp_path):
         rs.shutdown()
 
 
+def test_coordinator_restart_is_waited_out_by_the_driver(ray_session, tmp_path):
+    """The coordinator dies (its node could have): Ray restarts it, it reloads the
+    newest configuration from the members, and the driver's status and writes wait
+    for it instead of failing."""
+    ray = ray_session
+    rs = raymx.ReplicaSet.launch("cr", members=3, data_dir=str(tmp_path))
+    try:
+        rs.wait_for_primary()
+        rs.set_oplog_cap(max_bytes=64 << 20)
+        version = rs.config()["version"]
+        coll = rs.client(w="majority", wtimeout_ms=10_000)["c"]["r"]
+        coll.insert_one({"_id": 1})
+        ray.kill(rs._coord, no_restart=False)
+        st = rs.status()  # waits for the restarted coordinator
+        assert sorted(m["id"] for m in st["members"]) == [0, 1, 2]
+        assert rs.config()["version"] == version  # reloaded from the members
+        assert rs.config()["oplog_cap"]["max_bytes"] == 64 << 20
+        assert coll.insert_one({"_id": 2}).gtid.seq >= 2
+        assert coll.count_documents({}) == 2
+    finally:
+        rs.shutdown()
+    with pytest.raises(errors.ConfigError, match="shut down"):
+        rs.status()
+
+
 def test_reconfiguration_online(ray_session, tmp_path):
     ray = ray_session
     rs = raymx.ReplicaSet.launch("rc", members=3, data_dir=str(tmp_path))
@@ -151,7 +176,7 @@ def test_reconfiguration_online(ray_session, tmp_path):
         for i in others[:2]:
             ray.get(ray.get_actor(f"rc/m{i}/producer", namespace="raymx").pause.remote(False))
         rs.remove_member(others[1])
-        cfg = ray.get(rs._coord.config.remote())
+        cfg = rs.config()
         assert [m["id"] for m in cfg["members"]] == sorted(set(range(4)) - {others[1]})
         assert cfg["version"] == 4
         assert coll.insert_one({"_id": "z"}, w="majority", wtimeout_ms=10_000).gtid

@@ -118,7 +118,7 @@ def test_a_corrupted_copy_is_caught_by_the_partition_checksums(tmp_path):
         for part in s.parts:
             rows, sums[part.index] = s.read(part)
             if part.index == 1:
-                rows = rows[:-1]  # a lost row
+                rows = codec.unpack_rows(rows)[:-1]  # a lost row
             snapshot.load_rows(t, part.db, rows)
     with pytest.raises(errors.CorruptEntry, match="partition 1"):
         snapshot.finish_load(t, info, sums)

@@ -37,6 +37,9 @@ def test_scan_ranges_and_reverse(store):
         assert [k[0] for k, _ in t.scan("oplog", bytes([3]), bytes([6]), reverse=True)] == [5, 4, 3]
         assert [k[0] for k, _ in t.scan("oplog", None, bytes([2]), reverse=True)] == [1, 0]
         assert [k[0] for k, _ in t.scan("oplog", bytes([8]), None, reverse=True)] == [9, 8]
+        assert [k[0] for k in t.scan_keys("oplog", bytes([3]), bytes([6]))] == [3, 4, 5]
+        assert [k[0] for k in t.scan_keys("oplog", bytes([8]))] == [8, 9]
+        assert list(t.scan_keys("oplog", bytes([10]))) == []
         assert t.first("oplog")[0] == bytes([0]) and t.last("oplog")[0] == bytes([9])
         assert t.first("unapplied") is None and t.last("unapplied") is None
 

@@ -29,7 +29,7 @@ def test_trimming_under_a_writer_stays_within_the_cap(ray_session, tmp_path):
         lat, n = [], [0]
 
         def writer():
-            while not stop.is_set():
+            while not stop.is_set() and n[0] < 3000:
                 t0 = time.perf_counter()
                 coll.insert_one({"_id": n[0], "pad": DOC})
                 lat.append(time.perf_counter() - t0)
@@ -48,8 +48,16 @@ def test_trimming_under_a_writer_stays_within_the_cap(ray_session, tmp_path):
         assert n[0] > 400  # the oplog went round its cap several times
         # every member trims to the cap once its entries are applied and
         # majority-committed (meanwhile status says what holds it)
-        o = wait_until(lambda: (lambda o: all(not x["over_cap"] for x in o.values()) and o)(
-            oplogs(rs)), timeout_s=60)
+        seen = []
+
+        def settled():
+            o = oplogs(rs)
+            seen[:] = [o]
+            return all(not x["over_cap"] for x in o.values()) and o
+        try:
+            o = wait_until(settled, timeout_s=120)
+        except AssertionError:
+            raise AssertionError(f"still over the cap: {seen}") from None
         for m, st in o.items():
             assert st["trimmed"] > 0 and st["first"][1] > 1, (m, st)
             assert st["max_trim_txn_entries"] <= BATCH  # small transactions only

@@ -1,0 +1,252 @@
+"""Ray Data datasource/datasink on their own, and DataFrame I/O through real Spark
+(RayDP, started once per session by the ``spark`` fixture)."""
+import itertools
+import time
+
+import pytest
+
+from raymx import errors
+from raymx.storage import codec
+from raymx.storage.gtid import GTID
+
+_N = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def rs(ray_session, tmp_path_factory):
+    """One replica set for this module (a launch costs seconds); tests use their
+    own collections."""
+    import raymx
+    s = raymx.ReplicaSet.launch(f"sparkio{next(_N)}", members=1,
+                                data_dir=str(tmp_path_factory.mktemp("sparkio")))
+    yield s
+    s.shutdown()
+
+
+@pytest.fixture
+def coll(rs, request):
+    c = rs.client()
+    name = f"c{next(_N)}"
+    yield c["io"][name], f"io.{name}"
+    c.close()
+
+
+def nested_docs(n, start=0):
+    return [{"_id": f"k{i:05d}", "n": i, "x": i / 4, "ok": i % 2 == 0, "raw": bytes([i % 256]),
+             "sub": {"name": f"n{i}", "deep": {"v": [i, i + 1]}, **({"opt": i} if i % 3 else {})},
+             "tags": [f"t{i % 5}"], "items": [{"k": i}, {"k": -i}]}
+            for i in range(start, start + n)]
+
+
+# --- Ray Data on its own ------------------------------------------------------------
+def test_datasource_reads_one_snapshot_in_key_ranges_on_the_member_node(rs, coll, ray_session):
+    from raymx.spark_bridge import read_dataset
+    ray = ray_session
+    c, ns = coll
+    docs = nested_docs(300)
+    g = c.insert_many(docs).gtid
+    ds, src = read_dataset(rs, ns, partitions=4)
+    try:
+        assert src.gtid == g and len(src.plan["parts"]) == 4
+        assert src.snapshot.node_id == ray.get(rs.member(0).address.remote())["node_id"]
+        c.insert_many(nested_docs(5, start=1000))  # after the snapshot: not seen
+        c.delete_many({"n": {"$lt": 100}})
+        rows = ds.take_all()
+    finally:
+        src.close()
+    assert sorted(rows, key=lambda d: d["_id"]) == [
+        {**d, "sub": {**d["sub"], "opt": d["sub"].get("opt")}} for d in docs]
+
+
+def test_datasource_at_an_older_gtid_and_raw_msgpack(rs, coll, ray_session):
+    from raymx.spark_bridge import CollectionDatasource
+    ray = ray_session
+    c, ns = coll
+    g1 = c.insert_many([{"_id": i, "v": i} for i in range(50)]).gtid
+    c.update_many({}, {"$set": {"v": -1}})
+    c.delete_many({"_id": {"$gte": 25}})
+    src = CollectionDatasource(rs, ns, at=g1, format="msgpack")
+    try:
+        assert src.gtid == g1
+        rows = ray.data.read_datasource(src, ray_remote_args=src.read_args()).take_all()
+    finally:
+        src.close()
+    docs = [codec.unpack(r["doc"]) for r in rows]
+    assert docs == [{"_id": i, "v": i} for i in range(50)]  # as of g1, in key order
+    from raymx.storage.keys import encode_key
+    assert [r["_key"] for r in rows] == [encode_key(i) for i in range(50)]
+
+
+def test_datasink_appends_and_upserts_through_the_primary(rs, coll, ray_session):
+    from raymx.spark_bridge import write_dataset
+    ray = ray_session
+    c, ns = coll
+    ds = ray.data.from_items([{"_id": i, "v": i, "s": {"a": str(i)}} for i in range(200)])
+    res = write_dataset(ds, rs, ns, mode="append", w=1, batch_docs=64)
+    assert res.written == 200 and res.gtid is not None
+    assert c.count_documents({}) == 200
+    assert c.find_one({"_id": 7}) == {"_id": 7, "v": 7, "s": {"a": "7"}}
+    with pytest.raises(Exception) as ei:  # appending the same _ids again
+        write_dataset(ds, rs, ns, mode="append")
+    assert "DuplicateKey" in repr(ei.value) or "duplicate" in str(ei.value).lower()
+    up = ray.data.from_items([{"_id": i, "v": -i, "s": None} for i in range(150, 250)])
+    res2 = write_dataset(up, rs, ns, mode="upsert", w="majority")
+    assert res2.written == 100 and res2.gtid > res.gtid
+    write_dataset(up, rs, ns, mode="upsert")  # idempotent
+    assert c.count_documents({}) == 250
+    assert c.find_one({"_id": 160}) == {"_id": 160, "v": -160}  # replaced; null left out
+    assert c.find_one({"_id": 10})["v"] == 10
+
+
+def test_changes_datasource_returns_exactly_the_range(rs, coll, ray_session):
+    from raymx.spark_bridge import read_changes_dataset
+    c, ns = coll
+    g0 = c.insert_one({"_id": "first"}).gtid
+    c.insert_many([{"_id": 1, "b": b"\x00"}, {"_id": 2}])
+    c.update_one({"_id": 1}, {"$set": {"x": 1}})
+    c.delete_one({"_id": 2})
+    c.create_index("x")
+    g1 = rs.client()["io"]["other"].insert_one({"_id": 9}).gtid
+    g2 = c.insert_one({"_id": "later"}).gtid
+    ds, src = read_changes_dataset(rs, after=g0, until=g1, partitions=3)
+    try:
+        rows = ds.take_all()
+    finally:
+        src.close()
+    assert src.until == g1 and g2 > g1
+    assert [(r["op"], r["ns"], r["_id"]) for r in rows] == [
+        ("i", ns, "1"), ("i", ns, "2"), ("u", ns, "1"), ("d", ns, "2"),
+        ("c", ns, None), ("c", "io.other", None), ("i", "io.other", "9")]
+    seqs = [(r["seq"], r["idx"]) for r in rows]
+    assert seqs == sorted(seqs) and all(g0.seq < s <= g1.seq for s, _ in seqs)
+    assert rows[0]["post"] == '{"_id":1,"b":{"$binary":"AA=="}}' and rows[0]["pre"] is None
+    assert rows[2]["pre"] == '{"_id":1,"b":{"$binary":"AA=="}}'
+    assert '"cmd":"createIndex"' in rows[4]["cmd"]
+    ds, src = read_changes_dataset(rs, after=g0, until=g1, ns="io.other")
+    try:
+        assert [r["op"] for r in ds.take_all()] == ["c", "i"]
+    finally:
+        src.close()
+
+
+def test_bad_input_to_datasource_and_datasink(rs, coll):
+    from raymx.spark_bridge import CollectionDatasink, CollectionDatasource, read_changes_dataset
+    c, ns = coll
+    c.insert_many([{"_id": 1, "a": "x"}, {"_id": 2, "a": 5}])
+    with pytest.raises(errors.SchemaMismatch, match="a holds both"):
+        CollectionDatasource(rs, ns)
+    with pytest.raises(errors.InvalidName):
+        CollectionDatasource(rs, "nodot")
+    with pytest.raises(errors.InvalidInput, match="format"):
+        CollectionDatasource(rs, ns, format="csv")
+    with pytest.raises(errors.InvalidInput, match="not a GTID"):
+        CollectionDatasource(rs, ns, at="yesterday")
+    with pytest.raises(errors.ConfigError, match="member"):
+        CollectionDatasource(rs, ns, member=7)
+    with pytest.raises(errors.InvalidInput, match="mode"):
+        CollectionDatasink(rs, ns, mode="overwrite")
+    with pytest.raises(errors.Diverged):
+        read_changes_dataset(rs, after=GTID(99, 1))
+    with pytest.raises(errors.InvalidInput, match="after is required"):
+        read_changes_dataset(rs, after=None)
+    with pytest.raises(errors.ReadConcernTimeout):
+        from raymx.spark_bridge import open_snapshot
+        # a term no election reaches in this module (GTIDs order by term first)
+        open_snapshot(rs, wait_for=GTID(10**6, 10**9), wait_s=0.2)
+
+
+def test_a_snapshot_nobody_reads_closes_itself(rs, coll, ray_session):
+    from raymx.spark_bridge import open_snapshot
+    ray = ray_session
+    c, _ = coll
+    g = c.insert_one({"_id": 1}).gtid
+    snap = open_snapshot(rs, wait_for=g, idle_s=0.3)
+    assert snap.gtid >= g
+    deadline = time.monotonic() + 30
+    while True:  # the read transaction is released and the actor goes away
+        try:
+            ray.get(snap.actor.info.remote(), timeout=10)
+        except (ray.exceptions.RayActorError, errors.InvalidOperation):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(1.0)  # longer than idle_s: each info() call counts as a read
+    snap.close()  # harmless afterwards
+
+
+# --- Spark DataFrames ------------------------------------------------------------------
+def test_write_dataframe_then_read_collection_round_trips_nested_documents(spark, rs, coll):
+    from raymx.spark_bridge import read_collection, write_dataframe
+    c, ns = coll
+    docs = nested_docs(120)
+    # the DataFrame is built by Spark from JSON, as a pipeline's would be
+    import json
+    jsonable = [{**d, "raw": None} for d in docs]
+    src = spark.read.json(spark.sparkContext.parallelize([json.dumps(d) for d in jsonable]))
+    res = write_dataframe(src, rs, ns, mode="append")
+    assert res.written == 120
+    df = read_collection(spark, rs, ns, at=res.gtid)
+    assert df.snapshot_gtid == res.gtid
+    assert df.columns[0] == "_id"
+    assert df.filter("sub.deep.v[1] = 11").select("_id").collect()[0]["_id"] == "k00010"
+    back = [r.asDict(recursive=True) for r in df.orderBy("_id").collect()]
+    want = [{k: v for k, v in d.items() if k != "raw"} for d in docs]
+    clean = [{k: v for k, v in b.items() if v is not None} for b in back]
+    for b in clean:
+        b["sub"] = {k: v for k, v in b["sub"].items() if v is not None}
+    assert clean == want
+    # and a DataFrame read from raymx goes back unchanged, binary included
+    c.insert_many([{"_id": "bin", "n": -1, "x": 0.5, "ok": True, "raw": b"\x00\xff",
+                    "sub": {"name": "b", "deep": {"v": [1]}}, "tags": [], "items": []}])
+    df2 = read_collection(spark, rs, ns)
+    name = ns.split(".")[1]
+    res2 = write_dataframe(df2, rs, f"io.copy_{name}", mode="upsert")
+    assert res2.written == 121
+    copy = rs.client()["io"][f"copy_{name}"]
+    assert copy.find_one({"_id": "bin"}) == c.find_one({"_id": "bin"})
+    assert sorted(copy.find(), key=lambda d: d["_id"]) == sorted(c.find(), key=lambda d: d["_id"])
+
+
+def test_read_changes_between_two_gtids_in_order(spark, rs, coll):
+    from pyspark.sql import functions as F
+
+    from raymx.spark_bridge import read_changes
+    c, ns = coll
+    g0 = c.insert_one({"_id": 0, "v": 0}).gtid
+    want = []
+    for i in range(1, 40):
+        if i % 3 == 0:
+            r = c.update_one({"_id": i - 1}, {"$set": {"v": i}})
+            want.append(("u", str(i - 1)))
+        else:
+            r = c.insert_one({"_id": i, "v": i})
+            want.append(("i", str(i)))
+    g1 = r.gtid
+    c.delete_one({"_id": 1})  # after g1: not in the range
+    df = read_changes(spark, rs, after=g0, until=g1, partitions=4)
+    rows = df.collect()
+    assert [(r["op"], r["_id"]) for r in rows] == want
+    assert [r["seq"] for r in rows] == list(range(g0.seq + 1, g1.seq + 1))
+    assert df.snapshot_gtid == g1
+    # images are JSON: filter on a field of the post-image
+    hit = df.filter(F.get_json_object("post", "$.v") == "6").select("op", "_id").collect()
+    assert [(r["op"], r["_id"]) for r in hit] == [("u", "5")]
+
+
+def test_dataframe_bad_input_is_refused_before_writing(spark, rs, coll):
+    from raymx.spark_bridge import read_collection, write_dataframe
+    c, ns = coll
+    df = spark.sql("SELECT 1 AS _id, current_timestamp() AS at")
+    with pytest.raises(errors.InvalidDocument, match="column at .*timestamp"):
+        write_dataframe(df, rs, ns)
+    df = spark.sql("SELECT 1 AS v")
+    with pytest.raises(errors.InvalidInput, match="_id"):
+        write_dataframe(df, rs, ns, mode="upsert")
+    with pytest.raises(errors.InvalidInput, match="mode"):
+        write_dataframe(df, rs, ns, mode="overwrite")
+    assert c.count_documents({}) == 0
+    c.insert_many([{"_id": 1, "a": "x"}, {"_id": 2, "a": 5}])
+    with pytest.raises(errors.SchemaMismatch, match="schema="):
+        read_collection(spark, rs, ns)
+    df = read_collection(spark, rs, ns, schema="_id long")  # a schema projects
+    assert sorted(r["_id"] for r in df.collect()) == [1, 2]
+    assert read_collection(spark, rs, "io.no_such_collection").count() == 0
