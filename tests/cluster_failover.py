@@ -19,18 +19,6 @@ FAST = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
         "health_check_timeout_ms": 500, "health_check_initial_delay_ms": 0}
 
 
-def status(rs, timeout_s: float = 60):
-    """rs.status(), waiting out a coordinator that restarts on another node."""
-    deadline = time.time() + timeout_s
-    while True:
-        try:
-            return rs.status()
-        except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
-            if time.time() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def main(data_dir: str) -> int:
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "include_dashboard": False, "_system_config": FAST})
@@ -56,10 +44,8 @@ def main(data_dir: str) -> int:
                     break
             except (raymx.errors.ConnectionLost, raymx.errors.PrimaryUnavailable):
                 pass  # outcome unknown, or no primary yet: not counted as acknowledged
-            except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
-                time.sleep(0.1)  # the coordinator was on that node too: it restarts elsewhere
         took = time.time() - t0
-        st = status(rs)
+        st = rs.status()
         new = st["primary"]
         have = {d["_id"] for d in coll.find({})}
         lost = [i for i in acked if i not in have]
