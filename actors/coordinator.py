@@ -232,9 +232,33 @@ class Coordinator:
                         self.failed_at_ms = seen if seen is not None else _now_ms()
                     for a in actions:
                         self._act(a)
+                    self._finish_joins()
             except Exception:
                 log.exception("heartbeat round failed")
             time.sleep(max(0.0, interval - (time.monotonic() - t0)))
+
+    def _finish_joins(self) -> None:
+        """Members synchronizing from a snapshot (``joining`` in the configuration
+        holds their real votes and priority) get them once caught up."""
+        for m in self.members:
+            j = m.get("joining")
+            if not j or not self.core.ready_to_join(m["id"], self.limits.join_lag_entries):
+                continue
+            try:
+                ray.get(self._handle(m["id"]).set_synchronizing.remote(False), timeout=10)
+            except Exception as e:
+                log.warning("replica set %s: member %d could not leave synchronizing: %s",
+                            self.name, m["id"], e)
+                continue
+            members = [dict(x) for x in self.members]
+            for x in members:
+                if x["id"] == m["id"]:
+                    x.update(votes=j["votes"], priority=j["priority"])
+                    del x["joining"]
+            self.reconfigure(members)
+            log.warning("replica set %s: member %d caught up; it now has %d vote(s), "
+                        "priority %s", self.name, m["id"], j["votes"], j["priority"])
+            return  # one configuration change per heartbeat round
 
     # --- operator calls ----------------------------------------------------
     def step_down(self, timeout_s: float = 30) -> dict:

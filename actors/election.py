@@ -41,6 +41,7 @@ class View:
     last: GTID = ZERO
     role: str = "unknown"
     state: str = "unknown"
+    loading: bool = False       # an initial sync has not finished loading its snapshot
     following: tuple | None = None  # (sync source, term) the member says it follows
 
     @property
@@ -89,6 +90,7 @@ class ElectionCore:
         v.last = GTID(*reply["last"]) if reply.get("last") else ZERO
         v.role = reply.get("role", "unknown")
         v.state = reply.get("state", "running")
+        v.loading = bool(reply.get("loading"))
         f = reply.get("following")
         v.following = None if f is None else (f[0], f[1])
         self.term = max(self.term, v.term)
@@ -176,6 +178,17 @@ class ElectionCore:
         self.members = new
         if self.primary not in new:
             self.primary = None
+
+    def ready_to_join(self, member: int, lag_entries: int) -> bool:
+        """A member created from a snapshot (configured with no vote while it
+        synchronizes) may take its votes and priority: its snapshot is loaded and
+        its oplog is within ``lag_entries`` of the primary's. Decided here, on
+        heartbeats, so the join completes even if the driver that started the
+        copy went away after it."""
+        v, p = self.members.get(member), self.members.get(self.primary)
+        if v is None or p is None or not v.alive or v.loading or not p.alive:
+            return False
+        return v.last != ZERO and p.last.seq - v.last.seq <= lag_entries
 
     def step_down_to(self, member: int) -> list[Action]:
         """Planned hand-over: the shell has made ``member`` catch up already."""

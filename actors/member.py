@@ -221,7 +221,8 @@ class OplogShard:
             self.service.set_positions({}, {int(m): now for m in alive})
         last, h = self.engine.last()
         return {"term": self.engine.term, "last": list(last), "h": h, "role": self.role,
-                "following": self.following, "state": self._state()}
+                "following": self.following, "state": self._state(),
+                "loading": self.engine.get_meta("initial_sync") is not None}
 
     def _state(self) -> str:
         """running, synchronizing (initial sync: never elected, see DESIGN 4) or resync."""

@@ -176,7 +176,7 @@ class ReplicaSet:
                    delay_s: float = 0, sync_source: int | None = None,
                    initial_sync: str = "oplog", source: int | None = None, spark=None,
                    backup: str | None = None, progress: bool = True,
-                   timeout_s: float = 3600) -> int:
+                   timeout_s: float = 3600, wait: bool = True) -> int:
         """Add a member on this node; returns its id.
 
         ``initial_sync``: ``"oplog"`` replicates the whole oplog from its sync
@@ -189,7 +189,9 @@ class ReplicaSet:
         its replInfo point and skipping the GTIDs it already has. While a
         snapshot sync runs the member is *synchronizing*: in the configuration
         with no vote and priority 0, shown with its progress in ``status()``;
-        it gets ``votes``/``priority`` once it has caught up.
+        the coordinator gives it ``votes``/``priority`` once it has caught up
+        (within ``Limits.join_lag_entries`` of the primary). ``wait=False``
+        returns once the snapshot is loaded instead of waiting for that.
         """
         if initial_sync not in ("oplog", "snapshot", "backup"):
             raise errors.ConfigError(f"initial_sync must be 'oplog', 'snapshot' or 'backup', "
@@ -216,7 +218,7 @@ class ReplicaSet:
             self._start(spec, cfg, members)
             ray.get(self._coord.reconfigure.remote(members))
             return new_id
-        self._sync_from_snapshot(spec, cfg, members, source, spark, progress, timeout_s)
+        self._sync_from_snapshot(spec, cfg, members, source, spark, progress, timeout_s, wait)
         return new_id
 
     def _config_member(self, member_id: int) -> tuple[dict, list[dict], dict]:
@@ -246,7 +248,7 @@ class ReplicaSet:
             scheduling_strategy=_on_node(m["node_id"])).remote(m["path"], aside))
         members = [x for x in members if x["id"] != member_id]
         out = self._sync_from_snapshot(final, cfg, members, source, spark, progress,
-                                       timeout_s, rejoin=True)
+                                       timeout_s)
         out["moved_aside"] = aside
         return out
 
@@ -259,11 +261,14 @@ class ReplicaSet:
         ray.get([h.__ray_ready__.remote() for h in hs], timeout=120)
 
     def _sync_from_snapshot(self, spec: dict, cfg: dict, members: list, source, spark,
-                            progress: bool, timeout_s: float, rejoin: bool = False) -> dict:
+                            progress: bool, timeout_s: float, wait: bool = True) -> dict:
         from raymx.spark_bridge import initial_sync as isync
         ray = _ray()
         mid = spec["id"]
-        syncing = dict(spec, votes=0, priority=0)
+        # no vote while it synchronizes; the coordinator gives it ``joining``'s
+        # votes and priority once it has caught up (also if this driver is gone)
+        syncing = dict(spec, votes=0, priority=0,
+                       joining={"votes": spec["votes"], "priority": spec["priority"]})
         all_members = members + [syncing]
         all_members.sort(key=lambda x: x["id"])
         # started marked as synchronizing: its producer pulls nothing until loaded
@@ -272,14 +277,17 @@ class ReplicaSet:
         if source is None:
             source = isync.choose_source(self.status(), exclude=mid)
         out = isync.copy_snapshot(self, source, mid, spark=spark, progress=progress)
+        if not wait:
+            return out
         goal = GTID(*self.status_of(self._primary_id())["last"])
         isync.wait_caught_up(self, mid, goal, timeout_s, progress)
-        final = [dict(x) for x in all_members]
-        for x in final:
-            if x["id"] == mid:
-                x.update(votes=spec["votes"], priority=spec["priority"])
-        ray.get(self._coord.reconfigure.remote(final))
-        ray.get(self.member(mid).set_synchronizing.remote(False))
+        deadline = time.monotonic() + timeout_s
+        while any(x["id"] == mid and "joining" in x for x in self.config()["members"]):
+            if time.monotonic() > deadline:
+                raise errors.PrimaryUnavailable(
+                    f"member {mid} caught up but was not given its votes in {timeout_s}s "
+                    "(is there a primary?)")
+            time.sleep(0.05)
         out["caught_up_to"] = goal
         return out
 

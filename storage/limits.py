@@ -40,8 +40,10 @@ class Limits:
     replay_entries_min: int = 10_000
     replay_entries_max: int = 500_000
     replay_txn_docs_max: int = 100_000
-    # Snapshot copies (initial sync): rows per partition of docs and index.
+    # Snapshot copies (initial sync): rows per partition of docs and index; a
+    # synchronizing member gets its votes once this close to the primary.
     snapshot_part_rows: int = 50_000
+    join_lag_entries: int = 1000
     # Feeder pulls.
     pull_entries_max: int = 5000
     pull_bytes_max: int = 16 * MiB

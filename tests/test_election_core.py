@@ -80,3 +80,25 @@ def test_restarted_primary_is_replaced():
     beat(c, 2, 100, last=(1, 5), term=1)
     acts = c.tick(100)
     assert acts[0].kind == "elect" and acts[0].term == 2
+
+
+def test_a_synchronizing_member_joins_once_loaded_and_caught_up():
+    c = core3({2: {"votes": 0, "priority": 0}})
+    beat(c, 0, 0, last=(1, 5000), role="primary")
+    c.on_elected(0, 1)
+    # still loading its snapshot: never, however close
+    c.on_heartbeat(2, {"term": 1, "last": [1, 4990], "state": "synchronizing",
+                       "loading": True}, 0)
+    assert not c.ready_to_join(2, 100)
+    # loaded, but further behind than allowed
+    c.on_heartbeat(2, {"term": 1, "last": [1, 4000], "state": "synchronizing"}, 100)
+    assert not c.ready_to_join(2, 100)
+    c.on_heartbeat(2, {"term": 1, "last": [1, 4950], "state": "synchronizing"}, 200)
+    assert c.ready_to_join(2, 100)
+    # no primary to compare with, or the member stopped answering: wait
+    c.on_heartbeat(2, None, 5000)
+    assert not c.ready_to_join(2, 100)
+    beat(c, 2, 5000, last=(1, 4990), state="synchronizing")
+    c.on_heartbeat(0, None, 5000, dead=True)
+    assert not c.ready_to_join(2, 100)
+    assert not c.ready_to_join(7, 100)  # not a member

@@ -114,6 +114,8 @@ def test_snapshot_member_converges_while_a_writer_keeps_committing(ray_session, 
 
 
 def test_resync_and_hot_copy_join(ray_session, rs2, tmp_path):
+    # member 1 has applied the fixture's writes (this test may run alone)
+    wait_until(lambda: rs2.status_of(1)["applied"][1] >= 6, timeout_s=60)
     w = Writer(rs2, "b")
     try:
         dest = tmp_path / "bk"
@@ -130,6 +132,25 @@ def test_resync_and_hot_copy_join(ray_session, rs2, tmp_path):
     assert st[1]["votes"] == 1 and st[1]["state"] == "running"
     with pytest.raises(errors.ConfigError, match="primary"):
         rs2.resync_member(rs2._primary_id())
+
+
+def test_the_member_joins_without_the_driver_after_the_copy(ray_session, rs2):
+    """add_member(wait=False) returns once the snapshot is loaded: catching up
+    and taking its votes is the coordinator's work, not the driver's."""
+    w = Writer(rs2, "c")
+    try:
+        mid = rs2.add_member(initial_sync="snapshot", progress=False, wait=False)
+        m = next(x for x in rs2.config()["members"] if x["id"] == mid)
+        assert m["votes"] == 0 and m["priority"] == 0 and m["joining"]["votes"] == 1
+        wait_until(lambda: all(
+            x["id"] != mid or (x["votes"] == 1 and "joining" not in x)
+            for x in rs2.config()["members"]), timeout_s=60, every_s=0.1)
+    finally:
+        w.finish()
+    assert assert_converged(ray_session, rs2, mid)[1] > 1
+    st = {m["id"]: m for m in rs2.status()["members"]}
+    assert st[mid]["state"] == "running" and st[mid]["votes"] == 1
+    rs2.remove_member(mid)
 
 
 def test_status_table_shows_initial_sync_progress():
