@@ -172,8 +172,11 @@ class OplogShard:
         self._majority_at = 0.0
         self._majority_busy = False
         self._role_lock = threading.Lock()
-        self.synchronizing = False  # catching up after a snapshot load (not yet voting)
+        # synchronizing from a snapshot: set from the start (never after the load,
+        # where it could undo the coordinator's "caught up" that raced it)
+        self.synchronizing = self.engine.get_meta("initial_sync") is not None
         self.load_progress: dict | None = None
+        self._loaded_sums: dict[int, list] = {}  # part -> checksum of the run loaded for it
         self.feeder = FeederService(self.engine, limits, self.member_id, self._positions,
                                     {int(k): v for k, v in votes.items()})
         # the producer rings after each batch it writes: wake long-polling pulls
@@ -452,6 +455,8 @@ class OplogShard:
     # --- bulk-loading a snapshot into this (new) member: DESIGN 8 ---------------
     @ray.method(concurrency_group="load")
     def load_begin(self, info: dict) -> None:
+        self.synchronizing = True
+        self._loaded_sums: dict[int, list] = {}
         snapshot.begin_load(self.engine, info)
         total = sum(1 for _ in info["parts"])
         self.load_progress = {"source": info.get("member"), "gtid": info["gtid"],
@@ -459,9 +464,14 @@ class OplogShard:
                               "rows_done": 0, "phase": "copy"}
 
     @ray.method(concurrency_group="load")
-    def load_rows(self, db: str, rows: bytes, parts_done: int = 1) -> int:
-        """Bulk-load one sorted run (one concurrency slot: runs arrive in order)."""
-        n = snapshot.load_rows(self.engine, db, rows)
+    def load_rows(self, db: str, rows: bytes, parts_done: int = 1, part: int | None = None) -> int:
+        """Bulk-load one sorted run (one concurrency slot: runs arrive in order);
+        ``part``: the run is that whole source partition, checksummed as loaded."""
+        if part is None:
+            n = snapshot.load_rows(self.engine, db, rows)
+        else:
+            c = self._loaded_sums[int(part)] = snapshot.load_run(self.engine, db, rows)
+            n = c[0]
         self._loaded(n, parts_done)
         return n
 
@@ -493,8 +503,8 @@ class OplogShard:
         """Verify every partition's checksum, then start the oplog at the snapshot."""
         if self.load_progress is not None:
             self.load_progress["phase"] = "verify"
-        g = snapshot.finish_load(self.engine, info, {int(k): v for k, v in checksums.items()})
-        self.synchronizing = True  # until the driver says it caught up
+        g = snapshot.finish_load(self.engine, info, {int(k): v for k, v in checksums.items()},
+                                 self._loaded_sums)
         if self.load_progress is not None:
             self.load_progress["phase"] = "catch-up"
         self.feeder.reset()  # its oplog starts here now

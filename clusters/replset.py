@@ -271,15 +271,32 @@ class ReplicaSet:
                        joining={"votes": spec["votes"], "priority": spec["priority"]})
         all_members = members + [syncing]
         all_members.sort(key=lambda x: x["id"])
-        # started marked as synchronizing: its producer pulls nothing until loaded
-        self._start(syncing, cfg, all_members, initial_sync=True)
-        ray.get(self._coord.reconfigure.remote(all_members))
         if source is None:
             source = isync.choose_source(self.status(), exclude=mid)
-        out = isync.copy_snapshot(self, source, mid, spark=spark, progress=progress)
+        # the snapshot's process starts while the member's actors do
+        src = isync.open_source(self, source)
+        held = spark is not None and wait
+        try:
+            # started marked as synchronizing: its producer pulls nothing until loaded
+            self._start(syncing, cfg, all_members, initial_sync=True)
+            ray.get(self._coord.reconfigure.remote(all_members))
+            if held:
+                isync.hold_applier(self, mid, True)  # the catch-up is a Spark job too
+        except BaseException:
+            ray.kill(src, no_restart=True)
+            raise
+        try:
+            out = isync.copy_snapshot(self, source, mid, spark=spark, progress=progress,
+                                      src=src)
+        except BaseException:
+            if held:
+                isync.hold_applier(self, mid, False)
+            raise
         if not wait:
             return out
         goal = GTID(*self.status_of(self._primary_id())["last"])
+        if spark is not None:
+            out["replay"] = isync.catch_up_with_spark(spark, self, mid, goal, timeout_s)
         isync.wait_caught_up(self, mid, goal, timeout_s, progress)
         deadline = time.monotonic() + timeout_s
         while any(x["id"] == mid and "joining" in x for x in self.config()["members"]):

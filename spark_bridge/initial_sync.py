@@ -89,21 +89,26 @@ def open_source(rs, source: int, rows_per_part: int | None = None):
 
 
 def copy_snapshot(rs, source: int, target: int, spark=None, rows_per_part: int | None = None,
-                  progress: bool = True) -> dict:
-    """Copy a snapshot of member ``source`` into the empty member ``target``."""
+                  progress: bool = True, src=None) -> dict:
+    """Copy a snapshot of member ``source`` into the empty member ``target``
+    (``src``: a source already opened by ``open_source``; it is closed here)."""
     import ray
-    src, dst = open_source(rs, source, rows_per_part), rs.member(target)
+    src = src if src is not None else open_source(rs, source, rows_per_part)
+    dst = rs.member(target)
     t0 = time.monotonic()
+    phases = {}  # seconds per phase, for the caller's figures
     bar = None
     try:
         info = ray.get(src.info.remote())
         bar = Progress(f"member {target}: copying from {source}", info["rows"], progress)
         ray.get(dst.load_begin.remote(info))
+        phases["plan"] = time.monotonic() - t0
         if spark is None:
             _copy_with_ray(src, dst, info, bar)
         else:
             _copy_with_spark(spark, src, dst, info, bar)
         sums = ray.get(src.checksums.remote())
+        phases["copy"] = time.monotonic() - t0 - phases["plan"]
     finally:
         try:
             ray.get(src.close.remote(), timeout=30)
@@ -112,9 +117,11 @@ def copy_snapshot(rs, source: int, target: int, spark=None, rows_per_part: int |
         ray.kill(src, no_restart=True)
         if bar is not None:
             bar.close()
+    t1 = time.monotonic()
     g = ray.get(dst.load_finish.remote(info, sums))
+    phases["verify"] = time.monotonic() - t1
     return {"gtid": GTID(*g), "rows": info["rows"], "parts": len(info["parts"]),
-            "source": source, "seconds": time.monotonic() - t0,
+            "source": source, "seconds": time.monotonic() - t0, "phases": phases,
             "via": "ray" if spark is None else "spark"}
 
 
@@ -125,7 +132,7 @@ def _copy_with_ray(src, dst, info, bar, window: int = 4) -> None:
     pending = []
     for p in info["parts"]:
         rows_ref, _sum_ref = src.read.remote(p)
-        pending.append(dst.load_rows.remote(p[1], rows_ref))
+        pending.append(dst.load_rows.remote(p[1], rows_ref, 1, p[0]))
         while len(pending) >= window:
             done, pending = ray.wait(pending, num_returns=1)
             bar.update(ray.get(done[0]))
@@ -180,6 +187,39 @@ def _copy_with_spark(spark, src, dst, info, bar) -> None:
     back = ray.data.from_spark(out)
     for ref in back.to_arrow_refs():
         bar.update(ray.get(dst.load_table.remote(ref)))
+
+
+def catch_up_with_spark(spark, rs, member: int, goal: GTID, timeout_s: float) -> dict | None:
+    """The entries committed during a Spark copy, replayed by a Spark job too.
+
+    The new member's applier was held through the copy (``hold_applier``);
+    once its producer has written ``goal`` (the primary's last GTID when the
+    load finished) the backlog is replayed by ``spark_replay`` if it holds at
+    least ``Limits.replay_entries_min`` entries, else applied entry by entry.
+    The applier is released either way."""
+    import ray
+
+    from raymx.spark_bridge.replay import spark_replay
+    h = rs.member(member)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = ray.get(h.status.remote())
+            last = GTID(*st["last"]) if st.get("last") else GTID(0, 0)
+            if last >= goal or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        applied = GTID(*st["applied"]) if st.get("applied") else GTID(0, 0)
+        if last.seq - applied.seq < rs.config()["limits"].replay_entries_min:
+            return None
+        return spark_replay(spark, rs, member)
+    finally:
+        hold_applier(rs, member, False)
+
+
+def hold_applier(rs, member: int, on: bool) -> None:
+    import ray
+    ray.get(ray.get_actor(f"{rs.name}/m{member}/applier", namespace="raymx").pause.remote(on))
 
 
 def wait_caught_up(rs, member: int, goal: GTID, timeout_s: float, progress: bool) -> None:

@@ -188,23 +188,35 @@ def load_rows(engine: Engine, db: str, rows) -> int:
         return t.put_sorted(db, rows)
 
 
-def verify_parts(engine: Engine, parts: list, checksums: dict) -> None:
-    """Compare each partition's source checksum with the target's own rows."""
+def load_run(engine: Engine, db: str, run: bytes) -> list:
+    """Bulk-load one partition's packed run as received; returns the checksum of
+    exactly what was loaded (``put_sorted`` checks every row was added), to be
+    compared with the source's in ``finish_load`` without reading it back."""
+    n = load_rows(engine, db, run)
+    return checksum_run(run, n)
+
+
+def verify_parts(engine: Engine, parts: list, checksums: dict,
+                 loaded: dict | None = None) -> None:
+    """Compare each partition's source checksum with the target's: the checksum
+    of the run it loaded for that partition (``loaded``, from ``load_run``), or
+    else of its own rows read back (runs that were re-partitioned on the way,
+    as in the Spark path)."""
     with engine.store.read() as t:
         for p in map(Part.of, parts):
             want = checksums.get(p.index)
             if want is None:
                 raise errors.CorruptEntry(f"no source checksum for partition {p.index}")
-            got = range_checksum(t, p)
+            got = (loaded or {}).get(p.index) or range_checksum(t, p)
             if list(got) != list(want):
                 raise errors.CorruptEntry(
                     f"partition {p.index} ({p.db}) differs after the copy: source "
                     f"{want[0]} rows {want[1]}, target {got[0]} rows {got[1]}")
 
 
-def finish_load(engine: Engine, info: dict, checksums: dict) -> GTID:
+def finish_load(engine: Engine, info: dict, checksums: dict, loaded: dict | None = None) -> GTID:
     """Verify, write the snapshot's oplog entry (applied), clear the mark, sync."""
-    verify_parts(engine, info["parts"], checksums)
+    verify_parts(engine, info["parts"], checksums, loaded)
     g = GTID(*info["gtid"])
     with engine.store.write() as t:
         if t.get("meta", b"initial_sync") is None:

@@ -126,6 +126,33 @@ def test_a_corrupted_copy_is_caught_by_the_partition_checksums(tmp_path):
     assert t.last()[0].seq == 0
 
 
+@pytest.mark.parametrize("damage", ["none", "lost row", "changed value"])
+def test_runs_checksummed_as_loaded_match_the_source_or_are_refused(tmp_path, damage):
+    """The Ray path: each partition arrives as one run and is checksummed as
+    loaded (no read-back); a run that is not the source's is refused."""
+    p = primary(tmp_path)
+    t = lmdb_engine(tmp_path, "t")
+    with snapshot.Snapshot(p, rows_per_part=20) as s:
+        info = s.info()
+        snapshot.begin_load(t, info)
+        sums, loaded = {}, {}
+        for part in s.parts:
+            run, sums[part.index] = s.read(part)
+            if part.index == 1 and damage != "none":
+                rows = codec.unpack_rows(run)
+                rows = rows[:-1] if damage == "lost row" else \
+                    [(k, v + b"\x00") if i == 0 else (k, v) for i, (k, v) in enumerate(rows)]
+                run = codec.pack_rows(rows)
+            loaded[part.index] = snapshot.load_run(t, part.db, run)
+    if damage == "none":
+        snapshot.finish_load(t, info, sums, loaded)
+        assert workload.state(t)["state"] == workload.state(p)["state"]
+        return
+    with pytest.raises(errors.CorruptEntry, match="partition 1"):
+        snapshot.finish_load(t, info, sums, loaded)
+    assert snapshot.initial_sync_state(t) is not None
+
+
 def test_load_refuses_a_folder_with_data_and_unsorted_runs(tmp_path):
     p = primary(tmp_path, entries=30)
     with snapshot.Snapshot(p, 1000) as s:

@@ -1,4 +1,6 @@
 """Parallel replay and snapshot copies with Spark (through RayDP) doing the work."""
+import time
+
 import pytest
 
 import raymx
@@ -6,6 +8,7 @@ from raymx.actors import replication as rep
 from raymx.spark_bridge import replay as spark_replay
 from raymx.storage import replay
 from raymx.storage.engine import Engine
+from raymx.storage.limits import Limits
 from raymx.storage.store import MemoryStore
 from tests import workload
 from tests.test_initial_sync import Writer, assert_converged
@@ -60,7 +63,6 @@ def test_far_behind_member_replays_with_spark_then_tails(spark, ray_session, tmp
         out = spark_replay.spark_replay(spark, rs, 1, entries_per_read=10)
         assert out["entries"] >= 30 and out["last"] == last
         w = Writer(rs, "t")  # normal tailing resumes
-        import time
         time.sleep(1)
         w.finish()
         assert_converged(ray_session, rs, 1)
@@ -74,7 +76,9 @@ def GTID_of(rs, m, what="last"):
 
 
 def test_snapshot_member_creation_as_a_spark_job(spark, ray_session, tmp_path):
-    rs = raymx.ReplicaSet.launch("spsnap", members=1, data_dir=str(tmp_path))
+    # a low replay threshold: what is committed during the copy is a Spark replay too
+    rs = raymx.ReplicaSet.launch("spsnap", members=1, data_dir=str(tmp_path),
+                                 limits=Limits(replay_entries_min=20))
     try:
         c = rs.client()
         c["app"]["users"].create_index("age")
@@ -88,5 +92,14 @@ def test_snapshot_member_creation_as_a_spark_job(spark, ray_session, tmp_path):
         assert assert_converged(ray_session, rs, mid)[1] > 1
         st = {m["id"]: m for m in rs.status()["members"]}
         assert st[mid]["state"] == "running" and st[mid]["votes"] == 1
+        w = Writer(rs, "r")
+        try:
+            time.sleep(0.3)
+            out = rs.resync_member(mid, spark=spark, progress=False)
+        finally:
+            w.finish()
+        assert out["via"] == "spark"
+        assert out["replay"] is not None and out["replay"]["entries"] >= 20, out
+        assert assert_converged(ray_session, rs, mid)[1] > 1
     finally:
         rs.shutdown()
