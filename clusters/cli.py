@@ -1,4 +1,4 @@
-"""The ``raymx`` command: status, revert and shutdown of replica sets on a Ray cluster.
+"""The ``raymx`` command: status, revert, resync and shutdown of replica sets on a Ray cluster.
 
 On token-authenticated Ray clusters (the default for Ray 2.60 local clusters)
 run it with ``RAY_AUTH_MODE=token`` so it can attach.
@@ -90,6 +90,34 @@ def revert(name, gtid, address, dry_run, yes):
         click.echo(f"raymx: {e}", err=True)
         sys.exit(1)
     click.echo(f"reverted {name} to {gtid}: {out['entries']} entries undone by entry {out['gtid']}")
+
+
+@main.command()
+@click.argument("name")
+@click.argument("member", type=int)
+@click.option("--address", default=None, help="Ray address (default: RAY_ADDRESS or auto)")
+@click.option("--source", type=int, default=None,
+              help="member to copy from (default: the most advanced secondary)")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+def resync(name, member, address, source, yes):
+    """Rebuild MEMBER of NAME from a snapshot of another member (a member whose
+    status says resync: its sync source trimmed past it, or it could not roll
+    back). Its old folder is moved aside, not deleted."""
+    import raymx
+    try:
+        _attach(address)
+        rs = raymx.connect(name)
+        if not yes:
+            click.confirm(f"Move member {member}'s files aside and copy it again from a "
+                          "snapshot?", abort=True)
+        out = rs.resync_member(member, source=source)
+    except raymx.errors.RaymxError as e:
+        click.echo(f"raymx: {e}", err=True)
+        sys.exit(1)
+    g = out["gtid"]
+    click.echo(f"member {member} of {name} resynced from member {out['source']}: "
+               f"{out['rows']:,} rows at {g.term}:{g.seq}, caught up; old files in "
+               f"{out['moved_aside']}")
 
 
 if __name__ == "__main__":

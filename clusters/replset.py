@@ -654,6 +654,10 @@ def format_status(st: dict) -> str:
                      "-" if "bytes" not in ol else f"{ol['bytes'] / 2**20:.1f}",
                      g(ol.get("first")), "-" if win is None else f"{win:.0f}",
                      m.get("host", "-")))
+        if m.get("state") == "resync":
+            notes.append(f"member {m.get('id')} needs a resync (its sync source no longer "
+                         "holds its position, or it could not roll back): "
+                         f"raymx resync {st['set']} {m.get('id')}")
         if ol.get("over_cap"):
             cap = ol["cap"]["max_bytes"]
             notes.append(f"member {m.get('id')}: oplog {ol['bytes']:,} bytes is over its cap "

@@ -36,3 +36,25 @@ def test_revert_asks_then_reverts(replset):
     assert list(coll.find({})) == [{"_id": 1}]
     r = CliRunner().invoke(main, ["revert", replset.name, "99:1", "--yes"])
     assert r.exit_code == 1 and "after the oplog's last entry" in r.output
+
+
+def test_resync_asks_then_rebuilds_a_secondary(ray_session, tmp_path):
+    import raymx
+    from raymx.replset import format_status
+    rs = raymx.ReplicaSet.launch("clirs", members=2, data_dir=str(tmp_path))
+    try:
+        coll = rs.client()["a"]["s"]
+        coll.insert_many([{"_id": i} for i in range(100)], w=2)
+        r = CliRunner().invoke(main, ["resync", "clirs", "1"], input="n\n")
+        assert r.exit_code == 1 and not list(tmp_path.glob("m1.resync-*"))  # declined
+        r = CliRunner().invoke(main, ["resync", "clirs", "1", "--yes"])
+        assert r.exit_code == 0 and "resynced from member 0" in r.output, r.output
+        assert len(list(tmp_path.glob("m1.resync-*"))) == 1  # moved aside, not deleted
+        assert coll.insert_one({"_id": "x"}, w=2, wtimeout_ms=20_000).gtid  # it votes again
+        r = CliRunner().invoke(main, ["resync", "clirs", "0", "--yes"])
+        assert r.exit_code == 1 and "is the primary" in r.output
+    finally:
+        rs.shutdown()
+    out = format_status({"set": "x", "members": [{"id": 2, "role": "secondary",
+                                                   "state": "resync"}]})
+    assert "member 2 needs a resync" in out and "raymx resync x 2" in out
