@@ -296,6 +296,9 @@ class OplogShard:
         if mine is not None:
             self.spec = mine
         self.service.set_votes({m["id"]: m["votes"] for m in config["members"]})
+        for m in config["members"]:
+            if not m.get("joining"):  # it has joined: its pulls hold trimming now
+                self.service.trim_holds.pop(m["id"], None)
         if config.get("oplog_cap"):
             self.service.set_oplog_cap(config["oplog_cap"])
         self.feeder.set_votes({m["id"]: m["votes"] for m in config["members"]})
@@ -361,6 +364,13 @@ class OplogShard:
         """Change this member's oplog cap now (the coordinator also records it
         in the configuration, so restarted members keep it)."""
         self.service.set_oplog_cap(cap)
+
+    @ray.method(concurrency_group="control")
+    def hold_trim(self, member: int, gtid, ttl_s: float) -> None:
+        """Keep ``gtid`` on: ``member`` is loading a snapshot taken there and will
+        pull after it (until it has pulled from here or joined, or for ``ttl_s``)."""
+        self.service.trim_holds[int(member)] = (GTID(*gtid),
+                                                now_ms() + int(ttl_s * 1000))
 
     @ray.method(concurrency_group="control")
     def trim_now(self) -> dict:
@@ -449,7 +459,8 @@ class OplogShard:
                 "held_by": tr["held_by"] if over else None,
                 "trimmed": tr["trimmed"], "trim_txns": tr["txns"],
                 "max_trim_txn_entries": tr["max_txn_entries"],
-                "max_trim_txn_ms": tr["max_txn_ms"], "trim_error": tr["last_error"],
+                "max_trim_txn_ms": tr["max_txn_ms"], "trim_ms": round(tr["ms"], 3),
+                "trim_error": tr["last_error"],
                 "majority": gtid_out(self.service.majority_known)}
 
     # --- bulk-loading a snapshot into this (new) member: DESIGN 8 ---------------

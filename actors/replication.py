@@ -355,7 +355,7 @@ def acknowledged(gtid: GTID, w, durable: dict[int, GTID | None], votes: dict[int
 
 def trim_bound(majority: GTID | None, applied: GTID | None, durable: dict,
                heard_ms: dict, now_ms: int, timeout_ms: int, self_id: int,
-               force: bool = False) -> tuple[GTID, str]:
+               force: bool = False, holds: dict | None = None) -> tuple[GTID, str]:
     """The oldest entry trimming must keep on this member, and what holds it.
 
     Always the applied point (an unapplied entry is never dropped). Unless
@@ -364,6 +364,9 @@ def trim_bound(majority: GTID | None, applied: GTID | None, durable: dict,
     durable position of every member heard from within ``timeout_ms`` (a
     running member resumes from its last entry, which the feeder checks by
     hash). A stopped member is not waited for: it will hear ``too_stale``.
+    ``holds``: {member: (GTID, expiry ms)} for members loading a snapshot taken
+    at that GTID, which have not pulled from it yet (no durable position at
+    or past it; a resynced member's old one is older): kept until then, or expiry.
     """
     cands = [(applied or ZERO, f"the applier at {applied or ZERO}")]
     if not force:
@@ -371,6 +374,9 @@ def trim_bound(majority: GTID | None, applied: GTID | None, durable: dict,
         for m, d in sorted(durable.items()):
             if m != self_id and d is not None and now_ms - heard_ms.get(m, 0) <= timeout_ms:
                 cands.append((d, f"member {m} at {d}"))
+        for m, (g, until) in sorted((holds or {}).items()):
+            if now_ms < until and (durable.get(m) is None or durable[m] < g):
+                cands.append((g, f"member {m} loading a snapshot at {g}"))
     return min(cands, key=lambda c: c[0])
 
 

@@ -301,6 +301,8 @@ class ShardService:
         self.member_id = member_id
         self.votes = votes or {member_id: 1}
         self.heard_ms: dict[int, int] = {}
+        # members loading a snapshot: {member: (its GTID, until ms)}, see trim_bound
+        self.trim_holds: dict[int, tuple[GTID, int]] = {}
         # the majority-committed point as this member knows it (only moves up):
         # change streams deliver up to it, trimming never passes it
         self.majority_known: GTID | None = engine.range().majority
@@ -322,7 +324,7 @@ class ShardService:
         self.commits = 0
         self.watchers = ThreadPoolExecutor(32, thread_name_prefix="raymx-watch")
         self.oplog_cap = {"max_bytes": limits.oplog_bytes_max, "max_age_s": None, "force": False}
-        self.trim = {"trimmed": 0, "txns": 0, "max_txn_entries": 0, "max_txn_ms": 0.0,
+        self.trim = {"trimmed": 0, "txns": 0, "max_txn_entries": 0, "max_txn_ms": 0.0, "ms": 0.0,
                      "held_by": None, "bound": None, "last_error": None}
         self._stopping = threading.Event()
         self._trim_wake = threading.Event()
@@ -386,7 +388,7 @@ class ShardService:
             durable = dict(self.wc.durable)
         bound, why = trim_bound(self.majority_known, applied_point(self.e), durable,
                                 dict(self.heard_ms), now, self.limits.heartbeat_timeout_ms,
-                                self.member_id, bool(cap.get("force")))
+                                self.member_id, bool(cap.get("force")), dict(self.trim_holds))
         batch = self.limits.trim_batch_entries
 
         def step():
@@ -402,6 +404,7 @@ class ShardService:
                 st["txns"] += 1
                 st["max_txn_entries"] = max(st["max_txn_entries"], r.trimmed)
                 st["max_txn_ms"] = max(st["max_txn_ms"], round(ms, 3))
+                st["ms"] += ms
             if not r.more or self._stopping.is_set():
                 break
         st["bound"] = gtid_out(bound)

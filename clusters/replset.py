@@ -273,6 +273,8 @@ class ReplicaSet:
         all_members.sort(key=lambda x: x["id"])
         if source is None:
             source = isync.choose_source(self.status(), exclude=mid)
+        # nothing is trimmed while the snapshot opens; the copy then holds its GTID
+        isync.hold_trimming(self, mid, [0, 0])
         # the snapshot's process starts while the member's actors do
         src = isync.open_source(self, source)
         held = spark is not None and wait

@@ -100,6 +100,7 @@ def copy_snapshot(rs, source: int, target: int, spark=None, rows_per_part: int |
     bar = None
     try:
         info = ray.get(src.info.remote())
+        hold_trimming(rs, target, info["gtid"])
         bar = Progress(f"member {target}: copying from {source}", info["rows"], progress)
         ray.get(dst.load_begin.remote(info))
         phases["plan"] = time.monotonic() - t0
@@ -123,6 +124,20 @@ def copy_snapshot(rs, source: int, target: int, spark=None, rows_per_part: int |
     return {"gtid": GTID(*g), "rows": info["rows"], "parts": len(info["parts"]),
             "source": source, "seconds": time.monotonic() - t0, "phases": phases,
             "via": "ray" if spark is None else "spark"}
+
+
+def hold_trimming(rs, target: int, gtid, ttl_s: float = 3600) -> None:
+    """Every running member keeps the snapshot's GTID in its oplog until
+    ``target`` has pulled from it (it resumes there), or for ``ttl_s``."""
+    import ray
+    refs = []
+    for m in rs.config()["members"]:
+        if m["id"] != target:
+            try:
+                refs.append(rs.member(m["id"]).hold_trim.remote(target, list(gtid), ttl_s))
+            except Exception:
+                pass  # not running: it does not trim either
+    ray.wait(refs, num_returns=len(refs), timeout=10)
 
 
 def _copy_with_ray(src, dst, info, bar, window: int = 4) -> None:

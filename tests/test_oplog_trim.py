@@ -137,6 +137,18 @@ def test_trim_bound_pure():
     # forced: only the applier holds it (an unapplied entry is never dropped)
     g, why = rep.trim_bound(maj, GTID(1, 30), durable, hb, 1200, 600, 0, force=True)
     assert g == GTID(1, 30) and "applier" in why
+    # a member loading a snapshot taken at 1:20 holds it until it pulls from there
+    # (a resynced member's old position, 1:10, does not count) or the hold expires
+    holds = {2: (GTID(1, 20), 5000)}
+    g, why = rep.trim_bound(maj, GTID(1, 90), durable, hb, 1200, 600, 0, holds=holds)
+    assert g == GTID(1, 20) and why == "member 2 loading a snapshot at 1:20"
+    g, why = rep.trim_bound(maj, GTID(1, 90), {**durable, 2: GTID(1, 25)}, hb, 1200, 600,
+                            0, holds=holds)
+    assert g == GTID(1, 40)  # it pulled: released
+    g, why = rep.trim_bound(maj, GTID(1, 90), durable, hb, 6000, 600, 0, holds=holds)
+    assert g == maj  # expired (and member 1 not heard from lately)
+    g, why = rep.trim_bound(maj, GTID(1, 90), durable, hb, 1200, 600, 0, force=True, holds=holds)
+    assert g == GTID(1, 90)  # forced: only the applier
 
 
 @pytest.mark.parametrize("n", [3])

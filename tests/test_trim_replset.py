@@ -36,7 +36,7 @@ def test_trimming_under_a_writer_stays_within_the_cap(ray_session, tmp_path):
                 n[0] += 1
         t = threading.Thread(target=writer)
         t.start()
-        peak = 0
+        peak, t0 = 0, time.time()
         try:
             deadline = time.time() + 6
             while time.time() < deadline:
@@ -46,6 +46,11 @@ def test_trimming_under_a_writer_stays_within_the_cap(ray_session, tmp_path):
             stop.set()
             t.join()
         assert n[0] > 400  # the oplog went round its cap several times
+        # while the writer runs, the primary's oplog stays within its cap plus
+        # about a second of writes (a trim pass every trim_interval_ms, held at
+        # the majority point); untrimmed it would hold every write
+        per_s = n[0] / (time.time() - t0) * (len(DOC) + 100)
+        assert peak <= CAP + per_s, (peak, CAP, per_s)
         # every member trims to the cap once its entries are applied and
         # majority-committed (meanwhile status says what holds it)
         seen = []
@@ -102,5 +107,41 @@ def test_trimming_is_held_at_the_majority_point_and_a_stopped_member_is_too_stal
         wait_until(lambda: rs.status()["members"][2]["state"] == "resync", timeout_s=30)
         m2 = rs.status()["members"][2]
         assert "trimmed" in (m2.get("error") or "") or "too_stale" in (m2.get("error") or "")
+    finally:
+        rs.shutdown()
+
+
+def test_a_member_loading_a_snapshot_is_not_trimmed_past(ray_session, tmp_path):
+    """A tiny cap and a writer: without the hold, the primary would trim past the
+    snapshot's GTID while the new member starts and loads, and it would come up
+    too stale. The copy holds that GTID on every member until the member pulls."""
+    rs = raymx.ReplicaSet.launch("trim3", members=2, data_dir=str(tmp_path), limits=LIM,
+                                 oplog_cap={"max_bytes": 32 * 1024})
+    try:
+        coll = rs.client()["t"]["s"]
+        coll.insert_many([{"_id": f"a{i}", "pad": DOC} for i in range(200)])
+        stop, n = threading.Event(), [0]
+
+        def writer():
+            while not stop.is_set():
+                coll.insert_one({"_id": n[0], "pad": DOC})
+                n[0] += 1
+        t = threading.Thread(target=writer)
+        t.start()
+        try:
+            time.sleep(0.5)
+            mid = rs.add_member(initial_sync="snapshot", progress=False, timeout_s=120)
+            n_at = n[0]
+            wait_until(lambda: n[0] > n_at + 50, timeout_s=30)
+        finally:
+            stop.set()
+            t.join()
+        st = {m["id"]: m for m in rs.status()["members"]}
+        assert st[mid]["state"] == "running", st[mid]
+        assert st[0]["oplog"]["trimmed"] > 0  # trimming ran all along
+        wait_until(lambda: rs.status_of(mid)["applied"] == rs.status_of(0)["last"], timeout_s=60)
+        assert rs.client(read_preference="secondary")["t"]["s"].count_documents({}) == 200 + n[0]
+        wait_until(lambda: all(not m["oplog"]["held_by"] or "loading" not in m["oplog"]["held_by"]
+                               for m in rs.status()["members"]), timeout_s=30)
     finally:
         rs.shutdown()
