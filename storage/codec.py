@@ -116,6 +116,12 @@ def pack_image_op(kind: str, ns: str, pre: bytes | None, post: bytes | None) -> 
     return map_header(len(parts) // 2) + b"".join(parts)
 
 
+def insert_op_prefix(ns: str) -> bytes:
+    """``pack_image_op("i", ns, None, b) == insert_op_prefix(ns) + b``: the part
+    every insert op of one statement shares, packed once."""
+    return map_header(3) + _K_OP + _OPS["i"] + _K_NS + pack(ns) + _K_POST
+
+
 def split_array(blob: bytes) -> list[bytes]:
     """The packed elements of a msgpack array, each as its own bytes (sliced,
     never re-encoded): documents read in bulk stay their stored bytes."""

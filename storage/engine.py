@@ -546,6 +546,7 @@ class Transaction(Reader):
         res = WriteResult()
         lim = self.e.limits.document_bytes_max
         put, cprefix, indexed = self.t.put, c.prefix, bool(c.indexes)
+        op_prefix = codec.insert_op_prefix(ns)
         ops = []
         for doc in docs:
             if type(doc) is not dict:
@@ -560,7 +561,7 @@ class Transaction(Reader):
                                           ns=ns, index="_id_")
             if indexed:
                 self._index(c, pk, doc, True)
-            ops.append(codec.pack_image_op("i", ns, None, b))
+            ops.append(op_prefix + b)
             res.inserted_ids.append(doc["_id"])
         self._log_many(ops)
         return res

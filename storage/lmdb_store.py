@@ -37,6 +37,14 @@ class _Txn(_TxnBase):
     def get(self, db, key):
         return self._t.get(bytes(key), db=self._s._dbs[db])
 
+    def first(self, db):
+        with self._t.cursor(db=self._s._dbs[db]) as c:
+            return (c.key(), c.value()) if c.first() else None
+
+    def last(self, db):  # the oplog's tail on every commit: no generator
+        with self._t.cursor(db=self._s._dbs[db]) as c:
+            return (c.key(), c.value()) if c.last() else None
+
     def scan(self, db, start=None, stop=None, reverse=False):
         with self._t.cursor(db=self._s._dbs[db]) as c:
             if not reverse:

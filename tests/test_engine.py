@@ -3,6 +3,8 @@ atomic statements and transactions, the oplog, apply and undo."""
 import copy
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from raymx import errors
 from raymx.storage import codec
@@ -275,3 +277,13 @@ def test_multikey_index_finds_array_elements(engine):
     assert sorted(d["_id"] for d in engine.find(NS, {"tags": "a"})) == [2]
     with pytest.raises(errors.InvalidDocument):
         engine.insert_many(NS, [{"_id": [1, 2]}])
+
+
+@given(st.text(min_size=1, max_size=200),
+       st.dictionaries(st.text(max_size=10), st.one_of(st.none(), st.integers(-2**63, 2**63 - 1),
+                                                       st.text(), st.binary(), st.floats(allow_nan=False)),
+                       max_size=6))
+def test_insert_op_prefix_builds_the_same_bytes_as_pack_image_op(ns, doc):
+    b = codec.pack(doc)
+    assert codec.insert_op_prefix(ns) + b == codec.pack_image_op("i", ns, None, b)
+    assert codec.unpack(codec.insert_op_prefix(ns) + b) == {"op": "i", "ns": ns, "post": doc}
