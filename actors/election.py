@@ -42,6 +42,7 @@ class View:
     role: str = "unknown"
     state: str = "unknown"
     loading: bool = False       # an initial sync has not finished loading its snapshot
+    loaded_at: GTID | None = None  # the snapshot's GTID once loaded (this process's life)
     following: tuple | None = None  # (sync source, term) the member says it follows
 
     @property
@@ -91,6 +92,7 @@ class ElectionCore:
         v.role = reply.get("role", "unknown")
         v.state = reply.get("state", "running")
         v.loading = bool(reply.get("loading"))
+        v.loaded_at = GTID(*reply["loaded_at"]) if reply.get("loaded_at") else None
         f = reply.get("following")
         v.following = None if f is None else (f[0], f[1])
         self.term = max(self.term, v.term)
@@ -188,6 +190,8 @@ class ElectionCore:
         v, p = self.members.get(member), self.members.get(self.primary)
         if v is None or p is None or not v.alive or v.loading or not p.alive:
             return False
+        if v.loaded_at is not None and v.last <= v.loaded_at and v.last < p.last:
+            return False  # not one pull since the load yet: its sources still hold for it
         return v.last != ZERO and p.last.seq - v.last.seq <= lag_entries
 
     def step_down_to(self, member: int) -> list[Action]:

@@ -177,6 +177,7 @@ class OplogShard:
         self.synchronizing = self.engine.get_meta("initial_sync") is not None
         self.load_progress: dict | None = None
         self._loaded_sums: dict[int, list] = {}  # part -> checksum of the run loaded for it
+        self.loaded_at: list | None = None  # the snapshot GTID this process loaded
         self.feeder = FeederService(self.engine, limits, self.member_id, self._positions,
                                     {int(k): v for k, v in votes.items()})
         # the producer rings after each batch it writes: wake long-polling pulls
@@ -225,7 +226,8 @@ class OplogShard:
         last, h = self.engine.last()
         return {"term": self.engine.term, "last": list(last), "h": h, "role": self.role,
                 "following": self.following, "state": self._state(),
-                "loading": self.engine.get_meta("initial_sync") is not None}
+                "loading": self.engine.get_meta("initial_sync") is not None,
+                "loaded_at": self.loaded_at}
 
     def _state(self) -> str:
         """running, synchronizing (initial sync: never elected, see DESIGN 4) or resync."""
@@ -368,9 +370,13 @@ class OplogShard:
     @ray.method(concurrency_group="control")
     def hold_trim(self, member: int, gtid, ttl_s: float) -> None:
         """Keep ``gtid`` on: ``member`` is loading a snapshot taken there and will
-        pull after it (until it has pulled from here or joined, or for ``ttl_s``)."""
-        self.service.trim_holds[int(member)] = (GTID(*gtid),
-                                                now_ms() + int(ttl_s * 1000))
+        pull after it (until it has pulled from here or joined, or for ``ttl_s``);
+        ``gtid=None`` lifts the hold."""
+        if gtid is None:
+            self.service.trim_holds.pop(int(member), None)
+        else:
+            self.service.trim_holds[int(member)] = (GTID(*gtid),
+                                                    now_ms() + int(ttl_s * 1000))
 
     @ray.method(concurrency_group="control")
     def trim_now(self) -> dict:
@@ -516,6 +522,7 @@ class OplogShard:
             self.load_progress["phase"] = "verify"
         g = snapshot.finish_load(self.engine, info, {int(k): v for k, v in checksums.items()},
                                  self._loaded_sums)
+        self.loaded_at = list(g)
         if self.load_progress is not None:
             self.load_progress["phase"] = "catch-up"
         self.feeder.reset()  # its oplog starts here now

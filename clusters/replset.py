@@ -275,17 +275,19 @@ class ReplicaSet:
             source = isync.choose_source(self.status(), exclude=mid)
         # nothing is trimmed while the snapshot opens; the copy then holds its GTID
         isync.hold_trimming(self, mid, [0, 0])
-        # the snapshot's process starts while the member's actors do
-        src = isync.open_source(self, source)
-        held = spark is not None and wait
+        held, src = spark is not None and wait, None
         try:
+            # the snapshot's process starts while the member's actors do
+            src = isync.open_source(self, source)
             # started marked as synchronizing: its producer pulls nothing until loaded
             self._start(syncing, cfg, all_members, initial_sync=True)
             ray.get(self._coord.reconfigure.remote(all_members))
             if held:
                 isync.hold_applier(self, mid, True)  # the catch-up is a Spark job too
         except BaseException:
-            ray.kill(src, no_restart=True)
+            if src is not None:
+                ray.kill(src, no_restart=True)
+            isync.hold_trimming(self, mid, None)
             raise
         try:
             out = isync.copy_snapshot(self, source, mid, spark=spark, progress=progress,
@@ -293,6 +295,7 @@ class ReplicaSet:
         except BaseException:
             if held:
                 isync.hold_applier(self, mid, False)
+            isync.hold_trimming(self, mid, None)  # trimming need not wait for it now
             raise
         if not wait:
             return out

@@ -128,13 +128,15 @@ def copy_snapshot(rs, source: int, target: int, spark=None, rows_per_part: int |
 
 def hold_trimming(rs, target: int, gtid, ttl_s: float = 3600) -> None:
     """Every running member keeps the snapshot's GTID in its oplog until
-    ``target`` has pulled from it (it resumes there), or for ``ttl_s``."""
+    ``target`` has pulled from it (it resumes there), or for ``ttl_s``;
+    ``gtid=None`` lifts the hold (the copy failed)."""
     import ray
     refs = []
     for m in rs.config()["members"]:
         if m["id"] != target:
             try:
-                refs.append(rs.member(m["id"]).hold_trim.remote(target, list(gtid), ttl_s))
+                refs.append(rs.member(m["id"]).hold_trim.remote(
+                    target, None if gtid is None else list(gtid), ttl_s))
             except Exception:
                 pass  # not running: it does not trim either
     ray.wait(refs, num_returns=len(refs), timeout=10)

@@ -95,6 +95,16 @@ def test_a_synchronizing_member_joins_once_loaded_and_caught_up():
     assert not c.ready_to_join(2, 100)
     c.on_heartbeat(2, {"term": 1, "last": [1, 4950], "state": "synchronizing"}, 200)
     assert c.ready_to_join(2, 100)
+    # loaded at 1:4950 but not one pull since: wait (its sync source holds 1:4950 for
+    # it until then); once it pulled, or when the primary has nothing newer, go
+    c.on_heartbeat(2, {"term": 1, "last": [1, 4950], "loaded_at": [1, 4950]}, 210)
+    assert not c.ready_to_join(2, 100)
+    c.on_heartbeat(2, {"term": 1, "last": [1, 4951], "loaded_at": [1, 4950]}, 220)
+    assert c.ready_to_join(2, 100)
+    beat(c, 0, 230, last=(1, 4950), role="primary")
+    c.on_heartbeat(2, {"term": 1, "last": [1, 4950], "loaded_at": [1, 4950]}, 230)
+    assert c.ready_to_join(2, 100)
+    beat(c, 0, 240, last=(1, 5000), role="primary")
     # no primary to compare with, or the member stopped answering: wait
     c.on_heartbeat(2, None, 5000)
     assert not c.ready_to_join(2, 100)
