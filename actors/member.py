@@ -31,7 +31,7 @@ from raymx import errors
 from raymx.actors import doorbell
 from raymx.actors import replication as rep
 from raymx.actors.gtid_manager import GTIDManager
-from raymx.actors.server import ClientPort
+from raymx.actors.server import ClientPort, boot_id
 from raymx.actors.shard import ShardService, gtid_out
 from raymx.storage import codec, replay, snapshot
 from raymx.storage.engine import Engine
@@ -39,6 +39,8 @@ from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.keys import prefix_end
 from raymx.storage.limits import Limits
 from raymx.storage.lmdb_store import LMDBStore
+
+BOOT_ID = boot_id()
 
 log = logging.getLogger("raymx.member")
 NAMESPACE = "raymx"
@@ -424,7 +426,7 @@ class OplogShard:
     @ray.method(concurrency_group="control")
     def address(self) -> dict:
         return {"id": self.member_id, "host": self.port.host, "port": self.port.port,
-                "role": self.role, "node_id": self.node_id,
+                "unix": self.port.unix_path, "boot": BOOT_ID, "role": self.role, "node_id": self.node_id,
                 "hidden": bool(self.spec.get("hidden"))}
 
     @ray.method(concurrency_group="control")

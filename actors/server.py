@@ -12,6 +12,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
+import secrets
+import tempfile
 import threading
 
 from raymx import errors
@@ -30,13 +33,17 @@ class ClientPort:
     so a group commit releasing 20 writers wakes the loop once, not 20 times.
     """
 
-    def __init__(self, handler, secret: str, host: str, frame_bytes_max: int, info: dict):
+    def __init__(self, handler, secret: str, host: str, frame_bytes_max: int, info: dict,
+                 unix: bool = True):
         self.handler = handler
         self.secret = secret.encode()
         self.host = host
         self.frame_bytes_max = frame_bytes_max
         self.info = info  # sent in the hello answer (member id, role...)
         self.port: int | None = None
+        # the same protocol on a Unix socket, for clients on this machine
+        # (a loopback TCP round trip costs about twice the kernel time)
+        self.unix_path: str | None = unix_socket_path(info) if unix else None
         self.connections = 0
         self._conns: set = set()
         self._out: list = []            # (connection, frame) answered, not yet sent
@@ -55,6 +62,15 @@ class ClientPort:
         async def start():
             self._server = await self._loop.create_server(lambda: _Conn(self), self.host, 0)
             self.port = self._server.sockets[0].getsockname()[1]
+            self._unix_server = None
+            if self.unix_path is not None:
+                try:
+                    self._unix_server = await self._loop.create_unix_server(
+                        lambda: _Conn(self), self.unix_path)
+                    os.chmod(self.unix_path, 0o600)
+                except OSError:
+                    log.warning("no Unix socket at %s; clients use TCP", self.unix_path)
+                    self.unix_path = None
             self._ready.set()
         try:
             self._loop.run_until_complete(start())
@@ -92,6 +108,8 @@ class ClientPort:
     def close(self):
         async def stop():
             self._server.close()
+            if self._unix_server is not None:
+                self._unix_server.close()
             for c in list(self._conns):
                 c.transport.abort()  # connection_lost runs for each, releasing its state
             await asyncio.sleep(0)
@@ -99,6 +117,29 @@ class ClientPort:
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._t.join(5)
+        if self.unix_path is not None:
+            try:
+                os.unlink(self.unix_path)
+            except OSError:
+                pass
+
+
+def boot_id() -> str:
+    """This kernel's boot id: a client with the same one can reach our Unix sockets."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def unix_socket_path(info: dict) -> str:
+    """A fresh socket path in an owner-only folder (short: sun_path holds 107 bytes)."""
+    d = os.path.join(tempfile.gettempdir(), f"raymx-{os.getuid()}")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    os.chmod(d, 0o700)
+    tag = "".join(ch for ch in str(info.get("replset", "")) if ch.isalnum())[:24]
+    return os.path.join(d, f"{tag}-m{info.get('member', 0)}-{secrets.token_hex(4)}.sock")
 
 
 class _Conn(asyncio.Protocol):

@@ -105,14 +105,18 @@ class GroupCommit:
         self._t = threading.Thread(target=self._run, name="raymx-syncer", daemon=True)
         self._t.start()
 
-    def note_commit(self, g: GTID, durable_cb: Callable[[], None] | None) -> None:
+    def note_commit(self, g: GTID, durable_cb: Callable[[], None] | None,
+                    wake: bool = True) -> None:
+        """``g`` committed; ``durable_cb`` runs once a flush covers it. With
+        ``wake=False`` the caller flushes itself (``sync_now``)."""
         with self._cond:
             if self.committed is None or g > self.committed:
                 self.committed = g
             if durable_cb is not None:
                 self._waiters.append((g, durable_cb))
-                self._cond.notify()
-            elif self.eager:
+                if wake:
+                    self._cond.notify()
+            elif self.eager and wake:
                 self._cond.notify()
 
     def _run(self):
@@ -126,24 +130,39 @@ class GroupCommit:
                 target = self.committed
                 if target is None or target == self.durable:
                     continue
-            # durability gate: record min_live before the flush, publish after it
-            rec = self._gm.before_sync()
-            try:
-                self._e.sync()
-            except Exception:  # the disk failed: nothing can be acknowledged as durable
-                log.exception("LMDB sync failed")
+            if not self._sync(target):
                 time.sleep(self._interval)
-                continue
-            self._gm.after_sync(rec)
-            with self._cond:
-                self.durable = target
-                self.syncs += 1
-                done = [cb for g, cb in self._waiters if g <= target]
-                self._waiters = [(g, cb) for g, cb in self._waiters if g > target]
-            for cb in done:
-                cb()
-            if self._on_durable is not None:
-                self._on_durable(target)
+
+    def sync_now(self) -> None:
+        """Flush on the calling thread: the writer, when durable writers wait on
+        what it just committed (no hand-off to the syncer on their path)."""
+        with self._cond:
+            target = self.committed
+            if target is None or (self.durable is not None and target <= self.durable):
+                return
+        self._sync(target)
+
+    def _sync(self, target: GTID) -> bool:
+        # durability gate: record min_live before the flush, publish after it
+        rec = self._gm.before_sync()
+        try:
+            self._e.sync()
+        except Exception:  # the disk failed: nothing can be acknowledged as durable
+            log.exception("LMDB sync failed")
+            return False
+        self._gm.after_sync(rec)
+        with self._cond:
+            if self.durable is not None and target <= self.durable:
+                return True  # another thread's flush covered it and released its writers
+            self.durable = target
+            self.syncs += 1
+            done = [cb for g, cb in self._waiters if g <= target]
+            self._waiters = [(g, cb) for g, cb in self._waiters if g > target]
+        for cb in done:
+            cb()
+        if self._on_durable is not None:
+            self._on_durable(target)
+        return True
 
     def stop(self):
         with self._cond:
@@ -322,6 +341,7 @@ class ShardService:
         self._cursors_lock = threading.Lock()
         self.readers = ThreadPoolExecutor(4, thread_name_prefix="raymx-reader")
         self.commits = 0
+        self.write_groups = 0  # LMDB transactions that carried several queued writes
         self.watchers = ThreadPoolExecutor(32, thread_name_prefix="raymx-watch")
         self.oplog_cap = {"max_bytes": limits.oplog_bytes_max, "max_age_s": None, "force": False}
         self.trim = {"trimmed": 0, "txns": 0, "max_txn_entries": 0, "max_txn_ms": 0.0, "ms": 0.0,
@@ -505,11 +525,27 @@ class ShardService:
 
     # --- writes ----------------------------------------------------------
     def _write_loop(self):
+        q, held = self._q, []
         while True:
-            item = self._q.get()
+            item = held.pop() if held else q.get()
             if item is None:
                 return
             kind, sess, req, reply = item
+            if kind == "write":
+                # the writes queued at this moment share one LMDB commit
+                group = [item]
+                while len(group) < self.limits.write_group_max:
+                    try:
+                        nxt = q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is None or nxt[0] != "write":
+                        held.append(nxt)
+                        break
+                    group.append(nxt)
+                if len(group) > 1:
+                    self._write_group(group)
+                    continue
             if kind == "call":  # internal work between writes (trimming): a Future
                 try:
                     reply.set_result(sess())
@@ -527,22 +563,32 @@ class ShardService:
                         tx.abort()
                         raise
                     self._commit(tx, res, req, reply)
-            except errors.RaymxError as e:
-                reply(err=e)
-            except Exception as e:  # a bug: answer, log, keep serving
-                log.exception("write %s failed", req.get("op"))
-                reply(err=errors.RaymxError(f"internal error: {type(e).__name__}: {e}"))
+            except Exception as e:
+                reply(err=self._write_error(e, req))
+
+    @staticmethod
+    def _write_error(e: Exception, req: dict) -> errors.RaymxError:
+        if isinstance(e, errors.RaymxError):
+            return e
+        log.exception("write %s failed", req.get("op"))  # a bug: answer, log, keep serving
+        return errors.RaymxError(f"internal error: {type(e).__name__}: {e}")
+
+    def _deposed(self) -> errors.NotPrimary | None:
+        """NotPrimary if this member may no longer write (checked before a GTID is taken)."""
+        if not self.primary or self.e.term > self.gm.term:
+            self.primary = False
+            return errors.NotPrimary(f"member {self.member_id} was deposed (a higher term "
+                                     "exists); nothing was written", member=self.member_id)
+        return None
 
     def _commit(self, tx: Transaction, res, req: dict, reply: Reply) -> None:
         if tx.nops == 0:
             tx.commit()
             return reply(ok=result_out(res))
-        if not self.primary or self.e.term > self.gm.term:
+        err = self._deposed()
+        if err is not None:
             tx.abort()
-            self.primary = False
-            return reply(err=errors.NotPrimary(
-                f"member {self.member_id} was deposed (a higher term exists); nothing was "
-                "written", member=self.member_id))
+            return reply(err=err)
         g = self.gm.allocate()
         try:
             try:
@@ -553,6 +599,78 @@ class ShardService:
                 raise
         finally:
             self.gm.done(g)
+        if self._acknowledge(g, res, req, reply):
+            self.group.sync_now()
+
+    def _write_group(self, group: list) -> None:
+        """Run queued autocommit writes in one LMDB transaction, one GTID each.
+
+        A statement that fails is undone alone (its child transaction) and
+        answered at once; the others are answered after the one commit. If that
+        commit fails, nothing of the group is stored and every GTID it took
+        becomes an ``n`` entry, as for a single failed commit.
+        """
+        grp = self.e.begin_group()
+        sealed = []  # (GTID or None, result or error, req, reply)
+        try:
+            for _, _, req, reply in group:
+                tx = grp.statement()
+                try:
+                    res = run_statement(tx, req)
+                    err = None if tx.nops == 0 else self._deposed()
+                except Exception as e:
+                    res, err = None, self._write_error(e, req)
+                if err is not None:
+                    tx.abort()
+                    reply(err=err)
+                    continue
+                if tx.nops == 0:
+                    tx.commit()
+                    sealed.append((None, res, req, reply))
+                    continue
+                g = self.gm.allocate()
+                try:
+                    tx.commit(g)
+                    sealed.append((g, res, req, reply))
+                except Exception as e:
+                    sealed.append((g, self._write_error(e, req), req, reply))
+                    grp.noop(g)  # the GTID is taken: an n entry keeps seqs dense
+            grp.commit()
+        except BaseException as e:
+            grp.abort()
+            taken = [g for g, *_ in sealed if g is not None]
+            try:
+                for g in taken:
+                    self.e.write_noop(g)
+            finally:
+                for g in taken:
+                    self.gm.done(g)
+                if isinstance(e, Exception):
+                    err = self._write_error(e, {"op": "write group"})
+                    for _, _, _, reply in sealed:
+                        reply(err=err)
+            if not isinstance(e, Exception):
+                raise
+            return
+        for g, *_ in sealed:
+            if g is not None:
+                self.gm.done(g)
+        self.write_groups += 1
+        flush = False
+        for g, res, req, reply in sealed:
+            if isinstance(res, Exception):
+                reply(err=res)
+            elif g is None:
+                reply(ok=result_out(res))
+            else:
+                flush |= self._acknowledge(g, res, req, reply)
+        if flush:
+            self.group.sync_now()
+
+    def _acknowledge(self, g: GTID, res, req: dict, reply: Reply) -> bool:
+        """A write committed at ``g``: answer now, or once its write concern holds.
+        True if it waits for a flush, which the caller (the writer) then runs:
+        group commit without a hand-off to the syncer."""
         self.commits += 1
         if isinstance(res, WriteResult):
             res.gtid = g
@@ -563,15 +681,17 @@ class ShardService:
             self._on_commit(g)
         w = req.get("w", 1)
         if w not in (0, 1, None):
-            # w > 1 needs the entry durable here too: wait for the sync, then others
-            self.group.note_commit(g, None)
+            # w > 1 needs the entry durable here too: the writer flushes, then others
+            self.group.note_commit(g, None, wake=False)
             self.wc.wait(g, w, req.get("wtimeout_ms"), lambda: reply(ok=out),
                          lambda e: reply(err=e))
-        elif req.get("j"):
-            self.group.note_commit(g, lambda: reply(ok=out))
-        else:
-            self.group.note_commit(g, None)
-            reply(ok=out)
+            return True
+        if req.get("j"):
+            self.group.note_commit(g, lambda: reply(ok=out), wake=False)
+            return True
+        self.group.note_commit(g, None)
+        reply(ok=out)
+        return False
 
     def _run_session(self, s: _Session, req: dict, reply: Reply) -> None:
         try:
@@ -778,6 +898,7 @@ class ShardService:
                 "durable": gtid_out(self.group.durable),
                 "replicatable": gtid_out(self.gm.replicatable()),
                 "commits": self.commits, "syncs": self.group.syncs,
+                "write_groups": self.write_groups,
                 "majority": gtid_out(self.wc.majority_point()) if self.primary else None,
                 "open_cursors": len(self._cursors)}
 

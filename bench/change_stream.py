@@ -40,9 +40,9 @@ CAP_BYTES = 1 << 20       # trimming on: far below one round's writes (~2 MB and
 
 def consumer(topo, member, q, stop_at, ns):
     """Stream majority-committed events of ``ns`` from one member; report delays."""
-    from raymx.client import Connection
+    from raymx.client import connect_member
     m = next(x for x in topo["members"] if x["id"] == member)
-    conn = Connection(m["host"], m["port"], topo["secret"])
+    conn = connect_member(m, topo["secret"])
     tok = None
     delays = []
     q.put(("ready", member))
@@ -113,7 +113,7 @@ def main():
     import ray
 
     import raymx
-    from raymx.client import Connection
+    from raymx.client import connect_member
     progress("ray.init")
     ray.init(address="local", num_cpus=2, include_dashboard=False,
              object_store_memory=100 * 1024**2, log_to_driver=False)
@@ -127,7 +127,7 @@ def main():
         topo = rs._topology()
         prim = next(m for m in topo["members"] if m["role"] == "primary")
         secs = sorted(m["id"] for m in topo["members"] if m["role"] == "secondary")
-        conn = Connection(prim["host"], prim["port"], topo["secret"])
+        conn = connect_member(prim, topo["secret"])
         for i in range(200):
             conn.request({"op": "insert", "ns": NS, "docs": [{"_id": f"warm{i}"}], "w": 3})
 

@@ -58,10 +58,10 @@ def pct(xs, q):
 def max_rate_worker(k, topo, ns, cmd_q, res_q):
     """One client process: single-document inserts, default write concern, with
     MAX_WINDOW of them in flight on its connection (pipelined)."""
-    from raymx.client import Connection
+    from raymx.client import connect_member
 
     prim = next(m for m in topo["members"] if m["role"] == "primary")
-    conn = Connection(prim["host"], prim["port"], topo["secret"])
+    conn = connect_member(prim, topo["secret"])
     rnd = random.Random(k)
     i = (k + 1) * 1_000_000_000
     conn.request({"op": "insert", "ns": ns, "docs": [make_doc(i, rnd)]})  # warm up
@@ -349,7 +349,7 @@ def main():
     import ray
 
     import raymx
-    from raymx.client import Connection
+    from raymx.client import connect_member
 
     progress("ray.init")
     ray.init(address="local", num_cpus=2, include_dashboard=False,
@@ -365,7 +365,7 @@ def main():
         laggard, other = secs[-1], secs[0]  # the laggard's producer is paused in part 3
         term0 = topo.get("term")
         CpuShare.labels = member_pids(ray, rs, topo)
-        conn = Connection(prim["host"], prim["port"], topo["secret"])
+        conn = connect_member(prim, topo["secret"])
         for i in range(200):  # warm up the connection and the w=3 path
             conn.request({"op": "insert", "ns": NS, "docs": [{"_id": f"warm{i}"}], "w": 3,
                           "wtimeout_ms": 30_000})

@@ -1,13 +1,15 @@
 """The driver: a pymongo-shaped client over the members' client ports.
 
 One persistent TCP connection per member, shared by every thread of the
-client and pipelined: each request carries an id, a reader thread matches the
-answers, so many requests are in flight on one socket. Errors raised by the
+client and pipelined: each request carries an id and the answers are matched
+to it, so many requests are in flight on one socket. The caller that waits
+reads the answers itself (no reader thread unless Futures are used). Errors raised by the
 member arrive as the same ``raymx.errors`` classes.
 """
 from __future__ import annotations
 
 import itertools
+import select
 import socket
 import threading
 import time
@@ -29,69 +31,182 @@ def _gtid(x) -> GTID | None:
 
 
 # --- one connection -------------------------------------------------------
+class _Wait:
+    """The answer slot of one ``request`` (lighter than a Future)."""
+    __slots__ = ("msg",)
+
+    def __init__(self):
+        self.msg = None  # the answer frame, or the exception that ended the connection
+
+
 class Connection:
+    """One TCP connection to a member, shared by threads and pipelined.
+
+    Answers are read by whoever waits for one: the first waiting caller reads
+    the socket for everyone (matching answers to requests by id) until its own
+    answer comes, then hands the socket to the next waiter. A single-threaded
+    caller therefore costs one send and one receive per request, with no
+    thread hand-off. ``submit`` (answers as Futures, possibly with callbacks
+    and nobody waiting) starts a reader thread that owns receiving from then on.
+    """
+
     def __init__(self, host: str, port: int, secret: str, timeout_s: float = 10.0,
-                 frame_bytes_max: int = DEFAULT_LIMITS.frame_bytes_max):
-        self.addr = (host, port)
+                 frame_bytes_max: int = DEFAULT_LIMITS.frame_bytes_max, unix: str | None = None):
+        self.addr = (host, port) if unix is None else unix
         self.frame_bytes_max = frame_bytes_max
-        self._sock = socket.create_connection(self.addr, timeout=timeout_s)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock.settimeout(None)
+        if unix is None:
+            self._sock = socket.create_connection(self.addr, timeout=timeout_s)
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        else:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._sock.settimeout(timeout_s)
+            try:
+                self._sock.connect(unix)
+            except OSError:
+                self._sock.close()
+                raise
+        self._sock.settimeout(None)  # sends block; receives wait in poll (deadlines)
+        self._poll = select.poll()
+        self._poll.register(self._sock, select.POLLIN)
         self._send_lock = threading.Lock()
-        self._pending: dict[int, Future] = {}
-        self._plock = threading.Lock()
+        self._cv = threading.Condition(threading.Lock())  # guards everything below
+        self._pending: dict[int, _Wait | Future] = {}
+        self._reading = False   # a caller or the reader thread owns the receive side
+        self._reader: threading.Thread | None = None
+        self._buf = bytearray()
         self._ids = itertools.count(1)
         self._closed: errors.RaymxError | None = None
-        self._reader = threading.Thread(target=self._read_loop, daemon=True,
-                                        name=f"raymx-conn-{host}:{port}")
-        self._reader.start()
-        self.hello = self.request({"op": "hello", "secret": secret, "v": 1}, timeout_s=timeout_s)
-
-    def submit(self, req: dict) -> Future:
-        """Send one request without waiting (pipelining); the Future holds the answer."""
-        f: Future = Future()
-        rid = next(self._ids)
-        req = dict(req, id=rid)
         try:
-            frame = codec.pack_frame(req)
+            self.hello = self.request({"op": "hello", "secret": secret, "v": 1},
+                                      timeout_s=timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _send(self, req: dict, waiter) -> int:
+        rid = next(self._ids)
+        try:
+            frame = codec.pack_frame(dict(req, id=rid))
         except Exception as e:
             raise errors.InvalidDocument(f"request cannot be encoded as msgpack: {e}") from None
         if len(frame) - 4 > self.frame_bytes_max:
             raise errors.DocumentTooLarge(
                 f"request of {len(frame)} bytes exceeds the frame limit of {self.frame_bytes_max}"
                 " (split it into smaller batches)")
-        with self._plock:
+        self._check_idle()
+        with self._cv:
             if self._closed is not None:
                 raise errors.ConnectionLost(f"connection to {self.addr} is closed; the "
                                             "request was not sent", sent=False)
-            self._pending[rid] = f
+            self._pending[rid] = waiter
         try:
             with self._send_lock:
                 self._sock.sendall(frame)
         except OSError as e:
+            # an incomplete frame is never executed: the member did not get it
             self._fail(errors.ConnectionLost(f"connection to {self.addr} lost: {e}"))
+            raise errors.ConnectionLost(f"connection to {self.addr} lost ({e}); the request "
+                                        "was not sent", sent=False) from None
+        return rid
+
+    def _check_idle(self) -> None:
+        """On an idle connection, notice a member that hung up (and drop answers
+        to requests that timed out) before sending into it: a request sent into
+        a dead connection would have an unknown outcome; this one was never sent."""
+        with self._cv:
+            if self._reading or self._pending or self._closed is not None \
+                    or not self._poll.poll(0):
+                return
+            self._reading = True
+        try:
+            self._receive()
+        finally:
+            with self._cv:
+                self._reading = False
+                self._cv.notify_all()
+
+    def submit(self, req: dict) -> Future:
+        """Send one request without waiting (pipelining); the Future holds the answer."""
+        f: Future = Future()
+        self._send(req, f)
+        if self._reader is None:
+            self._start_reader()
         return f
 
     def request(self, req: dict, timeout_s: float | None = None):
-        return self.submit(req).result(timeout_s)
+        """Send one request and wait for its answer (``TimeoutError`` after ``timeout_s``)."""
+        w = _Wait()
+        rid = self._send(req, w)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cv:
+            while w.msg is None and self._reading:
+                if deadline is None:
+                    self._cv.wait()
+                elif not self._cv.wait(max(0.0, deadline - time.monotonic())) and \
+                        w.msg is None and time.monotonic() >= deadline:
+                    self._pending.pop(rid, None)
+                    raise TimeoutError(f"no answer from {self.addr} in {timeout_s} s")
+            lead = w.msg is None
+            if lead:
+                self._reading = True
+        if lead:  # read for everyone until this answer is in
+            try:
+                while w.msg is None:
+                    if deadline is not None:
+                        ms = (deadline - time.monotonic()) * 1000
+                        if ms <= 0 or not self._poll.poll(ms):
+                            with self._cv:
+                                self._pending.pop(rid, None)
+                            raise TimeoutError(f"no answer from {self.addr} in {timeout_s} s")
+                    self._receive()
+            finally:
+                with self._cv:
+                    self._reading = False
+                    self._cv.notify_all()
+        msg = w.msg
+        if isinstance(msg, BaseException):
+            raise msg
+        if "err" in msg:
+            raise errors.from_wire(msg["err"])
+        return msg.get("ok")
+
+    def _start_reader(self) -> None:
+        with self._cv:
+            if self._reader is not None:
+                return
+            while self._reading:  # a caller is reading: it hands over when its answer is in
+                self._cv.wait()
+            self._reading = True  # for good: the reader thread receives from now on
+            self._reader = threading.Thread(target=self._read_loop, daemon=True,
+                                            name=f"raymx-conn-{self.addr[0]}:{self.addr[1]}")
+        self._reader.start()
 
     def _read_loop(self):
-        # one recv of up to 256 KiB, then every complete frame in the buffer:
-        # fewer syscalls and copies than reading header and body separately
-        buf = bytearray()
+        while self._closed is None:
+            self._receive()
+
+    def _receive(self) -> None:
+        """One ``recv`` (up to 256 KiB) and every complete frame it completes,
+        each given to its waiter. A lost connection fails every waiter."""
         try:
-            while True:
-                chunk = self._sock.recv(1 << 18)
-                if not chunk:
-                    raise ConnectionError("closed by the member")
-                buf += chunk
-                while len(buf) >= 4:
-                    n = codec.frame_length(bytes(buf[:4]), self.frame_bytes_max)
-                    if len(buf) < 4 + n:
-                        break
-                    msg = codec.unpack_frame(bytes(buf[4:4 + n]))
-                    del buf[:4 + n]
-                    self._dispatch(msg)
+            chunk = self._sock.recv(1 << 18)
+            if not chunk:
+                raise ConnectionError("closed by the member")
+            buf = self._buf
+            buf += chunk
+            pos, woke = 0, False
+            while len(buf) - pos >= 4:
+                n = codec.frame_length(bytes(buf[pos:pos + 4]), self.frame_bytes_max)
+                if len(buf) - pos - 4 < n:
+                    break
+                msg = codec.unpack_frame(bytes(buf[pos + 4:pos + 4 + n]))
+                pos += 4 + n
+                woke |= self._dispatch(msg)
+            if pos:
+                del buf[:pos]
+            if woke:
+                with self._cv:
+                    self._cv.notify_all()
         except errors.RaymxError as e:
             self._fail(e)
         except (OSError, ConnectionError) as e:
@@ -99,31 +214,41 @@ class Connection:
                 f"connection to {self.addr} lost ({e}); the outcome of requests in flight "
                 "is unknown", sent=True))
 
-    def _dispatch(self, msg: dict) -> None:
+    def _dispatch(self, msg: dict) -> bool:
+        """Hand ``msg`` to its waiter; True if a waiting ``request`` must be woken."""
         rid = msg.get("id")
         if rid is None and "err" in msg:
             raise errors.from_wire(msg["err"])
-        with self._plock:
-            f = self._pending.pop(rid, None)
-        if f is None:
-            return
+        with self._cv:
+            w = self._pending.pop(rid, None)
+        if w is None:
+            return False
+        if type(w) is _Wait:
+            w.msg = msg
+            return True
         if "err" in msg:
-            f.set_exception(errors.from_wire(msg["err"]))
+            w.set_exception(errors.from_wire(msg["err"]))
         else:
-            f.set_result(msg.get("ok"))
+            w.set_result(msg.get("ok"))
+        return False
 
     def _fail(self, e: errors.RaymxError):
-        with self._plock:
+        with self._cv:
             if self._closed is None:
                 self._closed = e
             pending, self._pending = self._pending, {}
-        for f in pending.values():
-            if not f.done():
-                f.set_exception(e)
+            for w in pending.values():
+                if type(w) is _Wait:
+                    w.msg = e
+            self._cv.notify_all()
+        for w in pending.values():
+            if type(w) is not _Wait and not w.done():
+                w.set_exception(e)
         try:
-            self._sock.close()
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes a receive blocked in another thread
         except OSError:
             pass
+        self._sock.close()
 
     @property
     def closed(self) -> bool:
@@ -131,6 +256,34 @@ class Connection:
 
     def close(self):
         self._fail(errors.ConnectionLost("connection closed by the client"))
+
+
+def connect_member(m: dict, secret: str, timeout_s: float = 10.0) -> Connection:
+    """A connection to member ``m`` (a topology entry): over its Unix socket
+    when it runs on this machine (same kernel boot id, and its hello names the
+    same member), else over TCP."""
+    path = m.get("unix")
+    if path and m.get("boot") and m.get("boot") == _boot_id():
+        try:
+            c = Connection(m["host"], m["port"], secret, timeout_s, unix=path)
+        except (OSError, errors.RaymxError):
+            pass  # another mount namespace, or not this member any more: try TCP
+        else:
+            if isinstance(c.hello, dict) and c.hello.get("member") == m["id"]:
+                return c
+            c.close()
+    return Connection(m["host"], m["port"], secret, timeout_s)
+
+
+def _boot_id() -> str:
+    from raymx.actors.server import boot_id
+    global _BOOT
+    if _BOOT is None:
+        _BOOT = boot_id()
+    return _BOOT
+
+
+_BOOT: str | None = None
 
 
 # --- results ------------------------------------------------------------
@@ -243,7 +396,7 @@ class Client:
     def _conn_to(self, m: dict, secret: str) -> Connection:
         c = self._conns.get(m["id"])
         if c is None or c.closed:
-            c = self._conns[m["id"]] = Connection(m["host"], m["port"], secret)
+            c = self._conns[m["id"]] = connect_member(m, secret)
         return c
 
     def _read_conn(self, rp: "ReadPreference") -> Connection:

@@ -428,10 +428,12 @@ class Transaction(Reader):
     about to truncate).
     """
 
-    def __init__(self, engine: "Engine", txn, log: bool = True, autocommit: bool = False):
+    def __init__(self, engine: "Engine", txn, log: bool = True, autocommit: bool = False,
+                 group: "WriteGroup | None" = None):
         super().__init__(engine, txn)
         self._log_on = log
         self._autocommit = autocommit  # one statement: no savepoint needed
+        self._group = group  # its LMDB txn is a child of the group's (see WriteGroup)
         self._buf: list[bytes] = []
         self._buf_bytes = 0
         self._bytes = 0
@@ -763,13 +765,17 @@ class Transaction(Reader):
         if not self._log_on or self._nops == 0:
             self.t.commit()
             return None
+        grp = self._group
         try:
-            gtid, h = self.e._append(self.t, gtid, ts_ms, self)
+            gtid, h = self.e._append(self.t, gtid, ts_ms, self, None if grp is None else grp.tail)
             self.t.commit()
         except BaseException:
             self.t.abort()
             raise
-        self.e._committed(gtid, h)
+        if grp is None:
+            self.e._committed(gtid, h)
+        else:  # durable only when the group commits
+            grp.tail = (gtid, h)
         return gtid
 
     def abort(self) -> None:
@@ -785,6 +791,47 @@ class Transaction(Reader):
             self.commit()
         else:
             self.abort()
+
+
+class WriteGroup:
+    """Several autocommit statements in one store transaction, each still its
+    own oplog entry under its own GTID.
+
+    The writer of a member runs the writes queued at one moment as a group:
+    one LMDB commit (one flush of the touched pages) instead of one per
+    statement. Each statement runs in a child transaction, so one that fails
+    leaves no trace while the others stand; nothing is visible, or durable,
+    before ``commit``. The GTIDs must follow each other, as for single commits.
+    """
+
+    def __init__(self, engine: "Engine"):
+        self.e = engine
+        self.t = engine.store.write()
+        self.tail: tuple[GTID, int] | None = None  # the last entry sealed in this group
+        self._done = False
+
+    def statement(self) -> Transaction:
+        """A transaction for one statement; its ``commit(gtid)`` seals it into the group."""
+        if self._done:
+            raise errors.TransactionAborted("the write group has already finished")
+        return Transaction(self.e, self.t.nested(), autocommit=True, group=self)
+
+    def noop(self, gtid: GTID) -> None:
+        """An ``n`` entry for a GTID taken by a statement that then failed."""
+        tx = self.statement()
+        tx._log(codec.pack({"op": "n"}))
+        tx.commit(gtid)
+
+    def commit(self) -> None:
+        self._done = True
+        self.t.commit()
+        if self.tail is not None:
+            self.e._committed(*self.tail)
+
+    def abort(self) -> None:
+        if not self._done:
+            self._done = True
+            self.t.abort()
 
 
 def _pk(_id) -> bytes:
@@ -873,6 +920,9 @@ class Engine:
     def begin(self, log: bool = True, autocommit: bool = False) -> Transaction:
         return Transaction(self, self.store.write(), log=log, autocommit=autocommit)
 
+    def begin_group(self) -> "WriteGroup":
+        return WriteGroup(self)
+
     def reader(self) -> Reader:
         return Reader(self, self.store.read())
 
@@ -891,8 +941,9 @@ class Engine:
         e = codec.unpack(last[1], "oplog entry")
         return g, e["h"]
 
-    def _append(self, t, gtid: GTID | None, ts_ms: int | None, tx: Transaction):
-        last, prev_h = self._tail_of(t)
+    def _append(self, t, gtid: GTID | None, ts_ms: int | None, tx: Transaction,
+                tail: tuple[GTID, int] | None = None):
+        last, prev_h = tail or self._tail_of(t)
         if gtid is None:
             term = codec.unpack(t.get("meta", b"term"))
             gtid = GTID(max(term, last.term), last.seq + 1)

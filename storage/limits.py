@@ -27,6 +27,9 @@ class Limits:
     cursor_batch_bytes: int = 4 * MiB
     # Group commit: default (j=False) writes are synced within this interval.
     sync_interval_ms: int = 100
+    # Autocommit writes queued together run as one LMDB transaction (each
+    # still its own GTID): at most this many share one commit.
+    write_group_max: int = 64
     # Interactive transactions hold the shard's writer; abort after this long.
     transaction_lifetime_ms: int = 60_000
     # Applier batches (DESIGN section 4).

@@ -154,3 +154,126 @@ def test_group_commit_shares_syncs_among_durable_writers(port):
     assert syncs < 400  # durable writers shared flushes
     for c in conns:
         c.close()
+
+
+def test_one_connection_shared_by_threads_answers_each_its_own(port):
+    """Callers read for each other (no reader thread): every thread gets the
+    answer to its own request, including while Futures join in mid-way."""
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    assert c._reader is None  # request() alone needs no thread
+    errs, got = [], {}
+
+    def client(i):
+        try:
+            for k in range(60):
+                r = c.request({"op": "insert", "ns": "s.c", "docs": [{"_id": f"{i}-{k}"}],
+                               "j": k % 3 == 0}, timeout_s=30)
+                assert r["inserted_ids"] == [f"{i}-{k}"]
+                n = c.request({"op": "count", "ns": "s.c", "filter": {"_id": f"{i}-{k}"}},
+                              timeout_s=30)
+                assert n["value"] == 1
+            got[i] = True
+        except Exception as e:  # pragma: no cover - reported below
+            errs.append(e)
+
+    ts = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+    for t in ts:
+        t.start()
+    futs = [c.submit({"op": "insert", "ns": "s.f", "docs": [{"_id": k}]}) for k in range(50)]
+    for t in ts:
+        t.join()
+    assert not errs and len(got) == 6
+    assert [f.result(10)["inserted_ids"] for f in futs] == [[k] for k in range(50)]
+    assert c._reader is not None  # submit handed receiving to a reader thread
+    assert c.request({"op": "count", "ns": "s.c"})["value"] == 360
+    c.close()
+
+
+def test_request_timeout_then_connection_loss_wakes_every_waiter(port):
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    blocker = threading.Event()
+    svc.on_writer(blocker.wait)  # the writer is busy: writes queue behind it
+    with pytest.raises(TimeoutError):
+        c.request({"op": "insert", "ns": "t.c", "docs": [{"_id": 1}]}, timeout_s=0.2)
+    errs = []
+
+    def waiter():
+        try:
+            c.request({"op": "insert", "ns": "t.c", "docs": [{"_id": 2}]})
+        except Exception as e:
+            errs.append(e)
+
+    ts = [threading.Thread(target=waiter) for _ in range(3)]
+    for t in ts:
+        t.start()
+    import time
+    time.sleep(0.3)
+    c.close()  # wakes the caller blocked in recv and those waiting for it
+    for t in ts:
+        t.join(5)
+    assert not any(t.is_alive() for t in ts)
+    assert len(errs) == 3 and all(isinstance(e, errors.ConnectionLost) for e in errs)
+    blocker.set()
+    c2 = Connection("127.0.0.1", p.port, SECRET)
+    c2.request({"op": "insert", "ns": "t.c", "docs": [{"_id": 3}]})  # after the queued ones
+    assert c2.request({"op": "count", "ns": "t.c", "filter": {"_id": 1}})["value"] == 1
+    # a timeout is not a cancellation: the timed-out write ran once the writer was free
+    c2.close()
+
+
+def test_queued_writes_share_one_commit_and_a_failing_one_fails_alone(port):
+    """Writes that queue behind a busy writer run as one LMDB transaction: one
+    GTID each, in arrival order; a duplicate among them fails alone."""
+    p, svc = port
+    blocker = threading.Event()
+    svc.on_writer(blocker.wait)
+    answers = {}
+    done = threading.Semaphore(0)
+
+    def reply_for(k):
+        def reply(ok=None, err=None):
+            answers[k] = (ok, err)
+            done.release()
+        return reply
+    reqs = [{"op": "insert", "ns": "q.c", "docs": [{"_id": k % 7}], "j": k % 2 == 0}
+            for k in range(10)]  # _id 0..6, then 0, 1, 2 again: duplicates
+    for k, r in enumerate(reqs):
+        svc.handle(r, reply_for(k), {})
+    groups0 = svc.write_groups
+    blocker.set()
+    for _ in reqs:
+        assert done.acquire(timeout=10)
+    assert svc.write_groups == groups0 + 1
+    ok = [answers[k][0] for k in range(7)]
+    assert [o["gtid"][1] for o in ok] == list(range(1, 8))  # dense, in arrival order
+    assert all(isinstance(answers[k][1], errors.DuplicateKey) for k in (7, 8, 9))
+    assert svc.group.durable.seq == 7  # the j=True ones were answered after the flush
+    assert svc.e.verify_oplog() == 7
+
+
+def test_a_member_that_hung_up_is_noticed_before_sending(tmp_path):
+    """No reader thread watches an idle connection: the next request notices
+    the hang-up first and is refused as not sent (safe to retry elsewhere)."""
+    lim = Limits(frame_bytes_max=1 << 20, document_bytes_max=512 << 10)
+    e = Engine(LMDBStore(str(tmp_path / "m"), map_bytes=1 << 30), lim)
+    svc = ShardService(e, lim)
+    p = ClientPort(svc, SECRET, "127.0.0.1", lim.frame_bytes_max, {"member": 0})
+    try:
+        for unix in (None, p.unix_path):
+            c = Connection("127.0.0.1", p.port, SECRET, unix=unix)
+            c.request({"op": "insert", "ns": "h.c", "docs": [{"_id": str(unix)}]})
+            for conn in list(p._conns):
+                p._loop.call_soon_threadsafe(conn.transport.close)
+            import time
+            time.sleep(0.2)
+            with pytest.raises(errors.ConnectionLost) as ei:
+                c.request({"op": "insert", "ns": "h.c", "docs": [{"_id": 1}]})
+            assert ei.value.info.get("sent") is False
+            assert c.closed
+        assert svc.e.count("h.c", {}) == 2  # the refused requests never ran
+    finally:
+        p.close()
+        svc.close()
+        e.store.close()

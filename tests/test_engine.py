@@ -287,3 +287,47 @@ def test_insert_op_prefix_builds_the_same_bytes_as_pack_image_op(ns, doc):
     b = codec.pack(doc)
     assert codec.insert_op_prefix(ns) + b == codec.pack_image_op("i", ns, None, b)
     assert codec.unpack(codec.insert_op_prefix(ns) + b) == {"op": "i", "ns": ns, "post": doc}
+
+
+def test_write_group_commits_statements_as_separate_entries_in_one_transaction(engine):
+    """The writer's group: each statement its own GTID; a failing one leaves no
+    trace while the others commit; nothing is visible before the group commits."""
+    engine.insert_many(NS, [{"_id": 0}])
+    base = engine.last()[0].seq
+    grp = engine.begin_group()
+    out = []
+    for i, docs in enumerate([[{"_id": 1}], [{"_id": 0}], [{"_id": 2}, {"_id": 3}]]):
+        tx = grp.statement()
+        try:
+            tx.insert(NS, docs)
+        except errors.DuplicateKey:
+            tx.abort()
+            out.append(None)
+            continue
+        out.append(tx.commit(GTID(0, base + 1 + len([o for o in out if o]))))
+    grp.noop(GTID(0, base + 3))  # a GTID taken by a statement whose commit failed
+    assert engine.count(NS, {}) == 1  # nothing visible yet
+    grp.commit()
+    assert out == [GTID(0, base + 1), None, GTID(0, base + 2)]
+    assert sorted(d["_id"] for d in engine.find(NS, {})) == [0, 1, 2, 3]
+    ops = {g.seq: e["ops"] for g, e in engine.read_oplog()}
+    assert [o["op"] for o in ops[base + 2]] == ["i", "i"] and ops[base + 3] == [{"op": "n"}]
+    assert engine.verify_oplog() == base + 3
+    assert engine.insert_many(NS, [{"_id": 4}]).gtid == GTID(0, base + 4)  # tail cache right
+    assert engine.verify_oplog() == base + 4
+
+
+def test_write_group_abort_leaves_nothing_and_the_chain_continues(engine):
+    engine.insert_many(NS, [{"_id": 0}])
+    before = state(engine)
+    grp = engine.begin_group()
+    for i in (1, 2):
+        tx = grp.statement()
+        tx.insert(NS, [{"_id": i}])
+        tx.commit(GTID(0, 1 + i))
+    grp.abort()
+    assert state(engine) == before and engine.last()[0] == GTID(0, 1)
+    with pytest.raises(errors.TransactionAborted):
+        grp.statement()
+    assert engine.insert_many(NS, [{"_id": 9}]).gtid == GTID(0, 2)
+    assert engine.verify_oplog() == 2
