@@ -6,6 +6,8 @@ is stored, with an error naming the offending field.
 """
 from __future__ import annotations
 
+import threading
+
 import msgpack
 
 from raymx.errors import CorruptEntry, DocumentTooLarge, InvalidDocument
@@ -14,9 +16,22 @@ _SCALARS = (type(None), bool, int, float, str, bytes)
 _I64_MIN, _U64_MAX = -(1 << 63), (1 << 64) - 1
 
 
+_LOCAL = threading.local()
+
+
+def _packer() -> msgpack.Packer:
+    """This thread's Packer: reused, it packs a small map twice as fast as
+    ``packb`` (which builds one per call); one per thread, never shared."""
+    try:
+        return _LOCAL.p
+    except AttributeError:
+        p = _LOCAL.p = msgpack.Packer(use_bin_type=True)
+        return p
+
+
 def pack(obj) -> bytes:
     """Encode trusted, already validated data (entries, catalog records)."""
-    return msgpack.packb(obj, use_bin_type=True)
+    return _packer().pack(obj)
 
 
 def unpack(b: bytes, what: str = "record", max_bytes: int | None = None):
@@ -58,11 +73,16 @@ def check_value(v, path: str = "") -> None:
 def pack_document(doc, max_bytes: int) -> bytes:
     if type(doc) is not dict:
         raise InvalidDocument(f"a document must be a dict, got {type(doc).__name__}")
-    check_value(doc)
-    for k in doc:
+    for k, x in doc.items():  # check_value's loop, plus the top-level '$' rule
+        if type(k) is not str:
+            raise InvalidDocument(f"field {k!r}: keys must be strings")
         if k[:1] == "$":
             raise InvalidDocument(f"field name {k!r} may not start with '$'")
-    b = msgpack.packb(doc, use_bin_type=True)
+        tx = type(x)
+        if tx in _SCALAR_SET or (tx is int and _I64_MIN <= x <= _U64_MAX):
+            continue
+        check_value(x, k)
+    b = _packer().pack(doc)
     if len(b) > max_bytes:
         raise DocumentTooLarge(f"document _id={doc.get('_id')!r:.60} is {len(b)} bytes, "
                                f"over the limit of {max_bytes}", size=len(b), limit=max_bytes)
@@ -142,7 +162,7 @@ FRAME_HEADER_BYTES = 4
 
 
 def pack_frame(obj) -> bytes:
-    b = msgpack.packb(obj, use_bin_type=True)
+    b = _packer().pack(obj)
     return len(b).to_bytes(4, "big") + b
 
 

@@ -114,10 +114,14 @@ class IndexInfo:
     id: int
     key: list  # [[path, dir], ...]
     unique: bool
+    prefix: bytes = field(init=False, repr=False, compare=False)
+    single: str | None = field(init=False, repr=False, compare=False)
 
-    @property
-    def prefix(self) -> bytes:
-        return _U32.pack(self.id)
+    def __post_init__(self):
+        self.prefix = _U32.pack(self.id)
+        # the field of a one-field index over a top-level path (no dots)
+        p = self.key[0][0] if len(self.key) == 1 else "."
+        self.single = None if "." in p else p
 
     def spec(self) -> dict:
         return {"key": self.key, "unique": self.unique}
@@ -128,10 +132,10 @@ class CollInfo:
     ns: str
     id: int
     indexes: dict[str, IndexInfo] = field(default_factory=dict)
+    prefix: bytes = field(init=False, repr=False, compare=False)
 
-    @property
-    def prefix(self) -> bytes:
-        return _U32.pack(self.id)
+    def __post_init__(self):
+        self.prefix = _U32.pack(self.id)
 
     def record(self) -> bytes:
         return codec.pack({"id": self.id, "indexes": {
@@ -472,6 +476,14 @@ class Transaction(Reader):
         if not self._log_on:
             return
         spill = self.e.limits.spill_bytes
+        n = sum(map(len, ops))
+        if self._buf_bytes + n < spill:  # all stay in memory: one digest update
+            self._digest.add(b"".join(ops))  # the digest of a concatenation is the same
+            self._buf += ops
+            self._buf_bytes += n
+            self._bytes += n
+            self._nops += len(ops)
+            ops = ()
         for packed in ops:
             self._bytes += len(packed)
             self._digest.add(packed)
@@ -514,8 +526,16 @@ class Transaction(Reader):
             for _, key in _index_entries(ix, doc, pk):
                 self.t.delete("index", key)
 
-    def _index(self, c: CollInfo, pk: bytes, doc: dict, check_unique: bool) -> None:
+    def _index(self, c: CollInfo, pk: bytes, doc: dict, check_unique: bool,
+               put_ix=None) -> None:
+        put_ix = put_ix or self.t.putter("index")
         for ix in c.indexes.values():
+            if not ix.unique and ix.single is not None:
+                # the common case: one plain field, not an array, no unique check
+                v = doc.get(ix.single)
+                if type(v) is not list:
+                    put_ix(ix.prefix + encode_key(v) + pk, pk)
+                    continue
             for pre, key in _index_entries(ix, doc, pk):
                 if ix.unique and check_unique:
                     for k, other in self.t.scan("index", pre, prefix_end(pre)):
@@ -524,7 +544,7 @@ class Transaction(Reader):
                             raise errors.DuplicateKey(
                                 f"duplicate key in unique index {ix.name} of {c.ns}: "
                                 f"{vals!r:.200}", ns=c.ns, index=ix.name)
-                self.t.put("index", key, pk)
+                put_ix(key, pk)
 
     def _write_doc(self, c: CollInfo, pk: bytes, old: dict | None, new: dict, new_b: bytes,
                    check_unique: bool) -> None:
@@ -547,24 +567,26 @@ class Transaction(Reader):
         c = self._coll_for_write(ns)
         res = WriteResult()
         lim = self.e.limits.document_bytes_max
-        put, cprefix, indexed = self.t.put, c.prefix, bool(c.indexes)
-        op_prefix = codec.insert_op_prefix(ns)
-        ops = []
+        # overwrite=False: the put itself is the duplicate check, no extra lookup
+        put_new, cprefix = self.t.putter("docs", overwrite=False), c.prefix
+        put_ix = self.t.putter("index") if c.indexes else None
+        pack_document, op_prefix = codec.pack_document, codec.insert_op_prefix(ns)
+        ops, ids = [], res.inserted_ids
         for doc in docs:
             if type(doc) is not dict:
                 raise errors.InvalidDocument(f"a document must be a dict, got {type(doc).__name__}")
             if "_id" not in doc:
                 doc = {"_id": new_id(), **doc}
-            b = codec.pack_document(doc, lim)
-            pk = _pk(doc["_id"])
-            # overwrite=False: the put itself is the duplicate check, no extra lookup
-            if not put("docs", cprefix + pk, b, overwrite=False):
-                raise errors.DuplicateKey(f"duplicate _id {doc['_id']!r:.100} in {ns}",
+            b = pack_document(doc, lim)
+            _id = doc["_id"]
+            pk = _pk(_id)
+            if not put_new(cprefix + pk, b):
+                raise errors.DuplicateKey(f"duplicate _id {_id!r:.100} in {ns}",
                                           ns=ns, index="_id_")
-            if indexed:
-                self._index(c, pk, doc, True)
+            if put_ix is not None:
+                self._index(c, pk, doc, True, put_ix)
             ops.append(op_prefix + b)
-            res.inserted_ids.append(doc["_id"])
+            ids.append(_id)
         self._log_many(ops)
         return res
 
@@ -835,7 +857,10 @@ class WriteGroup:
 
 
 def _pk(_id) -> bytes:
-    if type(_id) in (list, tuple):
+    t = type(_id)
+    if t is int or t is str:
+        return encode_key(_id)
+    if t in (list, tuple):
         raise errors.InvalidDocument(f"_id cannot be an array: {_id!r:.60}")
     if type(_id) is dict and _contains_op(_id):
         raise errors.InvalidDocument(f"_id {_id!r:.60} may not contain $ fields")

@@ -44,6 +44,8 @@ _EXACT = 1 << 53
 _NUM_TAG = bytes((T_NUM,))
 _NAN_KEY = _NUM_TAG + bytes(8)
 _FLIP = (1 << 64) - 1
+_SIGN = 1 << 63
+_TAG_Q = struct.Struct(">BQ")
 
 
 def _num(v) -> bytes:
@@ -82,6 +84,9 @@ def encode_key(v) -> bytes:
         k = _SMALL_INTS.get(v)
         if k is not None:
             return k
+        if -_EXACT < v < _EXACT:  # _num's bytes for an int a double holds exactly
+            bits = _Q.unpack(_D.pack(v))[0]
+            return _TAG_Q.pack(T_NUM, bits | _SIGN if v > 0 else bits ^ _FLIP)
         if not -(1 << 63) <= v < (1 << 64):
             raise InvalidDocument(f"integer {v} does not fit in 64 bits")
         return _num(v)

@@ -7,6 +7,7 @@ loses at most the unsynced tail, never consistency.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 
@@ -85,6 +86,9 @@ class _Txn(_TxnBase):
 
     def put(self, db, key, value, overwrite=True):
         return self._t.put(key, value, db=self._s._dbs[db], overwrite=overwrite)
+
+    def putter(self, db, overwrite=True):
+        return functools.partial(self._t.put, db=self._s._dbs[db], overwrite=overwrite)
 
     def put_sorted(self, db, rows):
         if not rows:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 # The fixed layout (DESIGN section 3). Keys inside each are described in
 # raymx.storage.engine.
@@ -34,6 +34,8 @@ class ReadTxn(Protocol):
 class WriteTxn(ReadTxn, Protocol):
     def put(self, db: str, key: bytes, value: bytes, overwrite: bool = True) -> bool: ...
     def delete(self, db: str, key: bytes) -> bool: ...
+    # put(db, ...) with db bound once: the per-document loops of a statement
+    def putter(self, db: str, overwrite: bool = True) -> Callable[[bytes, bytes], bool]: ...
     # Bulk load: rows in strictly increasing key order; appended at the end of
     # the sub-database when they all sort after its last key (LMDB's append
     # mode: no page splits, no search), else put one by one. Returns rows put.
@@ -196,6 +198,9 @@ class _MemWrite(_TxnBase):
         if existed:
             self._over.setdefault(db, {})[key] = None
         return existed
+
+    def putter(self, db, overwrite=True):
+        return lambda key, value: self.put(db, key, value, overwrite)
 
     def nested(self):
         self._check("meta")

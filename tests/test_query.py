@@ -35,6 +35,8 @@ def test_number_keys_big_ints_nan_and_int_float_equality():
     assert k(-(2 ** 63)) < k(-(2 ** 63) + 1) < k(-(2 ** 53))
     assert k(float("nan")) == k(-float("nan")) < k(-math.inf) < k(-(2 ** 63))
     assert k(2 ** 64 - 1) < k(math.inf)
+    for n in (4096, -1025, 10 ** 9, -(10 ** 9), 2 ** 53 - 1, -(2 ** 53 - 1)):  # int fast path
+        assert k(n) == k(float(n)) and k(n - 1) < k(n) < k(n + 1)
 
 
 @FAST
