@@ -59,14 +59,27 @@ def now_ms() -> int:
 
 
 class Notifier:
-    """Sends the newest value to another actor with at most one call in flight,
-    so a fast writer never floods a slow reader with notifications."""
+    """Sends the newest value to a method of a named actor with at most one call
+    in flight, so a fast writer never floods a slow reader with notifications.
 
-    def __init__(self, send):
-        self._send = send
+    The actor's handle is looked up once (a GCS round trip and a handle built
+    each time otherwise) and again only after a call through it failed: the
+    actor was replaced, or is restarting.
+    """
+
+    def __init__(self, rs: str, member: int, role: str, method: str):
+        self._where = (rs, member, role)
+        self._method = method
+        self._handle = None
         self._lock = threading.Lock()
         self._pending = None
         self._busy = False
+
+    def _send(self, v):
+        h = self._handle
+        if h is None:
+            h = self._handle = _get(*self._where)
+        return getattr(h, self._method).remote(v)
 
     def __call__(self, value) -> None:
         with self._lock:
@@ -83,10 +96,13 @@ class Notifier:
             ref = self._send(v)
             ref.future().add_done_callback(self._done)
         except Exception:  # the peer is restarting: the next value will retry
+            self._handle = None
             with self._lock:
                 self._busy = False
 
-    def _done(self, _f):
+    def _done(self, f):
+        if f.exception() is not None:
+            self._handle = None  # look the actor up again for the next value
         with self._lock:
             if self._pending is None:
                 self._busy = False
@@ -798,8 +814,8 @@ class Producer:
         # The durable position travels upstream with the next pull, sent at once.
         self._applier_bell = doorbell.Bell(path, "applier")
         self._feeder_bell = doorbell.Bell(path, "feeder")
-        self._applier = Notifier(lambda g: _get(rs_name, member_id, "applier").wake.remote(g))
-        self._feeder = Notifier(lambda g: _get(rs_name, member_id, "").on_limit.remote(g))
+        self._applier = Notifier(rs_name, member_id, "applier", "wake")
+        self._feeder = Notifier(rs_name, member_id, "", "on_limit")
         self._down: dict = {}
         self._down_ref = None
         self._down_at = 0.0
@@ -807,8 +823,7 @@ class Producer:
         # member's shard (change streams, trimming, and its feeder for members
         # syncing from this one)
         self.majority: GTID | None = self.engine.range().majority
-        self._majority_shard = Notifier(lambda g: _get(rs_name, member_id, "")
-                                        .on_majority.remote(g))
+        self._majority_shard = Notifier(rs_name, member_id, "", "on_majority")
         if ray.get_runtime_context().was_current_actor_reconstructed:
             # restarted alone (crash): the shard knows whom this member follows
             try:
