@@ -14,6 +14,7 @@ import hmac
 import logging
 import os
 import secrets
+import socket
 import tempfile
 import threading
 
@@ -138,8 +139,30 @@ def unix_socket_path(info: dict) -> str:
     d = os.path.join(tempfile.gettempdir(), f"raymx-{os.getuid()}")
     os.makedirs(d, mode=0o700, exist_ok=True)
     os.chmod(d, 0o700)
+    _remove_dead_sockets(d)
     tag = "".join(ch for ch in str(info.get("replset", "")) if ch.isalnum())[:24]
     return os.path.join(d, f"{tag}-m{info.get('member', 0)}-{secrets.token_hex(4)}.sock")
+
+
+def _remove_dead_sockets(d: str) -> None:
+    """Sockets of members that were killed (no close ran): nobody listens there."""
+    for name in os.listdir(d):
+        path = os.path.join(d, name)
+        if not name.endswith(".sock"):
+            continue
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.setblocking(False)
+            s.connect(path)
+        except ConnectionRefusedError:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        except OSError:
+            pass  # listening but busy, or vanished meanwhile: leave it
+        finally:
+            s.close()
 
 
 class _Conn(asyncio.Protocol):

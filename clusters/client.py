@@ -1,10 +1,11 @@
 """The driver: a pymongo-shaped client over the members' client ports.
 
-One persistent TCP connection per member, shared by every thread of the
-client and pipelined: each request carries an id and the answers are matched
-to it, so many requests are in flight on one socket. The caller that waits
-reads the answers itself (no reader thread unless Futures are used). Errors raised by the
-member arrive as the same ``raymx.errors`` classes.
+One persistent connection per member (a Unix socket on the member's own
+machine, else TCP), shared by every thread of the client and pipelined: each
+request carries an id and the answers are matched to it, so many requests are
+in flight on one socket. The caller that waits reads the answers itself (no
+reader thread unless Futures are used). Errors raised by the member arrive as
+the same ``raymx.errors`` classes.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ class _Wait:
 
 
 class Connection:
-    """One TCP connection to a member, shared by threads and pipelined.
+    """One connection to a member (TCP, or ``unix``: a socket path), shared by
+    threads and pipelined.
 
     Answers are read by whoever waits for one: the first waiting caller reads
     the socket for everyone (matching answers to requests by id) until its own

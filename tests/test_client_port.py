@@ -1,4 +1,5 @@
 """The client port without Ray: real LMDB, real sockets, hostile frames."""
+import os
 import socket
 import struct
 import threading
@@ -277,3 +278,23 @@ def test_a_member_that_hung_up_is_noticed_before_sending(tmp_path):
         p.close()
         svc.close()
         e.store.close()
+
+
+def test_sockets_of_killed_members_are_swept_live_ones_kept():
+    from raymx.actors.server import unix_socket_path
+    path = unix_socket_path({"replset": "sweep", "member": 1})
+    folder = os.path.dirname(path)
+    assert os.stat(folder).st_mode & 0o777 == 0o700
+    dead, live = path, unix_socket_path({"replset": "sweep", "member": 2})
+    for p_ in (dead, live):
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(p_)
+        s.listen(1)
+        if p_ == dead:
+            s.close()  # a killed member: the file stays, nobody listens
+        else:
+            keep = s
+    unix_socket_path({"replset": "sweep", "member": 3})
+    assert not os.path.exists(dead) and os.path.exists(live)
+    keep.close()
+    os.unlink(live)
