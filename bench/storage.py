@@ -28,11 +28,27 @@ def docs(n, start=0):
              "bio": "x" * 110} for i in range(n)]
 
 
+ROUNDS = 3  # each pair alternates this many times; the best of each side is kept
+
+
 def cpu_rate(n, fn):
     """(rate per wall second, CPU microseconds per item) of ``fn`` doing ``n`` items."""
     c0 = time.process_time()
     r = rate(n, fn)
     return r, (time.process_time() - c0) / n * 1e6
+
+
+def best_pair(label, base, make_baseline, make_engine, n):
+    """Alternate baseline and engine ROUNDS times on fresh folders and keep the
+    best rate and the lowest CPU per item of each: the host's noise (steal
+    time on these VMs) only ever slows a round down."""
+    best = {"raw": (0.0, float("inf")), "eng": (0.0, float("inf"))}
+    for rnd in range(ROUNDS):
+        progress(f"{label}: round {rnd + 1} of {ROUNDS}")
+        for side, make in (("raw", make_baseline), ("eng", make_engine)):
+            r, cpu = cpu_rate(n, make(os.path.join(base, f"{label}-{side}-{rnd}")))
+            best[side] = (max(best[side][0], r), min(best[side][1], cpu))
+    return best["raw"], best["eng"]
 
 
 def raw_env(d):
@@ -44,52 +60,61 @@ def main():
     base = tempfile.mkdtemp(prefix="raymx-bench-")
     all_docs = docs(N_BATCH)
     print(f"doc size ~{len(msgpack.packb(all_docs[0]))} bytes; batches of 1,000; "
-          f"load average {os.getloadavg()[0]:.1f} (CPU us per item printed beside each rate)")
+          f"load average {os.getloadavg()[0]:.1f}; best of {ROUNDS} alternating rounds "
+          "(CPU us per item printed beside each rate)")
 
-    progress("raw LMDB batched puts")
-    env, db = raw_env(os.path.join(base, "raw1"))
+    def raw_batched(path):
+        env, db = raw_env(path)
 
-    def raw_batched():
-        for i in range(0, N_BATCH, 1000):
-            with env.begin(write=True) as t:
-                for d in all_docs[i:i + 1000]:
-                    t.put(msgpack.packb(d["_id"]), msgpack.packb(d), db=db)
-    raw_b, raw_b_cpu = cpu_rate(N_BATCH, raw_batched)
+        def go():
+            for i in range(0, N_BATCH, 1000):
+                with env.begin(write=True) as t:
+                    for d in all_docs[i:i + 1000]:
+                        t.put(msgpack.packb(d["_id"]), msgpack.packb(d), db=db)
+        return go
 
-    progress("engine insert_many (oplog + one index)")
-    e = Engine(LMDBStore(os.path.join(base, "eng1")))
-    with e.begin() as tx:
-        tx.create_index("b.users", "age")
+    def eng_batched(path):
+        e = Engine(LMDBStore(path))
+        with e.begin() as tx:
+            tx.create_index("b.users", "age")
 
-    def eng_batched():
-        for i in range(0, N_BATCH, 1000):
-            e.insert_many("b.users", all_docs[i:i + 1000])
-    eng_b, eng_b_cpu = cpu_rate(N_BATCH, eng_batched)
+        def go():
+            for i in range(0, N_BATCH, 1000):
+                e.insert_many("b.users", all_docs[i:i + 1000])
+        return go
+    (raw_b, raw_b_cpu), (eng_b, eng_b_cpu) = best_pair("batched", base, raw_batched,
+                                                       eng_batched, N_BATCH)
     row("raw LMDB+msgpack batched puts", raw_b, "docs/s", f"{raw_b_cpu:.1f} us CPU/doc")
     row("engine insert_many, 1,000/batch, oplog + 1 index", eng_b, "docs/s",
         f"{eng_b_cpu:.1f} us CPU/doc; ratio {eng_b / raw_b:.2f}, by CPU "
         f"{raw_b_cpu / eng_b_cpu:.2f} (target >= 0.5)")
 
-    progress("single-document transactions, no sync")
     singles = docs(N_SINGLE, start=10_000_000)
-    env2, db2 = raw_env(os.path.join(base, "raw2"))
 
-    def raw_single():
-        for d in singles:
-            with env2.begin(write=True) as t:
-                t.put(msgpack.packb(d["_id"]), msgpack.packb(d), db=db2)
-    raw_s, raw_s_cpu = cpu_rate(N_SINGLE, raw_single)
-    e2 = Engine(LMDBStore(os.path.join(base, "eng2")))
+    def raw_single(path):
+        env, db = raw_env(path)
 
-    def eng_single():
-        for d in singles:
-            e2.insert_many("b.users", [d])
-    eng_s, eng_s_cpu = cpu_rate(N_SINGLE, eng_single)
+        def go():
+            for d in singles:
+                with env.begin(write=True) as t:
+                    t.put(msgpack.packb(d["_id"]), msgpack.packb(d), db=db)
+        return go
+
+    def eng_single(path):
+        e = Engine(LMDBStore(path))
+
+        def go():
+            for d in singles:
+                e.insert_many("b.users", [d])
+        return go
+    (raw_s, raw_s_cpu), (eng_s, eng_s_cpu) = best_pair("single", base, raw_single,
+                                                       eng_single, N_SINGLE)
     row("raw LMDB put, one txn per doc, unsynced", raw_s, "txn/s", f"{raw_s_cpu:.1f} us CPU/txn")
     row("engine single-doc transaction, unsynced", eng_s, "txn/s",
         f"{eng_s_cpu:.1f} us CPU/txn; ratio {eng_s / raw_s:.2f}, by CPU "
         f"{raw_s_cpu / eng_s_cpu:.2f} (target >= 0.3)")
 
+    e = Engine(LMDBStore(os.path.join(base, "batched-eng-0")))
     progress("find by indexed field vs full scan")
     r = e.reader()
     q = 1000

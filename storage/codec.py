@@ -6,6 +6,7 @@ is stored, with an error naming the offending field.
 """
 from __future__ import annotations
 
+import functools
 import threading
 
 import msgpack
@@ -70,19 +71,43 @@ def check_value(v, path: str = "") -> None:
             "(allowed: None, bool, int, float, str, bytes, list, dict)")
 
 
-def pack_document(doc, max_bytes: int) -> bytes:
-    if type(doc) is not dict:
-        raise InvalidDocument(f"a document must be a dict, got {type(doc).__name__}")
+_FLAT = frozenset((type(None), bool, int, float, str, bytes))
+
+
+def _check_document(doc) -> None:
+    """The precise check: raise InvalidDocument naming the first bad field."""
     for k, x in doc.items():  # check_value's loop, plus the top-level '$' rule
         if type(k) is not str:
             raise InvalidDocument(f"field {k!r}: keys must be strings")
         if k[:1] == "$":
             raise InvalidDocument(f"field name {k!r} may not start with '$'")
-        tx = type(x)
-        if tx in _SCALAR_SET or (tx is int and _I64_MIN <= x <= _U64_MAX):
-            continue
         check_value(x, k)
-    b = _packer().pack(doc)
+
+
+def pack_document(doc, max_bytes: int) -> bytes:
+    """Validate and encode a document.
+
+    A flat document (the common case) is checked with C-speed set and join
+    operations, and msgpack itself refuses integers past 64 bits; anything
+    else (nested values, a failed check, an encoder error) goes through the
+    field-by-field check, which names what is wrong.
+    """
+    if type(doc) is not dict:
+        raise InvalidDocument(f"a document must be a dict, got {type(doc).__name__}")
+    try:
+        # join raises TypeError for a key that is not a string; a '$' anywhere
+        # in a name sends it to the precise check, which refuses only a leading one
+        fast = "$" not in "".join(doc) and _FLAT.issuperset(map(type, doc.values()))
+    except TypeError:
+        fast = False
+    if not fast:
+        _check_document(doc)
+    try:
+        b = _packer().pack(doc)
+    except Exception as e:  # OverflowError, UnicodeEncodeError, ...
+        _LOCAL.__dict__.pop("p", None)  # a Packer that raised may hold a partial buffer
+        _check_document(doc)
+        raise InvalidDocument(f"document _id={doc.get('_id')!r:.60} cannot be encoded: {e}") from None
     if len(b) > max_bytes:
         raise DocumentTooLarge(f"document _id={doc.get('_id')!r:.60} is {len(b)} bytes, "
                                f"over the limit of {max_bytes}", size=len(b), limit=max_bytes)
@@ -136,9 +161,10 @@ def pack_image_op(kind: str, ns: str, pre: bytes | None, post: bytes | None) -> 
     return map_header(len(parts) // 2) + b"".join(parts)
 
 
+@functools.lru_cache(maxsize=4096)
 def insert_op_prefix(ns: str) -> bytes:
     """``pack_image_op("i", ns, None, b) == insert_op_prefix(ns) + b``: the part
-    every insert op of one statement shares, packed once."""
+    every insert op into ``ns`` shares, packed once."""
     return map_header(3) + _K_OP + _OPS["i"] + _K_NS + pack(ns) + _K_POST
 
 

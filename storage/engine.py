@@ -268,15 +268,15 @@ class Reader:
         self.t = txn
 
     def coll(self, ns: str) -> CollInfo | None:
-        """The catalog entry, parsed once per record version; callers may mutate the copy."""
+        """The catalog entry, parsed once per record version and shared: never
+        mutate it, save a new CollInfo instead."""
         b = self.t.get("catalog", ns.encode())
         if b is None:
             return None
         hit = self.e._catalog_cache.get(ns)
         if hit is None or hit[0] != b:
             hit = self.e._catalog_cache[ns] = (b, CollInfo.from_record(ns, b))
-        c = hit[1]
-        return CollInfo(c.ns, c.id, dict(c.indexes))
+        return hit[1]
 
     def _get_pk(self, c: CollInfo, pk: bytes):
         b = self.t.get("docs", c.prefix + pk)
@@ -567,11 +567,14 @@ class Transaction(Reader):
         c = self._coll_for_write(ns)
         res = WriteResult()
         lim = self.e.limits.document_bytes_max
-        # overwrite=False: the put itself is the duplicate check, no extra lookup
-        put_new, cprefix = self.t.putter("docs", overwrite=False), c.prefix
+        cprefix = c.prefix
         put_ix = self.t.putter("index") if c.indexes else None
+        # plain one-field indexes (no uniqueness to check) are written inline
+        plain = [(ix.single, ix.prefix) for ix in c.indexes.values()
+                 if not ix.unique and ix.single is not None]
+        others = len(plain) < len(c.indexes)
         pack_document, op_prefix = codec.pack_document, codec.insert_op_prefix(ns)
-        ops, ids = [], res.inserted_ids
+        ops, ids, rows = [], res.inserted_ids, []
         for doc in docs:
             if type(doc) is not dict:
                 raise errors.InvalidDocument(f"a document must be a dict, got {type(doc).__name__}")
@@ -580,13 +583,27 @@ class Transaction(Reader):
             b = pack_document(doc, lim)
             _id = doc["_id"]
             pk = _pk(_id)
-            if not put_new(cprefix + pk, b):
-                raise errors.DuplicateKey(f"duplicate _id {_id!r:.100} in {ns}",
-                                          ns=ns, index="_id_")
-            if put_ix is not None:
+            rows.append((cprefix + pk, b))
+            general = others
+            for field_, ixp in plain:
+                v = doc.get(field_)
+                if type(v) is list:  # multikey: the general path writes them all
+                    general = True
+                    break
+                put_ix(ixp + encode_key(v) + pk, pk)
+            if general:
                 self._index(c, pk, doc, True, put_ix)
             ops.append(op_prefix + b)
             ids.append(_id)
+        # all documents in one call, refused whole if an _id exists or repeats:
+        # the put is the duplicate check, with no lookup before it
+        if not self.t.put_new("docs", rows):
+            seen = set()
+            for (key, _), _id in zip(rows, ids):
+                if key in seen or self.t.get("docs", key) is not None:
+                    raise errors.DuplicateKey(f"duplicate _id {_id!r:.100} in {ns}",
+                                              ns=ns, index="_id_")
+                seen.add(key)
         self._log_many(ops)
         return res
 
@@ -689,8 +706,7 @@ class Transaction(Reader):
             # build one index at a time: _index checks uniqueness within it
             only = CollInfo(ns, c.id, {name: ix})
             self._index(only, k[4:], codec.unpack_document(v), check_unique)
-        c.indexes[name] = ix
-        self._save_coll(c)
+        self._save_coll(CollInfo(ns, c.id, {**c.indexes, name: ix}))
         self._log(codec.pack({"op": "c", "ns": ns, "cmd": "createIndex", "name": name,
                               "spec": ix.spec()}))
         return name
@@ -703,12 +719,16 @@ class Transaction(Reader):
                 raise errors.InvalidOperation("the _id_ index cannot be dropped")
             if c is None or name not in c.indexes:
                 raise errors.IndexNotFound(f"index {name!r} not found on {ns}", ns=ns)
-            ix = c.indexes.pop(name)
-            _delete_range(self.t, "index", ix.prefix)
-            self._save_coll(c)
+            ix = self._drop_index(c, name)
             self._log(codec.pack({"op": "c", "ns": ns, "cmd": "dropIndex", "name": name,
                                   "spec": ix.spec()}))
         return self.statement(run)
+
+    def _drop_index(self, c: CollInfo, name: str) -> IndexInfo:
+        ix = c.indexes[name]
+        _delete_range(self.t, "index", ix.prefix)
+        self._save_coll(CollInfo(c.ns, c.id, {n: i for n, i in c.indexes.items() if n != name}))
+        return ix
 
     # applying logged ops (secondaries, rollback, revert): no uniqueness checks,
     # the primary has already decided; images make it idempotent per document
@@ -729,9 +749,7 @@ class Transaction(Reader):
                 self._create_index(ns, op["spec"]["key"], op["spec"]["unique"], op["name"], False)
             elif cmd == "dropIndex":
                 if c is not None and op["name"] in c.indexes:
-                    ix = c.indexes.pop(op["name"])
-                    _delete_range(self.t, "index", ix.prefix)
-                    self._save_coll(c)
+                    self._drop_index(c, op["name"])
             if self._log_on and cmd in ("drop", "dropIndex"):
                 self._log(codec.pack(op))
             return

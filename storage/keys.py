@@ -46,6 +46,7 @@ _NAN_KEY = _NUM_TAG + bytes(8)
 _FLIP = (1 << 64) - 1
 _SIGN = 1 << 63
 _TAG_Q = struct.Struct(">BQ")
+_TAG_D = struct.Struct(">Bd")
 
 
 def _num(v) -> bytes:
@@ -84,9 +85,10 @@ def encode_key(v) -> bytes:
         k = _SMALL_INTS.get(v)
         if k is not None:
             return k
-        if -_EXACT < v < _EXACT:  # _num's bytes for an int a double holds exactly
-            bits = _Q.unpack(_D.pack(v))[0]
-            return _TAG_Q.pack(T_NUM, bits | _SIGN if v > 0 else bits ^ _FLIP)
+        if 0 < v < _EXACT:  # _num's bytes: -v is the double with the sign bit set
+            return _TAG_D.pack(T_NUM, -v)
+        if -_EXACT < v < 0:
+            return _TAG_Q.pack(T_NUM, _Q.unpack(_D.pack(v))[0] ^ _FLIP)
         if not -(1 << 63) <= v < (1 << 64):
             raise InvalidDocument(f"integer {v} does not fit in 64 bits")
         return _num(v)

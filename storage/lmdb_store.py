@@ -105,6 +105,31 @@ class _Txn(_TxnBase):
                              "were not in strictly increasing key order")
         return added
 
+    def put_new(self, db, rows):
+        if not rows:
+            return True
+        d, env = self._s._dbs[db], self._s._env
+        if len(rows) == 1:
+            return self._t.put(rows[0][0], rows[0][1], db=d, overwrite=False)
+        # Ascending keys past the end (generated _ids) take LMDB's append path.
+        # A skipped row is a key that exists, repeats, or (appending) breaks
+        # the order: the child transaction is dropped and, after a disorder, the
+        # rows are tried once more in place.
+        for append in (True, False):
+            child = env.begin(write=True, parent=self._t)
+            try:
+                with child.cursor(db=d) as c:
+                    added = -1 if append and c.last() and c.key() >= rows[0][0] else \
+                        c.putmulti(rows, overwrite=False, append=append)[1]
+            except BaseException:
+                child.abort()
+                raise
+            if added == len(rows):
+                child.commit()
+                return True
+            child.abort()
+        return False
+
     def delete(self, db, key):
         return self._t.delete(key, db=self._s._dbs[db])
 

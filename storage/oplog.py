@@ -14,10 +14,13 @@ keep the last image per document)::
     {"op": "c", "ns": "db.c", "cmd": "create" | "drop" | "createIndex" | "dropIndex", ...}
     {"op": "n"}
 
-``h = blake2b-64(prev_h || GTID bytes || digest of the packed ops)``, where the
+``h = sha256-64(prev_h || GTID bytes || sha256 over the packed ops)``, where the
 digest streams over each op's msgpack bytes, so it is the same whether the ops
 are inline or spilled into chunks, and the hash never needs the whole
-transaction in memory.
+transaction in memory. SHA-256 because CPUs hash it in hardware (SHA-NI,
+ARMv8): on this machine kind it is twice as fast as blake2b, whose CPython
+build is the portable reference code, and every byte written or replicated
+goes through it.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ class OpsDigest:
     __slots__ = ("_h",)
 
     def __init__(self):
-        self._h = hashlib.blake2b(digest_size=16)
+        self._h = hashlib.sha256()
 
     def add(self, packed_op: bytes) -> None:
         self._h.update(packed_op)
@@ -54,8 +57,8 @@ class OpsDigest:
 
 
 def chain_hash(prev_h: int, gtid: GTID, ops_digest: bytes) -> int:
-    h = hashlib.blake2b(_H.pack(prev_h) + gtid.to_bytes() + ops_digest, digest_size=8)
-    return _H.unpack(h.digest())[0]
+    h = hashlib.sha256(_H.pack(prev_h) + gtid.to_bytes() + ops_digest).digest()
+    return _H.unpack_from(h)[0]
 
 
 def digest_of(ops) -> bytes:

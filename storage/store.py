@@ -40,6 +40,8 @@ class WriteTxn(ReadTxn, Protocol):
     # the sub-database when they all sort after its last key (LMDB's append
     # mode: no page splits, no search), else put one by one. Returns rows put.
     def put_sorted(self, db: str, rows: list[tuple[bytes, bytes]]) -> int: ...
+    # every row, or none: False (nothing written) when a key exists or repeats
+    def put_new(self, db: str, rows: list[tuple[bytes, bytes]]) -> bool: ...
     def nested(self) -> "WriteTxn": ...  # a savepoint: commit merges, abort discards
     def commit(self) -> None: ...
 
@@ -190,6 +192,16 @@ class _MemWrite(_TxnBase):
             self.put(db, k, v)
             prev = k
         return len(rows)
+
+    def put_new(self, db, rows):
+        self._check(db)
+        keys = [bytes(k) for k, _ in rows]
+        if len(set(keys)) != len(keys) or any(self._lookup(db, k) is not None for k in keys):
+            return False
+        over = self._over.setdefault(db, {})
+        for k, (_, v) in zip(keys, rows):
+            over[k] = bytes(v)
+        return True
 
     def delete(self, db, key):
         self._check(db)

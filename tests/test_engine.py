@@ -1,6 +1,7 @@
 """The document engine over both stores: collections, indexes, queries, updates,
 atomic statements and transactions, the oplog, apply and undo."""
 import copy
+import enum
 
 import pytest
 from hypothesis import given
@@ -187,21 +188,31 @@ def test_undo_refuses_drop_collection(engine):
     assert state(engine) == before
 
 
-@pytest.mark.parametrize("bad, err", [
-    ({"_id": 1, "s": {1, 2}}, errors.InvalidDocument),
-    ({"_id": 1, 5: "x"}, errors.InvalidDocument),
-    ({"_id": 1, "n": 1 << 70}, errors.InvalidDocument),
-    ({"_id": 1, "$x": 1}, errors.InvalidDocument),
-    ({"_id": 1, "big": "x" * 3000}, errors.DocumentTooLarge),
-    ("not a dict", errors.InvalidDocument),
+@pytest.mark.parametrize("bad, err, msg", [
+    ({"_id": 1, "s": {1, 2}}, errors.InvalidDocument, "field s: type set"),
+    ({"_id": 1, 5: "x"}, errors.InvalidDocument, "field 5: keys must be strings"),
+    ({"_id": 1, "n": 1 << 70}, errors.InvalidDocument, "field n: integer"),
+    ({"_id": 1, "n": -(1 << 64)}, errors.InvalidDocument, "field n: integer"),
+    ({"_id": 1, "$x": 1}, errors.InvalidDocument, "'\\$x' may not start"),
+    ({"_id": 1, "a": {"b": [1, {2: 3}]}}, errors.InvalidDocument, "field a.b.1.2: keys must"),
+    ({"_id": 1, "b": bytearray(b"x")}, errors.InvalidDocument, "field b: type bytearray"),
+    ({"_id": 1, "e": enum.IntEnum("E", "A").A}, errors.InvalidDocument, "field e: type E"),
+    ({"_id": 1, "s": "\ud800"}, errors.InvalidDocument, "cannot be encoded"),
+    ({"_id": 1, "big": "x" * 3000}, errors.DocumentTooLarge, "over the limit"),
+    ("not a dict", errors.InvalidDocument, "must be a dict"),
 ])
-def test_bad_documents_write_nothing(store, bad, err):
+def test_bad_documents_write_nothing(store, bad, err, msg):
     e = Engine(store, Limits(document_bytes_max=2048, frame_bytes_max=1 << 20))
     e.insert_many(NS, [{"_id": 0}])
     before = state(e)
-    with pytest.raises(err):
+    with pytest.raises(err, match=msg):
         e.insert_many(NS, [{"_id": 9}, bad])
     assert state(e) == before and e.verify_oplog() == 1
+
+
+def test_dollar_inside_a_field_name_is_allowed(engine):
+    engine.insert_many(NS, [{"_id": 1, "price$": 2}])
+    assert engine.find(NS, {"price$": 2}) == [{"_id": 1, "price$": 2}]
 
 
 def test_transaction_size_limit(store):

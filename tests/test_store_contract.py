@@ -144,3 +144,17 @@ def test_put_sorted_appends_runs_and_refuses_disorder(store):
             t.put_sorted("docs", [(bytes([40]), b""), (bytes([30]), b"")])
     with store.read() as t:  # the refused run left nothing behind
         assert t.get("docs", bytes([40])) is None
+
+
+def test_put_new_writes_every_row_or_none(store):
+    with store.write() as t:
+        assert t.put_new("docs", [(bytes([i]), b"a%d" % i) for i in (1, 2, 3)])  # appended
+        assert t.put_new("docs", [(bytes([9]), b"b"), (bytes([0]), b"c")])  # out of order
+        assert t.put_new("docs", [])
+        # a key already stored, or one repeated in the rows: nothing is written
+        assert not t.put_new("docs", [(bytes([10]), b"x"), (bytes([2]), b"x")])
+        assert not t.put_new("docs", [(bytes([11]), b"y"), (bytes([11]), b"z")])
+        assert not t.put_new("docs", [(bytes([12]), b"y"), (bytes([13]), b"z"), (bytes([12]), b"w")])
+    with store.read() as t:
+        assert [(k[0], v) for k, v in t.scan("docs")] == [
+            (0, b"c"), (1, b"a1"), (2, b"a2"), (3, b"a3"), (9, b"b")]
