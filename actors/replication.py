@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from raymx import errors
 from raymx.storage import codec, oplog, replay
-from raymx.storage.engine import Engine, RANGE_KEY, RangeRecord
+from raymx.storage.engine import RANGE_KEY, Engine, RangeRecord, entry_chunks
 from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.keys import prefix_end
 from raymx.storage.limits import Limits
@@ -28,15 +28,11 @@ def _rows(t, start: bytes | None, stop: bytes | None, max_entries: int, max_byte
           ) -> list[Row]:
     out, size = [], 0
     for k, v in t.scan("oplog", start, stop):
-        chunks = []
         if len(out) >= max_entries or (out and size + len(v) > max_bytes):
             break
-        e = codec.unpack(v, "oplog entry")
-        if "ref" in e:
-            chunks = [t.get("oplog.refs", oplog.spill_key(e["ref"], i)) for i in range(e["chunks"])]
-            size += sum(len(c) for c in chunks)
+        chunks = entry_chunks(t, v)
         out.append((k, v, chunks))
-        size += len(v)
+        size += len(v) + sum(map(len, chunks))
     return out
 
 
@@ -70,16 +66,21 @@ class FeederCore:
         stop = prefix_end(limit.to_bytes())
         cap = self.cache.maxlen
         with self.e.store.read() as t:
-            keys = []
-            for k, _ in t.scan("oplog", start, stop, reverse=True):
-                keys.append(k)
-                if len(keys) >= cap:
-                    break
-            if not keys:
-                return False
-            keys.reverse()
-            rows = _rows(t, keys[0], stop, cap, 1 << 62)
-        if len(keys) >= cap or (self.cache and rows and
+            if self.limit == ZERO or limit.seq - self.limit.seq > cap:
+                # more than the cache holds (seqs are dense): find where the
+                # newest ``cap`` entries start
+                keys = []
+                for k, _ in t.scan("oplog", start, stop, reverse=True):
+                    keys.append(k)
+                    if len(keys) >= cap:
+                        break
+                if not keys:
+                    return False
+                start = keys[-1]
+            rows = _rows(t, start, stop, cap, 1 << 62)
+        if not rows:
+            return False
+        if len(rows) >= cap or (self.cache and
                                 GTID.from_bytes(rows[0][0]).seq != self.limit.seq + 1):
             self.cache.clear()  # keep the cache one contiguous run ending at limit
         self.cache.extend(rows)

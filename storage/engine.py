@@ -44,6 +44,21 @@ _ENTRY_H = codec.pack("h")
 _ENTRY_OPS = codec.pack("ops")
 
 
+def entry_inline(v: bytes) -> bool:
+    """Whether a stored oplog entry holds its ops (``_append`` writes those as a
+    3-field map starting with ``ts``) rather than a reference to spilled chunks."""
+    return v.startswith(_ENTRY_TS)
+
+
+def entry_chunks(t, v: bytes) -> list[bytes]:
+    """The spilled chunks of a stored oplog entry, read in order; none when
+    inline (told by its first bytes, without decoding it)."""
+    if entry_inline(v):
+        return []
+    e = codec.unpack(v, "oplog entry")
+    return [t.get("oplog.refs", oplog.spill_key(e["ref"], i)) for i in range(e["chunks"])]
+
+
 # --- names and ids -------------------------------------------------------
 _VALID_NS: dict[str, tuple[str, str]] = {}
 
@@ -1091,7 +1106,7 @@ class Engine:
                 if GTID.from_bytes(k) >= stop:
                     res.held = keep_from is not None and stop == keep_from
                     break
-                if not v.startswith(_ENTRY_TS):  # spilled: its chunks go with it
+                if not entry_inline(v):  # spilled: its chunks go with it
                     e = codec.unpack(v, "oplog entry")
                     for i in range(e.get("chunks", 0)):
                         t.delete("oplog.refs", oplog.spill_key(e["ref"], i))

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from raymx import errors
 from raymx.storage import codec, oplog
-from raymx.storage.engine import RANGE_KEY, Engine, RangeRecord, _applied_in
+from raymx.storage.engine import RANGE_KEY, Engine, RangeRecord, _applied_in, entry_chunks
 from raymx.storage.gtid import GTID, ZERO
 
 SNAPSHOT_DBS = ("docs", "index")
@@ -98,10 +98,7 @@ class Snapshot:
             self.entry, self.chunks = None, []
             if self.gtid != ZERO:
                 self.entry = t.get("oplog", self.gtid.to_bytes())
-                e = codec.unpack(self.entry, "oplog entry")
-                if "ref" in e:
-                    self.chunks = [t.get("oplog.refs", oplog.spill_key(e["ref"], i))
-                                   for i in range(e["chunks"])]
+                self.chunks = entry_chunks(t, self.entry)
             self.term = codec.unpack(t.get("meta", b"term"))
             self.meta = {k: t.get("meta", k) for k in COPIED_META if t.get("meta", k) is not None}
             self.catalog = list(t.scan("catalog"))

@@ -52,6 +52,31 @@ def test_feeder_ships_in_order_and_secondary_converges():
     assert s.term == 1  # learned from the entries
 
 
+@pytest.mark.parametrize("steps", [[3, 3, 3], [20], [2, 17, 1, 9], [40]])
+def test_feeder_cache_stays_one_contiguous_run_ending_at_its_limit(steps):
+    """Advances by less and by more than the cache holds; spilled entries carry
+    their chunks; every pull, from the cache or from LMDB, ships what is stored."""
+    p = primary_with(40, spill=64)  # every transaction spills (two ops of ~40 bytes)
+    entries = list(p.read_oplog())
+    f = rep.FeederCore(p, LIM, cache_entries=8)
+    seq = 0
+    with p.store.read() as t:
+        stored = rep._rows(t, None, None, 1000, 1 << 62)
+    assert all(chunks for _, _, chunks in stored)
+    for step in steps:
+        seq += step
+        assert f.advance(entries[seq - 1][0])
+        assert f.limit == entries[seq - 1][0]
+        keys = [r[0] for r in f.cache]
+        assert keys == [r[0] for r in stored[max(0, seq - 8):seq]]
+        assert list(f.cache) == stored[max(0, seq - 8):seq]
+        for after in range(seq):
+            g = entries[after - 1][0] if after else None
+            out = f.pull(None if g is None else list(g), None, 1000, 1 << 30)
+            assert out["rows"] == stored[after:seq]
+    assert not f.advance(entries[seq - 1][0])
+
+
 def test_feeder_answers_diverged_and_too_stale():
     p = primary_with(5)
     f = feed(p)
