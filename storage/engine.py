@@ -1097,21 +1097,25 @@ class Engine:
             if max_bytes and size > max_bytes:
                 want = -(-(size - max_bytes) * n // size)
             cutoff = None if not max_age_ms else now - max_age_ms
-            for k, v in list(itertools.islice(t.scan("oplog"), max_entries + 1)):
-                if not (res.trimmed < want or (cutoff is not None and codec.entry_ts(v) < cutoff)):
-                    break
-                if res.trimmed >= max_entries:
+            doomed = []  # chosen first, deleted after the scan (no cursor runs over deletes)
+            scan = t.scan("oplog")
+            for k, v in scan:
+                if not (len(doomed) < want or (cutoff is not None and codec.entry_ts(v) < cutoff)):
+                    break  # usually the first entry: nothing more is read
+                if len(doomed) >= max_entries:
                     res.more = True
                     break
                 if GTID.from_bytes(k) >= stop:
                     res.held = keep_from is not None and stop == keep_from
                     break
-                if not entry_inline(v):  # spilled: its chunks go with it
-                    e = codec.unpack(v, "oplog entry")
-                    for i in range(e.get("chunks", 0)):
-                        t.delete("oplog.refs", oplog.spill_key(e["ref"], i))
+                # spilled: its chunks go with it
+                doomed.append((k, None if entry_inline(v) else codec.unpack(v, "oplog entry")))
+            scan.close()
+            for k, e in doomed:
+                for i in range(0 if e is None else e.get("chunks", 0)):
+                    t.delete("oplog.refs", oplog.spill_key(e["ref"], i))
                 t.delete("oplog", k)
-                res.trimmed += 1
+            res.trimmed = len(doomed)
             f = t.first("oplog")
             res.first = GTID.from_bytes(f[0])
             if res.trimmed:
