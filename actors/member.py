@@ -661,6 +661,7 @@ class FeederService:
                  votes: dict | None = None):
         self.engine = engine
         self.member_id = member_id
+        self.limits = limits
         self.core = rep.FeederCore(engine, limits)
         self.core.votes = {int(k): v for k, v in (votes or {}).items()}
         self.core.upstream_majority = engine.range().majority
@@ -716,8 +717,11 @@ class FeederService:
              member: int, durable, applied, downstream: dict | None, term: int,
              majority=None) -> dict:
         """Entries after ``after`` (long-poll up to ``wait_ms``). Answers carry
-        the majority-committed point; a pull returns at once, even empty, when
-        it is newer than the caller's ``majority`` (change streams wait on it)."""
+        the majority-committed point; a pull returns, even empty, when it is
+        newer than the caller's ``majority`` (change streams wait on it), but
+        only after lingering ``majority_linger_ms`` for new entries: the report
+        a pull carries usually moves the majority itself, and answering that at
+        once would double the pulls (each a Ray call) under a light load."""
         my_term = self.engine.term
         if term > my_term:
             # the caller knows a newer term: learn it durably; this member (if it
@@ -734,7 +738,9 @@ class FeederService:
             pos = dict(self.core.positions)
         self._on_positions({m: p["durable"] for m, p in pos.items()},
                            {m: p["at_ms"] for m, p in pos.items()})
-        deadline = time.monotonic() + wait_ms / 1000
+        t0 = time.monotonic()
+        deadline = t0 + wait_ms / 1000
+        linger_until = t0 + self.limits.majority_linger_ms / 1000
         known = None if majority is None else GTID(*majority)
         validated = False
         while True:
@@ -764,11 +770,13 @@ class FeederService:
                 self._ring()  # long-polls learn the new point
             if seen_mj is not None:
                 out["majority"] = list(seen_mj)
-            if out["status"] != "ok" or out["rows"] or (
-                    seen_mj is not None and (known is None or seen_mj > known)):
+            if out["status"] != "ok" or out["rows"]:
                 return out
+            until = deadline
+            if seen_mj is not None and (known is None or seen_mj > known):
+                until = min(deadline, linger_until)  # news of the majority only
             with self._latch:
-                left = deadline - time.monotonic()
+                left = until - time.monotonic()
                 if left <= 0:
                     return out
                 if self._version == seen:
@@ -804,7 +812,7 @@ class Producer:
         self.engine = open_member(path, limits)
         self.error: str | None = None
         self.state = "running"
-        self.batches = self.entries = self.rollbacks = 0
+        self.batches = self.entries = self.rollbacks = self.pulls = 0
         self._stop = threading.Event()
         self._paused = threading.Event()
         self._paused.set()
@@ -862,6 +870,7 @@ class Producer:
                 # one entry may exceed pull_bytes_max (a pull always carries one)
                 out = codec.unpack(ans, "pull answer", self.limits.transaction_bytes_max
                                    + self.limits.pull_bytes_max + (1 << 20))
+                self.pulls += 1
             except Exception as e:  # the source is restarting or gone: retry
                 src = None
                 self.error = f"sync source {self.sync_source} unreachable: {type(e).__name__}"
@@ -1005,7 +1014,7 @@ class Producer:
     @ray.method(concurrency_group="control")
     def status(self) -> dict:
         return {"state": self.state, "error": self.error, "batches": self.batches,
-                "entries": self.entries, "sync_source": self.sync_source,
+                "entries": self.entries, "pulls": self.pulls, "sync_source": self.sync_source,
                 "paused": self._paused.is_set() and self.sync_source is not None,
                 "rollbacks": self.rollbacks,
                 "last_rollback": getattr(self, "last_rollback", None)}

@@ -51,6 +51,9 @@ class Limits:
     pull_entries_max: int = 5000
     pull_bytes_max: int = 16 * MiB
     pull_wait_ms: int = 500
+    # A pull with no new entries but a newer majority point waits this long
+    # for entries before answering with the point alone.
+    majority_linger_ms: int = 20
     # Elections and heartbeats.
     heartbeat_interval_ms: int = 100
     heartbeat_timeout_ms: int = 600

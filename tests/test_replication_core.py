@@ -270,3 +270,37 @@ def test_rollback_refuses_irreversible_and_too_long():
     e2 = primary_with(30)
     with pytest.raises(errors.IrreversibleOp):
         rep.rollback_to(e2, GTID(1, 2), 10, lambda r: None)
+
+
+def test_feeder_lingers_on_news_of_the_majority_alone():
+    """A pull whose own report moves the majority point waits for new entries
+    (one answer carries both) and answers with the point alone only after
+    ``majority_linger_ms``; new entries end the wait at once."""
+    import threading
+    import time
+
+    from raymx.actors.member import FeederService
+    p = primary_with(3)
+    f = FeederService(p, Limits(majority_linger_ms=2000), 0, lambda durable, heard: None,
+                      votes={0: 1, 1: 1, 2: 1})
+    f.set_primary(True)
+    last, h = p.last()
+
+    def pull(member, majority=None):
+        t0 = time.monotonic()
+        out = f.pull(list(last), h, 100, 1 << 20, 30_000, member, list(last), list(last),
+                     None, p.term, majority)
+        return out, time.monotonic() - t0
+
+    out, waited = pull(1)  # member 1 holds every entry: the majority moves to ``last``
+    assert out["status"] == "ok" and out["rows"] == [] and out["majority"] == list(last)
+    assert 2.0 <= waited < 20
+
+    def write_later():
+        time.sleep(0.1)
+        p.insert_many("db.c", [{"_id": "new"}])
+        f.on_limit(p.last()[0])
+    threading.Thread(target=write_later).start()
+    out, waited = pull(2)  # a majority it has not heard of, and then a new entry
+    assert [GTID.from_bytes(r[0]) for r in out["rows"]] == [p.last()[0]]
+    assert out["majority"] == list(last) and waited < 1.5
