@@ -14,8 +14,14 @@ the member's folder and the listener's role:
 * ``Listener(path, role, on_ring)`` binds the name and calls ``on_ring()`` from
   its own daemon thread after each burst of rings (rings coalesce).
 
-A doorbell carries no data and no ordering: a listener must always re-read
+A plain ring carries no data and no ordering: a listener must always re-read
 the state it was woken for (and keep a timeout-based poll as a safety net).
+
+A ring may also carry a small value that is not in LMDB (``ring(data)``, at
+most ``DATA_BYTES_MAX``); a listener made with ``with_data=True`` gets every
+value of a burst, in order (``on_ring(values)``). ``ring(data)`` returns False
+when the listener's queue is full, since the value would be lost; the
+caller then sends it another way.
 """
 from __future__ import annotations
 
@@ -28,6 +34,9 @@ import threading
 import time
 
 log = logging.getLogger("raymx.doorbell")
+
+DATA_BYTES_MAX = 1024
+_RING = b"!"
 
 
 def address(path: str, role: str) -> bytes:
@@ -42,16 +51,20 @@ class Bell:
         self._addr = address(path, role)
         self._sock = None
 
-    def ring(self) -> bool:
+    def ring(self, data: bytes | None = None) -> bool:
+        if data is not None and not 0 < len(data) <= DATA_BYTES_MAX:
+            raise ValueError(f"a doorbell carries 1 to {DATA_BYTES_MAX} bytes, not {len(data)}")
         try:
             if self._sock is None:
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
                 s.setblocking(False)
                 self._sock = s
-            self._sock.sendto(b"!", self._addr)
+            self._sock.sendto(_RING if data is None else data, self._addr)
             return True
         except BlockingIOError:
-            return True  # the listener's queue is full: it has wake-ups pending
+            # the listener's queue is full: it has wake-ups pending, but a value
+            # would be lost
+            return data is None
         except OSError as e:
             if e.errno not in (errno.ECONNREFUSED, errno.ENOENT):
                 log.debug("doorbell ring failed: %s", e)
@@ -73,8 +86,10 @@ class Listener:
     sockets here); rings fail meanwhile and the ringer falls back to Ray.
     """
 
-    def __init__(self, path: str, role: str, on_ring, retry_s: float = 30.0):
+    def __init__(self, path: str, role: str, on_ring, retry_s: float = 30.0,
+                 with_data: bool = False):
         self._on_ring = on_ring
+        self._with_data = with_data
         self._closed = False
         self._addr = address(path, role)
         self._sock = None
@@ -112,13 +127,13 @@ class Listener:
         s = self._sock
         while not self._closed:
             try:
-                s.recv(64)
+                values = [s.recv(DATA_BYTES_MAX)]
                 if self._closed:
                     return
                 s.setblocking(False)
                 try:  # coalesce a burst of rings into one wake-up
                     while True:
-                        s.recv(64)
+                        values.append(s.recv(DATA_BYTES_MAX))
                 except BlockingIOError:
                     pass
                 finally:
@@ -128,7 +143,10 @@ class Listener:
                     return
                 continue
             try:
-                self._on_ring()
+                if self._with_data:
+                    self._on_ring(values)
+                else:
+                    self._on_ring()
             except Exception:
                 log.exception("doorbell handler failed")
 
@@ -139,7 +157,11 @@ class Listener:
         if self.ok:
             try:  # wake the thread blocked in recv, then let it go
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                s.sendto(b"!", self._addr)
+                s.setblocking(False)  # never wait on a full queue: it wakes the thread anyway
+                try:
+                    s.sendto(_RING, self._addr)
+                except BlockingIOError:
+                    pass
                 s.close()
                 self._t.join(2)
             except OSError:

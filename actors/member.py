@@ -200,6 +200,9 @@ class OplogShard:
                                     {int(k): v for k, v in votes.items()})
         # the producer rings after each batch it writes: wake long-polling pulls
         self._bell = doorbell.Listener(path, "feeder", self.feeder.on_limit)
+        # and with each newer majority point it learns (the 16 GTID bytes)
+        self._majority_bell = doorbell.Listener(path, "majority", self._majority_rung,
+                                                with_data=True)
         self.service = ShardService(self.engine, limits, primary=False,
                                     on_durable=self._on_durable, member_id=self.member_id,
                                     votes={int(k): v for k, v in votes.items()})
@@ -373,8 +376,16 @@ class OplogShard:
     @ray.method(concurrency_group="control")
     def on_majority(self, g) -> None:
         """A secondary's producer learned a newer majority-committed point (for
-        this member's change streams, its trimming, and members syncing from it)."""
-        g = GTID(*g)
+        this member's change streams, its trimming, and members syncing from it):
+        by doorbell, or by this call when the doorbell cannot carry it."""
+        self._note_majority(GTID(*g))
+
+    def _majority_rung(self, values: list) -> None:
+        gs = [GTID.from_bytes(v) for v in values if len(v) == 16]
+        if gs:
+            self._note_majority(max(gs))
+
+    def _note_majority(self, g: GTID) -> None:
         self.service.note_majority(g)
         self.feeder.on_majority(g)
         self._persist_majority()
@@ -635,6 +646,7 @@ class OplogShard:
 
     def shutdown(self) -> None:
         self._bell.close()
+        self._majority_bell.close()
         self.port.close()
         self.service.close()
         self.engine.store.close()
@@ -831,6 +843,7 @@ class Producer:
         # member's shard (change streams, trimming, and its feeder for members
         # syncing from this one)
         self.majority: GTID | None = self.engine.range().majority
+        self._majority_bell = doorbell.Bell(path, "majority")
         self._majority_shard = Notifier(rs_name, member_id, "", "on_majority")
         if ray.get_runtime_context().was_current_actor_reconstructed:
             # restarted alone (crash): the shard knows whom this member follows
@@ -917,7 +930,8 @@ class Producer:
         g = GTID(*mj)
         if self.majority is None or g > self.majority:
             self.majority = g
-            self._majority_shard(mj)  # the shard tells its feeder too
+            if not self._majority_bell.ring(g.to_bytes()):  # the shard tells its feeder too
+                self._majority_shard(mj)
 
     def _handle(self, out, src, src_id, last, last_h) -> None:
         status = out["status"]
