@@ -549,9 +549,18 @@ class OplogShard:
         """Verify every partition's checksum, then start the oplog at the snapshot."""
         if self.load_progress is not None:
             self.load_progress["phase"] = "verify"
-        g = snapshot.finish_load(self.engine, info, {int(k): v for k, v in checksums.items()},
-                                 self._loaded_sums)
-        self.loaded_at = list(g)
+        # Set before finish_load clears the loading mark: a heartbeat that saw the
+        # member loaded (and its oplog at the snapshot) without ``loaded_at`` would
+        # let it join before its first pull, which lifts the trimming holds for
+        # it, so its sources could trim past the snapshot and it would come up
+        # too stale.
+        self.loaded_at = list(info["gtid"])
+        try:
+            g = snapshot.finish_load(self.engine, info,
+                                     {int(k): v for k, v in checksums.items()}, self._loaded_sums)
+        except BaseException:
+            self.loaded_at = None
+            raise
         if self.load_progress is not None:
             self.load_progress["phase"] = "catch-up"
         self.feeder.reset()  # its oplog starts here now
