@@ -19,6 +19,7 @@ Prints figures and ratios; asserts nothing (these machines are noisy). Each
 phase also prints how busy the machine was and how much of it other programs
 took, since that moves every figure here. Progress lines go to stderr. ``RAYMX_BENCH_CATCHUP_N`` overrides 100,000.
 """
+import gc
 import os
 import random
 import sys
@@ -141,8 +142,23 @@ def lag_phase(conn, hz, duration_s, first_id):
     delay both kinds alike) out of the lag. ``w=3`` gives the same for the
     slower of the two secondaries.
 
+    The neighbours' latency cancels delays on the client's side only if its
+    receiving thread never stops: the cyclic garbage collector is off during
+    the phase, since a full collection of this process's growing bookkeeping
+    (a Future per write) took 50-100 ms here and stamped some answers late
+    and not their neighbours, which showed up as replication lag.
+
     Returns ({w: [latency ms]}, {w: [lag ms]} for w in 2, 3, rate sent, errors).
     """
+    gc.collect()
+    gc.disable()
+    try:
+        return _lag_phase(conn, hz, duration_s, first_id)
+    finally:
+        gc.enable()
+
+
+def _lag_phase(conn, hz, duration_s, first_id):
     n = int(hz * duration_s) // 3 * 3 + 1  # ends on a w=1 write
     batch = docs(n, start=first_id)
     reqs = [{"op": "insert", "ns": NS, "docs": [d], "w": 1 + i % 3, "wtimeout_ms": 30_000}
