@@ -40,8 +40,6 @@ from raymx.storage.keys import prefix_end
 from raymx.storage.limits import Limits
 from raymx.storage.lmdb_store import LMDBStore
 
-BOOT_ID = boot_id()
-
 log = logging.getLogger("raymx.member")
 NAMESPACE = "raymx"
 
@@ -453,7 +451,7 @@ class OplogShard:
     @ray.method(concurrency_group="control")
     def address(self) -> dict:
         return {"id": self.member_id, "host": self.port.host, "port": self.port.port,
-                "unix": self.port.unix_path, "boot": BOOT_ID, "role": self.role, "node_id": self.node_id,
+                "unix": self.port.unix_path, "boot": boot_id(), "role": self.role, "node_id": self.node_id,
                 "hidden": bool(self.spec.get("hidden"))}
 
     @ray.method(concurrency_group="control")

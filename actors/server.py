@@ -10,6 +10,7 @@ gets an error frame and the connection is closed; the server keeps serving.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import os
@@ -125,6 +126,7 @@ class ClientPort:
                 pass
 
 
+@functools.cache
 def boot_id() -> str:
     """This kernel's boot id: a client with the same one can reach our Unix sockets."""
     try:

@@ -31,8 +31,9 @@ def row(name, value, unit="", extra=""):
     print(f"{name:<58} {value:>12,.0f} {unit:<8} {extra}", flush=True)
 
 
-def raw_batched_rate(path, all_docs):
-    """The baseline: raw py-lmdb puts of msgpack-packed docs, 1,000 per txn, no sync."""
+def raw_batched_loop(path, all_docs):
+    """The baseline: raw py-lmdb puts of msgpack-packed docs, 1,000 per txn, no
+    sync. Returns the loop to time and its environment (close it after)."""
     import lmdb
     import msgpack
     env = lmdb.open(path, map_size=1 << 32, max_dbs=4, sync=False, metasync=False)
@@ -43,6 +44,11 @@ def raw_batched_rate(path, all_docs):
             with env.begin(write=True) as t:
                 for d in all_docs[i:i + 1000]:
                     t.put(msgpack.packb(d["_id"]), msgpack.packb(d), db=db)
+    return go, env
+
+
+def raw_batched_rate(path, all_docs):
+    go, env = raw_batched_loop(path, all_docs)
     r = rate(len(all_docs), go)
     env.close()
     return r

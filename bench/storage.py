@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import lmdb  # noqa: E402
 import msgpack  # noqa: E402
 
-from _util import progress, rate, row  # noqa: E402
+from _util import progress, raw_batched_loop, rate, row  # noqa: E402
 from raymx.storage.engine import Engine  # noqa: E402
 from raymx.storage.lmdb_store import LMDBStore  # noqa: E402
 
@@ -64,14 +64,7 @@ def main():
           "(CPU us per item printed beside each rate)")
 
     def raw_batched(path):
-        env, db = raw_env(path)
-
-        def go():
-            for i in range(0, N_BATCH, 1000):
-                with env.begin(write=True) as t:
-                    for d in all_docs[i:i + 1000]:
-                        t.put(msgpack.packb(d["_id"]), msgpack.packb(d), db=db)
-        return go
+        return raw_batched_loop(path, all_docs)[0]
 
     def eng_batched(path):
         e = Engine(LMDBStore(path))

@@ -179,8 +179,9 @@ class Connection:
             while self._reading:  # a caller is reading: it hands over when its answer is in
                 self._cv.wait()
             self._reading = True  # for good: the reader thread receives from now on
+            where = self.addr if isinstance(self.addr, str) else "%s:%s" % self.addr
             self._reader = threading.Thread(target=self._read_loop, daemon=True,
-                                            name=f"raymx-conn-{self.addr[0]}:{self.addr[1]}")
+                                            name=f"raymx-conn-{where}")
         self._reader.start()
 
     def _read_loop(self):
@@ -264,8 +265,9 @@ def connect_member(m: dict, secret: str, timeout_s: float = 10.0) -> Connection:
     """A connection to member ``m`` (a topology entry): over its Unix socket
     when it runs on this machine (same kernel boot id, and its hello names the
     same member), else over TCP."""
+    from raymx.actors.server import boot_id
     path = m.get("unix")
-    if path and m.get("boot") and m.get("boot") == _boot_id():
+    if path and m.get("boot") and m.get("boot") == boot_id():
         try:
             c = Connection(m["host"], m["port"], secret, timeout_s, unix=path)
         except (OSError, errors.RaymxError):
@@ -275,17 +277,6 @@ def connect_member(m: dict, secret: str, timeout_s: float = 10.0) -> Connection:
                 return c
             c.close()
     return Connection(m["host"], m["port"], secret, timeout_s)
-
-
-def _boot_id() -> str:
-    from raymx.actors.server import boot_id
-    global _BOOT
-    if _BOOT is None:
-        _BOOT = boot_id()
-    return _BOOT
-
-
-_BOOT: str | None = None
 
 
 # --- results ------------------------------------------------------------

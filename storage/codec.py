@@ -76,12 +76,10 @@ _FLAT = frozenset((type(None), bool, int, float, str, bytes))
 
 def _check_document(doc) -> None:
     """The precise check: raise InvalidDocument naming the first bad field."""
-    for k, x in doc.items():  # check_value's loop, plus the top-level '$' rule
-        if type(k) is not str:
-            raise InvalidDocument(f"field {k!r}: keys must be strings")
+    check_value(doc)
+    for k in doc:
         if k[:1] == "$":
             raise InvalidDocument(f"field name {k!r} may not start with '$'")
-        check_value(x, k)
 
 
 def pack_document(doc, max_bytes: int) -> bytes:
@@ -105,7 +103,6 @@ def pack_document(doc, max_bytes: int) -> bytes:
     try:
         b = _packer().pack(doc)
     except Exception as e:  # OverflowError, UnicodeEncodeError, ...
-        _LOCAL.__dict__.pop("p", None)  # a Packer that raised may hold a partial buffer
         _check_document(doc)
         raise InvalidDocument(f"document _id={doc.get('_id')!r:.60} cannot be encoded: {e}") from None
     if len(b) > max_bytes:

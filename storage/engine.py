@@ -148,9 +148,17 @@ class CollInfo:
     id: int
     indexes: dict[str, IndexInfo] = field(default_factory=dict)
     prefix: bytes = field(init=False, repr=False, compare=False)
+    # (field, prefix) of the one-field, non-unique indexes over a top-level
+    # field (``_index`` writes their key directly), and every other index
+    plain: list = field(init=False, repr=False, compare=False)
+    general: list = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         self.prefix = _U32.pack(self.id)
+        ixs = self.indexes.values()
+        self.plain = [(ix.single, ix.prefix) for ix in ixs
+                      if not ix.unique and ix.single is not None]
+        self.general = [ix for ix in ixs if ix.unique or ix.single is None]
 
     def record(self) -> bytes:
         return codec.pack({"id": self.id, "indexes": {
@@ -544,13 +552,14 @@ class Transaction(Reader):
     def _index(self, c: CollInfo, pk: bytes, doc: dict, check_unique: bool,
                put_ix=None) -> None:
         put_ix = put_ix or self.t.putter("index")
-        for ix in c.indexes.values():
-            if not ix.unique and ix.single is not None:
-                # the common case: one plain field, not an array, no unique check
-                v = doc.get(ix.single)
-                if type(v) is not list:
-                    put_ix(ix.prefix + encode_key(v) + pk, pk)
-                    continue
+        general = c.general
+        for field_, ixp in c.plain:  # the common case: one key, no unique check
+            v = doc.get(field_)
+            if type(v) is list:  # multikey: the general path writes every index
+                general = c.indexes.values()
+                break
+            put_ix(ixp + encode_key(v) + pk, pk)
+        for ix in general:
             for pre, key in _index_entries(ix, doc, pk):
                 if ix.unique and check_unique:
                     for k, other in self.t.scan("index", pre, prefix_end(pre)):
@@ -584,10 +593,6 @@ class Transaction(Reader):
         lim = self.e.limits.document_bytes_max
         cprefix = c.prefix
         put_ix = self.t.putter("index") if c.indexes else None
-        # plain one-field indexes (no uniqueness to check) are written inline
-        plain = [(ix.single, ix.prefix) for ix in c.indexes.values()
-                 if not ix.unique and ix.single is not None]
-        others = len(plain) < len(c.indexes)
         pack_document, op_prefix = codec.pack_document, codec.insert_op_prefix(ns)
         ops, ids, rows = [], res.inserted_ids, []
         for doc in docs:
@@ -599,14 +604,7 @@ class Transaction(Reader):
             _id = doc["_id"]
             pk = _pk(_id)
             rows.append((cprefix + pk, b))
-            general = others
-            for field_, ixp in plain:
-                v = doc.get(field_)
-                if type(v) is list:  # multikey: the general path writes them all
-                    general = True
-                    break
-                put_ix(ixp + encode_key(v) + pk, pk)
-            if general:
+            if put_ix is not None:
                 self._index(c, pk, doc, True, put_ix)
             ops.append(op_prefix + b)
             ids.append(_id)
@@ -895,7 +893,7 @@ def _pk(_id) -> bytes:
         return encode_key(_id)
     if t in (list, tuple):
         raise errors.InvalidDocument(f"_id cannot be an array: {_id!r:.60}")
-    if type(_id) is dict and _contains_op(_id):
+    if t is dict and _contains_op(_id):
         raise errors.InvalidDocument(f"_id {_id!r:.60} may not contain $ fields")
     return encode_key(_id)
 

@@ -44,7 +44,6 @@ _EXACT = 1 << 53
 _NUM_TAG = bytes((T_NUM,))
 _NAN_KEY = _NUM_TAG + bytes(8)
 _FLIP = (1 << 64) - 1
-_SIGN = 1 << 63
 _TAG_Q = struct.Struct(">BQ")
 _TAG_D = struct.Struct(">Bd")
 
