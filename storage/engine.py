@@ -23,6 +23,7 @@ The data change and the oplog entry commit in the same LMDB transaction.
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import struct
 import threading
@@ -559,7 +560,11 @@ class Transaction(Reader):
                 general = c.indexes.values()
                 break
             put_ix(ixp + encode_key(v) + pk, pk)
-        for ix in general:
+        self._index_general(c, general, pk, doc, check_unique, put_ix)
+
+    def _index_general(self, c: CollInfo, ixs, pk: bytes, doc: dict, check_unique: bool,
+                       put_ix) -> None:
+        for ix in ixs:
             for pre, key in _index_entries(ix, doc, pk):
                 if ix.unique and check_unique:
                     for k, other in self.t.scan("index", pre, prefix_end(pre)):
@@ -586,28 +591,30 @@ class Transaction(Reader):
         return self.statement(self._insert, ns, docs)
 
     def _insert(self, ns, docs):
+        """Every step runs over the whole batch (C-speed maps, no Python call
+        per document where a builtin can do it): pack, keys, one put of all
+        documents, one put of each plain index's entries, one log append."""
         if not isinstance(docs, (list, tuple)):
             raise errors.InvalidDocument("insert needs a list of documents")
+        if not _DICT.issuperset(map(type, docs)):
+            bad = next(d for d in docs if type(d) is not dict)
+            raise errors.InvalidDocument(f"a document must be a dict, got {type(bad).__name__}")
+        try:
+            ids = list(map(_GET_ID, docs))
+        except KeyError:  # documents without an _id get a generated one
+            docs = [d if "_id" in d else {"_id": new_id(), **d} for d in docs]
+            ids = list(map(_GET_ID, docs))
         c = self._coll_for_write(ns)
-        res = WriteResult()
-        lim = self.e.limits.document_bytes_max
-        cprefix = c.prefix
-        put_ix = self.t.putter("index") if c.indexes else None
-        pack_document, op_prefix = codec.pack_document, codec.insert_op_prefix(ns)
-        ops, ids, rows = [], res.inserted_ids, []
-        for doc in docs:
-            if type(doc) is not dict:
-                raise errors.InvalidDocument(f"a document must be a dict, got {type(doc).__name__}")
-            if "_id" not in doc:
-                doc = {"_id": new_id(), **doc}
-            b = pack_document(doc, lim)
-            _id = doc["_id"]
-            pk = _pk(_id)
-            rows.append((cprefix + pk, b))
-            if put_ix is not None:
-                self._index(c, pk, doc, True, put_ix)
-            ops.append(op_prefix + b)
-            ids.append(_id)
+        packed = codec.pack_documents(docs, self.e.limits.document_bytes_max)
+        op_prefix = codec.insert_op_prefix(ns)
+        if len(ids) == 1:  # a single document: the maps below cost more than they save
+            pks = [_pk(ids[0])]
+            rows = [(c.prefix + pks[0], packed[0])]
+            ops = [op_prefix + packed[0]]
+        else:
+            pks = list(map(encode_key if _SIMPLE_ID.issuperset(map(type, ids)) else _pk, ids))
+            rows = list(zip(map(c.prefix.__add__, pks), packed))
+            ops = list(map(op_prefix.__add__, packed))
         # all documents in one call, refused whole if an _id exists or repeats:
         # the put is the duplicate check, with no lookup before it
         if not self.t.put_new("docs", rows):
@@ -617,8 +624,31 @@ class Transaction(Reader):
                     raise errors.DuplicateKey(f"duplicate _id {_id!r:.100} in {ns}",
                                               ns=ns, index="_id_")
                 seen.add(key)
+        if c.indexes:
+            self._index_batch(c, docs, pks)
         self._log_many(ops)
+        res = WriteResult()
+        res.inserted_ids = ids
         return res
+
+    def _index_batch(self, c: CollInfo, docs: list, pks: list) -> None:
+        """``_index`` for a batch of new documents: each plain index's entries in
+        one put; a multikey value sends the batch down the general path."""
+        ix_rows = []
+        for field_, ixp in c.plain:
+            vals = [d.get(field_) for d in docs]
+            if list in set(map(type, vals)):
+                put_ix = self.t.putter("index")
+                for d, pk in zip(docs, pks):
+                    self._index(c, pk, d, True, put_ix)
+                return
+            ix_rows += zip(map(b"".join, zip(itertools.repeat(ixp), map(encode_key, vals), pks)),
+                           pks)
+        self.t.put_many("index", ix_rows)
+        if c.general:
+            put_ix = self.t.putter("index")
+            for d, pk in zip(docs, pks):
+                self._index_general(c, c.general, pk, d, True, put_ix)
 
     def _hits(self, ns: str, flt, multi: bool) -> tuple[list, CollInfo | None]:
         """The documents a statement changes: collected before the first write
@@ -885,6 +915,11 @@ class WriteGroup:
         if not self._done:
             self._done = True
             self.t.abort()
+
+
+_DICT = frozenset((dict,))
+_GET_ID = operator.itemgetter("_id")
+_SIMPLE_ID = frozenset((int, str))  # _ids whose key is plain encode_key (see _pk)
 
 
 def _pk(_id) -> bytes:

@@ -90,6 +90,11 @@ class _Txn(_TxnBase):
     def putter(self, db, overwrite=True):
         return functools.partial(self._t.put, db=self._s._dbs[db], overwrite=overwrite)
 
+    def put_many(self, db, rows):
+        if rows:
+            with self._t.cursor(db=self._s._dbs[db]) as c:
+                c.putmulti(rows)
+
     def put_sorted(self, db, rows):
         if not rows:
             return 0

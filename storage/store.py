@@ -36,6 +36,8 @@ class WriteTxn(ReadTxn, Protocol):
     def delete(self, db: str, key: bytes) -> bool: ...
     # put(db, ...) with db bound once: the per-document loops of a statement
     def putter(self, db: str, overwrite: bool = True) -> Callable[[bytes, bytes], bool]: ...
+    # put (overwriting) each row, in any order, in one call: a batch's index entries
+    def put_many(self, db: str, rows: list[tuple[bytes, bytes]]) -> None: ...
     # Bulk load: rows in strictly increasing key order; appended at the end of
     # the sub-database when they all sort after its last key (LMDB's append
     # mode: no page splits, no search), else put one by one. Returns rows put.
@@ -182,6 +184,10 @@ class _MemWrite(_TxnBase):
             return False
         self._over.setdefault(db, {})[key] = bytes(value)
         return True
+
+    def put_many(self, db, rows):
+        for k, v in rows:
+            self.put(db, k, v)
 
     def put_sorted(self, db, rows):
         self._check(db)

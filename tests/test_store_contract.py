@@ -146,6 +146,15 @@ def test_put_sorted_appends_runs_and_refuses_disorder(store):
         assert t.get("docs", bytes([40])) is None
 
 
+def test_put_many_overwrites_in_any_order(store):
+    with store.write() as t:
+        t.put("docs", bytes([5]), b"old")
+        t.put_many("docs", [(bytes([7]), b"a"), (bytes([5]), b"new"), (bytes([1]), b"b")])
+        t.put_many("docs", [])
+    with store.read() as t:
+        assert [(k[0], v) for k, v in t.scan("docs")] == [(1, b"b"), (5, b"new"), (7, b"a")]
+
+
 def test_put_new_writes_every_row_or_none(store):
     with store.write() as t:
         assert t.put_new("docs", [(bytes([i]), b"a%d" % i) for i in (1, 2, 3)])  # appended
