@@ -40,6 +40,7 @@ DURATION_S = 4.0          # per concurrency level
 RAW_FSYNC_S = 1.5         # per raw LMDB fsync measurement (one before each level too)
 PING_N = 2000             # sequential Ray actor calls
 N_BATCH = 50_000          # insert_many docs (50 batches of 1,000)
+BATCH_ROUNDS = 3          # alternating driver / raw rounds, the best of each kept
 PEERS = (("PostgreSQL 15", 3300), ("MariaDB 10.11", 2000))  # durable txns/s, 8 clients
 
 
@@ -306,24 +307,37 @@ def main():
         finally:
             pool.close()
 
-        progress(f"insert_many {N_BATCH:,} docs in batches of 1,000 (driver)")
+        # Batched inserts: BATCH_ROUNDS alternating rounds of the driver and of
+        # raw puts, each on fresh data removed after it, the best of each side
+        # kept (the host's noise only ever slows a round down).
         batch_docs = docs(N_BATCH, start=50_000_000)
         cl = rs.client()
-        coll = cl["bench"]["batch"]
-        coll.insert_many(docs(10, start=90_000_000))  # warm up the connection
+        cl["bench"]["warm"].insert_many(docs(10, start=90_000_000))  # warm up the connection
+        drv = {"rate": 0.0, "member": float("inf"), "driver": float("inf")}
+        raw_b, raw_b_cpu = 0.0, float("inf")
+        for rnd in range(BATCH_ROUNDS):
+            progress(f"insert_many {N_BATCH:,} docs in batches of 1,000: driver, then raw "
+                     f"LMDB batched puts (round {rnd + 1} of {BATCH_ROUNDS})")
+            coll = cl["bench"][f"batch{rnd}"]
 
-        def drv_batched():
-            for i in range(0, N_BATCH, 1000):
-                coll.insert_many(batch_docs[i:i + 1000])
-        c0, d0 = proc_cpu_s(member_pid), time.process_time()
-        drv_b = rate(N_BATCH, drv_batched)
-        drv_cpu = (f"CPU per doc: member {(proc_cpu_s(member_pid) - c0) / N_BATCH * 1e6:.1f} us,"
-                   f" driver {(time.process_time() - d0) / N_BATCH * 1e6:.1f} us; {load()}")
+            def drv_batched():
+                for i in range(0, N_BATCH, 1000):
+                    coll.insert_many(batch_docs[i:i + 1000])
+            c0, d0 = proc_cpu_s(member_pid), time.process_time()
+            drv["rate"] = max(drv["rate"], rate(N_BATCH, drv_batched))
+            drv["member"] = min(drv["member"], (proc_cpu_s(member_pid) - c0) / N_BATCH * 1e6)
+            drv["driver"] = min(drv["driver"], (time.process_time() - d0) / N_BATCH * 1e6)
+            coll.drop()
+            path = os.path.join(base, f"raw-batch-{rnd}")
+            d0 = time.process_time()
+            raw_b = max(raw_b, raw_batched_rate(path, batch_docs))
+            raw_b_cpu = min(raw_b_cpu, (time.process_time() - d0) / N_BATCH * 1e6)
+            shutil.rmtree(path)
+        drv_b = drv["rate"]
+        drv_cpu = (f"CPU per doc: member {drv['member']:.1f} us, driver {drv['driver']:.1f} us; "
+                   f"{load()}")
+        raw_b_cpu = f"CPU per doc {raw_b_cpu:.1f} us"
         cl.close()
-        progress(f"raw LMDB batched puts {N_BATCH:,} docs")
-        d0 = time.process_time()
-        raw_b = raw_batched_rate(os.path.join(base, "raw-batch"), batch_docs)
-        raw_b_cpu = f"CPU per doc {(time.process_time() - d0) / N_BATCH * 1e6:.1f} us"
     finally:
         progress("shutdown")
         if rs is not None:
@@ -366,7 +380,7 @@ def main():
     for name, v in PEERS:
         row(f"  {name}", v, "txn/s", f"raymx at 8 clients = {r8 / v:.2f}x")
     print()
-    print("batched inserts, 1,000 docs per transaction")
+    print(f"batched inserts, 1,000 docs per transaction (best of {BATCH_ROUNDS} alternating rounds)")
     row("raw LMDB+msgpack batched puts, no sync", raw_b, "docs/s", raw_b_cpu)
     row("driver insert_many, default write concern", drv_b, "docs/s",
         f"ratio {drv_b / raw_b:.2f} (target >= 0.5: {'met' if drv_b / raw_b >= 0.5 else 'NOT met'})")
