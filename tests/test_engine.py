@@ -303,7 +303,8 @@ def _indexed(store) -> Engine:
 _batch_doc = st.fixed_dictionaries(
     {"age": st.one_of(st.integers(0, 3), st.lists(st.integers(0, 3), max_size=2), st.none())},
     optional={"_id": st.integers(0, 6), "email": st.sampled_from(["x", "y", "z"]),
-              "city": st.sampled_from(["Oslo", "Lima"]), "a": st.fixed_dictionaries({"b": st.integers(0, 2)}),
+              "city": st.sampled_from(["Oslo", "Lima"]),
+              "a": st.fixed_dictionaries({"b": st.integers(0, 2)}),
               "bad": st.sampled_from([{"$x": 1}, 2**70, {1: 2}])})
 
 
@@ -352,7 +353,8 @@ def test_insert_many_batch_paths_over_both_stores(store):
     assert [d["_id"] for d in e.find(NS, {"city": "Oslo", "age": 2})] == [3]
     before = state(e)
     with pytest.raises(errors.InvalidDocument, match="'\\$x'"):
-        e.insert_many(NS, [{"_id": 4, "age": 1}, {"_id": 5, "$x": 1}, {"_id": 6, "email": "t"}])
+        e.insert_many(NS, [{"_id": 4, "age": 1}, {"_id": 5, "$x": 1},
+                           {"_id": 6, "email": "t"}])
     with pytest.raises(errors.InvalidDocument, match="must be a dict, got list"):
         e.insert_many(NS, [{"_id": 4}, [("_id", 5)]])
     with pytest.raises(errors.DuplicateKey, match="email"):
