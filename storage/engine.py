@@ -182,7 +182,7 @@ def _index_entries(ix: IndexInfo, doc: dict, pk: bytes) -> list[tuple[bytes, byt
     if len(ix.key) == 1:
         p = ix.key[0][0]
         v = doc.get(p, None) if "." not in p else _none(query.get_path(doc, p))
-        if type(v) is not list:  # the common case: one key
+        if type(v) not in _ARRAYS:  # the common case: one key
             pre = ix.prefix + encode_key(v)
             return [(pre, pre + pk)]
     pres = [ix.prefix]
@@ -556,7 +556,7 @@ class Transaction(Reader):
         general = c.general
         for field_, ixp in c.plain:  # the common case: one key, no unique check
             v = doc.get(field_)
-            if type(v) is list:  # multikey: the general path writes every index
+            if type(v) in _ARRAYS:  # multikey: the general path writes every index
                 general = c.indexes.values()
                 break
             put_ix(ixp + encode_key(v) + pk, pk)
@@ -637,7 +637,7 @@ class Transaction(Reader):
         ix_rows = []
         for field_, ixp in c.plain:
             vals = [d.get(field_) for d in docs]
-            if list in set(map(type, vals)):
+            if not _ARRAYS.isdisjoint(map(type, vals)):  # multikey
                 put_ix = self.t.putter("index")
                 for d, pk in zip(docs, pks):
                     self._index(c, pk, d, True, put_ix)
@@ -918,6 +918,7 @@ class WriteGroup:
 
 
 _DICT = frozenset((dict,))
+_ARRAYS = frozenset((list, tuple))  # stored as msgpack arrays: indexed whole and per element
 _GET_ID = operator.itemgetter("_id")
 _SIMPLE_ID = frozenset((int, str))  # _ids whose key is plain encode_key (see _pk)
 
@@ -936,7 +937,7 @@ def _pk(_id) -> bytes:
 def _contains_op(v) -> bool:
     if isinstance(v, dict):
         return any(k.startswith("$") or _contains_op(x) for k, x in v.items())
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         return any(_contains_op(x) for x in v)
     return False
 
