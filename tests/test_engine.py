@@ -305,7 +305,8 @@ _batch_doc = st.fixed_dictionaries(
     optional={"_id": st.integers(0, 6), "email": st.sampled_from(["x", "y", "z"]),
               "city": st.sampled_from(["Oslo", "Lima"]),
               "a": st.fixed_dictionaries({"b": st.integers(0, 2)}),
-              "bad": st.sampled_from([{"$x": 1}, 2**70, {1: 2}])})
+              # refused (past 64 bits, a non-string key) or allowed (a nested "$x")
+              "odd": st.sampled_from([2**70, {1: 2}, {"$x": 1}])})
 
 
 @given(st.lists(_batch_doc, max_size=8))
