@@ -314,7 +314,7 @@ def main():
         cl = rs.client()
         cl["bench"]["warm"].insert_many(docs(10, start=90_000_000))  # warm up the connection
         drv = {"rate": 0.0, "member": float("inf"), "driver": float("inf")}
-        raw_b, raw_b_cpu = 0.0, float("inf")
+        raw_b, raw_b_us = 0.0, float("inf")
         for rnd in range(BATCH_ROUNDS):
             progress(f"insert_many {N_BATCH:,} docs in batches of 1,000: driver, then raw "
                      f"LMDB batched puts (round {rnd + 1} of {BATCH_ROUNDS})")
@@ -331,12 +331,12 @@ def main():
             path = os.path.join(base, f"raw-batch-{rnd}")
             d0 = time.process_time()
             raw_b = max(raw_b, raw_batched_rate(path, batch_docs))
-            raw_b_cpu = min(raw_b_cpu, (time.process_time() - d0) / N_BATCH * 1e6)
+            raw_b_us = min(raw_b_us, (time.process_time() - d0) / N_BATCH * 1e6)
             shutil.rmtree(path)
         drv_b = drv["rate"]
         drv_cpu = (f"CPU per doc: member {drv['member']:.1f} us, driver {drv['driver']:.1f} us; "
                    f"{load()}")
-        raw_b_cpu = f"CPU per doc {raw_b_cpu:.1f} us"
+        raw_b_cpu = f"CPU per doc {raw_b_us:.1f} us"
         cl.close()
     finally:
         progress("shutdown")

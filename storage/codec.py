@@ -117,8 +117,6 @@ def pack_documents(docs: list, max_bytes: int) -> list[bytes]:
     run over the whole batch at C speed (no Python call per document); a batch
     that is not all flat, or that fails, is done document by document, so the
     error names the first bad document and field."""
-    if len(docs) == 1:  # one document: the per-document check is cheaper
-        return [pack_document(docs[0], max_bytes)]
     try:
         fast = ("$" not in "".join(itertools.chain.from_iterable(docs)) and _FLAT.issuperset(
             map(type, itertools.chain.from_iterable(map(dict.values, docs)))))

@@ -605,13 +605,14 @@ class Transaction(Reader):
             docs = [d if "_id" in d else {"_id": new_id(), **d} for d in docs]
             ids = list(map(_GET_ID, docs))
         c = self._coll_for_write(ns)
-        packed = codec.pack_documents(docs, self.e.limits.document_bytes_max)
-        op_prefix = codec.insert_op_prefix(ns)
-        if len(ids) == 1:  # a single document: the maps below cost more than they save
+        lim, op_prefix = self.e.limits.document_bytes_max, codec.insert_op_prefix(ns)
+        if len(ids) == 1:  # a single document: the batch passes cost more than they save
+            packed = [codec.pack_document(docs[0], lim)]
             pks = [_pk(ids[0])]
             rows = [(c.prefix + pks[0], packed[0])]
             ops = [op_prefix + packed[0]]
         else:
+            packed = codec.pack_documents(docs, lim)
             pks = list(map(encode_key if _SIMPLE_ID.issuperset(map(type, ids)) else _pk, ids))
             rows = list(zip(map(c.prefix.__add__, pks), packed))
             ops = list(map(op_prefix.__add__, packed))
