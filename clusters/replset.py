@@ -51,6 +51,22 @@ def _coordinator_read(coord, method: str, timeout_s: float = 60.0):
             time.sleep(0.2)
 
 
+def _wait_dead(handle, timeout_s: float = 10.0) -> None:
+    """``ray.kill`` only asks for the kill: wait until the actor is gone, so a
+    read right after ``shutdown()`` returns finds the set shut down."""
+    ray = _ray()
+    from ray.exceptions import ActorDiedError
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(handle.__ray_ready__.remote(), timeout=1)
+        except ActorDiedError:
+            return
+        except Exception:  # still going away (unavailable, or no answer yet)
+            pass
+        time.sleep(0.05)
+
+
 def _check_name(name) -> str:
     if not isinstance(name, str) or not name or len(name) > 64 or not all(
             c.isalnum() or c in "-_" for c in name):
@@ -462,6 +478,7 @@ class ReplicaSet:
                 ray.kill(h, no_restart=True)
             except Exception:
                 pass
+        _wait_dead(self._coord)
 
     # --- use -------------------------------------------------------------
     def config(self) -> dict:
