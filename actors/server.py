@@ -52,14 +52,19 @@ class ClientPort:
         self._out_lock = threading.Lock()
         self._flush_due = False         # a flush is scheduled on the loop
         self._loop = asyncio.new_event_loop()
+        self._tid: int | None = None  # the loop's thread
         self._ready = threading.Event()
         self._t = threading.Thread(target=self._run, name="raymx-port", daemon=True)
         self._t.start()
         if not self._ready.wait(10) or self.port is None:
             raise RuntimeError(f"client port failed to start on {host}")
+        attach = getattr(handler, "attach_port", None)
+        if attach is not None:
+            attach(self)
 
     def _run(self):
         asyncio.set_event_loop(self._loop)
+        self._tid = threading.get_ident()
 
         async def start():
             self._server = await self._loop.create_server(lambda: _Conn(self), self.host, 0)
@@ -82,8 +87,18 @@ class ClientPort:
             return
         self._loop.run_forever()
 
+    def on_loop(self) -> bool:
+        """True on the port's own thread."""
+        return threading.get_ident() == self._tid
+
+    def soon(self, fn) -> None:
+        """From the port's thread: run ``fn`` once this wake-up's frames are read."""
+        self._loop.call_soon(fn)
+
     # answers from any thread: queued, sent by the loop in one flush per wake-up
     def post(self, conn: "_Conn", frame: bytes) -> None:
+        if threading.get_ident() == self._tid:  # answered on the port's thread: send now
+            return conn.write(frame)
         with self._out_lock:
             self._out.append((conn, frame))
             if self._flush_due:

@@ -27,6 +27,7 @@ from typing import Callable
 
 from raymx import errors
 from raymx.actors.gtid_manager import GTIDManager
+from raymx.storage import codec
 from raymx.storage.engine import Engine, Reader, Transaction, WriteResult, split_ns
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import Limits
@@ -63,6 +64,9 @@ def run_statement(tx: Transaction, req: dict):
     """Execute one write statement ``req`` inside ``tx`` (atomically)."""
     op, ns = req["op"], req.get("ns")
     if op == "insert":
+        if "packed" in req:  # the driver's form: each document its own msgpack binary
+            return tx.insert(ns, codec.unpack_documents(req["packed"],
+                                                        tx.e.limits.document_bytes_max))
         return tx.insert(ns, req.get("docs"))
     if op == "update":
         return tx.update(ns, req.get("filter") or {}, req.get("update"),
@@ -82,6 +86,22 @@ def run_statement(tx: Transaction, req: dict):
     if op == "revertTo":
         return tx.revert_to(_gtid_in(req.get("target"), "target"))
     raise errors.InvalidOperation(f"unknown write operation {op!r}")
+
+
+def _runs_inline(item: tuple) -> bool:
+    """A write small enough to run on the client port's thread: an autocommit
+    insert of a few documents, or an update or delete of one document."""
+    kind, _, req, _ = item
+    if kind != "write":
+        return False
+    op = req["op"]
+    if op == "insert":
+        docs = req.get("packed", req.get("docs"))
+        return isinstance(docs, list) and len(docs) <= INLINE_INSERT_DOCS
+    return op in ("update", "delete") and not req.get("multi")
+
+
+INLINE_INSERT_DOCS = 64
 
 
 class GroupCommit:
@@ -132,6 +152,11 @@ class GroupCommit:
                     continue
             if not self._sync(target):
                 time.sleep(self._interval)
+
+    def kick(self) -> None:
+        """Wake the syncer: commits noted with ``wake=False`` wait for it."""
+        with self._cond:
+            self._cond.notify()
 
     def sync_now(self) -> None:
         """Flush on the calling thread: the writer, when durable writers wait on
@@ -336,12 +361,19 @@ class ShardService:
         self.group.committed = self.group.durable = last if last.seq else None
         self.group.eager = len(self.votes) > 1
         self._q: queue.Queue = queue.Queue()
+        # the writer: its thread, or the port's thread for small writes (_drain)
+        self._wlock = threading.Lock()
+        self._pending = 0  # client writes queued for the writer thread, not yet run
+        self._pending_lock = threading.Lock()
+        self._port = None
+        self._arrived: list = []  # writes of the port's current wake-up
         self._ids = itertools.count(1)
         self._cursors: dict[int, _Cursor] = {}
         self._cursors_lock = threading.Lock()
         self.readers = ThreadPoolExecutor(4, thread_name_prefix="raymx-reader")
         self.commits = 0
         self.write_groups = 0  # LMDB transactions that carried several queued writes
+        self.port_writes = 0   # writes run on the client port's thread (see _drain)
         self.watchers = ThreadPoolExecutor(32, thread_name_prefix="raymx-watch")
         self.oplog_cap = {"max_bytes": limits.oplog_bytes_max, "max_age_s": None, "force": False}
         self.trim = {"trimmed": 0, "txns": 0, "max_txn_entries": 0, "max_txn_ms": 0.0, "ms": 0.0,
@@ -499,7 +531,7 @@ class ShardService:
             if op == "txnBegin":
                 s = _Session(next(self._ids))
                 conn.setdefault("sessions", {})[s.id] = s
-                self._q.put(("session", s, req, reply))
+                self._to_writer(("session", s, req, reply))
             elif "txn" in req:
                 s = conn.get("sessions", {}).get(req["txn"])
                 if s is None:
@@ -509,7 +541,7 @@ class ShardService:
                     conn["sessions"].pop(s.id, None)
                 s.submit(req, reply)
             else:
-                self._q.put(("write", None, req, reply))
+                self._to_writer(("write", None, req, reply))
         elif op in READ_OPS:
             self.readers.submit(self._read, req, reply, conn)
         elif op == "watch":
@@ -524,17 +556,57 @@ class ShardService:
             self._close_cursor(cid)
 
     # --- writes ----------------------------------------------------------
+    def attach_port(self, port) -> None:
+        """Called by the client port serving this service: small writes may then
+        run on the port's own thread (see ``_drain``)."""
+        self._port = port
+
+    def _to_writer(self, item: tuple) -> None:
+        port = self._port
+        if port is not None and port.on_loop():
+            self._arrived.append(item)
+            if len(self._arrived) == 1:  # once, after every frame this wake-up read
+                port.soon(self._drain)
+        else:
+            self._enqueue([item])
+
+    def _enqueue(self, items: list) -> None:
+        with self._pending_lock:
+            self._pending += len(items)
+        for item in items:
+            self._q.put(item)
+
+    def _drain(self) -> None:
+        """The writes that arrived in one wake-up of the port (from every
+        connection), on the port's thread. When the writer thread is idle with
+        nothing queued, the small ones run right here, as one group (one LMDB
+        commit, one sync for those that want it): no hand-off between threads
+        on their way. The rest go to the writer thread, in arrival order."""
+        items, self._arrived = self._arrived, []
+        if self._wlock.acquire(blocking=False):
+            try:
+                if self._pending == 0:  # nothing queued could come after these
+                    n = next((i for i, it in enumerate(items) if not _runs_inline(it)),
+                             len(items))
+                    cap = self.limits.write_group_max
+                    for i in range(0, n, cap):
+                        self._run_items(items[i:i + cap])
+                    self.port_writes += n
+                    items = items[n:]
+            finally:
+                self._wlock.release()
+        if items:
+            self._enqueue(items)
+
     def _write_loop(self):
         q, held = self._q, []
         while True:
             item = held.pop() if held else q.get()
             if item is None:
                 return
-            kind, sess, req, reply = item
-            if kind == "write":
-                # the writes queued at this moment share one LMDB commit
-                group = [item]
-                while len(group) < self.limits.write_group_max:
+            items = [item]
+            if item[0] == "write":  # the writes queued at this moment share one LMDB commit
+                while len(items) < self.limits.write_group_max:
                     try:
                         nxt = q.get_nowait()
                     except queue.Empty:
@@ -542,29 +614,37 @@ class ShardService:
                     if nxt is None or nxt[0] != "write":
                         held.append(nxt)
                         break
-                    group.append(nxt)
-                if len(group) > 1:
-                    self._write_group(group)
-                    continue
-            if kind == "call":  # internal work between writes (trimming): a Future
-                try:
-                    reply.set_result(sess())
-                except BaseException as e:
-                    reply.set_exception(e)
-                continue
+                    items.append(nxt)
+            with self._wlock:
+                self._run_items(items)
+            if item[0] != "call":
+                with self._pending_lock:
+                    self._pending -= len(items)
+
+    def _run_items(self, items: list) -> None:
+        """Run writer items (with ``_wlock`` held): writes, one session, or a call."""
+        if len(items) > 1:
+            return self._write_group(items)
+        kind, sess, req, reply = items[0]
+        if kind == "call":  # internal work between writes (trimming): a Future
             try:
-                if kind == "session":
-                    self._run_session(sess, req, reply)
-                else:
-                    tx = self.e.begin(autocommit=True)
-                    try:
-                        res = run_statement(tx, req)
-                    except BaseException:
-                        tx.abort()
-                        raise
-                    self._commit(tx, res, req, reply)
-            except Exception as e:
-                reply(err=self._write_error(e, req))
+                reply.set_result(sess())
+            except BaseException as e:
+                reply.set_exception(e)
+            return
+        try:
+            if kind == "session":
+                self._run_session(sess, req, reply)
+            else:
+                tx = self.e.begin(autocommit=True)
+                try:
+                    res = run_statement(tx, req)
+                except BaseException:
+                    tx.abort()
+                    raise
+                self._commit(tx, res, req, reply)
+        except Exception as e:
+            reply(err=self._write_error(e, req))
 
     @staticmethod
     def _write_error(e: Exception, req: dict) -> errors.RaymxError:
@@ -600,7 +680,7 @@ class ShardService:
         finally:
             self.gm.done(g)
         if self._acknowledge(g, res, req, reply):
-            self.group.sync_now()
+            self._sync_soon()
 
     def _write_group(self, group: list) -> None:
         """Run queued autocommit writes in one LMDB transaction, one GTID each.
@@ -665,6 +745,16 @@ class ShardService:
             else:
                 flush |= self._acknowledge(g, res, req, reply)
         if flush:
+            self._sync_soon()
+
+    def _sync_soon(self) -> None:
+        """Writers wait for a sync of what was just committed. The writer thread
+        syncs itself (no hand-off on their way); on the port's thread the syncer
+        does, and the port meanwhile takes and commits more writes, which share
+        the next sync."""
+        if self._port is not None and self._port.on_loop():
+            self.group.kick()
+        else:
             self.group.sync_now()
 
     def _acknowledge(self, g: GTID, res, req: dict, reply: Reply) -> bool:
@@ -898,7 +988,7 @@ class ShardService:
                 "durable": gtid_out(self.group.durable),
                 "replicatable": gtid_out(self.gm.replicatable()),
                 "commits": self.commits, "syncs": self.group.syncs,
-                "write_groups": self.write_groups,
+                "write_groups": self.write_groups, "port_writes": self.port_writes,
                 "majority": gtid_out(self.wc.majority_point()) if self.primary else None,
                 "open_cursors": len(self._cursors)}
 

@@ -567,12 +567,17 @@ class Collection:
         return self.client._call(req)
 
     # writes
+    # Documents travel packed one by one ("packed": a msgpack binary each): the
+    # member decodes them to check them and stores these bytes, never packing
+    # them again. Checked here too, so bad input fails before it is sent.
     def insert_one(self, doc: dict, **wc) -> InsertOneResult:
-        r = self._write({"op": "insert", "docs": [doc]}, _wc(self.write_concern, wc))
+        packed = [codec.pack_document(doc, DEFAULT_LIMITS.document_bytes_max)]
+        r = self._write({"op": "insert", "packed": packed}, _wc(self.write_concern, wc))
         return InsertOneResult(r["inserted_ids"][0], _gtid(r["gtid"]))
 
     def insert_many(self, docs, **wc) -> InsertManyResult:
-        r = self._write({"op": "insert", "docs": list(docs)}, _wc(self.write_concern, wc))
+        packed = codec.pack_documents(list(docs), DEFAULT_LIMITS.document_bytes_max)
+        r = self._write({"op": "insert", "packed": packed}, _wc(self.write_concern, wc))
         return InsertManyResult(r["inserted_ids"], _gtid(r["gtid"]))
 
     def _update(self, flt, update, multi, upsert, replace, wc) -> UpdateResult:

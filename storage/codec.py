@@ -112,17 +112,22 @@ def pack_document(doc, max_bytes: int) -> bytes:
     return b
 
 
+def _all_flat(docs: list) -> bool:
+    """True if every document of the batch passes the flat check (one C-speed
+    pass: all keys joined as one string, all value types as one set)."""
+    try:
+        return ("$" not in "".join(itertools.chain.from_iterable(docs)) and _FLAT.issuperset(
+            map(type, itertools.chain.from_iterable(map(dict.values, docs)))))
+    except TypeError:
+        return False
+
+
 def pack_documents(docs: list, max_bytes: int) -> list[bytes]:
     """``pack_document`` for a batch of dicts: the flat check and the packing
     run over the whole batch at C speed (no Python call per document); a batch
     that is not all flat, or that fails, is done document by document, so the
     error names the first bad document and field."""
-    try:
-        fast = ("$" not in "".join(itertools.chain.from_iterable(docs)) and _FLAT.issuperset(
-            map(type, itertools.chain.from_iterable(map(dict.values, docs)))))
-    except TypeError:
-        fast = False
-    if fast:
+    if _all_flat(docs):
         try:
             out = list(map(_packer().pack, docs))
         except Exception:
@@ -131,6 +136,56 @@ def pack_documents(docs: list, max_bytes: int) -> list[bytes]:
             if max(map(len, out), default=0) <= max_bytes:
                 return out
     return [pack_document(d, max_bytes) for d in docs]
+
+
+class PackedDocuments:
+    """Documents that arrived as their msgpack bytes (``rows``, one per
+    document, packed by the driver), decoded and checked by
+    ``unpack_documents``: an insert stores those bytes as they are instead of
+    packing the documents again."""
+    __slots__ = ("docs", "rows")
+
+    def __init__(self, docs: list, rows: list):
+        self.docs, self.rows = docs, rows
+
+    def __len__(self):
+        return len(self.docs)
+
+
+_BYTES, _DICT = frozenset((bytes,)), frozenset((dict,))
+
+
+def unpack_documents(rows, max_bytes: int) -> PackedDocuments:
+    """Decode documents received one msgpack binary each and check them as
+    ``pack_documents`` checks what it packs (C-speed passes over the batch;
+    the error names the first bad document, and its field).
+
+    What passes is stored byte for byte: every reader decodes the same bytes
+    into the same document, which is the one checked and indexed here."""
+    if type(rows) is not list or not _BYTES.issuperset(map(type, rows)):
+        raise InvalidDocument("packed documents must be a list of msgpack binaries, "
+                              "one per document")
+    if max(map(len, rows), default=0) > max_bytes:
+        i, n = next((i, len(r)) for i, r in enumerate(rows) if len(r) > max_bytes)
+        raise DocumentTooLarge(f"document {i} of the batch is {n} bytes, over the limit of "
+                               f"{max_bytes}", size=n, limit=max_bytes)
+    try:
+        docs = list(map(msgpack.unpackb, rows))
+    except Exception:
+        docs = []
+        for i, r in enumerate(rows):
+            try:
+                docs.append(msgpack.unpackb(r))
+            except Exception as e:
+                raise InvalidDocument(f"document {i} of the batch is not one msgpack "
+                                      f"map with string keys: {e}") from None
+    if not _DICT.issuperset(map(type, docs)):
+        i, d = next((i, d) for i, d in enumerate(docs) if type(d) is not dict)
+        raise InvalidDocument(f"document {i} of the batch must be a map, got {type(d).__name__}")
+    if not _all_flat(docs):
+        for d in docs:
+            _check_document(d)
+    return PackedDocuments(docs, rows)
 
 
 def pack_rows(rows) -> bytes:

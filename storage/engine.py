@@ -587,16 +587,20 @@ class Transaction(Reader):
         self.t.delete("docs", c.prefix + pk)
 
     # public statements
-    def insert(self, ns: str, docs: list[dict]) -> WriteResult:
+    def insert(self, ns: str, docs: list[dict] | codec.PackedDocuments) -> WriteResult:
+        """Insert ``docs``: dicts, or documents received packed (their bytes are stored)."""
         return self.statement(self._insert, ns, docs)
 
     def _insert(self, ns, docs):
         """Every step runs over the whole batch (C-speed maps, no Python call
         per document where a builtin can do it): pack, keys, one put of all
         documents, one put of each plain index's entries, one log append."""
-        if not isinstance(docs, (list, tuple)):
+        packed = None
+        if type(docs) is codec.PackedDocuments:  # decoded and checked on arrival
+            docs, packed = docs.docs, docs.rows
+        elif not isinstance(docs, (list, tuple)):
             raise errors.InvalidDocument("insert needs a list of documents")
-        if not _DICT.issuperset(map(type, docs)):
+        elif not _DICT.issuperset(map(type, docs)):
             bad = next(d for d in docs if type(d) is not dict)
             raise errors.InvalidDocument(f"a document must be a dict, got {type(bad).__name__}")
         try:
@@ -604,15 +608,16 @@ class Transaction(Reader):
         except KeyError:  # documents without an _id get a generated one
             docs = [d if "_id" in d else {"_id": new_id(), **d} for d in docs]
             ids = list(map(_GET_ID, docs))
+            packed = None  # packed again, with their _id
         c = self._coll_for_write(ns)
         lim, op_prefix = self.e.limits.document_bytes_max, codec.insert_op_prefix(ns)
         if len(ids) == 1:  # a single document: the batch passes cost more than they save
-            packed = [codec.pack_document(docs[0], lim)]
+            packed = packed or [codec.pack_document(docs[0], lim)]
             pks = [_pk(ids[0])]
             rows = [(c.prefix + pks[0], packed[0])]
             ops = [op_prefix + packed[0]]
         else:
-            packed = codec.pack_documents(docs, lim)
+            packed = packed or codec.pack_documents(docs, lim)
             pks = list(map(encode_key if _SIMPLE_ID.issuperset(map(type, ids)) else _pk, ids))
             rows = list(zip(map(c.prefix.__add__, pks), packed))
             ops = list(map(op_prefix.__add__, packed))

@@ -9,9 +9,10 @@ import pytest
 
 from raymx import errors
 from raymx.actors.server import ClientPort
-from raymx.actors.shard import ShardService
+from raymx.actors.shard import INLINE_INSERT_DOCS, ShardService
 from raymx.client import Connection
 from raymx.storage.engine import Engine
+from raymx.storage.keys import encode_key
 from raymx.storage.limits import Limits
 from raymx.storage.lmdb_store import LMDBStore
 
@@ -298,3 +299,97 @@ def test_sockets_of_killed_members_are_swept_live_ones_kept():
     assert not os.path.exists(dead) and os.path.exists(live)
     keep.close()
     os.unlink(live)
+
+
+def test_small_writes_run_on_the_port_thread_in_order_with_queued_ones(port):
+    """Small autocommit writes run on the port's thread when the writer thread
+    is idle; the others go to the writer. Pipelined on one connection, every
+    write still commits in the order it was sent, also while the writer is busy."""
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    many = [{"_id": f"m{k}", "n": k} for k in range(INLINE_INSERT_DOCS + 1)]
+    reqs = []
+    for k in range(30):
+        reqs.append({"op": "insert", "ns": "o.c", "docs": [{"_id": k, "n": k}]})
+        if k % 10 == 3:  # writer-thread work between the small ones
+            reqs.append({"op": "update", "ns": "o.c", "filter": {}, "update": {"$inc": {"n": 1}},
+                         "multi": True})
+        if k == 20:
+            reqs.append({"op": "insert", "ns": "o.c", "docs": many})
+    inline0 = svc.port_writes
+    futs = [c.submit(r) for r in reqs]
+    seqs = [f.result(10)["gtid"][1] for f in futs]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    assert svc.port_writes > inline0  # most of them ran on the port's thread
+    # the writer is busy: small writes queue behind it, and keep their order
+    blocker = threading.Event()
+    svc.on_writer(blocker.wait)
+    futs = [c.submit({"op": "insert", "ns": "o.q", "docs": [{"_id": k}]}) for k in range(20)]
+    import time
+    time.sleep(0.2)
+    assert not any(f.done() for f in futs)
+    blocker.set()
+    seqs = [f.result(10)["gtid"][1] for f in futs]
+    assert seqs == list(range(seqs[0], seqs[0] + 20))
+    # a write queued and not yet run (the writer took it, not yet the lock):
+    # what arrives meanwhile must queue behind it, never overtake it on the port
+    with svc._pending_lock:
+        svc._pending += 1
+    inline0 = svc.port_writes
+    c.request({"op": "insert", "ns": "o.q", "docs": [{"_id": "late"}]})
+    assert svc.port_writes == inline0
+    with svc._pending_lock:
+        svc._pending -= 1
+    c.request({"op": "insert", "ns": "o.q", "docs": [{"_id": "later"}]})
+    assert svc.port_writes == inline0 + 1
+    assert c.request({"op": "count", "ns": "o.c", "filter": {"n": {"$gte": 0}}})["value"] == 95
+    assert svc.e.verify_oplog() == seqs[-1] + 2
+    c.close()
+
+
+def test_a_transaction_holds_back_small_writes_of_other_connections(port):
+    """An open transaction holds the writer: an autocommit write from another
+    connection waits for its commit (never runs on the port thread meanwhile)."""
+    p, svc = port
+    a, b = Connection("127.0.0.1", p.port, SECRET), Connection("127.0.0.1", p.port, SECRET)
+    txn = a.request({"op": "txnBegin"})["txn"]
+    a.request({"op": "insert", "ns": "x.c", "docs": [{"_id": 1}], "txn": txn})
+    f = b.submit({"op": "insert", "ns": "x.c", "docs": [{"_id": 2}]})
+    import time
+    time.sleep(0.2)
+    assert not f.done()
+    g_txn = a.request({"op": "txnCommit", "txn": txn})["gtid"]
+    assert f.result(10)["gtid"][1] == g_txn[1] + 1
+    a.close()
+    b.close()
+
+
+def test_packed_documents_are_checked_and_stored_as_sent(port):
+    """The driver's form: each document its own msgpack binary. Bad ones get
+    the statement's error (the connection stays); good ones are stored byte
+    for byte, and a document without an _id gets one."""
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    good = msgpack.packb({"_id": 1, "a": [1, {"b": "x"}]})
+    bad = [([good, b"\xc1"], errors.InvalidDocument, "document 1"),
+           ([msgpack.packb([1, 2])], errors.InvalidDocument, "must be a map"),
+           ([msgpack.packb({b"k": 1})], errors.InvalidDocument, "keys must be strings"),
+           ([msgpack.packb({"$set": 1})], errors.InvalidDocument, "'$set'"),
+           ([msgpack.packb({"t": msgpack.ExtType(5, b"x")})], errors.InvalidDocument, "t"),
+           ([good + b"\x00"], errors.InvalidDocument, "document 0"),
+           ([msgpack.packb({"x": "y" * (600 << 10)})], errors.DocumentTooLarge, "over the limit"),
+           ("nope", errors.InvalidDocument, "list of msgpack binaries"),
+           ([{"_id": 3}], errors.InvalidDocument, "list of msgpack binaries")]
+    for packed, cls, words in bad:
+        with pytest.raises(cls, match=words.replace("$", r"\$")):
+            c.request({"op": "insert", "ns": "p.c", "packed": packed})
+    r = c.request({"op": "insert", "ns": "p.c", "packed": [good, msgpack.packb({"c": 2})]})
+    assert r["inserted_ids"][0] == 1 and isinstance(r["inserted_ids"][1], str)
+    assert svc.e.find("p.c", {"_id": 1}) == [{"_id": 1, "a": [1, {"b": "x"}]}]
+    rd = svc.e.reader()
+    try:
+        assert rd.t.get("docs", rd.coll("p.c").prefix + encode_key(1)) == good
+    finally:
+        rd.t.abort()
+    assert svc.e.verify_oplog() == r["gtid"][1] == 1  # the refused ones left no trace
+    c.close()
