@@ -88,7 +88,7 @@ def run_statement(tx: Transaction, req: dict):
     raise errors.InvalidOperation(f"unknown write operation {op!r}")
 
 
-def _runs_inline(item: tuple) -> bool:
+def _runs_on_port(item: tuple, insert_docs_max: int) -> bool:
     """A write small enough to run on the client port's thread: an autocommit
     insert of a few documents, or an update or delete of one document."""
     kind, _, req, _ = item
@@ -97,11 +97,8 @@ def _runs_inline(item: tuple) -> bool:
     op = req["op"]
     if op == "insert":
         docs = req.get("packed", req.get("docs"))
-        return isinstance(docs, list) and len(docs) <= INLINE_INSERT_DOCS
+        return isinstance(docs, list) and len(docs) <= insert_docs_max
     return op in ("update", "delete") and not req.get("multi")
-
-
-INLINE_INSERT_DOCS = 64
 
 
 class GroupCommit:
@@ -586,7 +583,8 @@ class ShardService:
         if self._wlock.acquire(blocking=False):
             try:
                 if self._pending == 0:  # nothing queued could come after these
-                    n = next((i for i, it in enumerate(items) if not _runs_inline(it)),
+                    most = self.limits.port_insert_docs_max
+                    n = next((i for i, it in enumerate(items) if not _runs_on_port(it, most)),
                              len(items))
                     cap = self.limits.write_group_max
                     for i in range(0, n, cap):

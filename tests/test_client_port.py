@@ -9,7 +9,7 @@ import pytest
 
 from raymx import errors
 from raymx.actors.server import ClientPort
-from raymx.actors.shard import INLINE_INSERT_DOCS, ShardService
+from raymx.actors.shard import ShardService
 from raymx.client import Connection
 from raymx.storage.engine import Engine
 from raymx.storage.keys import encode_key
@@ -307,7 +307,7 @@ def test_small_writes_run_on_the_port_thread_in_order_with_queued_ones(port):
     write still commits in the order it was sent, also while the writer is busy."""
     p, svc = port
     c = Connection("127.0.0.1", p.port, SECRET)
-    many = [{"_id": f"m{k}", "n": k} for k in range(INLINE_INSERT_DOCS + 1)]
+    many = [{"_id": f"m{k}", "n": k} for k in range(svc.limits.port_insert_docs_max + 1)]
     reqs = []
     for k in range(30):
         reqs.append({"op": "insert", "ns": "o.c", "docs": [{"_id": k, "n": k}]})

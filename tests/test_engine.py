@@ -3,6 +3,7 @@ atomic statements and transactions, the oplog, apply and undo."""
 import copy
 import enum
 
+import msgpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -336,6 +337,19 @@ def test_insert_many_of_a_batch_equals_inserting_its_documents_one_by_one(docs):
     # packs every document before it writes any index entry)
     assert len(errs) in (0, 2)
     assert state(batch) == state(single)
+    # documents received packed (the driver's form) are refused or stored alike
+    try:
+        rows = [msgpack.packb(d) for d in docs]
+    except OverflowError:
+        return  # the driver cannot pack it: refused before it is sent
+    received = _indexed(MemoryStore())
+    received.insert_many(NS, [{"_id": 100, "email": "x", "age": 1}])
+    try:
+        received.insert_many(NS, codec.unpack_documents(rows, 1 << 20))
+        assert not errs
+    except errors.RaymxError:
+        assert errs
+    assert state(received) == state(single)
 
 
 def test_insert_many_batch_paths_over_both_stores(store):
