@@ -291,6 +291,9 @@ class InsertManyResult:
     inserted_ids: list
     gtid: GTID | None
 
+    def one(self) -> InsertOneResult:
+        return InsertOneResult(self.inserted_ids[0], self.gtid)
+
 
 @dataclass
 class UpdateResult:
@@ -569,14 +572,12 @@ class Collection:
     # writes
     # Documents travel packed one by one ("packed": a msgpack binary each): the
     # member decodes them to check them and stores these bytes, never packing
-    # them again. Checked here too, so bad input fails before it is sent.
+    # them again. What msgpack cannot encode fails here, before it is sent.
     def insert_one(self, doc: dict, **wc) -> InsertOneResult:
-        packed = [codec.pack_document(doc, DEFAULT_LIMITS.document_bytes_max)]
-        r = self._write({"op": "insert", "packed": packed}, _wc(self.write_concern, wc))
-        return InsertOneResult(r["inserted_ids"][0], _gtid(r["gtid"]))
+        return self.insert_many([doc], **wc).one()
 
     def insert_many(self, docs, **wc) -> InsertManyResult:
-        packed = codec.pack_documents(list(docs), DEFAULT_LIMITS.document_bytes_max)
+        packed = codec.pack_each(list(docs), DEFAULT_LIMITS.document_bytes_max)
         r = self._write({"op": "insert", "packed": packed}, _wc(self.write_concern, wc))
         return InsertManyResult(r["inserted_ids"], _gtid(r["gtid"]))
 
