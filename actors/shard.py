@@ -64,10 +64,12 @@ def run_statement(tx: Transaction, req: dict):
     """Execute one write statement ``req`` inside ``tx`` (atomically)."""
     op, ns = req["op"], req.get("ns")
     if op == "insert":
-        if "packed" in req:  # the driver's form: each document its own msgpack binary
-            return tx.insert(ns, codec.unpack_documents(req["packed"],
-                                                        tx.e.limits.document_bytes_max))
-        return tx.insert(ns, req.get("docs"))
+        docs = req.get("packed")  # the driver's form: each document its own msgpack binary
+        if docs is None:
+            return tx.insert(ns, req.get("docs"))
+        if type(docs) is not codec.PackedDocuments:  # not decoded on arrival
+            docs = codec.unpack_documents(docs, tx.e.limits.document_bytes_max)
+        return tx.insert(ns, docs)
     if op == "update":
         return tx.update(ns, req.get("filter") or {}, req.get("update"),
                          multi=bool(req.get("multi")), upsert=bool(req.get("upsert")),
@@ -97,7 +99,7 @@ def _runs_on_port(item: tuple, insert_docs_max: int) -> bool:
     op = req["op"]
     if op == "insert":
         docs = req.get("packed", req.get("docs"))
-        return isinstance(docs, list) and len(docs) <= insert_docs_max
+        return isinstance(docs, (list, codec.PackedDocuments)) and len(docs) <= insert_docs_max
     return op in ("update", "delete") and not req.get("multi")
 
 
@@ -516,6 +518,10 @@ class ShardService:
     def handle(self, req: dict, reply: Reply, conn: dict) -> None:
         """Route one request. ``conn`` is per-connection state (cursors, sessions)."""
         op = req.get("op")
+        if op == "insert" and "packed" in req:
+            req = self._receive_insert(req, reply, conn)
+            if req is None:
+                return
         if op in WRITE_OPS or op in TXN_OPS or "txn" in req:
             if not self.primary:
                 return reply(err=errors.NotPrimary(
@@ -545,6 +551,35 @@ class ShardService:
             self.watchers.submit(self._watch, req, reply)
         else:
             reply(err=errors.InvalidOperation(f"unknown operation {op!r}"))
+
+    def _receive_insert(self, req: dict, reply: Reply, conn: dict) -> dict | None:
+        """Decode an insert's documents as they arrive. A large insert comes in
+        parts: frames with ``more`` and the same id, unanswered, each decoded
+        while the driver packs the next; its last frame runs the statement over
+        all of them (nothing is written before). A ``cancel`` frame drops what
+        came (the driver could not pack a document). None: nothing to run now."""
+        held = conn.get("inserts")
+        got = None if held is None else held.pop(req.get("id"), None)
+        if req.get("cancel"):
+            return None
+        if not isinstance(got, errors.RaymxError):
+            try:
+                part = codec.unpack_documents(req["packed"], self.limits.document_bytes_max,
+                                              0 if got is None else len(got))
+                got = part if got is None else got.extend(part)
+                if got.nbytes > self.limits.transaction_bytes_max:
+                    raise errors.TransactionTooLarge(
+                        f"insert of {got.nbytes} bytes so far exceeds the transaction limit "
+                        f"of {self.limits.transaction_bytes_max}")
+            except errors.RaymxError as e:
+                got = e  # answered when the last part comes; the parts between are dropped
+        if req.get("more"):
+            conn.setdefault("inserts", {})[req.get("id")] = got
+            return None
+        if isinstance(got, errors.RaymxError):
+            reply(err=got)
+            return None
+        return dict(req, packed=got)
 
     def connection_closed(self, conn: dict) -> None:
         for s in conn.get("sessions", {}).values():

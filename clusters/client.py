@@ -9,6 +9,7 @@ the same ``raymx.errors`` classes.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import select
 import socket
@@ -85,22 +86,57 @@ class Connection:
             self.close()
             raise
 
-    def _send(self, req: dict, waiter) -> int:
+    def _send(self, req: dict, waiter, parts=None) -> int:
         rid = next(self._ids)
-        try:
-            frame = codec.pack_frame(dict(req, id=rid))
-        except Exception as e:
-            raise errors.InvalidDocument(f"request cannot be encoded as msgpack: {e}") from None
-        if len(frame) - 4 > self.frame_bytes_max:
-            raise errors.DocumentTooLarge(
-                f"request of {len(frame)} bytes exceeds the frame limit of {self.frame_bytes_max}"
-                " (split it into smaller batches)")
         self._check_idle()
         with self._cv:
             if self._closed is not None:
                 raise errors.ConnectionLost(f"connection to {self.addr} is closed; the "
                                             "request was not sent", sent=False)
             self._pending[rid] = waiter
+        try:
+            if parts is not None:
+                req = self._send_parts(req, rid, parts)
+            self._send_frame(dict(req, id=rid))
+        except BaseException:
+            with self._cv:
+                self._pending.pop(rid, None)
+            raise
+        return rid
+
+    def _send_parts(self, req: dict, rid: int, parts: list) -> dict:
+        """Send ``req`` in parts: each of ``parts`` is a function building the
+        fields of one or more frames (a list of dicts), called when its turn
+        comes. Every frame but the last goes now, marked ``more`` (the member
+        holds them, unanswered, until the last); return ``req`` with the last.
+        If building one fails, a ``cancel`` frame tells the member to drop what
+        it holds of this request."""
+        try:
+            for build in parts[:-1]:
+                for fields in build():
+                    self._send_frame(dict(req, **fields, id=rid, more=True))
+            *first, last = parts[-1]()
+            for fields in first:
+                self._send_frame(dict(req, **fields, id=rid, more=True))
+            return dict(req, **last)
+        except errors.ConnectionLost:
+            raise
+        except BaseException:
+            try:
+                self._send_frame(dict(req, packed=[], id=rid, cancel=True))
+            except errors.RaymxError:
+                pass  # the connection is gone, and with it what the member held
+            raise
+
+    def _send_frame(self, obj: dict) -> None:
+        try:
+            frame = codec.pack_frame(obj)
+        except Exception as e:
+            raise errors.InvalidDocument(f"request cannot be encoded as msgpack: {e}") from None
+        if len(frame) - 4 > self.frame_bytes_max:
+            raise errors.DocumentTooLarge(
+                f"request of {len(frame)} bytes exceeds the frame limit of {self.frame_bytes_max}"
+                " (split it into smaller batches)")
         try:
             with self._send_lock:
                 self._sock.sendall(frame)
@@ -109,7 +145,6 @@ class Connection:
             self._fail(errors.ConnectionLost(f"connection to {self.addr} lost: {e}"))
             raise errors.ConnectionLost(f"connection to {self.addr} lost ({e}); the request "
                                         "was not sent", sent=False) from None
-        return rid
 
     def _check_idle(self) -> None:
         """On an idle connection, notice a member that hung up (and drop answers
@@ -135,10 +170,11 @@ class Connection:
             self._start_reader()
         return f
 
-    def request(self, req: dict, timeout_s: float | None = None):
-        """Send one request and wait for its answer (``TimeoutError`` after ``timeout_s``)."""
+    def request(self, req: dict, timeout_s: float | None = None, parts=None):
+        """Send one request and wait for its answer (``TimeoutError`` after
+        ``timeout_s``). ``parts``: see ``_send_parts``."""
         w = _Wait()
-        rid = self._send(req, w)
+        rid = self._send(req, w, parts)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cv:
             while w.msg is None and self._reading:
@@ -357,6 +393,29 @@ class ReadPreference:
         return {"after": list(self.after), "after_timeout_ms": self.after_timeout_ms}
 
 
+INSERT_PART_DOCS = 256
+INSERT_PART_BYTES = 8 << 20
+
+
+def _pack(docs: list) -> list[bytes]:
+    return codec.pack_each(docs, DEFAULT_LIMITS.document_bytes_max)
+
+
+def _packed_part(docs: list) -> list[dict]:
+    """The frames' fields of one part of an insert: one frame unless its
+    documents pass INSERT_PART_BYTES (then cut into runs, each at most that
+    or one document)."""
+    frames, run, n = [], [], 0
+    for r in _pack(docs):
+        if run and n + len(r) > INSERT_PART_BYTES:
+            frames.append({"packed": run})
+            run, n = [], 0
+        run.append(r)
+        n += len(r)
+    frames.append({"packed": run})
+    return frames
+
+
 def _wc(base: WriteConcern, kw: dict) -> dict:
     w = kw.pop("w", None)
     j = kw.pop("j", None)
@@ -436,7 +495,7 @@ class Client:
             self._primary = m["id"]
             return c
 
-    def _call(self, req: dict, conn: Connection | None = None):
+    def _call(self, req: dict, conn: Connection | None = None, parts=None):
         """Send to the primary, following it through elections.
 
         A request the member refused (NotPrimary), or that never left this
@@ -444,16 +503,16 @@ class Client:
         in flight is not (its outcome is unknown) and says so.
         """
         if conn is not None:
-            return conn.request(req, self.timeout_s)
-        return self._call_conn(req)[0]
+            return conn.request(req, self.timeout_s, parts)
+        return self._call_conn(req, parts)[0]
 
-    def _call_conn(self, req: dict) -> tuple:
+    def _call_conn(self, req: dict, parts=None) -> tuple:
         deadline = time.monotonic() + self.timeout_s
         write = req.get("op") not in _READ_OPS
         while True:
             try:
                 c = self._primary_conn()
-                return c.request(req, max(0.1, deadline - time.monotonic())), c
+                return c.request(req, max(0.1, deadline - time.monotonic()), parts), c
             except (errors.NotPrimary, errors.PrimaryUnavailable) as e:
                 if e.info.get("outcome") == "unknown":
                     raise  # committed there, then the primary stepped down: never retry
@@ -562,12 +621,12 @@ class Collection:
             return self.client._call(req)
         return self.client._read_conn(self.read_preference).request(req, self.client.timeout_s)
 
-    def _write(self, req: dict, wc: dict):
+    def _write(self, req: dict, wc: dict, parts=None):
         req["ns"] = self.full_name
         if self._txn is not None:
-            return self._txn._call(req)
+            return self._txn._call(req, parts)
         req.update(wc)
-        return self.client._call(req)
+        return self.client._call(req, parts=parts)
 
     # writes
     # Documents travel packed one by one ("packed": a msgpack binary each): the
@@ -576,9 +635,18 @@ class Collection:
     def insert_one(self, doc: dict, **wc) -> InsertOneResult:
         return self.insert_many([doc], **wc).one()
 
+    # A large insert goes in parts of INSERT_PART_DOCS documents (a frame each,
+    # or more past INSERT_PART_BYTES), still one atomic statement: the member
+    # decodes each part while the next is packed here, and the whole may
+    # exceed one frame (up to the member's transaction_bytes_max).
     def insert_many(self, docs, **wc) -> InsertManyResult:
-        packed = codec.pack_each(list(docs), DEFAULT_LIMITS.document_bytes_max)
-        r = self._write({"op": "insert", "packed": packed}, _wc(self.write_concern, wc))
+        docs, wc = list(docs), _wc(self.write_concern, wc)
+        if len(docs) <= INSERT_PART_DOCS:
+            r = self._write({"op": "insert", "packed": _pack(docs)}, wc)
+        else:
+            parts = [functools.partial(_packed_part, docs[i:i + INSERT_PART_DOCS])
+                     for i in range(0, len(docs), INSERT_PART_DOCS)]
+            r = self._write({"op": "insert"}, wc, parts)
         return InsertManyResult(r["inserted_ids"], _gtid(r["gtid"]))
 
     def _update(self, flt, update, multi, upsert, replace, wc) -> UpdateResult:
@@ -831,11 +899,11 @@ class ClientTransaction:
         self._id = self._conn.request({"op": "txnBegin"}, self.client.timeout_s)["txn"]
         return self
 
-    def _call(self, req: dict):
+    def _call(self, req: dict, parts=None):
         if self._id is None:
             raise errors.TransactionAborted("the transaction is not open")
         req["txn"] = self._id
-        return self._conn.request(req, self.client.timeout_s)
+        return self._conn.request(req, self.client.timeout_s, parts)
 
     def __getitem__(self, db: str) -> Database:
         return Database(self.client, db, self.client.write_concern, self)

@@ -143,22 +143,31 @@ class PackedDocuments:
     document, packed by the driver), decoded and checked by
     ``unpack_documents``: an insert stores those bytes as they are instead of
     packing the documents again."""
-    __slots__ = ("docs", "rows")
+    __slots__ = ("docs", "rows", "nbytes")
 
     def __init__(self, docs: list, rows: list):
         self.docs, self.rows = docs, rows
+        self.nbytes = sum(map(len, rows))
 
     def __len__(self):
         return len(self.docs)
+
+    def extend(self, more: "PackedDocuments") -> "PackedDocuments":
+        """Append the documents of the next part of the same insert."""
+        self.docs += more.docs
+        self.rows += more.rows
+        self.nbytes += more.nbytes
+        return self
 
 
 _BYTES, _DICT = frozenset((bytes,)), frozenset((dict,))
 
 
-def unpack_documents(rows, max_bytes: int) -> PackedDocuments:
+def unpack_documents(rows, max_bytes: int, first: int = 0) -> PackedDocuments:
     """Decode documents received one msgpack binary each and check them as
     ``pack_documents`` checks what it packs (C-speed passes over the batch;
-    the error names the first bad document, and its field).
+    the error names the first bad document, counted from ``first``, and its
+    field).
 
     What passes is stored byte for byte: every reader decodes the same bytes
     into the same document, which is the one checked and indexed here."""
@@ -167,8 +176,8 @@ def unpack_documents(rows, max_bytes: int) -> PackedDocuments:
                               "one per document")
     if max(map(len, rows), default=0) > max_bytes:
         i, n = next((i, len(r)) for i, r in enumerate(rows) if len(r) > max_bytes)
-        raise DocumentTooLarge(f"document {i} of the batch is {n} bytes, over the limit of "
-                               f"{max_bytes}", size=n, limit=max_bytes)
+        raise DocumentTooLarge(f"document {first + i} of the batch is {n} bytes, over the "
+                               f"limit of {max_bytes}", size=n, limit=max_bytes)
     try:
         docs = list(map(msgpack.unpackb, rows))
     except Exception:
@@ -177,14 +186,18 @@ def unpack_documents(rows, max_bytes: int) -> PackedDocuments:
             try:
                 docs.append(msgpack.unpackb(r))
             except Exception as e:
-                raise InvalidDocument(f"document {i} of the batch is not one msgpack "
+                raise InvalidDocument(f"document {first + i} of the batch is not one msgpack "
                                       f"map with string keys: {e}") from None
     if not _DICT.issuperset(map(type, docs)):
         i, d = next((i, d) for i, d in enumerate(docs) if type(d) is not dict)
-        raise InvalidDocument(f"document {i} of the batch must be a map, got {type(d).__name__}")
+        raise InvalidDocument(f"document {first + i} of the batch must be a map, "
+                              f"got {type(d).__name__}")
     if not _all_flat(docs):
-        for d in docs:
-            _check_document(d)
+        for i, d in enumerate(docs, first):
+            try:
+                _check_document(d)
+            except InvalidDocument as e:
+                raise InvalidDocument(f"document {i} of the batch: {e.msg}") from None
     return PackedDocuments(docs, rows)
 
 
