@@ -152,14 +152,11 @@ class GroupCommit:
             if not self._sync(target):
                 time.sleep(self._interval)
 
-    def kick(self) -> None:
-        """Wake the syncer: commits noted with ``wake=False`` wait for it."""
-        with self._cond:
-            self._cond.notify()
-
     def sync_now(self) -> None:
-        """Flush on the calling thread: the writer, when durable writers wait on
-        what it just committed (no hand-off to the syncer on their path)."""
+        """Flush on the calling thread (the writer thread, or the port's for the
+        groups it runs), when durable writers wait on what it just committed:
+        no hand-off to the syncer on their path. Writes arriving meanwhile wait
+        in the socket buffers and share the next group and sync."""
         with self._cond:
             target = self.committed
             if target is None or (self.durable is not None and target <= self.durable):
@@ -713,7 +710,7 @@ class ShardService:
         finally:
             self.gm.done(g)
         if self._acknowledge(g, res, req, reply):
-            self._sync_soon()
+            self.group.sync_now()
 
     def _write_group(self, group: list) -> None:
         """Run queued autocommit writes in one LMDB transaction, one GTID each.
@@ -778,16 +775,6 @@ class ShardService:
             else:
                 flush |= self._acknowledge(g, res, req, reply)
         if flush:
-            self._sync_soon()
-
-    def _sync_soon(self) -> None:
-        """Writers wait for a sync of what was just committed. The writer thread
-        syncs itself (no hand-off on their way); on the port's thread the syncer
-        does, and the port meanwhile takes and commits more writes, which share
-        the next sync."""
-        if self._port is not None and self._port.on_loop():
-            self.group.kick()
-        else:
             self.group.sync_now()
 
     def _acknowledge(self, g: GTID, res, req: dict, reply: Reply) -> bool:
