@@ -11,7 +11,10 @@ Measures, with ~200-byte documents:
 3. the ratio of (1) to the raw fsync rate at 8 and 16 clients (targets 2.0
    and 4.0), next to published peer figures; plus, for diagnosis, the
    non-durable (``j=False``) rate at 16 clients: the request-path ceiling that
-   group commit can at best approach;
+   group commit can at best approach, and a bare msgpack echo (an asyncio
+   server in its own process, the same Unix socket kind, the same client
+   processes sending the same documents): the ceiling of any request/response
+   on this machine;
 4. ``insert_many`` in batches of 1,000 (default write concern) against raw
    batched LMDB puts of the same documents.
 
@@ -39,6 +42,7 @@ LEVELS = (1, 8, 16)
 DURATION_S = 4.0          # per concurrency level
 RAW_FSYNC_S = 1.5         # per raw LMDB fsync measurement (one before each level too)
 PING_N = 2000             # sequential Ray actor calls
+ECHO_S = 2.0              # per bare-echo level
 N_BATCH = 50_000          # insert_many docs (50 batches of 1,000)
 BATCH_ROUNDS = 3          # alternating driver / raw rounds, the best of each kept
 PEERS = (("PostgreSQL 15", 3300), ("MariaDB 10.11", 2000))  # durable txns/s, 8 clients
@@ -72,7 +76,10 @@ def client_worker(k, topo, cmd_q, res_q):
         cmd = cmd_q.get()
         if cmd is None:
             break
-        start_at, end_at, durable, profile = cmd
+        start_at, end_at, durable, profile, echo = cmd
+        if echo:
+            res_q.put(echo_client(k, echo, start_at, end_at, rnd))
+            continue
         c = coll if durable else fast
         prof = None
         if profile:
@@ -111,6 +118,51 @@ def client_worker(k, topo, cmd_q, res_q):
     cl.close()
 
 
+def echo_client(k, path, start_at, end_at, rnd):
+    """Request/response with a bare echo server: what any server costs at least."""
+    import socket
+
+    import msgpack
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    n = 0
+    now = time.monotonic()
+    if start_at > now:
+        time.sleep(start_at - now)
+    cpu0 = time.process_time()
+    while time.monotonic() < end_at:
+        b = msgpack.packb({"id": n, "op": "insert", "packed": [msgpack.packb(make_doc(n, rnd))]})
+        s.sendall(len(b).to_bytes(4, "big") + b)
+        h = s.recv(4, socket.MSG_WAITALL)
+        msgpack.unpackb(s.recv(int.from_bytes(h, "big"), socket.MSG_WAITALL))
+        n += 1
+    s.close()
+    return (k, n, [], 0, None, time.process_time() - cpu0)
+
+
+def echo_server(path, ready):
+    """An asyncio server answering each frame with a small one (no work)."""
+    import asyncio
+
+    import msgpack
+
+    async def serve(r, w):
+        try:
+            while True:
+                n = int.from_bytes(await r.readexactly(4), "big")
+                req = msgpack.unpackb(await r.readexactly(n))
+                out = msgpack.packb({"id": req["id"], "ok": {"n": 1}})
+                w.write(len(out).to_bytes(4, "big") + out)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+
+    async def main():
+        await asyncio.start_unix_server(serve, path)
+        ready.set()
+        await asyncio.sleep(3600)
+    asyncio.run(main())
+
+
 class Clients:
     """A pool of client processes, started once; each level uses the first n."""
 
@@ -138,13 +190,14 @@ class Clients:
                     self.close()
                     raise RuntimeError(f"client processes failed to start (dead: {dead})")
 
-    def run(self, n, duration, durable=True, profile=None):
+    def run(self, n, duration, durable=True, profile=None, echo=None):
         """Synchronised start: every client starts at the same monotonic instant
-        (CLOCK_MONOTONIC is system-wide on Linux) and stops at the same one."""
+        (CLOCK_MONOTONIC is system-wide on Linux) and stops at the same one.
+        ``echo``: the path of an echo server to talk to instead of the member."""
         start_at = time.monotonic() + 0.3
         end_at = start_at + duration
         for k in range(n):
-            self.cmd_qs[k].put((start_at, end_at, durable, profile if k == 0 else None))
+            self.cmd_qs[k].put((start_at, end_at, durable, profile if k == 0 else None, echo))
         got = [self.res_q.get(timeout=duration + 60) for _ in range(n)]
         total = sum(g[1] for g in got)
         lat = sorted(x for g in got for x in g[2])
@@ -198,6 +251,28 @@ def raw_fsync_rate(path, per_txn_env_sync):
     return r
 
 
+
+
+def echo_rates(pool, base) -> dict:
+    """Requests/s of the client pool against a bare echo server, at 8 and 16."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    path = os.path.join(base, "echo.sock")
+    ready = ctx.Event()
+    srv = ctx.Process(target=echo_server, args=(path, ready), daemon=True)
+    srv.start()
+    try:
+        if not ready.wait(30):
+            raise RuntimeError("the echo server did not start")
+        out = {}
+        for n in (8, 16):
+            progress(f"bare msgpack echo, {n} clients, {ECHO_S:.0f} s")
+            total, _, _ = pool.run(n, ECHO_S, echo=path)
+            out[n] = total / ECHO_S
+        return out
+    finally:
+        srv.terminate()
+        srv.join(10)
 
 
 def member_counters(rs):
@@ -304,6 +379,7 @@ def main():
             total, lat, errs = pool.run(n, DURATION_S, False)
             fast = (total / DURATION_S, lat, errs,
                     cpu_note(total, proc_cpu_s(member_pid) - c0, pool.cpu_s))
+            echo = echo_rates(pool, base)
         finally:
             pool.close()
 
@@ -354,6 +430,9 @@ def main():
     row("raw LMDB, 1 txn/doc, sync=True env (data + meta sync)", raw_st, "txn/s")
     row("Ray actor call, sequential ray.get(ping)", ping, "calls/s",
         f"{1e6 / ping:,.0f} us/call")
+    for n, r in echo.items():
+        row(f"bare msgpack echo, Unix socket, {n} clients (no work)", r, "req/s",
+            f"{r / ref[n]:.1f}x raw fsync: the request/response ceiling")
     print()
     print(f"durable (j=True) single-doc inserts through the driver; separate client processes "
           f"(nice 0), member process nice {member_nice}")
