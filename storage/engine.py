@@ -34,7 +34,7 @@ from typing import Callable, Iterator
 from raymx import errors
 from raymx.storage import codec, oplog, query, update as upd
 from raymx.storage.gtid import GTID, ZERO
-from raymx.storage.keys import encode_key, prefix_end
+from raymx.storage.keys import encode_key, encode_keys, prefix_end
 from raymx.storage.limits import DEFAULT, Limits
 
 _U32 = struct.Struct(">I")
@@ -618,7 +618,7 @@ class Transaction(Reader):
             ops = [op_prefix + packed[0]]
         else:
             packed = packed or codec.pack_documents(docs, lim)
-            pks = list(map(encode_key if _SIMPLE_ID.issuperset(map(type, ids)) else _pk, ids))
+            pks = encode_keys(ids) if _SIMPLE_ID.issuperset(map(type, ids)) else list(map(_pk, ids))
             rows = list(zip(map(c.prefix.__add__, pks), packed))
             ops = list(map(op_prefix.__add__, packed))
         # all documents in one call, refused whole if an _id exists or repeats:
@@ -648,7 +648,7 @@ class Transaction(Reader):
                 for d, pk in zip(docs, pks):
                     self._index(c, pk, d, True, put_ix)
                 return
-            ix_rows += zip(map(b"".join, zip(itertools.repeat(ixp), map(encode_key, vals), pks)),
+            ix_rows += zip(map(b"".join, zip(itertools.repeat(ixp), encode_keys(vals), pks)),
                            pks)
         self.t.put_many("index", ix_rows)
         if c.general:

@@ -19,7 +19,9 @@ field and a prefix scan finds all keys that start with given values.
 """
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 import struct
 
 from raymx.errors import InvalidDocument
@@ -112,6 +114,25 @@ def encode_key(v) -> bytes:
         if isinstance(v, base):
             return encode_key(base(v))
     raise InvalidDocument(f"value of type {type(v).__name__} cannot be stored: {v!r:.80}")
+
+
+_INTS, _STRS = frozenset((int,)), frozenset((str,))
+_NEG_D = struct.Struct(">Bd").pack
+_STR_KEY = (chr(T_STR) + "{}\x00\x00").format
+_UTF8 = operator.methodcaller("encode", "utf-8", "surrogatepass")
+
+
+def encode_keys(values: list) -> list[bytes]:
+    """``[encode_key(v) for v in values]``, at C speed for the common batches
+    (an insert's _ids, an index's values): all integers in (0, 2**53), whose
+    key is the tag and the negated double, or all strings without a NUL,
+    whose key needs no escaping."""
+    types = set(map(type, values))
+    if types == _INTS and 0 < min(values) and max(values) < _EXACT:
+        return list(map(_NEG_D, itertools.repeat(T_NUM), map(operator.neg, values)))
+    if types == _STRS and "\x00" not in "".join(values):
+        return list(map(_UTF8, map(_STR_KEY, values)))
+    return list(map(encode_key, values))
 
 
 def bracket(v) -> int:

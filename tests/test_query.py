@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from raymx.errors import InvalidFilter
-from raymx.storage.keys import encode_key
+from raymx.storage.keys import encode_key, encode_keys
 from raymx.storage.query import (MISSING, Bounds, compile_filter, extract_bounds, get_path,
                                  index_keys, project, sort_key)
 
@@ -26,6 +26,20 @@ def match(flt, doc) -> bool:
 
 
 # --- keys: the order everything here relies on ----------------------------------
+_EDGE_INTS = st.sampled_from([0, 1, -1, 4095, 4096, (1 << 53) - 1, 1 << 53, -(1 << 53),
+                              (1 << 64) - 1])
+
+
+@FAST
+@given(st.one_of(st.lists(st.one_of(st.integers(-(1 << 63), (1 << 64) - 1), _EDGE_INTS)),
+                 st.lists(st.text(alphabet=st.characters(codec="utf-8") | st.just("\x00"))),
+                 st.lists(scalars)))
+def test_batch_keys_equal_one_by_one(vals):
+    """encode_keys's batch paths (positive ints below 2**53, strings without a
+    NUL) give exactly encode_key's bytes; anything else takes encode_key."""
+    assert encode_keys(vals) == [encode_key(v) for v in vals]
+
+
 def test_number_keys_big_ints_nan_and_int_float_equality():
     k = encode_key
     assert k(1) == k(1.0) and k(0.0) == k(-0.0)
