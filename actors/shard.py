@@ -92,7 +92,9 @@ def run_statement(tx: Transaction, req: dict):
 
 def _runs_on_port(item: tuple, insert_docs_max: int) -> bool:
     """A write small enough to run on the client port's thread: an autocommit
-    insert of a few documents, or an update or delete of one document."""
+    insert of a few documents, or an update or delete of the one document its
+    filter names by ``_id`` (a point lookup: never a scan that would hold
+    the port)."""
     kind, _, req, _ = item
     if kind != "write":
         return False
@@ -100,7 +102,13 @@ def _runs_on_port(item: tuple, insert_docs_max: int) -> bool:
     if op == "insert":
         docs = req.get("packed", req.get("docs"))
         return isinstance(docs, (list, codec.PackedDocuments)) and len(docs) <= insert_docs_max
-    return op in ("update", "delete") and not req.get("multi")
+    if op not in ("update", "delete") or req.get("multi"):
+        return False
+    flt = req.get("filter")
+    return type(flt) is dict and "_id" in flt and type(flt["_id"]) in _ID_POINT
+
+
+_ID_POINT = frozenset((int, str, float, bytes))  # an _id equality the engine looks up
 
 
 class GroupCommit:

@@ -30,9 +30,10 @@ class Limits:
     # Autocommit writes queued together run as one LMDB transaction (each
     # still its own GTID): at most this many share one commit.
     write_group_max: int = 64
-    # Autocommit inserts of at most this many documents (and single-document
-    # updates and deletes) run on the client port's thread when the writer
-    # thread is idle: no hand-off between threads; larger ones go to the writer.
+    # Autocommit inserts of at most this many documents (and updates and
+    # deletes of one document by _id) run on the client port's thread when
+    # the writer thread is idle: no hand-off between threads; the rest go to
+    # the writer thread.
     port_insert_docs_max: int = 64
     # Interactive transactions hold the shard's writer; abort after this long.
     transaction_lifetime_ms: int = 60_000

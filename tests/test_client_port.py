@@ -357,6 +357,24 @@ def test_small_writes_run_on_the_port_thread_in_order_with_queued_ones(port):
     c.close()
 
 
+def test_only_point_writes_run_on_the_port_thread(port):
+    """An update or delete by _id runs on the port's thread; one whose filter
+    may scan (no _id equality) goes to the writer thread, so it never holds
+    the port."""
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    c.request({"op": "insert", "ns": "u.c", "docs": [{"_id": k, "n": k} for k in range(100)]})
+    before = svc.port_writes
+    for flt in ({"n": 3}, {"_id": {"$gt": 5}}, {}):
+        c.request({"op": "update", "ns": "u.c", "filter": flt, "update": {"$inc": {"n": 1}}})
+        c.request({"op": "delete", "ns": "u.c", "filter": flt})
+    assert svc.port_writes == before
+    c.request({"op": "update", "ns": "u.c", "filter": {"_id": 50}, "update": {"$set": {"n": 0}}})
+    c.request({"op": "delete", "ns": "u.c", "filter": {"_id": 51}})
+    assert svc.port_writes >= before + 1  # (a trim holding the writer may send one away)
+    c.close()
+
+
 def test_a_transaction_holds_back_small_writes_of_other_connections(port):
     """An open transaction holds the writer: an autocommit write from another
     connection waits for its commit (never runs on the port thread meanwhile)."""
