@@ -97,7 +97,7 @@ class ClientPort:
 
     # answers from any thread: queued, sent by the loop in one flush per wake-up
     def post(self, conn: "_Conn", frame: bytes) -> None:
-        if threading.get_ident() == self._tid:  # answered on the port's thread: send now
+        if self.on_loop():  # answered on the port's thread: send now
             return conn.write(frame)
         with self._out_lock:
             self._out.append((conn, frame))

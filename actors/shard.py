@@ -63,13 +63,8 @@ def result_out(r) -> dict:
 def run_statement(tx: Transaction, req: dict):
     """Execute one write statement ``req`` inside ``tx`` (atomically)."""
     op, ns = req["op"], req.get("ns")
-    if op == "insert":
-        docs = req.get("packed")  # the driver's form: each document its own msgpack binary
-        if docs is None:
-            return tx.insert(ns, req.get("docs"))
-        if type(docs) is not codec.PackedDocuments:  # not decoded on arrival
-            docs = codec.unpack_documents(docs, tx.e.limits.document_bytes_max)
-        return tx.insert(ns, docs)
+    if op == "insert":  # "packed" was decoded on arrival (ShardService._receive_insert)
+        return tx.insert(ns, req["packed"] if "packed" in req else req.get("docs"))
     if op == "update":
         return tx.update(ns, req.get("filter") or {}, req.get("update"),
                          multi=bool(req.get("multi")), upsert=bool(req.get("upsert")),
@@ -366,9 +361,8 @@ class ShardService:
         self.group.eager = len(self.votes) > 1
         self._q: queue.Queue = queue.Queue()
         # the writer: its thread, or the port's thread for small writes (_drain)
+        # (_q.unfinished_tasks: items queued for the writer thread, not yet run)
         self._wlock = threading.Lock()
-        self._pending = 0  # client writes queued for the writer thread, not yet run
-        self._pending_lock = threading.Lock()
         self._port = None
         self._arrived: list = []  # writes of the port's current wake-up
         self._ids = itertools.count(1)
@@ -605,12 +599,6 @@ class ShardService:
             if len(self._arrived) == 1:  # once, after every frame this wake-up read
                 port.soon(self._drain)
         else:
-            self._enqueue([item])
-
-    def _enqueue(self, items: list) -> None:
-        with self._pending_lock:
-            self._pending += len(items)
-        for item in items:
             self._q.put(item)
 
     def _drain(self) -> None:
@@ -622,7 +610,7 @@ class ShardService:
         items, self._arrived = self._arrived, []
         if self._wlock.acquire(blocking=False):
             try:
-                if self._pending == 0:  # nothing queued could come after these
+                if self._q.unfinished_tasks == 0:  # nothing queued could come after these
                     most = self.limits.port_insert_docs_max
                     n = next((i for i, it in enumerate(items) if not _runs_on_port(it, most)),
                              len(items))
@@ -633,8 +621,8 @@ class ShardService:
                     items = items[n:]
             finally:
                 self._wlock.release()
-        if items:
-            self._enqueue(items)
+        for item in items:
+            self._q.put(item)
 
     def _write_loop(self):
         q, held = self._q, []
@@ -655,9 +643,8 @@ class ShardService:
                     items.append(nxt)
             with self._wlock:
                 self._run_items(items)
-            if item[0] != "call":
-                with self._pending_lock:
-                    self._pending -= len(items)
+            for _ in items:
+                q.task_done()
 
     def _run_items(self, items: list) -> None:
         """Run writer items (with ``_wlock`` held): writes, one session, or a call."""

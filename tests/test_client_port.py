@@ -337,16 +337,16 @@ def test_small_writes_run_on_the_port_thread_in_order_with_queued_ones(port):
     assert seqs == list(range(seqs[0], seqs[0] + 20))
     # a write queued and not yet run (the writer took it, not yet the lock):
     # what arrives meanwhile must queue behind it, never overtake it on the port
-    with svc._pending_lock:
-        svc._pending += 1
+    with svc._q.mutex:
+        svc._q.unfinished_tasks += 1
     inline0 = svc.port_writes
     c.request({"op": "insert", "ns": "o.q", "docs": [{"_id": "late"}]})
     assert svc.port_writes == inline0
-    deadline = time.monotonic() + 5
-    while svc._pending > 1 and time.monotonic() < deadline:  # the writer counts it done
-        time.sleep(0.01)                                      # after answering
-    with svc._pending_lock:
-        svc._pending -= 1
+    deadline = time.monotonic() + 5  # the writer counts it done after answering
+    while svc._q.unfinished_tasks > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with svc._q.mutex:
+        svc._q.unfinished_tasks -= 1
     for k in range(50):  # back on the port (unless a trim holds the writer just then)
         c.request({"op": "insert", "ns": "o.q", "docs": [{"_id": f"later{k}"}]})
         if svc.port_writes > inline0:
