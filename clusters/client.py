@@ -13,6 +13,7 @@ import functools
 import itertools
 import select
 import socket
+import struct
 import threading
 import time
 from concurrent.futures import Future
@@ -25,6 +26,8 @@ from raymx.storage.gtid import GTID
 from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS
 
 
+_RECV_BYTES = 1 << 18  # one receive's buffer
+_RECV_SLICE = struct.pack("ll", 0, 50_000)  # a receive waits at most 50 ms (SO_RCVTIMEO)
 _READ_OPS = {"find", "getMore", "count", "listCollections", "listIndexes", "killCursors"}
 
 
@@ -68,15 +71,24 @@ class Connection:
             except OSError:
                 self._sock.close()
                 raise
-        self._sock.settimeout(None)  # sends block; receives wait in poll (deadlines)
+        # Sends block. A receive waits at most _RECV_SLICE_S (SO_RCVTIMEO), then
+        # its caller looks at its deadline: no poll before each receive.
+        self._sock.settimeout(None)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _RECV_SLICE)
+        # A member that hung up: a send on a Unix socket fails at once (EPIPE),
+        # so only TCP needs the check before sending into an idle connection.
+        self._tcp = unix is None
         self._poll = select.poll()
         self._poll.register(self._sock, select.POLLIN)
         self._send_lock = threading.Lock()
-        self._cv = threading.Condition(threading.Lock())  # guards everything below
+        self._mu = threading.Lock()  # guards everything below; _cv waits on it
+        self._cv = threading.Condition(self._mu)
         self._pending: dict[int, _Wait | Future] = {}
         self._reading = False   # a caller or the reader thread owns the receive side
+        self._waiting = 0       # callers waiting for the reading one to hand over
         self._reader: threading.Thread | None = None
-        self._buf = bytearray()
+        self._buf = bytearray()  # the start of a frame not yet complete
+        self._rbuf = memoryview(bytearray(_RECV_BYTES))  # receives land here (no allocation)
         self._ids = itertools.count(1)
         self._closed: errors.RaymxError | None = None
         try:
@@ -89,7 +101,7 @@ class Connection:
     def _send(self, req: dict, waiter, parts=None) -> int:
         rid = next(self._ids)
         self._check_idle()
-        with self._cv:
+        with self._mu:
             if self._closed is not None:
                 raise errors.ConnectionLost(f"connection to {self.addr} is closed; the "
                                             "request was not sent", sent=False)
@@ -99,7 +111,7 @@ class Connection:
                 req = self._send_parts(req, rid, parts)
             self._send_frame(dict(req, id=rid))
         except BaseException:
-            with self._cv:
+            with self._mu:
                 self._pending.pop(rid, None)
             raise
         return rid
@@ -149,8 +161,11 @@ class Connection:
     def _check_idle(self) -> None:
         """On an idle connection, notice a member that hung up (and drop answers
         to requests that timed out) before sending into it: a request sent into
-        a dead connection would have an unknown outcome; this one was never sent."""
-        with self._cv:
+        a dead connection would have an unknown outcome; this one was never sent.
+        Over a Unix socket the send itself says so (EPIPE): no check needed."""
+        if not self._tcp:
+            return
+        with self._mu:
             if self._reading or self._pending or self._closed is not None \
                     or not self._poll.poll(0):
                 return
@@ -158,9 +173,10 @@ class Connection:
         try:
             self._receive()
         finally:
-            with self._cv:
+            with self._mu:
                 self._reading = False
-                self._cv.notify_all()
+                if self._waiting:
+                    self._cv.notify_all()
 
     def submit(self, req: dict) -> Future:
         """Send one request without waiting (pipelining); the Future holds the answer."""
@@ -176,31 +192,34 @@ class Connection:
         w = _Wait()
         rid = self._send(req, w, parts)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._cv:
+        with self._mu:
             while w.msg is None and self._reading:
-                if deadline is None:
-                    self._cv.wait()
-                elif not self._cv.wait(max(0.0, deadline - time.monotonic())) and \
-                        w.msg is None and time.monotonic() >= deadline:
-                    self._pending.pop(rid, None)
-                    raise TimeoutError(f"no answer from {self.addr} in {timeout_s} s")
+                self._waiting += 1
+                try:
+                    if deadline is None:
+                        self._cv.wait()
+                    elif not self._cv.wait(max(0.0, deadline - time.monotonic())) and \
+                            w.msg is None and time.monotonic() >= deadline:
+                        self._pending.pop(rid, None)
+                        raise TimeoutError(f"no answer from {self.addr} in {timeout_s} s")
+                finally:
+                    self._waiting -= 1
             lead = w.msg is None
             if lead:
                 self._reading = True
         if lead:  # read for everyone until this answer is in
             try:
                 while w.msg is None:
-                    if deadline is not None:
-                        ms = (deadline - time.monotonic()) * 1000
-                        if ms <= 0 or not self._poll.poll(ms):
-                            with self._cv:
-                                self._pending.pop(rid, None)
-                            raise TimeoutError(f"no answer from {self.addr} in {timeout_s} s")
+                    if deadline is not None and time.monotonic() >= deadline:
+                        with self._mu:
+                            self._pending.pop(rid, None)
+                        raise TimeoutError(f"no answer from {self.addr} in {timeout_s} s")
                     self._receive()
             finally:
-                with self._cv:
+                with self._mu:
                     self._reading = False
-                    self._cv.notify_all()
+                    if self._waiting:  # another caller waits: it reads next
+                        self._cv.notify_all()
         msg = w.msg
         if isinstance(msg, BaseException):
             raise msg
@@ -209,11 +228,15 @@ class Connection:
         return msg.get("ok")
 
     def _start_reader(self) -> None:
-        with self._cv:
+        with self._mu:
             if self._reader is not None:
                 return
             while self._reading:  # a caller is reading: it hands over when its answer is in
-                self._cv.wait()
+                self._waiting += 1
+                try:
+                    self._cv.wait()
+                finally:
+                    self._waiting -= 1
             self._reading = True  # for good: the reader thread receives from now on
             where = self.addr if isinstance(self.addr, str) else "%s:%s" % self.addr
             self._reader = threading.Thread(target=self._read_loop, daemon=True,
@@ -225,26 +248,34 @@ class Connection:
             self._receive()
 
     def _receive(self) -> None:
-        """One ``recv`` (up to 256 KiB) and every complete frame it completes,
-        each given to its waiter. A lost connection fails every waiter."""
+        """One ``recv`` (up to 256 KiB, into a buffer kept for it) and every
+        complete frame it completes, each given to its waiter. A lost
+        connection fails every waiter."""
         try:
-            chunk = self._sock.recv(1 << 18)
-            if not chunk:
+            try:
+                got = self._sock.recv_into(self._rbuf)
+            except BlockingIOError:  # nothing within _RECV_SLICE: the caller decides
+                return
+            if not got:
                 raise ConnectionError("closed by the member")
-            buf = self._buf
-            buf += chunk
-            pos, woke = 0, False
-            while len(buf) - pos >= 4:
-                n = codec.frame_length(bytes(buf[pos:pos + 4]), self.frame_bytes_max)
-                if len(buf) - pos - 4 < n:
-                    break
-                msg = codec.unpack_frame(bytes(buf[pos + 4:pos + 4 + n]))
-                pos += 4 + n
-                woke |= self._dispatch(msg)
-            if pos:
-                del buf[:pos]
-            if woke:
-                with self._cv:
+            if self._buf:  # a frame started in an earlier receive
+                self._buf += self._rbuf[:got]
+                data = memoryview(self._buf)
+            else:
+                data = self._rbuf[:got]
+            end, pos, woke = len(data), 0, False
+            with data:
+                while end - pos >= 4:
+                    n = codec.frame_length(data[pos:pos + 4], self.frame_bytes_max)
+                    if end - pos - 4 < n:
+                        break
+                    msg = codec.unpack_frame(data[pos + 4:pos + 4 + n])
+                    pos += 4 + n
+                    woke |= self._dispatch(msg)
+                rest = data[pos:end].tobytes() if pos < end else b""
+            self._buf[:] = rest
+            if woke and self._waiting:
+                with self._mu:
                     self._cv.notify_all()
         except errors.RaymxError as e:
             self._fail(e)
@@ -258,7 +289,7 @@ class Connection:
         rid = msg.get("id")
         if rid is None and "err" in msg:
             raise errors.from_wire(msg["err"])
-        with self._cv:
+        with self._mu:
             w = self._pending.pop(rid, None)
         if w is None:
             return False
@@ -272,7 +303,7 @@ class Connection:
         return False
 
     def _fail(self, e: errors.RaymxError):
-        with self._cv:
+        with self._mu:
             if self._closed is None:
                 self._closed = e
             pending, self._pending = self._pending, {}
@@ -327,9 +358,6 @@ class InsertManyResult:
     inserted_ids: list
     gtid: GTID | None
 
-    def one(self) -> InsertOneResult:
-        return InsertOneResult(self.inserted_ids[0], self.gtid)
-
 
 @dataclass
 class UpdateResult:
@@ -364,6 +392,11 @@ class WriteConcern:
         if self.wtimeout_ms is not None:
             d["wtimeout_ms"] = self.wtimeout_ms
         return d
+
+    @functools.cached_property
+    def wire(self) -> dict:
+        """``fields()``, built once: callers only read it."""
+        return self.fields()
 
 
 @dataclass(frozen=True)
@@ -417,6 +450,10 @@ def _packed_part(docs: list) -> list[dict]:
 
 
 def _wc(base: WriteConcern, kw: dict) -> dict:
+    """The write concern fields of one call: ``base`` overridden by ``kw``
+    (read only: the result may be ``base``'s own)."""
+    if not kw:
+        return base.wire
     w = kw.pop("w", None)
     j = kw.pop("j", None)
     wt = kw.pop("wtimeout_ms", None)
@@ -633,7 +670,8 @@ class Collection:
     # member decodes them to check them and stores these bytes, never packing
     # them again. What msgpack cannot encode fails here, before it is sent.
     def insert_one(self, doc: dict, **wc) -> InsertOneResult:
-        return self.insert_many([doc], **wc).one()
+        r = self._write({"op": "insert", "packed": _pack([doc])}, _wc(self.write_concern, wc))
+        return InsertOneResult(r["inserted_ids"][0], _gtid(r["gtid"]))
 
     # A large insert goes in parts of INSERT_PART_DOCS documents (a frame each,
     # or more past INSERT_PART_BYTES), still one atomic statement: the member

@@ -12,7 +12,7 @@ import threading
 
 import msgpack
 
-from raymx.errors import CorruptEntry, DocumentTooLarge, InvalidDocument
+from raymx.errors import CorruptEntry, DocumentTooLarge, InvalidDocument, ProtocolError
 
 _SCALARS = (type(None), bool, int, float, str, bytes)
 _I64_MIN, _U64_MAX = -(1 << 63), (1 << 64) - 1
@@ -292,13 +292,11 @@ def pack_frame(obj) -> bytes:
 def frame_length(header: bytes, max_bytes: int) -> int:
     n = int.from_bytes(header, "big")
     if n == 0 or n > max_bytes:
-        from raymx.errors import ProtocolError
         raise ProtocolError(f"frame of {n} bytes refused (limit {max_bytes})")
     return n
 
 
 def unpack_frame(body: bytes) -> dict:
-    from raymx.errors import ProtocolError
     try:
         obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
     except Exception as e:

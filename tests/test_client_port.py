@@ -482,3 +482,54 @@ def test_parts_past_the_transaction_limit_are_refused(tmp_path):
         p.close()
         svc.close()
         e.store.close()
+
+
+def test_answers_split_and_joined_across_receives_reach_their_callers(tmp_path):
+    """The driver's receive path against a scripted member: an answer cut into
+    one-byte pieces, two answers in one send, and an answer larger than one
+    receive's buffer each reach the request they answer; a wait past its
+    deadline raises TimeoutError and the connection stays usable."""
+    path = str(tmp_path / "scripted.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    big = "y" * (600 << 10)  # > the 256 KiB receive buffer
+
+    def member():
+        s, _ = srv.accept()
+        f = s.makefile("rb")
+
+        def req():
+            n = int.from_bytes(f.read(4), "big")
+            return msgpack.unpackb(f.read(n))
+        s.sendall(frame({"id": req()["id"], "ok": {"member": 0}}))  # hello
+        a = frame({"id": req()["id"], "ok": {"value": "dribbled"}})
+        for i in range(len(a)):
+            s.sendall(a[i:i + 1])
+            time.sleep(0.0005)
+        s.sendall(frame({"id": req()["id"], "ok": {"value": big}}))
+        slow = req()
+        time.sleep(0.4)  # past the caller's deadline
+        s.sendall(frame({"id": slow["id"], "ok": {"value": "late"}}))
+        s.sendall(frame({"id": req()["id"], "ok": {"value": "after"}}))
+        r1, r2 = req(), req()
+        s.sendall(frame({"id": r2["id"], "ok": {"value": 2}}) + frame({"id": r1["id"], "ok": {"value": 1}}))
+        time.sleep(0.5)
+        s.close()
+    t = threading.Thread(target=member, daemon=True)
+    t.start()
+    c = Connection("127.0.0.1", 0, SECRET, frame_bytes_max=2 << 20, unix=path)
+    try:
+        assert c.request({"op": "find"}, timeout_s=5)["value"] == "dribbled"
+        assert c.request({"op": "find"}, timeout_s=5)["value"] == big
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            c.request({"op": "find"}, timeout_s=0.15)
+        assert time.monotonic() - t0 < 0.35  # within one receive slice of the deadline
+        assert c.request({"op": "find"}, timeout_s=5)["value"] == "after"  # "late" was dropped
+        f1, f2 = c.submit({"op": "find"}), c.submit({"op": "find"})  # one send, both answers
+        assert (f1.result(5)["value"], f2.result(5)["value"]) == (1, 2)
+    finally:
+        c.close()
+        srv.close()
+        t.join(5)
