@@ -10,8 +10,8 @@ Measures, with ~200-byte documents:
    the rate of trivial Ray actor calls;
 3. the ratio of (1) to the raw fsync rate at 8 and 16 clients (targets 2.0
    and 4.0), next to published peer figures; plus, for diagnosis, the
-   non-durable (``j=False``) rate at 16 clients: the request-path ceiling that
-   group commit can at best approach, and a bare msgpack echo (an asyncio
+   non-durable (``j=False``) rate at 8 and 16 clients: the request-path ceiling
+   that group commit can at best approach (each target is printed beside it), and a bare msgpack echo (an asyncio
    server in its own process, the same Unix socket kind, the same client
    processes sending the same documents): the ceiling of any request/response
    on this machine;
@@ -39,6 +39,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 from _util import docs, make_doc, progress, rate, raw_batched_rate, row  # noqa: E402
 
 LEVELS = (1, 8, 16)
+FAST_LEVELS = (8, 16)     # non-durable (j=False) levels: the ceiling durable commits approach
 DURATION_S = 4.0          # per concurrency level
 RAW_FSYNC_S = 1.5         # per raw LMDB fsync measurement (one before each level too)
 PING_N = 2000             # sequential Ray actor calls
@@ -291,14 +292,17 @@ def per_sync(before, after):
     return (after[0] - before[0]) / (after[1] - before[1])
 
 
-def proc_cpu_s(pid) -> float:
-    """CPU seconds (user + system) a process has used so far (Linux; 0 elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            rest = f.read().rsplit(")", 1)[1].split()
-        return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, AttributeError):
-        return 0.0
+def proc_cpu_s(*pids) -> float:
+    """CPU seconds (user + system) processes have used so far (Linux; 0 elsewhere)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+            total += (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, AttributeError):
+            pass
+    return total
 
 
 def cpu_note(total, member_s, client_s) -> str:
@@ -351,9 +355,14 @@ def main():
         ray.kill(p)
 
         progress("launch replica set")
-        rs = raymx.ReplicaSet.launch("bench", members=1, data_dir=os.path.join(base, "rs"))
+        limits = raymx.Limits().with_(flush_helper=os.environ.get("RAYMX_FLUSH_HELPER") != "0")
+        rs = raymx.ReplicaSet.launch("bench", members=1, data_dir=os.path.join(base, "rs"),
+                                     limits=limits)
         topo = rs._topology()
         member_pid = ray.get(rs.member(0).pid.remote())
+        flusher = ray.get(rs.member(0).status.remote(), timeout=30).get("flusher")
+        # the member's CPU includes its flush helper's (the fdatasyncs it makes)
+        member_pids = (member_pid,) + ((flusher["pid"],) if flusher else ())
         try:  # Ray runs workers niced (RAY_worker_niceness, default 15); clients are not
             member_nice = os.getpriority(os.PRIO_PROCESS, member_pid)
         except Exception:
@@ -368,17 +377,18 @@ def main():
                 progress(f"durable (j=True) inserts, {n} client(s), {DURATION_S:.0f} s")
                 m0 = member_counters(rs)
                 prof = (os.path.join(profile_dir, f"client-{n}.prof") if profile_dir else None)
-                c0 = proc_cpu_s(member_pid)
+                c0 = proc_cpu_s(*member_pids)
                 total, lat, errs = pool.run(n, DURATION_S, True, prof)
-                cpu = cpu_note(total, proc_cpu_s(member_pid) - c0, pool.cpu_s)
+                cpu = cpu_note(total, proc_cpu_s(*member_pids) - c0, pool.cpu_s)
                 results[n] = (total / DURATION_S, lat, per_sync(m0, member_counters(rs)), errs,
                               cpu + f"; {load()}")
-            n = max(LEVELS)
-            progress(f"non-durable (j=False) inserts, {n} clients, {DURATION_S:.0f} s")
-            c0 = proc_cpu_s(member_pid)
-            total, lat, errs = pool.run(n, DURATION_S, False)
-            fast = (total / DURATION_S, lat, errs,
-                    cpu_note(total, proc_cpu_s(member_pid) - c0, pool.cpu_s))
+            fast = {}  # the same clients with no sync at all: what group commit can approach
+            for n in FAST_LEVELS:
+                progress(f"non-durable (j=False) inserts, {n} clients, {DURATION_S:.0f} s")
+                c0 = proc_cpu_s(*member_pids)
+                total, lat, errs = pool.run(n, DURATION_S, False)
+                fast[n] = (total / DURATION_S, lat, errs,
+                           cpu_note(total, proc_cpu_s(*member_pids) - c0, pool.cpu_s))
             echo = echo_rates(pool, base)
         finally:
             pool.close()
@@ -399,9 +409,9 @@ def main():
             def drv_batched():
                 for i in range(0, N_BATCH, 1000):
                     coll.insert_many(batch_docs[i:i + 1000])
-            c0, d0 = proc_cpu_s(member_pid), time.process_time()
+            c0, d0 = proc_cpu_s(*member_pids), time.process_time()
             drv["rate"] = max(drv["rate"], rate(N_BATCH, drv_batched))
-            drv["member"] = min(drv["member"], (proc_cpu_s(member_pid) - c0) / N_BATCH * 1e6)
+            drv["member"] = min(drv["member"], (proc_cpu_s(*member_pids) - c0) / N_BATCH * 1e6)
             drv["driver"] = min(drv["driver"], (time.process_time() - d0) / N_BATCH * 1e6)
             coll.drop()
             path = os.path.join(base, f"raw-batch-{rnd}")
@@ -441,11 +451,10 @@ def main():
         row(f"  {n:>2} client(s)", r, "txn/s",
             f"p50 {pct(lat, .5):.1f} ms, p99 {pct(lat, .99):.1f} ms, {ps:.1f} commits/sync"
             + (f", {errs} FAILED" if errs else "") + cpu)
-    r, lat, errs, cpu = fast
-    n = max(LEVELS)
-    row(f"  {n:>2} clients, j=False (request ceiling, for reference)", r, "txn/s",
-        f"p50 {pct(lat, .5):.1f} ms; durable = {results[n][0] / r:.2f}x of it"
-        + (f", {errs} FAILED" if errs else "") + cpu)
+    for n, (r, lat, errs, cpu) in fast.items():
+        row(f"  {n:>2} clients, j=False (no sync: the request ceiling)", r, "txn/s",
+            f"p50 {pct(lat, .5):.1f} ms; durable = {results[n][0] / r:.2f}x of it"
+            + (f", {errs} FAILED" if errs else "") + cpu)
     print()
     print("durable driver txn/s : raw LMDB fsync-ed txn/s (the better of the first and the "
           "level's own)")
@@ -453,6 +462,10 @@ def main():
         x = results[n][0] / ref[n]
         verdict = "" if target is None else (
             f"target >= {target:.1f}: {'met' if x >= target else 'NOT met'}")
+        if target is not None and n in fast:  # what the target asks, beside the no-sync rate
+            need, ceiling = target * ref[n], fast[n][0]
+            verdict += (f" (needs {need:,.0f} txn/s; with no sync at all the same clients "
+                        f"make {ceiling:,.0f}: {need / ceiling:.2f}x of that)")
         print(f"  {n:>2} client(s) {x:>47.2f}x  {verdict}")
     print("peers, durable txn/s at 8 clients (published figures, other hardware):")
     r8 = results[8][0]

@@ -172,6 +172,11 @@ class LMDBStore:
     def sync(self):
         self._env.sync(True)
 
+    @property
+    def data_file(self) -> str:
+        """The file a sync flushes (no write map: ``sync`` is its fdatasync)."""
+        return os.path.join(self.path, "data.mdb")
+
     def copy_to(self, dest: str) -> None:
         """A consistent hot copy of the environment into the folder ``dest``
         (LMDB's copy runs in one read transaction; writers go on)."""
