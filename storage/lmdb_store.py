@@ -1,9 +1,12 @@
 """The LMDB store (the only lmdb import).
 
 Opened with ``sync=False``: a commit is atomic and visible at once but reaches
-the disk only at ``sync()``, which is how group commit shares one fsync among
-many transactions. LMDB keeps ACI without the sync (no writemap), so a crash
-loses at most the unsynced tail, never consistency.
+the disk only at ``sync()`` (one fdatasync of ``data_file``: no write map),
+which is how group commit shares one flush among many transactions. A process
+crash loses nothing committed (the pages are in the OS's cache). A machine
+crash loses the unsynced tail, and LMDB documents that without the sync it
+keeps its integrity only on file systems that write pages in the order they
+were written (MDB_NOSYNC; ARCHITECTURE.md, "Known limits").
 """
 from __future__ import annotations
 
