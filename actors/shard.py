@@ -26,7 +26,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from raymx import errors
-from raymx.actors.flusher import Flusher
 from raymx.actors.gtid_manager import GTIDManager
 from raymx.storage import codec
 from raymx.storage.engine import Engine, Reader, Transaction, WriteResult, split_ns
@@ -124,8 +123,6 @@ class GroupCommit:
         self.committed: GTID | None = None  # last commit (not yet necessarily durable)
         self.durable: GTID | None = None    # last commit covered by a finished sync
         self.syncs = 0
-        self._ahead = None  # (target, recorded min_live) of the flusher's flush in flight
-        self.released = 0   # durable writers the last flush released
         self._stop = False
         self._t = threading.Thread(target=self._run, name="raymx-syncer", daemon=True)
         self._t.start()
@@ -169,38 +166,6 @@ class GroupCommit:
                 return
         self._sync(target)
 
-    def sync_ahead(self, flusher) -> None:
-        """On the port's thread: have ``flusher`` flush everything committed so
-        far, unless it is flushing already (then ``flushed`` asks again for what
-        committed meanwhile). Durable writers are answered from ``flushed``."""
-        with self._cond:
-            target = self.committed
-            if target is None or (self.durable is not None and target <= self.durable):
-                return
-            if flusher.busy:
-                return
-        rec = self._gm.before_sync()  # durability gate: record before the flush
-        if flusher.start():
-            self._ahead = (target, rec)
-        else:  # the helper is gone: flush here, as without it
-            self.sync_now()
-
-    def flushed(self, ok: bool, flusher) -> None:
-        """The flusher's answer (on the port's thread): publish and release what
-        its flush covered, then flush again if durable writers wait beyond it."""
-        target, rec = self._ahead
-        self._ahead = None
-        if not ok:
-            with self._cond:  # the syncer retries (and so will the next sync_ahead)
-                self._cond.notify()
-            return
-        self._published(target, rec)
-        with self._cond:  # durable writers, or members downstream, wait beyond it
-            more = any(g > target for g, _ in self._waiters) or (
-                self.eager and self.committed is not None and self.committed > target)
-        if more:
-            self.sync_ahead(flusher)
-
     def _sync(self, target: GTID) -> bool:
         # durability gate: record min_live before the flush, publish after it
         rec = self._gm.before_sync()
@@ -209,24 +174,19 @@ class GroupCommit:
         except Exception:  # the disk failed: nothing can be acknowledged as durable
             log.exception("LMDB sync failed")
             return False
-        self._published(target, rec)
-        return True
-
-    def _published(self, target: GTID, rec) -> None:
-        """A flush that started after ``target`` committed has finished."""
         self._gm.after_sync(rec)
         with self._cond:
             if self.durable is not None and target <= self.durable:
-                return  # another thread's flush covered it and released its writers
+                return True  # another thread's flush covered it and released its writers
             self.durable = target
             self.syncs += 1
             done = [cb for g, cb in self._waiters if g <= target]
-            self.released = len(done)
             self._waiters = [(g, cb) for g, cb in self._waiters if g > target]
         for cb in done:
             cb()
         if self._on_durable is not None:
             self._on_durable(target)
+        return True
 
     def stop(self):
         with self._cond:
@@ -404,7 +364,6 @@ class ShardService:
         # (_q.unfinished_tasks: items queued for the writer thread, not yet run)
         self._wlock = threading.Lock()
         self._port = None
-        self.flusher: Flusher | None = None  # fdatasync in a helper process (attach_port)
         self._arrived: list = []  # writes of the port's current wake-up
         self._ids = itertools.count(1)
         self._cursors: dict[int, _Cursor] = {}
@@ -630,16 +589,8 @@ class ShardService:
     # --- writes ----------------------------------------------------------
     def attach_port(self, port) -> None:
         """Called by the client port serving this service: small writes may then
-        run on the port's own thread (see ``_drain``), and their flushes go to
-        a flusher process (see ``_flush``) when the store is a file."""
+        run on the port's own thread (see ``_drain``)."""
         self._port = port
-        data_file = getattr(self.e.store, "data_file", None)
-        if self.limits.flush_helper and data_file is not None:
-            try:
-                self.flusher = Flusher(data_file, port._loop,
-                                       lambda ok: self.group.flushed(ok, self.flusher))
-            except OSError:
-                log.exception("no flush helper; the member flushes itself")
 
     def _to_writer(self, item: tuple) -> None:
         port = self._port
@@ -754,7 +705,7 @@ class ShardService:
         finally:
             self.gm.done(g)
         if self._acknowledge(g, res, req, reply):
-            self._flush()
+            self.group.sync_now()
 
     def _write_group(self, group: list) -> None:
         """Run queued autocommit writes in one LMDB transaction, one GTID each.
@@ -819,20 +770,6 @@ class ShardService:
             else:
                 flush |= self._acknowledge(g, res, req, reply)
         if flush:
-            self._flush()
-
-    def _flush(self) -> None:
-        """Durable writers wait on what this thread just committed. On the
-        port's thread, while durable writers come in numbers (the last flush
-        released several, or one is in flight), the flusher flushes while the
-        port goes on serving, and they are answered when it is done; a lone
-        writer is flushed here (two wake-ups fewer: about 15% more commits/s
-        for one client than through the helper), as is everything run on other threads."""
-        f = self.flusher
-        if (f is not None and f.failed is None and (f.busy or self.group.released > 1)
-                and self._port.on_loop()):
-            self.group.sync_ahead(f)
-        else:
             self.group.sync_now()
 
     def _acknowledge(self, g: GTID, res, req: dict, reply: Reply) -> bool:
@@ -1067,9 +1004,6 @@ class ShardService:
                 "replicatable": gtid_out(self.gm.replicatable()),
                 "commits": self.commits, "syncs": self.group.syncs,
                 "write_groups": self.write_groups, "port_writes": self.port_writes,
-                "flusher": None if self.flusher is None else {
-                    "pid": self.flusher.pid, "flushes": self.flusher.flushes,
-                    "failed": self.flusher.failed},
                 "majority": gtid_out(self.wc.majority_point()) if self.primary else None,
                 "open_cursors": len(self._cursors)}
 
@@ -1082,8 +1016,6 @@ class ShardService:
         self.watchers.shutdown(wait=False, cancel_futures=True)
         self._q.put(None)
         self._writer.join(10)
-        if self.flusher is not None:
-            self.flusher.close()
         self.group.stop()
         self.readers.shutdown(wait=True)
         for cid in list(self._cursors):

@@ -292,17 +292,14 @@ def per_sync(before, after):
     return (after[0] - before[0]) / (after[1] - before[1])
 
 
-def proc_cpu_s(*pids) -> float:
-    """CPU seconds (user + system) processes have used so far (Linux; 0 elsewhere)."""
-    total = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                rest = f.read().rsplit(")", 1)[1].split()
-            total += (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, AttributeError):
-            pass
-    return total
+def proc_cpu_s(pid) -> float:
+    """CPU seconds (user + system) a process has used so far (Linux; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return 0.0
 
 
 def cpu_note(total, member_s, client_s) -> str:
@@ -355,14 +352,9 @@ def main():
         ray.kill(p)
 
         progress("launch replica set")
-        limits = raymx.Limits().with_(flush_helper=os.environ.get("RAYMX_FLUSH_HELPER") != "0")
-        rs = raymx.ReplicaSet.launch("bench", members=1, data_dir=os.path.join(base, "rs"),
-                                     limits=limits)
+        rs = raymx.ReplicaSet.launch("bench", members=1, data_dir=os.path.join(base, "rs"))
         topo = rs._topology()
         member_pid = ray.get(rs.member(0).pid.remote())
-        flusher = ray.get(rs.member(0).status.remote(), timeout=30).get("flusher")
-        # the member's CPU includes its flush helper's (the fdatasyncs it makes)
-        member_pids = (member_pid,) + ((flusher["pid"],) if flusher else ())
         try:  # Ray runs workers niced (RAY_worker_niceness, default 15); clients are not
             member_nice = os.getpriority(os.PRIO_PROCESS, member_pid)
         except Exception:
@@ -377,18 +369,18 @@ def main():
                 progress(f"durable (j=True) inserts, {n} client(s), {DURATION_S:.0f} s")
                 m0 = member_counters(rs)
                 prof = (os.path.join(profile_dir, f"client-{n}.prof") if profile_dir else None)
-                c0 = proc_cpu_s(*member_pids)
+                c0 = proc_cpu_s(member_pid)
                 total, lat, errs = pool.run(n, DURATION_S, True, prof)
-                cpu = cpu_note(total, proc_cpu_s(*member_pids) - c0, pool.cpu_s)
+                cpu = cpu_note(total, proc_cpu_s(member_pid) - c0, pool.cpu_s)
                 results[n] = (total / DURATION_S, lat, per_sync(m0, member_counters(rs)), errs,
                               cpu + f"; {load()}")
             fast = {}  # the same clients with no sync at all: what group commit can approach
             for n in FAST_LEVELS:
                 progress(f"non-durable (j=False) inserts, {n} clients, {DURATION_S:.0f} s")
-                c0 = proc_cpu_s(*member_pids)
+                c0 = proc_cpu_s(member_pid)
                 total, lat, errs = pool.run(n, DURATION_S, False)
                 fast[n] = (total / DURATION_S, lat, errs,
-                           cpu_note(total, proc_cpu_s(*member_pids) - c0, pool.cpu_s))
+                           cpu_note(total, proc_cpu_s(member_pid) - c0, pool.cpu_s))
             echo = echo_rates(pool, base)
         finally:
             pool.close()
@@ -409,9 +401,9 @@ def main():
             def drv_batched():
                 for i in range(0, N_BATCH, 1000):
                     coll.insert_many(batch_docs[i:i + 1000])
-            c0, d0 = proc_cpu_s(*member_pids), time.process_time()
+            c0, d0 = proc_cpu_s(member_pid), time.process_time()
             drv["rate"] = max(drv["rate"], rate(N_BATCH, drv_batched))
-            drv["member"] = min(drv["member"], (proc_cpu_s(*member_pids) - c0) / N_BATCH * 1e6)
+            drv["member"] = min(drv["member"], (proc_cpu_s(member_pid) - c0) / N_BATCH * 1e6)
             drv["driver"] = min(drv["driver"], (time.process_time() - d0) / N_BATCH * 1e6)
             coll.drop()
             path = os.path.join(base, f"raw-batch-{rnd}")

@@ -35,10 +35,6 @@ class Limits:
     # the writer thread is idle: no hand-off between threads; the rest go to
     # the writer thread.
     port_insert_docs_max: int = 64
-    # Durable writes run on the port's thread are flushed by a helper process
-    # (one fdatasync at a time) while the port goes on serving; off: the
-    # port's thread flushes them itself.
-    flush_helper: bool = True
     # Interactive transactions hold the shard's writer; abort after this long.
     transaction_lifetime_ms: int = 60_000
     # Applier batches (DESIGN section 4).
@@ -80,10 +76,7 @@ class Limits:
 
     def __post_init__(self):
         for k, v in asdict(self).items():
-            if k in _SWITCHES:
-                if not isinstance(v, bool):
-                    raise ConfigError(f"setting {k} must be True or False, got {v!r}")
-            elif not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            if not isinstance(v, int) or v <= 0:
                 raise ConfigError(f"limit {k} must be a positive integer, got {v!r}")
         if self.spill_bytes > self.transaction_bytes_max:
             raise ConfigError("spill_bytes must not exceed transaction_bytes_max")
@@ -102,5 +95,4 @@ class Limits:
         return replace(self, **kw)
 
 
-_SWITCHES = frozenset({"flush_helper"})  # the settings that are on/off, not amounts
 DEFAULT = Limits()

@@ -1,7 +1,7 @@
 """The LMDB store (the only lmdb import).
 
 Opened with ``sync=False``: a commit is atomic and visible at once but reaches
-the disk only at ``sync()`` (one fdatasync of ``data_file``: no write map),
+the disk only at ``sync()`` (one fdatasync of the data file: no write map),
 which is how group commit shares one flush among many transactions. A process
 crash loses nothing committed (the pages are in the OS's cache). A machine
 crash loses the unsynced tail, and LMDB documents that without the sync it
@@ -174,11 +174,6 @@ class LMDBStore:
 
     def sync(self):
         self._env.sync(True)
-
-    @property
-    def data_file(self) -> str:
-        """The file a sync flushes (no write map: ``sync`` is its fdatasync)."""
-        return os.path.join(self.path, "data.mdb")
 
     def copy_to(self, dest: str) -> None:
         """A consistent hot copy of the environment into the folder ``dest``
