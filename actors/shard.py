@@ -616,7 +616,7 @@ class ShardService:
                              len(items))
                     cap = self.limits.write_group_max
                     for i in range(0, n, cap):
-                        self._run_items(items[i:i + cap])
+                        self._run_items(items[i:min(i + cap, n)])
                     self.port_writes += n
                     items = items[n:]
             finally:

@@ -533,3 +533,32 @@ def test_answers_split_and_joined_across_receives_reach_their_callers(tmp_path):
         c.close()
         srv.close()
         t.join(5)
+
+
+def test_a_write_after_a_small_one_in_the_same_read_runs_once(port):
+    """A small write and one that must go to the writer thread (a multi update,
+    a transaction) arriving in one read: each runs once and is answered once."""
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    c.request({"op": "insert", "ns": "d.c", "docs": [{"_id": "ctr", "n": 0}]})
+    s = raw(p)
+    s.sendall(frame({"id": 1, "op": "hello", "secret": SECRET}))
+    assert "ok" in read_frame(s)
+    s.sendall(frame({"id": 10, "op": "insert", "ns": "d.c", "docs": [{"_id": 1}]})
+              + frame({"id": 11, "op": "update", "ns": "d.c", "filter": {"_id": "ctr"},
+                       "multi": True, "update": {"$inc": {"n": 1}}})
+              + frame({"id": 12, "op": "insert", "ns": "d.c", "docs": [{"_id": 2}]})
+              + frame({"id": 13, "op": "txnBegin"}))
+    answers = [read_frame(s) for _ in range(4)]
+    assert sorted(a["id"] for a in answers) == [10, 11, 12, 13]
+    assert all("ok" in a for a in answers), answers
+    txn = next(a["ok"]["txn"] for a in answers if a["id"] == 13)
+    s.sendall(frame({"id": 14, "op": "txnAbort", "txn": txn}))
+    assert read_frame(s) == {"id": 14, "ok": {"aborted": True}}
+    s.settimeout(0.3)  # and nothing more: no second answer to any of them
+    with pytest.raises(socket.timeout):
+        s.recv(1)
+    assert c.request({"op": "find", "ns": "d.c", "filter": {"_id": "ctr"}})["docs"] == [
+        {"_id": "ctr", "n": 1}]
+    s.close()
+    c.close()
