@@ -30,7 +30,7 @@ from raymx.actors.gtid_manager import GTIDManager
 from raymx.storage import codec
 from raymx.storage.engine import Engine, Reader, Transaction, WriteResult, split_ns
 from raymx.storage.gtid import GTID
-from raymx.storage.limits import Limits
+from raymx.storage.limits import Limits, write_concern_problem
 
 log = logging.getLogger("raymx.shard")
 Reply = Callable[..., None]
@@ -522,6 +522,9 @@ class ShardService:
             if req is None:
                 return
         if op in WRITE_OPS or op in TXN_OPS or "txn" in req:
+            problem = write_concern_problem(req.get("w"), req.get("j"), req.get("wtimeout_ms"))
+            if problem is not None:
+                return reply(err=errors.InvalidOperation(f"{op}: {problem}; nothing was written"))
             if not self.primary:
                 return reply(err=errors.NotPrimary(
                     f"member {self.member_id} is not the primary", member=self.member_id))
@@ -616,7 +619,7 @@ class ShardService:
                              len(items))
                     cap = self.limits.write_group_max
                     for i in range(0, n, cap):
-                        self._run_items(items[i:min(i + cap, n)])
+                        self._run_safely(items[i:min(i + cap, n)])
                     self.port_writes += n
                     items = items[n:]
             finally:
@@ -642,9 +645,17 @@ class ShardService:
                         break
                     items.append(nxt)
             with self._wlock:
-                self._run_items(items)
+                self._run_safely(items)
             for _ in items:
                 q.task_done()
+
+    def _run_safely(self, items: list) -> None:
+        """``_run_items``; an error that escapes it is a bug: logged, and the
+        thread running writes (the writer's or the port's) lives on."""
+        try:
+            self._run_items(items)
+        except Exception:
+            log.exception("running %d write(s) failed", len(items))
 
     def _run_items(self, items: list) -> None:
         """Run writer items (with ``_wlock`` held): writes, one session, or a call."""
@@ -768,7 +779,10 @@ class ShardService:
             elif g is None:
                 reply(ok=result_out(res))
             else:
-                flush |= self._acknowledge(g, res, req, reply)
+                try:
+                    flush |= self._acknowledge(g, res, req, reply)
+                except Exception as e:  # a bug: this write alone is answered with it
+                    reply(err=self._write_error(e, req))
         if flush:
             self.group.sync_now()
 

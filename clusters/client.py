@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 from raymx import errors
 from raymx.storage import codec
 from raymx.storage.gtid import GTID
-from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS
+from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS, write_concern_problem
 
 
 _RECV_BYTES = 1 << 18  # one receive's buffer
@@ -384,8 +384,9 @@ class WriteConcern:
     wtimeout_ms: int | None = None
 
     def __post_init__(self):
-        if not (self.w == "majority" or (isinstance(self.w, int) and self.w >= 0)):
-            raise errors.ConfigError(f"w must be a non-negative int or 'majority', got {self.w!r}")
+        problem = write_concern_problem(self.w, self.j, self.wtimeout_ms)
+        if problem is not None:
+            raise errors.ConfigError(problem)
 
     def fields(self) -> dict:
         d = {"w": self.w, "j": self.j}

@@ -96,3 +96,18 @@ class Limits:
 
 
 DEFAULT = Limits()
+
+
+def write_concern_problem(w, j, wtimeout_ms) -> str | None:
+    """What is wrong with a write concern (driver and member check alike), or None.
+
+    ``w``: members that must hold the entry, a non-negative int or
+    ``"majority"``; ``j``: a bool; ``wtimeout_ms``: a non-negative number of
+    milliseconds (0 or None: no limit). None stands for the default of each."""
+    if w is not None and not (w == "majority" or (type(w) is int and w >= 0)):
+        return f"w must be a non-negative int or 'majority', got {w!r}"
+    if j is not None and type(j) is not bool:
+        return f"j must be a bool, got {j!r}"
+    if wtimeout_ms is not None and not (type(wtimeout_ms) in (int, float) and wtimeout_ms >= 0):
+        return f"wtimeout_ms must be a non-negative number of milliseconds, got {wtimeout_ms!r}"
+    return None

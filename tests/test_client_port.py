@@ -11,7 +11,7 @@ import pytest
 from raymx import errors
 from raymx.actors.server import ClientPort
 from raymx.actors.shard import ShardService
-from raymx.client import Connection
+from raymx.client import Connection, WriteConcern
 from raymx.storage.engine import Engine
 from raymx.storage.keys import encode_key
 from raymx.storage.limits import Limits
@@ -561,4 +561,53 @@ def test_a_write_after_a_small_one_in_the_same_read_runs_once(port):
     assert c.request({"op": "find", "ns": "d.c", "filter": {"_id": "ctr"}})["docs"] == [
         {"_id": "ctr", "n": 1}]
     s.close()
+    c.close()
+
+
+@pytest.mark.parametrize("wc", [{"wtimeout_ms": "500"}, {"wtimeout_ms": -1}, {"j": "yes"},
+                                {"w": "two"}, {"w": -1}, {"w": 1.5}])
+def test_a_bad_write_concern_is_refused_before_anything_is_written(port, wc):
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    blocker = busy_writer(svc)  # queued together: the bad one inside a write group
+    futs = [c.submit({"op": "insert", "ns": "w.c", "docs": [{"_id": k}], **(wc if k == 1 else {})})
+            for k in range(3)]
+    blocker.set()
+    with pytest.raises(errors.InvalidOperation, match="nothing was written"):
+        futs[1].result(5)
+    assert [futs[k].result(5)["inserted_ids"] for k in (0, 2)] == [[0], [2]]
+    with pytest.raises(errors.InvalidOperation):  # also alone, on the port's thread
+        c.request({"op": "update", "ns": "w.c", "filter": {"_id": 0}, "update": {"$set": {"a": 1}},
+                   **wc})
+    assert c.request({"op": "find", "ns": "w.c"})["docs"] == [{"_id": 0}, {"_id": 2}]
+    with pytest.raises(errors.ConfigError):
+        WriteConcern(**{"w": 1, **wc})
+    c.close()
+
+
+def test_a_failure_after_a_group_commit_answers_that_write_and_keeps_the_writer(port, monkeypatch):
+    """A bug while acknowledging one write of a group (here: injected) answers
+    that write with an internal error; the rest are answered and the writer
+    thread lives on."""
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    ack = svc._acknowledge
+
+    def flaky(g, res, req, reply):
+        if req.get("docs") == [{"_id": "bad"}]:
+            raise RuntimeError("injected")
+        return ack(g, res, req, reply)
+    monkeypatch.setattr(svc, "_acknowledge", flaky)
+    blocker = busy_writer(svc)
+    futs = [c.submit({"op": "insert", "ns": "f.c", "docs": [{"_id": k}]})
+            for k in (1, "bad", 2)]
+    blocker.set()
+    with pytest.raises(errors.RaymxError, match="injected"):
+        futs[1].result(5)
+    assert futs[0].result(5)["inserted_ids"] == [1] and futs[2].result(5)["inserted_ids"] == [2]
+    assert svc._writer.is_alive()
+    blocker = busy_writer(svc)  # the writer thread still runs writes
+    f = c.submit({"op": "insert", "ns": "f.c", "docs": [{"_id": 3}]})
+    blocker.set()
+    assert f.result(5)["inserted_ids"] == [3]
     c.close()
