@@ -368,6 +368,7 @@ class ShardService:
         self._ids = itertools.count(1)
         self._cursors: dict[int, _Cursor] = {}
         self._cursors_lock = threading.Lock()
+        self._cursors_swept = time.monotonic()
         self.readers = ThreadPoolExecutor(4, thread_name_prefix="raymx-reader")
         self.commits = 0
         self.write_groups = 0  # LMDB transactions that carried several queued writes
@@ -586,7 +587,10 @@ class ShardService:
     def connection_closed(self, conn: dict) -> None:
         for s in conn.get("sessions", {}).values():
             s.submit({"op": "txnAbort"}, lambda **kw: None)
-        for cid in conn.get("cursors", ()):
+        with self._cursors_lock:  # a find still running keeps no cursor now (_read)
+            conn["closed"] = True
+            cids = list(conn.get("cursors", ()))
+        for cid in cids:
             self._close_cursor(cid)
 
     # --- writes ----------------------------------------------------------
@@ -857,10 +861,14 @@ class ShardService:
             if req.get("after") is not None:
                 self.wait_applied(GTID(*req["after"]), req.get("after_timeout_ms") or 10_000)
             if op == "getMore":
-                return reply(ok=self._get_more(req.get("cursor"), req.get("batch")))
+                out = self._get_more(req.get("cursor"), req.get("batch"))
+                if not out["cursor"]:
+                    self._forget_cursors(conn, [req.get("cursor")])
+                return reply(ok=out)
             if op == "killCursors":
-                for cid in req.get("cursors", ()):
-                    conn.get("cursors", set()).discard(cid)
+                cids = req.get("cursors", ())
+                self._forget_cursors(conn, cids)
+                for cid in cids:
                     self._close_cursor(cid)
                 return reply(ok={})
             r = self.e.reader()
@@ -869,8 +877,12 @@ class ShardService:
                 if op == "find":
                     out = self._find(r, req)
                     if out["cursor"]:
-                        keep = True
-                        conn.setdefault("cursors", set()).add(out["cursor"])
+                        with self._cursors_lock:
+                            if conn.get("closed"):  # its client left: nobody can ask for more
+                                self._cursors.pop(out["cursor"], None)
+                            else:
+                                keep = True
+                                conn.setdefault("cursors", set()).add(out["cursor"])
                     return reply(ok=out)
                 reply(ok=self._read_in(r, req, conn))
             finally:
@@ -881,6 +893,12 @@ class ShardService:
         except Exception as e:
             log.exception("read failed")
             reply(err=errors.RaymxError(f"internal error: {type(e).__name__}: {e}"))
+
+    def _forget_cursors(self, conn: dict, cids) -> None:
+        with self._cursors_lock:
+            mine = conn.get("cursors")
+            if mine:
+                mine.difference_update(cids)
 
     def _read_in(self, r: Reader, req: dict, conn: dict):
         op = req["op"]
@@ -911,7 +929,21 @@ class ShardService:
         if out["cursor"]:
             with self._cursors_lock:
                 self._cursors[c.id] = c
+            self._expire_cursors(c.used)
         return out
+
+    def _expire_cursors(self, now: float) -> None:
+        """Close the cursors idle past ``cursor_idle_ms`` (looked at most once a
+        second, when a cursor opens). One in a getMore is not in the table."""
+        if now < self._cursors_swept + 1.0:
+            return
+        self._cursors_swept = now
+        idle_before = now - self.limits.cursor_idle_ms / 1000
+        with self._cursors_lock:
+            old = [cid for cid, c in self._cursors.items() if c.used < idle_before]
+        for cid in old:
+            log.info("cursor %d closed after %d ms idle", cid, self.limits.cursor_idle_ms)
+            self._close_cursor(cid)
 
     def _batch(self, c: _Cursor, batch) -> dict:
         n_max = min(int(batch or self.limits.cursor_batch_docs), self.limits.cursor_batch_docs)
@@ -925,13 +957,21 @@ class ShardService:
         return {"cursor": 0, "docs": docs}
 
     def _get_more(self, cid, batch) -> dict:
-        with self._cursors_lock:
-            c = self._cursors.get(cid)
+        with self._cursors_lock:  # out of the table while in use: not expired, not shared
+            c = self._cursors.pop(cid, None)
         if c is None:
-            raise errors.InvalidOperation(f"cursor {cid} not found (exhausted, killed or expired)")
-        out = self._batch(c, batch)
-        if not out["cursor"]:
-            self._close_cursor(cid)
+            raise errors.InvalidOperation(f"cursor {cid} not found (exhausted, killed, "
+                                          "expired or in use by another getMore)")
+        try:
+            out = self._batch(c, batch)
+        except BaseException:
+            c.close()
+            raise
+        if out["cursor"]:
+            with self._cursors_lock:
+                self._cursors[cid] = c
+        else:
+            c.close()
         return out
 
     def _close_cursor(self, cid) -> None:

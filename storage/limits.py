@@ -25,6 +25,9 @@ class Limits:
     frame_bytes_max: int = 48 * MiB
     cursor_batch_docs: int = 1000
     cursor_batch_bytes: int = 4 * MiB
+    # A cursor nobody asked for more within this long is closed (each open one
+    # holds an LMDB read snapshot; as MongoDB's cursorTimeoutMillis).
+    cursor_idle_ms: int = 600_000
     # Group commit: default (j=False) writes are synced within this interval.
     sync_interval_ms: int = 100
     # Autocommit writes queued together run as one LMDB transaction (each

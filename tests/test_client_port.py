@@ -611,3 +611,70 @@ def test_a_failure_after_a_group_commit_answers_that_write_and_keeps_the_writer(
     blocker.set()
     assert f.result(5)["inserted_ids"] == [3]
     c.close()
+
+
+def _hello(p):
+    s = raw(p)
+    s.sendall(frame({"id": 1, "op": "hello", "secret": SECRET}))
+    assert "ok" in read_frame(s)
+    return s
+
+
+def wait_for(cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def test_a_find_still_running_when_its_client_leaves_keeps_no_cursor(port):
+    """The find waits (read after a GTID not yet written) while its connection
+    closes; when it runs, its cursor is closed at once (it holds an LMDB
+    snapshot, and nobody can ask for more)."""
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    c.request({"op": "insert", "ns": "k.c", "docs": [{"_id": i} for i in range(50)]})
+    last, _ = svc.e.last()
+    s = _hello(p)
+    s.sendall(frame({"id": 2, "op": "find", "ns": "k.c", "batch": 1,
+                     "after": [last.term, last.seq + 1], "after_timeout_ms": 5000}))
+    time.sleep(0.2)
+    s.close()
+    wait_for(lambda: p.connections == 1)
+    c.request({"op": "insert", "ns": "k.c", "docs": [{"_id": 99}]})  # the find runs now
+    time.sleep(0.3)
+    assert svc.status()["open_cursors"] == 0
+    # a live client's cursors: open while it reads, forgotten when exhausted
+    out = c.request({"op": "find", "ns": "k.c", "batch": 20})
+    assert out["cursor"] and svc.status()["open_cursors"] == 1
+    while out["cursor"]:
+        cid = out["cursor"]
+        out = c.request({"op": "getMore", "cursor": cid, "batch": 20})
+    assert svc.status()["open_cursors"] == 0
+    c.close()
+
+
+def test_idle_cursors_expire(tmp_path):
+    lim = Limits(cursor_idle_ms=300, sync_interval_ms=20)
+    e = Engine(LMDBStore(str(tmp_path / "m"), map_bytes=1 << 30), lim)
+    svc = ShardService(e, lim)
+    p = ClientPort(svc, SECRET, "127.0.0.1", lim.frame_bytes_max, {"member": 0})
+    try:
+        c = Connection("127.0.0.1", p.port, SECRET)
+        c.request({"op": "insert", "ns": "i.c", "docs": [{"_id": i} for i in range(100)]})
+        idle = c.request({"op": "find", "ns": "i.c", "batch": 2})["cursor"]
+        busy = c.request({"op": "find", "ns": "i.c", "batch": 2})["cursor"]
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:  # one is used, the other left alone
+            assert len(c.request({"op": "getMore", "cursor": busy, "batch": 1})["docs"]) == 1
+            time.sleep(0.1)
+        c.request({"op": "find", "ns": "i.c", "batch": 2})  # a cursor opens: the sweep runs
+        with pytest.raises(errors.InvalidOperation, match="not found"):
+            c.request({"op": "getMore", "cursor": idle})
+        assert c.request({"op": "getMore", "cursor": busy, "batch": 1})["docs"]
+        assert svc.status()["open_cursors"] == 2
+        c.close()
+    finally:
+        p.close()
+        svc.close()
+        e.store.close()
