@@ -28,6 +28,7 @@ from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS, write_concern_proble
 
 _RECV_BYTES = 1 << 18  # one receive's buffer
 _RECV_SLICE = struct.pack("ll", 0, 50_000)  # a receive waits at most 50 ms (SO_RCVTIMEO)
+_CANCEL_SEND_S = 5.0  # a cancel frame after a failed part gets this long to go
 _READ_OPS = {"find", "getMore", "count", "listCollections", "listIndexes", "killCursors"}
 
 
@@ -71,10 +72,11 @@ class Connection:
             except OSError:
                 self._sock.close()
                 raise
-        # Sends block. A receive waits at most _RECV_SLICE_S (SO_RCVTIMEO), then
-        # its caller looks at its deadline: no poll before each receive.
+        # A receive or a send waits at most _RECV_SLICE (SO_RCVTIMEO,
+        # SO_SNDTIMEO), then its caller looks at its deadline: no poll first.
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _RECV_SLICE)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _RECV_SLICE)
         # A member that hung up: a send on a Unix socket fails at once (EPIPE),
         # so only TCP needs the check before sending into an idle connection.
         self._tcp = unix is None
@@ -98,7 +100,7 @@ class Connection:
             self.close()
             raise
 
-    def _send(self, req: dict, waiter, parts=None) -> int:
+    def _send(self, req: dict, waiter, parts=None, deadline: float | None = None) -> int:
         rid = next(self._ids)
         self._check_idle()
         with self._mu:
@@ -108,15 +110,15 @@ class Connection:
             self._pending[rid] = waiter
         try:
             if parts is not None:
-                req = self._send_parts(req, rid, parts)
-            self._send_frame(dict(req, id=rid))
+                req = self._send_parts(req, rid, parts, deadline)
+            self._send_frame(dict(req, id=rid), deadline)
         except BaseException:
             with self._mu:
                 self._pending.pop(rid, None)
             raise
         return rid
 
-    def _send_parts(self, req: dict, rid: int, parts: list) -> dict:
+    def _send_parts(self, req: dict, rid: int, parts: list, deadline: float | None) -> dict:
         """Send ``req`` in parts: each of ``parts`` is a function building the
         fields of one or more frames (a list of dicts), called when its turn
         comes. Every frame but the last goes now, marked ``more`` (the member
@@ -126,21 +128,27 @@ class Connection:
         try:
             for build in parts[:-1]:
                 for fields in build():
-                    self._send_frame(dict(req, **fields, id=rid, more=True))
+                    self._send_frame(dict(req, **fields, id=rid, more=True), deadline)
             *first, last = parts[-1]()
             for fields in first:
-                self._send_frame(dict(req, **fields, id=rid, more=True))
+                self._send_frame(dict(req, **fields, id=rid, more=True), deadline)
             return dict(req, **last)
         except errors.ConnectionLost:
             raise
         except BaseException:
             try:
-                self._send_frame(dict(req, packed=[], id=rid, cancel=True))
+                self._send_frame(dict(req, packed=[], id=rid, cancel=True),
+                                 time.monotonic() + _CANCEL_SEND_S)
             except errors.RaymxError:
                 pass  # the connection is gone, and with it what the member held
             raise
 
-    def _send_frame(self, obj: dict) -> None:
+    def _send_frame(self, obj: dict, deadline: float | None = None) -> None:
+        """Send one frame whole, by ``deadline`` (``time.monotonic()``; None:
+        no limit). Past it, ``TimeoutError`` if nothing of the frame went (the
+        connection stays usable); if part of it went, the connection is closed
+        (an incomplete frame is never executed) and ``ConnectionLost`` says the
+        request was not sent."""
         try:
             frame = codec.pack_frame(obj)
         except Exception as e:
@@ -149,14 +157,34 @@ class Connection:
             raise errors.DocumentTooLarge(
                 f"request of {len(frame)} bytes exceeds the frame limit of {self.frame_bytes_max}"
                 " (split it into smaller batches)")
+        lock = self._send_lock
+        if not lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+            raise TimeoutError(f"could not send to {self.addr} in time: other requests' frames "
+                               "held the connection; the request was not sent")
+        sent, view = 0, memoryview(frame)
         try:
-            with self._send_lock:
-                self._sock.sendall(frame)
+            while True:
+                try:
+                    sent += self._sock.send(view[sent:])
+                except BlockingIOError:  # the member reads nothing (SO_SNDTIMEO slice)
+                    pass
+                if sent == len(frame):
+                    return
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
         except OSError as e:
-            # an incomplete frame is never executed: the member did not get it
             self._fail(errors.ConnectionLost(f"connection to {self.addr} lost: {e}"))
             raise errors.ConnectionLost(f"connection to {self.addr} lost ({e}); the request "
                                         "was not sent", sent=False) from None
+        finally:
+            lock.release()
+        if not sent:
+            raise TimeoutError(f"{self.addr} took nothing of the request in time (it does not "
+                               "read); the request was not sent")
+        self._fail(errors.ConnectionLost(f"connection to {self.addr} closed: a send timed out"))
+        raise errors.ConnectionLost(f"{self.addr} took only {sent} of {len(frame)} bytes in "
+                                    "time; the connection is closed and the request was not "
+                                    "executed", sent=False)
 
     def _check_idle(self) -> None:
         """On an idle connection, notice a member that hung up (and drop answers
@@ -190,8 +218,8 @@ class Connection:
         """Send one request and wait for its answer (``TimeoutError`` after
         ``timeout_s``). ``parts``: see ``_send_parts``."""
         w = _Wait()
-        rid = self._send(req, w, parts)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        rid = self._send(req, w, parts, deadline)
         with self._mu:
             while w.msg is None and self._reading:
                 self._waiting += 1
@@ -231,12 +259,16 @@ class Connection:
         with self._mu:
             if self._reader is not None:
                 return
-            while self._reading:  # a caller is reading: it hands over when its answer is in
+            # a caller is reading: it hands over when its answer is in (or
+            # another submit started the reader while this one waited)
+            while self._reading and self._reader is None:
                 self._waiting += 1
                 try:
                     self._cv.wait()
                 finally:
                     self._waiting -= 1
+            if self._reader is not None:
+                return
             self._reading = True  # for good: the reader thread receives from now on
             where = self.addr if isinstance(self.addr, str) else "%s:%s" % self.addr
             self._reader = threading.Thread(target=self._read_loop, daemon=True,
@@ -244,8 +276,13 @@ class Connection:
         self._reader.start()
 
     def _read_loop(self):
-        while self._closed is None:
-            self._receive()
+        try:
+            while self._closed is None:
+                self._receive()
+        except BaseException as e:  # a bug: every waiter hears of it, none waits for good
+            self._fail(errors.ConnectionLost(f"connection to {self.addr}: the reader failed "
+                                             f"({type(e).__name__}: {e})", sent=True))
+            raise
 
     def _receive(self) -> None:
         """One ``recv`` (up to 256 KiB, into a buffer kept for it) and every
@@ -296,6 +333,8 @@ class Connection:
         if type(w) is _Wait:
             w.msg = msg
             return True
+        if not w.set_running_or_notify_cancel():
+            return False  # its caller cancelled it
         if "err" in msg:
             w.set_exception(errors.from_wire(msg["err"]))
         else:
@@ -312,7 +351,7 @@ class Connection:
                     w.msg = e
             self._cv.notify_all()
         for w in pending.values():
-            if type(w) is not _Wait and not w.done():
+            if type(w) is not _Wait and w.set_running_or_notify_cancel():
                 w.set_exception(e)
         try:
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes a receive blocked in another thread

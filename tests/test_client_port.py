@@ -678,3 +678,84 @@ def test_idle_cursors_expire(tmp_path):
         p.close()
         svc.close()
         e.store.close()
+
+
+def test_two_first_submits_while_a_caller_reads_both_return(port):
+    """Thread A reads the socket for its own answer; B and C make their first
+    submits meanwhile: one starts the reader thread, the other must not wait for
+    a hand-over that never comes."""
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    blocker = busy_writer(svc)
+    ta = threading.Thread(target=c.request, args=(
+        {"op": "insert", "ns": "s.c", "docs": [{"_id": "a"}]}, 20))
+    ta.start()
+    wait_for(lambda: c._reading)
+    futs = {}
+    subs = [threading.Thread(target=lambda k=k: futs.setdefault(k, c.submit(
+        {"op": "count", "ns": "s.c"})), daemon=True) for k in "BC"]
+    for t in subs:
+        t.start()
+    wait_for(lambda: c._waiting == 2)
+    blocker.set()
+    ta.join(5)
+    for t in subs:
+        t.join(5)
+        assert not t.is_alive(), "submit never returned"
+    assert all(futs[k].result(5)["value"] in (0, 1) for k in "BC")  # reads pass writes
+    c.close()
+
+
+def test_a_cancelled_future_leaves_the_connection_serving(port):
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    blocker = busy_writer(svc)
+    f1 = c.submit({"op": "insert", "ns": "x.c", "docs": [{"_id": 1}]})
+    f2 = c.submit({"op": "insert", "ns": "x.c", "docs": [{"_id": 2}]})
+    assert f1.cancel()  # the caller gave up; the write itself still runs
+    blocker.set()
+    assert f2.result(5)["inserted_ids"] == [2]
+    assert c.request({"op": "count", "ns": "x.c"}, timeout_s=5)["value"] == 2
+    assert c._reader.is_alive()
+    c.close()
+
+
+def test_a_request_deadline_holds_while_the_member_does_not_read():
+    """A member that answers hello and then never reads again (hung, cut off):
+    a request gives up at its deadline even while its frame cannot go, and
+    says whether anything was sent."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    held = []
+
+    def member():
+        s, _ = srv.accept()
+        held.append(s)
+        hello = read_frame(s)
+        s.sendall(frame({"id": hello["id"], "ok": {"member": 0}}))
+    t = threading.Thread(target=member, daemon=True)
+    t.start()
+    c = Connection("127.0.0.1", srv.getsockname()[1], SECRET, timeout_s=5)
+    big = [{"_id": i, "x": "y" * 1000} for i in range(20_000)]  # far more than socket buffers
+    t0 = time.monotonic()
+    with pytest.raises(errors.ConnectionLost) as ei:
+        c.request({"op": "insert", "ns": "a.b", "docs": big}, timeout_s=1.0)
+    assert time.monotonic() - t0 < 4
+    assert ei.value.info.get("sent") is False and c.closed
+    # nothing of a frame went: a TimeoutError and the connection stays
+    t = threading.Thread(target=member, daemon=True)
+    t.start()
+    c2 = Connection("127.0.0.1", srv.getsockname()[1], SECRET, timeout_s=5)
+    c2._send_lock.acquire()  # another thread's frame holds the connection
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="not sent"):
+            c2.request({"op": "count", "ns": "a.b"}, timeout_s=0.5)
+        assert time.monotonic() - t0 < 3 and not c2.closed and not c2._pending
+    finally:
+        c2._send_lock.release()
+    c2.close()
+    for s in held:
+        s.close()
+    srv.close()
