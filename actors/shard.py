@@ -574,8 +574,8 @@ class ShardService:
                     raise errors.TransactionTooLarge(
                         f"insert of {got.nbytes} bytes so far exceeds the transaction limit "
                         f"of {self.limits.transaction_bytes_max}")
-            except errors.RaymxError as e:
-                got = e  # answered when the last part comes; the parts between are dropped
+            except Exception as e:  # answered when the last part comes; the parts between are dropped
+                got = e if isinstance(e, errors.RaymxError) else self._write_error(e, req)
         if req.get("more"):
             conn.setdefault("inserts", {})[req.get("id")] = got
             return None

@@ -49,9 +49,15 @@ def unpack(b: bytes, what: str = "record", max_bytes: int | None = None):
 _SCALAR_SET = frozenset(_SCALARS) - {int}
 
 
-def check_value(v, path: str = "") -> None:
+NESTING_MAX = 100  # levels of maps and arrays in a document (as MongoDB's BSON)
+
+
+def check_value(v, path: str = "", depth: int = 0) -> None:
     """Raise InvalidDocument naming the first field msgpack must not carry."""
     t = type(v)
+    if (t is dict or t is list or t is tuple) and depth >= NESTING_MAX:
+        raise InvalidDocument(f"field {path or '<value>'}: nested deeper than {NESTING_MAX} "
+                              "levels of maps and arrays")
     if t is dict:
         for k, x in v.items():
             if type(k) is not str:
@@ -59,10 +65,10 @@ def check_value(v, path: str = "") -> None:
             tx = type(x)
             if tx in _SCALAR_SET or (tx is int and _I64_MIN <= x <= _U64_MAX):
                 continue  # the common flat case, without a call
-            check_value(x, f"{path}.{k}" if path else k)
+            check_value(x, f"{path}.{k}" if path else k, depth + 1)
     elif t is list or t is tuple:
         for i, x in enumerate(v):
-            check_value(x, f"{path}.{i}")
+            check_value(x, f"{path}.{i}", depth + 1)
     elif t is int:
         if not _I64_MIN <= v <= _U64_MAX:
             raise InvalidDocument(f"field {path or '<value>'}: integer {v} does not fit in 64 bits")
@@ -169,8 +175,12 @@ def unpack_documents(rows, max_bytes: int, first: int = 0) -> PackedDocuments:
     the error names the first bad document, counted from ``first``, and its
     field).
 
-    What passes is stored byte for byte: every reader decodes the same bytes
-    into the same document, which is the one checked and indexed here."""
+    What passes is stored byte for byte when it is this packer's own encoding
+    (what the driver sends); bytes that are valid msgpack but encoded another
+    way (a float32, an int or a string header wider than needed) are stored
+    re-encoded: the oplog's hash chain is checked over re-encoded ops, so every
+    stored op must be canonical. Every reader decodes the stored bytes into
+    the document checked and indexed here."""
     if type(rows) is not list or not _BYTES.issuperset(map(type, rows)):
         raise InvalidDocument("packed documents must be a list of msgpack binaries, "
                               "one per document")
@@ -198,6 +208,14 @@ def unpack_documents(rows, max_bytes: int, first: int = 0) -> PackedDocuments:
                 _check_document(d)
             except InvalidDocument as e:
                 raise InvalidDocument(f"document {i} of the batch: {e.msg}") from None
+    canon = list(map(_packer().pack, docs))
+    if canon != rows:  # not this packer's encoding (another client's): stored canonical
+        big = next((i for i, b in enumerate(canon) if len(b) > max_bytes), None)
+        if big is not None:
+            raise DocumentTooLarge(f"document {first + big} of the batch is {len(canon[big])} "
+                                   f"bytes encoded, over the limit of {max_bytes}",
+                                   size=len(canon[big]), limit=max_bytes)
+        rows = canon
     return PackedDocuments(docs, rows)
 
 

@@ -759,3 +759,32 @@ def test_a_request_deadline_holds_while_the_member_does_not_read():
     for s in held:
         s.close()
     srv.close()
+
+
+def test_documents_encoded_another_way_are_stored_canonical_and_the_chain_holds(port):
+    """Valid msgpack that is not this packer's encoding (another client's: a
+    float32, a wide int, a str16 header on a short string) is stored
+    re-encoded: the oplog's hash chain, checked over re-encoded ops by
+    secondaries and verify_oplog, holds."""
+    from raymx.actors.replication import check_batch
+    from raymx.storage.gtid import ZERO
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    odd = [msgpack.packb({"_id": 1, "x": 0.5}, use_single_float=True),
+           b"\x82\xa3_id\x02\xa1n\xcf" + struct.pack(">Q", 7),     # uint64 for a 7
+           b"\x82\xa3_id\x03\xa1s\xda\x00\x02hi",                 # str16 for "hi"
+           b"\x81\xd9\x03_id\x04"]                                 # str8 key
+    deep = {"v": 1}
+    for _ in range(150):
+        deep = {"d": deep}
+    r = c.request({"op": "insert", "ns": "n.c", "packed": odd})
+    assert r["inserted_ids"] == [1, 2, 3, 4]
+    assert svc.e.find("n.c", {}) == [{"_id": 1, "x": 0.5}, {"_id": 2, "n": 7},
+                                      {"_id": 3, "s": "hi"}, {"_id": 4}]
+    assert svc.e.verify_oplog() == r["gtid"][1]
+    with svc.e.store.read() as t:
+        rows = [(k, v, []) for k, v in t.scan("oplog")]
+    assert len(check_batch(ZERO, 0, rows, svc.limits)) == len(rows)  # a secondary takes them
+    with pytest.raises(errors.InvalidDocument, match="nested deeper than 100"):
+        c.request({"op": "insert", "ns": "n.c", "packed": [msgpack.packb({"_id": 5, **deep})]})
+    c.close()
