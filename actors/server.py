@@ -182,6 +182,13 @@ def _remove_dead_sockets(d: str) -> None:
             s.close()
 
 
+# Before its hello, a connection may send frames of at most HELLO_BYTES_MAX and
+# must send the hello within HELLO_TIMEOUT_S: without the secret, nobody makes
+# the member hold large buffers or idle connections.
+HELLO_BYTES_MAX = 4096
+HELLO_TIMEOUT_S = 10.0
+
+
 class _Conn(asyncio.Protocol):
     """One client connection: frames in, answers out (matched by ``id``)."""
 
@@ -192,14 +199,22 @@ class _Conn(asyncio.Protocol):
         self.state: dict = {}  # per-connection state of the handler (cursors, sessions)
         self.transport = None
         self.closing = False
+        self.hello_timer = None
 
     def connection_made(self, transport):
         self.transport = transport
         self.port._conns.add(self)
         self.port.connections += 1
+        self.hello_timer = asyncio.get_running_loop().call_later(HELLO_TIMEOUT_S, self.no_hello)
+
+    def no_hello(self):
+        if not self.authed and not self.closing:
+            self.send_and_close({"id": None, "err": errors.AuthenticationFailed(
+                f"no hello within {HELLO_TIMEOUT_S:g} s").to_wire()})
 
     def connection_lost(self, exc):
         self.closing = True
+        self.hello_timer.cancel()
         if self in self.port._conns:
             self.port._conns.discard(self)
             self.port.connections -= 1
@@ -241,10 +256,10 @@ class _Conn(asyncio.Protocol):
         buf += data
         pos = 0
         n_buf = len(buf)
-        fmax = self.port.frame_bytes_max
         try:
             while n_buf - pos >= codec.FRAME_HEADER_BYTES:
-                n = codec.frame_length(bytes(buf[pos:pos + 4]), fmax)
+                n = codec.frame_length(bytes(buf[pos:pos + 4]), self.port.frame_bytes_max
+                                       if self.authed else HELLO_BYTES_MAX)
                 if n_buf - pos - 4 < n:
                     break
                 req = codec.unpack_frame(bytes(buf[pos + 4:pos + 4 + n]))
@@ -267,6 +282,7 @@ class _Conn(asyncio.Protocol):
                 return self.send_and_close({"id": rid, "err": errors.AuthenticationFailed(
                     "the first frame must be hello with this replica set's secret").to_wire()})
             self.authed = True
+            self.hello_timer.cancel()
             return self.write(codec.pack_frame({"id": rid, "ok": dict(self.port.info)}))
         if not isinstance(req.get("op"), str):
             return self.send_and_close({"id": rid, "err": errors.ProtocolError(

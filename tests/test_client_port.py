@@ -788,3 +788,26 @@ def test_documents_encoded_another_way_are_stored_canonical_and_the_chain_holds(
     with pytest.raises(errors.InvalidDocument, match="nested deeper than 100"):
         c.request({"op": "insert", "ns": "n.c", "packed": [msgpack.packb({"_id": 5, **deep})]})
     c.close()
+
+
+def test_without_a_hello_a_connection_is_kept_small_and_short(port, monkeypatch):
+    """Before its hello, a frame over HELLO_BYTES_MAX is refused at its header
+    (nothing buffered for it), and a connection that sends no hello in time is
+    closed."""
+    from raymx.actors import server
+    p, _ = port
+    s = raw(p)
+    s.sendall(struct.pack(">I", 1 << 20) + b"x" * 1000)
+    r = read_frame(s)
+    assert r["err"]["err"] == "ProtocolError" and "limit 4096" in r["err"]["msg"]
+    assert closed(s)
+    monkeypatch.setattr(server, "HELLO_TIMEOUT_S", 0.3)
+    s = raw(p)
+    t0 = time.monotonic()
+    r = read_frame(s)
+    assert r["err"]["err"] == "AuthenticationFailed" and "no hello" in r["err"]["msg"]
+    assert closed(s) and time.monotonic() - t0 < 3
+    c = Connection("127.0.0.1", p.port, SECRET)  # a hello in time, then large frames are fine
+    time.sleep(0.5)
+    assert c.request({"op": "insert", "ns": "h.c", "docs": [{"_id": 1, "x": "y" * 100_000}]})
+    c.close()
