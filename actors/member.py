@@ -274,9 +274,7 @@ class OplogShard:
             self.service.become_primary(term)
             self.role = "primary"
             self.following = None
-            last, _ = self.engine.last()
-            self.engine.sync()
-            self.service.group.durable = last if last != ZERO else None
+            last, _ = self.engine.last()  # synced by become_primary
             self._on_durable(last)
             log.info("member %s/%d is primary in term %d at %s", self.rs_name,
                      self.member_id, term, last)

@@ -141,17 +141,37 @@ class GroupCommit:
             elif self.eager and wake:
                 self._cond.notify()
 
+    def reset(self, last: GTID | None) -> None:
+        """Everything up to ``last`` is committed and durable (a store just
+        opened and synced, a member becoming primary)."""
+        with self._cond:
+            self.committed = self.durable = last
+
+    def when_durable(self, g: GTID, cb: Callable[[], None]) -> bool:
+        """``cb`` once a flush covers ``g``: now if one did; else it waits (the
+        caller flushes, ``sync_now``) and this returns True."""
+        with self._cond:
+            if self.durable is None or g > self.durable:
+                self._waiters.append((g, cb))
+                return True
+        cb()
+        return False
+
+    def _behind(self) -> bool:
+        """Something is committed that no finished sync covers (lock held)."""
+        return self.committed is not None and (self.durable is None
+                                               or self.committed > self.durable)
+
     def _run(self):
         while True:
             with self._cond:
-                if not self._waiters and not self._stop and not (
-                        self.eager and self.committed != self.durable):
+                if not self._waiters and not self._stop and not (self.eager and self._behind()):
                     self._cond.wait(self._interval)
-                if self._stop and not self._waiters and self.committed == self.durable:
+                if self._stop and not self._waiters and not self._behind():
                     return
-                target = self.committed
-                if target is None or target == self.durable:
+                if not self._behind():
                     continue
+                target = self.committed
             if not self._sync(target):
                 time.sleep(self._interval)
 
@@ -357,7 +377,7 @@ class ShardService:
         self.gm = GTIDManager(engine.term, last.seq + 1, lock=threading.Lock())
         self.group = GroupCommit(engine, self.gm, limits.sync_interval_ms,
                                  self._durable_hook(on_durable))
-        self.group.committed = self.group.durable = last if last.seq else None
+        self.group.reset(last if last.seq else None)
         self.group.eager = len(self.votes) > 1
         self._q: queue.Queue = queue.Queue()
         # the writer: its thread, or the port's thread for small writes (_drain)
@@ -368,6 +388,7 @@ class ShardService:
         self._ids = itertools.count(1)
         self._cursors: dict[int, _Cursor] = {}
         self._cursors_lock = threading.Lock()
+        self._unwritten: list[GTID] = []  # taken GTIDs whose n entry waits (_write_noop)
         self._cursors_swept = time.monotonic()
         self.readers = ThreadPoolExecutor(4, thread_name_prefix="raymx-reader")
         self.commits = 0
@@ -496,6 +517,8 @@ class ShardService:
         last, _ = self.e.last()
         self.gm = GTIDManager(term, last.seq + 1, lock=threading.Lock())
         self.group._gm = self.gm
+        self.e.sync()  # what this member wrote as a secondary: durable before any write
+        self.group.reset(last if last.seq else None)
         self.wc.reset()
         self.heard_ms = {m: int(time.time() * 1000) for m in self.votes}  # grace period
         self.primary = True
@@ -663,6 +686,8 @@ class ShardService:
 
     def _run_items(self, items: list) -> None:
         """Run writer items (with ``_wlock`` held): writes, one session, or a call."""
+        if self._unwritten and not self._settle_unwritten(items):
+            return
         if len(items) > 1:
             return self._write_group(items)
         kind, sess, req, reply = items[0]
@@ -686,6 +711,42 @@ class ShardService:
         except Exception as e:
             reply(err=self._write_error(e, req))
 
+    def _write_noop(self, g: GTID) -> None:
+        """``g`` was taken by a commit that failed: an ``n`` entry keeps seqs
+        dense. If that cannot be written either (the disk failed), ``g`` stays
+        live (nothing past it becomes replicatable) and is written before the
+        next write takes a GTID (``_settle_unwritten``)."""
+        if not self._unwritten:
+            try:
+                self.e.write_noop(g)
+                self.gm.done(g)
+                return
+            except Exception:
+                log.exception("the n entry of %s could not be written; it is written "
+                              "before the next write", g)
+        self._unwritten.append(g)
+
+    def _settle_unwritten(self, items: list) -> bool:
+        """Write the held ``n`` entries (in order, before anything else takes a
+        GTID). False if the oplog still cannot be written: then ``items`` are
+        answered with that error, nothing of them written."""
+        try:
+            while self._unwritten:
+                self.e.write_noop(self._unwritten[0])
+                self.gm.done(self._unwritten.pop(0))
+            return True
+        except Exception as e:
+            err = errors.RaymxError(f"the oplog cannot be written ({type(e).__name__}: {e}); "
+                                    "nothing was written")
+        for kind, sess, req, reply in items:
+            if kind == "call":
+                reply.set_exception(err)
+            else:
+                reply(err=err)
+                if kind == "session":
+                    sess.end()
+        return False
+
     @staticmethod
     def _write_error(e: Exception, req: dict) -> errors.RaymxError:
         if isinstance(e, errors.RaymxError):
@@ -704,21 +765,20 @@ class ShardService:
     def _commit(self, tx: Transaction, res, req: dict, reply: Reply) -> None:
         if tx.nops == 0:
             tx.commit()
-            return reply(ok=result_out(res))
+            if self._answer_unchanged(res, req, reply):
+                self.group.sync_now()
+            return
         err = self._deposed()
         if err is not None:
             tx.abort()
             return reply(err=err)
         g = self.gm.allocate()
         try:
-            try:
-                tx.commit(g)
-            except Exception:
-                # the GTID is taken: write an n entry so seqs stay dense
-                self.e.write_noop(g)
-                raise
-        finally:
-            self.gm.done(g)
+            tx.commit(g)
+        except BaseException:
+            self._write_noop(g)  # the GTID is taken: an n entry keeps seqs dense
+            raise
+        self.gm.done(g)
         if self._acknowledge(g, res, req, reply):
             self.group.sync_now()
 
@@ -758,19 +818,14 @@ class ShardService:
             grp.commit()
         except BaseException as e:
             grp.abort()
-            taken = [g for g, *_ in sealed if g is not None]
-            try:
-                for g in taken:
-                    self.e.write_noop(g)
-            finally:
-                for g in taken:
-                    self.gm.done(g)
-                if isinstance(e, Exception):
-                    err = self._write_error(e, {"op": "write group"})
-                    for _, _, _, reply in sealed:
-                        reply(err=err)
+            for g, *_ in sealed:
+                if g is not None:
+                    self._write_noop(g)
             if not isinstance(e, Exception):
                 raise
+            err = self._write_error(e, {"op": "write group"})
+            for _, _, _, reply in sealed:
+                reply(err=err)
             return
         for g, *_ in sealed:
             if g is not None:
@@ -781,7 +836,7 @@ class ShardService:
             if isinstance(res, Exception):
                 reply(err=res)
             elif g is None:
-                reply(ok=result_out(res))
+                flush |= self._answer_unchanged(res, req, reply)
             else:
                 try:
                     flush |= self._acknowledge(g, res, req, reply)
@@ -789,6 +844,21 @@ class ShardService:
                     reply(err=self._write_error(e, req))
         if flush:
             self.group.sync_now()
+
+    def _answer_unchanged(self, res, req: dict, reply: Reply) -> bool:
+        """A write that changed nothing (no GTID): with ``j`` or ``w`` > 1 it is
+        answered once what it saw, the last commit, is as durable as asked
+        (as MongoDB waits for the last optime). True if the caller flushes."""
+        out = result_out(res)
+        last, w = self.group.committed, req.get("w", 1)
+        if last is None or (w in (0, 1, None) and not req.get("j")):
+            reply(ok=out)
+            return False
+        if w not in (0, 1, None):
+            self.wc.wait(last, w, req.get("wtimeout_ms"), lambda: reply(ok=out),
+                         lambda e: reply(err=e))
+            return True
+        return self.group.when_durable(last, lambda: reply(ok=out))
 
     def _acknowledge(self, g: GTID, res, req: dict, reply: Reply) -> bool:
         """A write committed at ``g``: answer now, or once its write concern holds.

@@ -1,0 +1,161 @@
+"""The shard service's write path without Ray or sockets: real LMDB, injected
+disk failures, a member taking over as primary."""
+import threading
+import time
+
+import lmdb
+import pytest
+
+from raymx.actors.shard import ShardService
+from raymx.storage import lmdb_store
+from raymx.storage.engine import Engine
+from raymx.storage.gtid import GTID
+from raymx.storage.limits import Limits
+from raymx.storage.lmdb_store import LMDBStore
+
+
+@pytest.fixture
+def member(tmp_path):
+    made = []
+
+    def make(**kw):
+        lim = Limits(sync_interval_ms=kw.pop("sync_interval_ms", 20))
+        e = Engine(LMDBStore(str(tmp_path / f"m{len(made)}"), map_bytes=1 << 28), lim)
+        svc = ShardService(e, lim, **kw)
+        made.append((svc, e))
+        return svc, e
+    yield make
+    for svc, e in made:
+        svc.close()
+        e.store.close()
+
+
+def ask(svc, req, timeout=10):
+    """One request through handle(); the answer with the durable point when it came."""
+    ev, out = threading.Event(), {}
+
+    def reply(ok=None, err=None):
+        out.update(ok=ok, err=err, durable=svc.group.durable)
+        ev.set()
+    svc.handle(req, reply, {})
+    assert ev.wait(timeout), f"no answer to {req}"
+    return out
+
+
+def busy_writer(svc):
+    blocker, inside = threading.Event(), threading.Event()
+    svc.on_writer(lambda: (inside.set(), blocker.wait()))
+    assert inside.wait(5)
+    return blocker
+
+
+@pytest.fixture
+def failing_disk(monkeypatch):
+    """The next ``n`` top-level write commits fail as a full disk would."""
+    left = {"n": 0}
+    real = lmdb_store._Txn.commit
+
+    def commit(self):
+        if self._parent is None and self._write and left["n"] > 0:
+            left["n"] -= 1
+            self._t.abort()
+            raise lmdb.DiskError("injected: no space left on device")
+        return real(self)
+    monkeypatch.setattr(lmdb_store._Txn, "commit", commit)
+    return left
+
+
+def test_a_failed_commit_whose_n_entry_fails_too_is_written_before_the_next_write(
+        member, failing_disk):
+    """The GTID a failed commit took stays live (nothing past it becomes
+    replicatable) until its n entry is written; while the disk fails, later
+    writes are refused whole; once it works, the oplog is dense again."""
+    svc, e = member()
+    assert ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 1}]})["ok"]
+    failing_disk["n"] = 3  # the commit, its n entry, and the next write's first try
+    r = ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 2}]})
+    assert "no space" in str(r["err"])
+    r = ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 3}]})
+    assert "oplog cannot be written" in str(r["err"]) and "nothing was written" in str(r["err"])
+    svc.group.sync_now()
+    assert svc.gm.replicatable() <= GTID(0, 2)  # never past the unwritten 0:2
+    r = ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 4}]})  # the disk works again
+    assert r["ok"]["gtid"] == [0, 3]
+    assert e.verify_oplog() == 3
+    assert [op["op"] for g, ent in e.read_oplog() for op in ent["ops"]] == ["c", "i", "n", "i"]
+    assert e.find("a.b", {}) == [{"_id": 1}, {"_id": 4}]
+
+
+def test_a_failed_group_commit_with_a_failed_n_entry_keeps_the_writer(member, failing_disk):
+    svc, e = member()
+    assert ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 1}]})["ok"]
+    blocker = busy_writer(svc)
+    outs, evs = [], []
+    for k in (2, 3):  # queued together: one group, one commit
+        ev, out = threading.Event(), {}
+        svc.handle({"op": "insert", "ns": "a.b", "docs": [{"_id": k}]},
+                   lambda ok=None, err=None, out=out, ev=ev: (out.update(ok=ok, err=err),
+                                                              ev.set()), {})
+        outs.append(out)
+        evs.append(ev)
+    failing_disk["n"] = 2  # the group's commit and the first n entry
+    blocker.set()
+    assert all(ev.wait(5) for ev in evs) and all(o["err"] for o in outs)
+    assert svc._writer.is_alive()
+    blocker = busy_writer(svc)  # the writer thread still runs writes, after the n entries
+    ev, out = threading.Event(), {}
+    svc.handle({"op": "insert", "ns": "a.b", "docs": [{"_id": 4}]},
+               lambda ok=None, err=None: (out.update(ok=ok, err=err), ev.set()), {})
+    blocker.set()
+    assert ev.wait(5) and out["ok"]["gtid"] == [0, 4]
+    assert e.verify_oplog() == 4
+
+
+def test_an_unchanging_durable_write_waits_for_what_it_saw(member):
+    """An update that changes nothing, with j=True, is answered once the last
+    commit (which it may have read) is durable, as MongoDB waits for the last
+    optime; nothing committed: answered at once."""
+    svc, e = member(sync_interval_ms=60_000)
+    r = ask(svc, {"op": "update", "ns": "a.b", "filter": {"_id": 1}, "update": {"$set": {"x": 1}},
+                  "j": True})
+    assert r["ok"]["matched"] == 0
+    a = ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 1, "x": 1}]})
+    assert a["durable"] is None or a["durable"] < GTID(*a["ok"]["gtid"])
+    b = ask(svc, {"op": "update", "ns": "a.b", "filter": {"_id": 1}, "update": {"$set": {"x": 1}},
+                  "j": True})
+    assert b["ok"]["modified"] == 0 and b["ok"]["gtid"] is None
+    assert b["durable"] >= GTID(*a["ok"]["gtid"])
+    blocker = busy_writer(svc)  # the same inside a write group
+    ask_async = []
+    for req in ({"op": "insert", "ns": "a.b", "docs": [{"_id": 2}]},
+                {"op": "update", "ns": "a.b", "filter": {"_id": 1}, "update": {"$set": {"x": 1}},
+                 "j": True}):
+        ev, out = threading.Event(), {}
+        svc.handle(req, lambda ok=None, err=None, out=out, ev=ev: (
+            out.update(ok=ok, err=err, durable=svc.group.durable), ev.set()), {})
+        ask_async.append((ev, out))
+    blocker.set()
+    (ev1, ins), (ev2, upd) = ask_async
+    assert ev1.wait(5) and ev2.wait(5)
+    assert upd["ok"]["modified"] == 0 and upd["durable"] >= GTID(*ins["ok"]["gtid"])
+
+
+def test_a_member_becoming_primary_syncs_only_when_something_is_new(member):
+    """A secondary that wrote entries (as its producer does) becomes primary:
+    its syncer then rests while nothing is committed, and it closes at once."""
+    svc, e = member(primary=False, votes={0: 1, 1: 1, 2: 1}, sync_interval_ms=100)
+    for i in range(5):
+        e.insert_many("a.b", [{"_id": i}])
+    e.set_term(1)
+    svc.become_primary(1)
+    assert svc.group.durable == svc.group.committed == e.last()[0]
+    syncs = svc.group.syncs
+    t0 = time.process_time()
+    time.sleep(0.5)
+    assert svc.group.syncs == syncs
+    assert time.process_time() - t0 < 0.25  # the syncer waits, it does not spin
+    r = ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": "new"}], "j": True})
+    assert r["ok"]["gtid"] == [1, 6] and r["durable"] >= GTID(1, 6)
+    t0 = time.monotonic()
+    svc.close()
+    assert time.monotonic() - t0 < 2 and not svc.group._t.is_alive()
