@@ -316,8 +316,9 @@ class WriteConcernWaiters:
 class _Session:
     """An interactive transaction: its statements run on the writer thread."""
 
-    def __init__(self, sid: int):
+    def __init__(self, sid: int, rid=None):
         self.id = sid
+        self.rid = rid  # the id of the txnBegin request (see _cancel_begin)
         self.q: queue.Queue = queue.Queue()
         self.closed = False
         self.lock = threading.Lock()
@@ -546,6 +547,8 @@ class ShardService:
             if req is None:
                 return
         if op in WRITE_OPS or op in TXN_OPS or "txn" in req:
+            if op == "txnBegin" and req.get("cancel"):  # its caller gave up waiting
+                return self._cancel_begin(req.get("id"), conn)
             problem = write_concern_problem(req.get("w"), req.get("j"), req.get("wtimeout_ms"))
             if problem is not None:
                 return reply(err=errors.InvalidOperation(f"{op}: {problem}; nothing was written"))
@@ -558,8 +561,11 @@ class ShardService:
                 return reply(err=errors.NotPrimary(
                     f"member {self.member_id} cannot reach a majority", member=self.member_id))
             if op == "txnBegin":
-                s = _Session(next(self._ids))
-                conn.setdefault("sessions", {})[s.id] = s
+                s = _Session(next(self._ids), req.get("id"))
+                sessions = conn.setdefault("sessions", {})
+                for old in [x for x in sessions.values() if x.closed]:  # timed out
+                    del sessions[old.id]
+                sessions[s.id] = s
                 self._to_writer(("session", s, req, reply))
             elif "txn" in req:
                 s = conn.get("sessions", {}).get(req["txn"])
@@ -577,6 +583,17 @@ class ShardService:
             self.watchers.submit(self._watch, req, reply)
         else:
             reply(err=errors.InvalidOperation(f"unknown operation {op!r}"))
+
+    @staticmethod
+    def _cancel_begin(rid, conn: dict) -> None:
+        """The ``txnBegin`` request ``rid`` of this connection timed out at its
+        caller, who will never learn the transaction's id: abort it (at once
+        if it is still queued behind another transaction). Not answered."""
+        sessions = conn.get("sessions", {})
+        s = next((x for x in sessions.values() if x.rid == rid), None)
+        if s is not None:
+            del sessions[s.id]
+            s.submit({"op": "txnAbort"}, lambda **kw: None)
 
     def _receive_insert(self, req: dict, reply: Reply, conn: dict) -> dict | None:
         """Decode an insert's documents as they arrive. A large insert comes in

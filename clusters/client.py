@@ -45,6 +45,14 @@ class _Wait:
         self.msg = None  # the answer frame, or the exception that ended the connection
 
 
+class RequestTimeout(TimeoutError):
+    """No answer in time; ``request_id`` names the request (to cancel it)."""
+
+    def __init__(self, msg: str, request_id: int):
+        super().__init__(msg)
+        self.request_id = request_id
+
+
 class Connection:
     """One connection to a member (TCP, or ``unix``: a socket path), shared by
     threads and pipelined.
@@ -186,6 +194,15 @@ class Connection:
                                     "time; the connection is closed and the request was not "
                                     "executed", sent=False)
 
+    def cancel(self, rid: int, op: str) -> None:
+        """Tell the member to drop request ``rid`` (its caller gave up): a
+        ``cancel`` frame, best effort (a closed connection drops it anyway)."""
+        try:
+            self._send_frame({"id": rid, "op": op, "cancel": True},
+                             time.monotonic() + _CANCEL_SEND_S)
+        except (errors.RaymxError, TimeoutError):
+            pass
+
     def _check_idle(self) -> None:
         """On an idle connection, notice a member that hung up (and drop answers
         to requests that timed out) before sending into it: a request sent into
@@ -229,7 +246,7 @@ class Connection:
                     elif not self._cv.wait(max(0.0, deadline - time.monotonic())) and \
                             w.msg is None and time.monotonic() >= deadline:
                         self._pending.pop(rid, None)
-                        raise TimeoutError(f"no answer from {self.addr} in {timeout_s} s")
+                        raise RequestTimeout(f"no answer from {self.addr} in {timeout_s} s", rid)
                 finally:
                     self._waiting -= 1
             lead = w.msg is None
@@ -241,7 +258,7 @@ class Connection:
                     if deadline is not None and time.monotonic() >= deadline:
                         with self._mu:
                             self._pending.pop(rid, None)
-                        raise TimeoutError(f"no answer from {self.addr} in {timeout_s} s")
+                        raise RequestTimeout(f"no answer from {self.addr} in {timeout_s} s", rid)
                     self._receive()
             finally:
                 with self._mu:
@@ -974,7 +991,11 @@ class ClientTransaction:
 
     def __enter__(self):
         self._conn = self.client._primary_conn()
-        self._id = self._conn.request({"op": "txnBegin"}, self.client.timeout_s)["txn"]
+        try:
+            self._id = self._conn.request({"op": "txnBegin"}, self.client.timeout_s)["txn"]
+        except RequestTimeout as e:  # the member may open it later: it must abort that one
+            self._conn.cancel(e.request_id, "txnBegin")
+            raise
         return self
 
     def _call(self, req: dict, parts=None):

@@ -811,3 +811,37 @@ def test_without_a_hello_a_connection_is_kept_small_and_short(port, monkeypatch)
     time.sleep(0.5)
     assert c.request({"op": "insert", "ns": "h.c", "docs": [{"_id": 1, "x": "y" * 100_000}]})
     c.close()
+
+
+def test_a_transaction_begin_that_timed_out_is_aborted_not_left_holding_the_writer(tmp_path):
+    """c2's txnBegin waits behind c1's transaction and times out at c2: the
+    driver cancels it, so when c1 commits the member aborts that transaction
+    at once instead of holding the writer for its whole lifetime."""
+    from raymx.client import Client
+    lim = Limits(transaction_lifetime_ms=20_000, sync_interval_ms=20)
+    e = Engine(LMDBStore(str(tmp_path / "m"), map_bytes=1 << 30), lim)
+    svc = ShardService(e, lim)
+    p = ClientPort(svc, SECRET, "127.0.0.1", lim.frame_bytes_max, {"member": 0})
+    topo = {"secret": SECRET, "members": [{"id": 0, "host": "127.0.0.1", "port": p.port,
+                                           "role": "primary"}]}
+    c1, c2 = Client(lambda: topo, timeout_s=10), Client(lambda: topo, timeout_s=0.5)
+    try:
+        tx1 = c1.transaction().__enter__()
+        tx1["a"]["b"].insert_one({"_id": "t1"})
+        with pytest.raises(TimeoutError):
+            with c2.transaction() as tx2:
+                tx2["a"]["b"].insert_one({"_id": "t2"})
+        tx1.commit()
+        t0 = time.monotonic()
+        c1["a"]["b"].insert_one({"_id": "after"})
+        assert time.monotonic() - t0 < 3  # not the 20 s lifetime of an orphan
+        assert [d["_id"] for d in c1["a"]["b"].find()] == ["after", "t1"]
+        with c2.transaction() as tx2:  # c2's connection serves transactions as before
+            tx2["a"]["b"].insert_one({"_id": "t2"})
+        assert c1["a"]["b"].count_documents({}) == 3
+    finally:
+        c1.close()
+        c2.close()
+        p.close()
+        svc.close()
+        e.store.close()
