@@ -312,7 +312,8 @@ class Connection:
                 return
             if not got:
                 raise ConnectionError("closed by the member")
-            if self._buf:  # a frame started in an earlier receive
+            joined = bool(self._buf)
+            if joined:  # a frame started in an earlier receive
                 self._buf += self._rbuf[:got]
                 data = memoryview(self._buf)
             else:
@@ -326,8 +327,11 @@ class Connection:
                     msg = codec.unpack_frame(data[pos + 4:pos + 4 + n])
                     pos += 4 + n
                     woke |= self._dispatch(msg)
-                rest = data[pos:end].tobytes() if pos < end else b""
-            self._buf[:] = rest
+                rest = None if joined else data[pos:end].tobytes()
+            if joined:  # what is left stays in place: a large answer is not copied per receive
+                del self._buf[:pos]
+            elif rest:
+                self._buf += rest
             if woke and self._waiting:
                 with self._mu:
                     self._cv.notify_all()
