@@ -191,7 +191,7 @@ def check_batch(last: GTID, last_h: int, rows: list, limits: Limits) -> list[Che
                     oplog.check_op(op, f"{where} op {j}")
         except errors.CorruptEntry as ce:
             raise errors.BatchRefused(f"refused: {ce}", gtid=list(g)) from None
-        h = oplog.chain_hash(prev_h, g, oplog.digest_of(ops))
+        h = oplog.chain_hash(prev_h, g, oplog.stored_digest(v, [] if "ops" in e else chunks))
         if h != e["h"]:
             raise errors.BatchRefused(f"{where}: hash chain broken (expected {h:016x}, "
                                       f"entry says {e['h']:016x})", gtid=list(g))

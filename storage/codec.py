@@ -175,12 +175,11 @@ def unpack_documents(rows, max_bytes: int, first: int = 0) -> PackedDocuments:
     the error names the first bad document, counted from ``first``, and its
     field).
 
-    What passes is stored byte for byte when it is this packer's own encoding
-    (what the driver sends); bytes that are valid msgpack but encoded another
-    way (a float32, an int or a string header wider than needed) are stored
-    re-encoded: the oplog's hash chain is checked over re-encoded ops, so every
-    stored op must be canonical. Every reader decodes the stored bytes into
-    the document checked and indexed here."""
+    What passes is stored byte for byte, also when it is valid msgpack encoded
+    another way than this packer would (a float32, an int or a string header
+    wider than needed): the oplog's hash chain covers the stored bytes
+    (``oplog.stored_digest``). Every reader decodes them into the document
+    checked and indexed here."""
     if type(rows) is not list or not _BYTES.issuperset(map(type, rows)):
         raise InvalidDocument("packed documents must be a list of msgpack binaries, "
                               "one per document")
@@ -208,14 +207,6 @@ def unpack_documents(rows, max_bytes: int, first: int = 0) -> PackedDocuments:
                 _check_document(d)
             except InvalidDocument as e:
                 raise InvalidDocument(f"document {i} of the batch: {e.msg}") from None
-    canon = list(map(_packer().pack, docs))
-    if canon != rows:  # not this packer's encoding (another client's): stored canonical
-        big = next((i for i, b in enumerate(canon) if len(b) > max_bytes), None)
-        if big is not None:
-            raise DocumentTooLarge(f"document {first + big} of the batch is {len(canon[big])} "
-                                   f"bytes encoded, over the limit of {max_bytes}",
-                                   size=len(canon[big]), limit=max_bytes)
-        rows = canon
     return PackedDocuments(docs, rows)
 
 
@@ -281,6 +272,27 @@ def insert_op_prefix(ns: str) -> bytes:
     """``pack_image_op("i", ns, None, b) == insert_op_prefix(ns) + b``: the part
     every insert op into ``ns`` shares, packed once."""
     return map_header(3) + _K_OP + _OPS["i"] + _K_NS + pack(ns) + _K_POST
+
+
+def map_array_slices(blob: bytes, key: str) -> list[bytes]:
+    """The packed elements of the array under ``key`` in the msgpack map
+    ``blob``, each as its own bytes (sliced, never re-encoded); [] if the map
+    has no such key."""
+    up = msgpack.Unpacker(max_buffer_size=max(1, len(blob)))
+    up.feed(blob)
+    for _ in range(up.read_map_header()):
+        if up.unpack() != key:
+            up.skip()
+            continue
+        out, pos = [], None
+        for _ in range(up.read_array_header()):
+            pos = up.tell() if pos is None else pos
+            up.skip()
+            end = up.tell()
+            out.append(blob[pos:end])
+            pos = end
+        return out
+    return []
 
 
 def split_array(blob: bytes) -> list[bytes]:

@@ -1218,15 +1218,20 @@ class Engine:
         """
         prev = None
         n = 0
-        for g, e in self.read_oplog():
-            if prev is not None:
-                pg, ph = prev
-                if g.seq != pg.seq + 1 or g < pg:
-                    raise errors.CorruptEntry(f"oplog gap between {pg} and {g}")
-                if oplog.chain_hash(ph, g, oplog.digest_of(e["ops"])) != e["h"]:
-                    raise errors.CorruptEntry(f"hash chain broken at {g}")
-            prev = (g, e["h"])
-            n += 1
+        with self.store.read() as t:
+            for k, v in t.scan("oplog"):
+                g, e = GTID.from_bytes(k), codec.unpack(v, "oplog entry")
+                if prev is not None:
+                    pg, ph = prev
+                    if g.seq != pg.seq + 1 or g < pg:
+                        raise errors.CorruptEntry(f"oplog gap between {pg} and {g}")
+                    chunks = entry_chunks(t, v)
+                    if None in chunks:
+                        raise errors.CorruptEntry(f"a spilled chunk of {g} is missing")
+                    if oplog.chain_hash(ph, g, oplog.stored_digest(v, chunks)) != e["h"]:
+                        raise errors.CorruptEntry(f"hash chain broken at {g}")
+                prev = (g, e["h"])
+                n += 1
         return n
 
     # convenience wrappers: one statement, one transaction

@@ -62,9 +62,24 @@ def chain_hash(prev_h: int, gtid: GTID, ops_digest: bytes) -> int:
 
 
 def digest_of(ops) -> bytes:
+    """The digest of ops given decoded (packed here as the engine packs them)."""
     d = OpsDigest()
     for op in ops:
         d.add(codec.pack(op))
+    return d.digest()
+
+
+def stored_digest(entry: bytes, chunks: list[bytes]) -> bytes:
+    """The digest of an entry's ops over their stored bytes, never re-encoded:
+    what the chain hash covers is what the primary hashed when it committed,
+    whatever msgpack encoding a client's documents came in. ``entry`` has been
+    decoded once already (it is well formed); ``chunks``: its spilled ops."""
+    d = OpsDigest()
+    for op in codec.map_array_slices(entry, "ops"):
+        d.add(op)
+    for c in chunks:
+        for op in codec.split_array(c):
+            d.add(op)
     return d.digest()
 
 
