@@ -520,6 +520,7 @@ class ShardService:
         self.group._gm = self.gm
         self.e.sync()  # what this member wrote as a secondary: durable before any write
         self.group.reset(last if last.seq else None)
+        self._unwritten.clear()  # n entries a past term owed: the oplog moved on without them
         self.wc.reset()
         self.heard_ms = {m: int(time.time() * 1000) for m in self.votes}  # grace period
         self.primary = True
