@@ -127,18 +127,13 @@ class GroupCommit:
         self._t = threading.Thread(target=self._run, name="raymx-syncer", daemon=True)
         self._t.start()
 
-    def note_commit(self, g: GTID, durable_cb: Callable[[], None] | None,
-                    wake: bool = True) -> None:
-        """``g`` committed; ``durable_cb`` runs once a flush covers it. With
-        ``wake=False`` the caller flushes itself (``sync_now``)."""
+    def note_commit(self, g: GTID, wake: bool = True) -> None:
+        """``g`` committed. With ``wake=False`` the caller flushes itself
+        (``sync_now``); else the syncer does, at once if ``eager``."""
         with self._cond:
             if self.committed is None or g > self.committed:
                 self.committed = g
-            if durable_cb is not None:
-                self._waiters.append((g, durable_cb))
-                if wake:
-                    self._cond.notify()
-            elif self.eager and wake:
+            if self.eager and wake:
                 self._cond.notify()
 
     def reset(self, last: GTID | None) -> None:
@@ -867,16 +862,11 @@ class ShardService:
         """A write that changed nothing (no GTID): with ``j`` or ``w`` > 1 it is
         answered once what it saw, the last commit, is as durable as asked
         (as MongoDB waits for the last optime). True if the caller flushes."""
-        out = result_out(res)
-        last, w = self.group.committed, req.get("w", 1)
-        if last is None or (w in (0, 1, None) and not req.get("j")):
-            reply(ok=out)
+        last = self.group.committed
+        if last is None:  # nothing committed: nothing to wait for
+            reply(ok=result_out(res))
             return False
-        if w not in (0, 1, None):
-            self.wc.wait(last, w, req.get("wtimeout_ms"), lambda: reply(ok=out),
-                         lambda e: reply(err=e))
-            return True
-        return self.group.when_durable(last, lambda: reply(ok=out))
+        return self._answer_when(last, result_out(res), req, reply)
 
     def _acknowledge(self, g: GTID, res, req: dict, reply: Reply) -> bool:
         """A write committed at ``g``: answer now, or once its write concern holds.
@@ -890,17 +880,20 @@ class ShardService:
             out["gtid"] = gtid_out(g)
         if self._on_commit is not None:
             self._on_commit(g)
+        # a write that waits (j, or w > 1: durable here too) has the writer flush
+        self.group.note_commit(g, wake=not (req.get("j") or req.get("w", 1) not in (0, 1, None)))
+        return self._answer_when(g, out, req, reply)
+
+    def _answer_when(self, g: GTID, out: dict, req: dict, reply: Reply) -> bool:
+        """Answer ``out`` once ``g`` holds the request's write concern: now, or
+        (True) after a flush the caller runs, then acknowledgements for w > 1."""
         w = req.get("w", 1)
         if w not in (0, 1, None):
-            # w > 1 needs the entry durable here too: the writer flushes, then others
-            self.group.note_commit(g, None, wake=False)
             self.wc.wait(g, w, req.get("wtimeout_ms"), lambda: reply(ok=out),
                          lambda e: reply(err=e))
             return True
         if req.get("j"):
-            self.group.note_commit(g, lambda: reply(ok=out), wake=False)
-            return True
-        self.group.note_commit(g, None)
+            return self.group.when_durable(g, lambda: reply(ok=out))
         reply(ok=out)
         return False
 

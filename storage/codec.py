@@ -278,28 +278,28 @@ def map_array_slices(blob: bytes, key: str) -> list[bytes]:
     """The packed elements of the array under ``key`` in the msgpack map
     ``blob``, each as its own bytes (sliced, never re-encoded); [] if the map
     has no such key."""
-    up = msgpack.Unpacker(max_buffer_size=max(1, len(blob)))
-    up.feed(blob)
+    up = _unpacker_over(blob)
     for _ in range(up.read_map_header()):
-        if up.unpack() != key:
-            up.skip()
-            continue
-        out, pos = [], None
-        for _ in range(up.read_array_header()):
-            pos = up.tell() if pos is None else pos
-            up.skip()
-            end = up.tell()
-            out.append(blob[pos:end])
-            pos = end
-        return out
+        if up.unpack() == key:
+            return _array_slices(up, blob)
+        up.skip()
     return []
 
 
 def split_array(blob: bytes) -> list[bytes]:
     """The packed elements of a msgpack array, each as its own bytes (sliced,
     never re-encoded): documents read in bulk stay their stored bytes."""
+    return _array_slices(_unpacker_over(blob), blob)
+
+
+def _unpacker_over(blob: bytes) -> msgpack.Unpacker:
     up = msgpack.Unpacker(max_buffer_size=max(1, len(blob)))
     up.feed(blob)
+    return up
+
+
+def _array_slices(up: msgpack.Unpacker, blob: bytes) -> list[bytes]:
+    """The elements of the array ``up`` is at in ``blob``, sliced."""
     n = up.read_array_header()
     out, pos = [], up.tell()
     for _ in range(n):
