@@ -72,12 +72,3 @@ class GTIDManager:
         """Entries strictly below this GTID are committed and durable."""
         with self._lock:
             return self._replicatable
-
-    def new_term(self, term: int) -> None:
-        with self._lock:
-            if self._live:
-                raise AssertionError("cannot change term with live transactions")
-            if term <= self._term:
-                raise AssertionError(f"term {term} is not above {self._term}")
-            self._term = term
-            self._replicatable = GTID(term, self._next)

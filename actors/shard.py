@@ -342,6 +342,7 @@ class _Cursor:
         self.reader = reader
         self.it = it
         self.used = time.monotonic()
+        self.killed = False  # killed while a getMore held it: closed when that ends
 
     def close(self):
         self.reader.t.abort()
@@ -383,6 +384,7 @@ class ShardService:
         self._arrived: list = []  # writes of the port's current wake-up
         self._ids = itertools.count(1)
         self._cursors: dict[int, _Cursor] = {}
+        self._cursors_busy: dict[int, _Cursor] = {}  # in a getMore (out of the table)
         self._cursors_lock = threading.Lock()
         self._unwritten: list[GTID] = []  # taken GTIDs whose n entry waits (_write_noop)
         self._cursors_swept = time.monotonic()
@@ -1040,24 +1042,32 @@ class ShardService:
     def _get_more(self, cid, batch) -> dict:
         with self._cursors_lock:  # out of the table while in use: not expired, not shared
             c = self._cursors.pop(cid, None)
+            if c is not None:
+                self._cursors_busy[cid] = c
         if c is None:
             raise errors.InvalidOperation(f"cursor {cid} not found (exhausted, killed, "
                                           "expired or in use by another getMore)")
+        out = None
         try:
             out = self._batch(c, batch)
-        except BaseException:
-            c.close()
-            raise
-        if out["cursor"]:
+        finally:
             with self._cursors_lock:
-                self._cursors[cid] = c
-        else:
-            c.close()
+                del self._cursors_busy[cid]
+                keep = out is not None and out["cursor"] and not c.killed
+                if keep:
+                    self._cursors[cid] = c
+            if not keep:
+                c.close()
+                if out is not None:
+                    out["cursor"] = 0  # exhausted, or killed meanwhile: the client stops
         return out
 
     def _close_cursor(self, cid) -> None:
+        """Close cursor ``cid``; one in a getMore is closed when that ends."""
         with self._cursors_lock:
             c = self._cursors.pop(cid, None)
+            if c is None and cid in self._cursors_busy:
+                self._cursors_busy[cid].killed = True
         if c is not None:
             c.close()
 
@@ -1140,7 +1150,7 @@ class ShardService:
                 "commits": self.commits, "syncs": self.group.syncs,
                 "write_groups": self.write_groups, "port_writes": self.port_writes,
                 "majority": gtid_out(self.wc.majority_point()) if self.primary else None,
-                "open_cursors": len(self._cursors)}
+                "open_cursors": len(self._cursors) + len(self._cursors_busy)}
 
     def close(self) -> None:
         self._stopping.set()

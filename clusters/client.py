@@ -95,6 +95,7 @@ class Connection:
         self._cv = threading.Condition(self._mu)
         self._pending: dict[int, _Wait | Future] = {}
         self._reading = False   # a caller or the reader thread owns the receive side
+        self._lead = 0          # the thread id of the caller reading (set by itself)
         self._waiting = 0       # callers waiting for the reading one to hand over
         self._reader: threading.Thread | None = None
         self._buf = bytearray()  # the start of a frame not yet complete
@@ -237,8 +238,12 @@ class Connection:
         w = _Wait()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         rid = self._send(req, w, parts, deadline)
+        # a Future's callback runs on the thread reading (the reader thread, or
+        # a caller reading for everyone): that thread reads its answer itself
+        on_reader = self._lead == threading.get_ident() or (
+            self._reader is not None and threading.current_thread() is self._reader)
         with self._mu:
-            while w.msg is None and self._reading:
+            while w.msg is None and self._reading and not on_reader:
                 self._waiting += 1
                 try:
                     if deadline is None:
@@ -249,10 +254,11 @@ class Connection:
                         raise RequestTimeout(f"no answer from {self.addr} in {timeout_s} s", rid)
                 finally:
                     self._waiting -= 1
-            lead = w.msg is None
+            lead = w.msg is None and not on_reader
             if lead:
                 self._reading = True
-        if lead:  # read for everyone until this answer is in
+                self._lead = threading.get_ident()
+        if lead or on_reader:  # read for everyone until this answer is in
             try:
                 while w.msg is None:
                     if deadline is not None and time.monotonic() >= deadline:
@@ -261,10 +267,12 @@ class Connection:
                         raise RequestTimeout(f"no answer from {self.addr} in {timeout_s} s", rid)
                     self._receive()
             finally:
-                with self._mu:
-                    self._reading = False
-                    if self._waiting:  # another caller waits: it reads next
-                        self._cv.notify_all()
+                if lead:
+                    with self._mu:
+                        self._reading = False
+                        self._lead = 0
+                        if self._waiting:  # another caller waits: it reads next
+                            self._cv.notify_all()
         msg = w.msg
         if isinstance(msg, BaseException):
             raise msg
@@ -304,7 +312,10 @@ class Connection:
     def _receive(self) -> None:
         """One ``recv`` (up to 256 KiB, into a buffer kept for it) and every
         complete frame it completes, each given to its waiter. A lost
-        connection fails every waiter."""
+        connection fails every waiter. Futures are completed last, once the
+        buffers are settled: their callbacks may send and wait on this
+        connection (reading it again, on this thread)."""
+        done: list = []
         try:
             try:
                 got = self._sock.recv_into(self._rbuf)
@@ -326,7 +337,7 @@ class Connection:
                         break
                     msg = codec.unpack_frame(data[pos + 4:pos + 4 + n])
                     pos += 4 + n
-                    woke |= self._dispatch(msg)
+                    woke |= self._dispatch(msg, done)
                 rest = None if joined else data[pos:end].tobytes()
             if joined:  # what is left stays in place: a large answer is not copied per receive
                 del self._buf[:pos]
@@ -341,9 +352,17 @@ class Connection:
             self._fail(errors.ConnectionLost(
                 f"connection to {self.addr} lost ({e}); the outcome of requests in flight "
                 "is unknown", sent=True))
+        for f, msg in done:
+            if not f.set_running_or_notify_cancel():
+                continue  # its caller cancelled it
+            if "err" in msg:
+                f.set_exception(errors.from_wire(msg["err"]))
+            else:
+                f.set_result(msg.get("ok"))
 
-    def _dispatch(self, msg: dict) -> bool:
-        """Hand ``msg`` to its waiter; True if a waiting ``request`` must be woken."""
+    def _dispatch(self, msg: dict, done: list) -> bool:
+        """Hand ``msg`` to its waiter (a Future's goes to ``done``); True if a
+        waiting ``request`` must be woken."""
         rid = msg.get("id")
         if rid is None and "err" in msg:
             raise errors.from_wire(msg["err"])
@@ -354,12 +373,7 @@ class Connection:
         if type(w) is _Wait:
             w.msg = msg
             return True
-        if not w.set_running_or_notify_cancel():
-            return False  # its caller cancelled it
-        if "err" in msg:
-            w.set_exception(errors.from_wire(msg["err"]))
-        else:
-            w.set_result(msg.get("ok"))
+        done.append((w, msg))
         return False
 
     def _fail(self, e: errors.RaymxError):

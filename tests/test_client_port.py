@@ -850,3 +850,50 @@ def test_a_transaction_begin_that_timed_out_is_aborted_not_left_holding_the_writ
         p.close()
         svc.close()
         e.store.close()
+
+
+def test_a_future_callback_may_wait_on_the_same_connection(port):
+    """A Future's callback runs on the thread reading the connection; a request
+    it makes there reads its own answer instead of waiting for itself."""
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    blocker = busy_writer(svc)  # the insert is answered only after the callback is set
+    f = c.submit({"op": "insert", "ns": "cb.c", "docs": [{"_id": 1}]})
+    got, where = [], []
+
+    def after(fut):
+        where.append(threading.current_thread())
+        got.append(c.request({"op": "count", "ns": "cb.c"}, timeout_s=3)["value"])
+    f.add_done_callback(after)
+    blocker.set()
+    wait_for(lambda: got)
+    assert got == [1] and where == [c._reader]
+    assert c.request({"op": "count", "ns": "cb.c"}, timeout_s=3)["value"] == 1
+    c.close()
+
+
+def test_a_cursor_killed_during_its_get_more_is_closed_when_that_ends(port):
+    """killCursors (or the client leaving) while a getMore holds the cursor:
+    the cursor is closed when the getMore ends, not put back until idle expiry."""
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    c.request({"op": "insert", "ns": "gk.c", "docs": [{"_id": i} for i in range(20)]})
+    cid = c.request({"op": "find", "ns": "gk.c", "batch": 2})["cursor"]
+    cur, inside, go = svc._cursors[cid], threading.Event(), threading.Event()
+    rest = cur.it
+
+    def slow():
+        inside.set()
+        go.wait(5)
+        yield from rest
+    cur.it = slow()
+    f = c.submit({"op": "getMore", "cursor": cid, "batch": 2})
+    assert inside.wait(5)
+    assert c.request({"op": "killCursors", "cursors": [cid]}, timeout_s=5) == {}
+    go.set()
+    out = f.result(5)
+    assert len(out["docs"]) == 2 and out["cursor"] == 0  # its batch, and no more
+    assert svc.status()["open_cursors"] == 0
+    with pytest.raises(errors.InvalidOperation, match="not found"):
+        c.request({"op": "getMore", "cursor": cid}, timeout_s=5)
+    c.close()
