@@ -3,12 +3,13 @@
 Values compare by ``encode_key`` (see ``keys.py``), so equality is numeric
 across int and float and ``sort`` uses the same order as the indexes.
 
-Paths are dotted and resolved by ``get_path``: a component walks into a dict,
-or indexes a list when it is a decimal number. Unlike MongoDB, a path does not
-fan out over an array of subdocuments: ``{"a.b": 1}`` does not look inside
-``{"a": [{"b": 1}]}`` (``{"a.0.b": 1}`` does). At the end of the path the
-MongoDB array rule applies: a condition on an array value matches if the whole
-array or any one element satisfies it.
+Paths are dotted. A component walks into a dict, or indexes a list when it is
+a decimal number; as in MongoDB, any other component fans out over an array
+of subdocuments: ``{"a.b": 1}`` matches ``{"a": [{"b": 0}, {"b": 1}]}``
+(``reach``). At the end of the path the MongoDB array rule applies: a
+condition on an array value matches if the whole array or any one element
+satisfies it. So a condition matches when any value the path reaches does,
+and ``$ne``/``$nin`` when none does.
 """
 from __future__ import annotations
 
@@ -60,8 +61,37 @@ def _walk(cur: Any, parts: Iterable[str]) -> Any:
 
 
 def get_path(doc: Any, path: str) -> Any:
-    """The value at dotted ``path`` in ``doc``, or ``MISSING``."""
+    """The value at dotted ``path`` in ``doc``, or ``MISSING`` (no fan-out over arrays)."""
     return _walk(doc, path.split("."))
+
+
+def _reach(cur: Any, parts: list[str], i: int = 0) -> list:
+    """Every value ``parts[i:]`` reaches from ``cur``, fanning out over arrays of
+    subdocuments (a component that is not an index); ``[MISSING]`` if none."""
+    for j in range(i, len(parts)):
+        p = parts[j]
+        if isinstance(cur, dict):
+            cur = cur.get(p, MISSING)
+            if cur is MISSING:
+                return [MISSING]
+        elif isinstance(cur, _ARRAY):
+            if p.isascii() and p.isdigit():
+                if int(p) >= len(cur):
+                    return [MISSING]
+                cur = cur[int(p)]
+                continue
+            out = [v for el in cur if isinstance(el, dict) for v in _reach(el, parts, j)]
+            return out or [MISSING]
+        else:
+            return [MISSING]
+    return [cur]
+
+
+def reach(doc: Any, path: str) -> list:
+    """The values dotted ``path`` reaches in ``doc`` (``[MISSING]`` if none)."""
+    parts = path.split(".")
+    v = _walk(doc, parts)
+    return [v] if v is not MISSING or len(parts) == 1 else _reach(doc, parts)
 
 
 # --- filters ---------------------------------------------------------------
@@ -120,8 +150,9 @@ def _compile_op(path: str, op: str, arg: Any) -> OpPred:
             return lambda v, ks: any(x[0] == b and x < k for x in ks)
         return lambda v, ks: any(x[0] == b and x <= k for x in ks)
     if op == "$exists":
-        if type(arg) is not bool:
+        if type(arg) not in (bool, int, float):
             raise InvalidFilter(f"{what} needs true or false, got {arg!r:.40}")
+        arg = bool(arg)  # as MongoDB: {"$exists": 1}, {"$exists": 0}
         return lambda v, ks: (v is not MISSING) == arg
     if op == "$not":
         if not isinstance(arg, dict) or not _is_ops(arg):
@@ -138,14 +169,29 @@ def _compile_ops(path: str, ops: dict) -> OpPred:
     return preds[0] if len(preds) == 1 else lambda v, ks: all(p(v, ks) for p in preds)
 
 
+def _fanned(vals: list) -> tuple[Any, list[bytes]]:
+    """(a value standing for ``vals``: MISSING if none is present; their candidate keys)."""
+    ks = [k for v in vals for k in _candidates(v)]
+    return (vals if any(v is not MISSING for v in vals) else MISSING), ks
+
+
 def _compile_field(path: str, cond: Any) -> Predicate:
     parts = _parts(path)
     pred = _compile_ops(path, cond) if _is_ops(cond) else _compile_op(path, "$eq", cond)
+    if len(parts) == 1:
+        def match(doc: Any) -> bool:
+            v = _walk(doc, parts)
+            return pred(v, _candidates(v))
+        return match
 
-    def match(doc: Any) -> bool:
+    def match_path(doc: Any) -> bool:
         v = _walk(doc, parts)
+        if v is MISSING:  # maybe through an array of subdocuments
+            vals = _reach(doc, parts)
+            if len(vals) > 1 or vals[0] is not MISSING:
+                return pred(*_fanned(vals))
         return pred(v, _candidates(v))
-    return match
+    return match_path
 
 
 def _compile(flt: Any) -> Predicate:
@@ -197,9 +243,10 @@ def index_keys(doc: Any, path: str) -> list[bytes]:
     """The index keys under which ``doc`` must be found for ``extract_bounds`` to be safe.
 
     The whole value's key (None's when missing) and, for an array, each
-    element's key (a "multikey" entry), sorted and distinct.
+    element's key (a "multikey" entry), for every value the path reaches,
+    sorted and distinct.
     """
-    return sorted(set(_candidates(get_path(doc, path))))
+    return sorted(set(_fanned(reach(doc, path))[1]))
 
 
 def extract_bounds(flt: dict | None, *,
@@ -283,7 +330,7 @@ def _projection(projection: Any) -> tuple[bool, Tree]:
     spec: dict[str, bool] = {}
     for path, flag in projection.items():
         _parts(path)
-        if type(flag) not in (bool, int) or flag not in (0, 1):
+        if type(flag) not in (bool, int, float) or flag not in (0, 1):
             raise InvalidFilter(f"projection of {path!r} must be 0, 1, true or false, "
                                 f"got {flag!r:.40}")
         spec[path] = bool(flag)
@@ -315,6 +362,8 @@ def _include(d: dict, tree: Tree) -> dict:
             out[k] = v
         elif t is not None and isinstance(v, dict):
             out[k] = _include(v, t)
+        elif t is not None and isinstance(v, _ARRAY):  # the path fans out over its subdocuments
+            out[k] = [_include(x, t) for x in v if isinstance(x, dict)]
     return out
 
 
@@ -325,7 +374,12 @@ def _exclude(d: dict, tree: Tree) -> dict:
         if t is None:
             out[k] = v
         elif t is not True:
-            out[k] = _exclude(v, t) if isinstance(v, dict) else v
+            if isinstance(v, dict):
+                out[k] = _exclude(v, t)
+            elif isinstance(v, _ARRAY):
+                out[k] = [_exclude(x, t) if isinstance(x, dict) else x for x in v]
+            else:
+                out[k] = v
     return out
 
 
@@ -335,7 +389,8 @@ def project(doc: dict, projection: Any) -> dict:
     ``projection`` is None (everything), ``{path: 0|1|True|False}`` or a list
     of paths to include. ``_id`` is kept unless excluded. Dotted paths walk
     dicts only; ``{"a.b": 1}`` keeps ``a: {}`` when ``a`` is a dict without
-    ``b``. Values are shared with ``doc``, not copied.
+    ``b``; over an array of subdocuments it keeps each subdocument's part, as
+    MongoDB does. Values are shared with ``doc``, not copied.
     """
     if projection is None:
         return dict(doc)
@@ -374,9 +429,11 @@ def _sort_spec(spec: Any) -> list[tuple[list[str], int]]:
 def sort_key(spec: Any) -> Callable[[dict], tuple]:
     """A ``sorted(..., key=)`` function: by ``encode_key`` of each path (missing as None).
 
-    Whole values are compared (an array sorts as an array, not by its
-    elements). Descending fields use the complemented key, which reverses the
-    order because encodings are prefix-free (self-delimiting).
+    As in MongoDB, a path reaching an array (or several values, through arrays
+    of subdocuments) sorts by its smallest element ascending and its largest
+    descending; an empty array is the smallest value. Descending fields use
+    the complemented key, which reverses the order because encodings are
+    prefix-free (self-delimiting).
     """
     fields = _sort_spec(spec)
 
@@ -384,11 +441,19 @@ def sort_key(spec: Any) -> Callable[[dict], tuple]:
         out = []
         for parts, direction in fields:
             v = _walk(doc, parts)
-            k = _NULL if v is MISSING else encode_key(v)
+            vals = _reach(doc, parts) if v is MISSING and len(parts) > 1 else (v,)
+            if len(vals) == 1 and not isinstance(vals[0], _ARRAY):  # the common case
+                k = _NULL if vals[0] is MISSING else encode_key(vals[0])
+            else:
+                ks = [_NULL if x is MISSING else encode_key(x)
+                      for y in vals for x in (y if isinstance(y, _ARRAY) else (y,))]
+                # an empty array is the smallest value ("\x00" inverts above every key)
+                k = (min(ks) if direction == 1 else max(ks)) if ks else \
+                    (b"" if direction == 1 else b"\x00")
             out.append(k if direction == 1 else k.translate(_INVERT))
         return tuple(out)
     return key
 
 
 __all__ = ["MISSING", "Bounds", "compile_filter", "extract_bounds", "get_path", "index_keys",
-           "project", "sort_key"]
+           "project", "reach", "sort_key"]

@@ -466,3 +466,31 @@ def test_write_group_abort_leaves_nothing_and_the_chain_continues(engine):
         grp.statement()
     assert engine.insert_many(NS, [{"_id": 9}]).gtid == GTID(0, 2)
     assert engine.verify_oplog() == 2
+
+
+def test_a_path_fans_out_over_arrays_of_subdocuments_with_and_without_an_index(engine):
+    """``items.sku`` looks into every element (MongoDB); an index on it holds
+    each element's key, so indexed and scanned answers agree, and a delete by
+    such a path removes only the documents that match."""
+    docs = [{"_id": 1, "items": [{"sku": "a"}, {"sku": "b"}]}, {"_id": 2, "items": [{"sku": "c"}]},
+            {"_id": 3, "items": [{"sku": "b"}, {"n": 1}]}, {"_id": 4, "items": []}, {"_id": 5}]
+    engine.insert_many(NS, copy.deepcopy(docs))
+    cases = [({"items.sku": "b"}, [1, 3]), ({"items.sku": {"$ne": "b"}}, [2, 4, 5]),
+             ({"items.sku": {"$in": ["a", "c"]}}, [1, 2]), ({"items.sku": None}, [3, 4, 5]),
+             ({"items.sku": {"$gt": "a"}}, [1, 2, 3]), ({"items.sku": {"$exists": True}}, [1, 2, 3])]
+
+    def ids(flt, st=None):
+        return sorted(d["_id"] for d in engine.reader().find(NS, flt, stats=st or Stats()))
+    for flt, want in cases:
+        assert ids(flt) == want, flt
+    with engine.begin() as tx:
+        tx.create_index(NS, "items.sku")
+    for flt, want in cases:
+        assert ids(flt) == want, flt
+    st = Stats()
+    assert ids({"items.sku": "b"}, st) == [1, 3] and st.plan == "IXSCAN items.sku_1"
+    assert [d["items"] for d in engine.reader().find(NS, {"_id": 3}, projection={"items.sku": 1})] \
+        == [[{"sku": "b"}, {}]]
+    with engine.begin() as tx:
+        assert tx.delete(NS, {"items.sku": None}, multi=True).deleted == 3
+    assert ids({}) == [1, 2] and ids({"items.sku": "b"}) == [1]

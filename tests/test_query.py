@@ -134,7 +134,15 @@ DOC = {"_id": 1, "n": 5, "f": 2.5, "s": "abc", "t": True, "z": None, "arr": [1, 
     # embedded documents: exact, order-sensitive equality; dotted paths
     ({"e": {"x": 1, "y": 2}}, True), ({"e": {"y": 2, "x": 1}}, False), ({"e": {"x": 1}}, False),
     ({"e": {}}, False), ({"e.x": 1}, True), ({"e.y": {"$gt": 1}}, True), ({"e.x.q": None}, True),
-    ({"deep.l.1.k": 2}, True), ({"deep.l.k": 1}, False),  # no fan-out over subdocument arrays
+    ({"deep.l.1.k": 2}, True),
+    # a path fans out over an array of subdocuments: any element may match;
+    # $ne/$nin only if none does; null matches an element without the field
+    ({"deep.l.k": 1}, True), ({"deep.l.k": 2}, True), ({"deep.l.k": 3}, False),
+    ({"deep.l.k": {"$ne": 1}}, False), ({"deep.l.k": {"$ne": 3}}, True),
+    ({"deep.l.k": {"$nin": [1, 7]}}, False), ({"deep.l.k": {"$gt": 1}}, True),
+    ({"deep.l.k": {"$exists": True}}, True), ({"deep.l.z": {"$exists": False}}, True),
+    ({"deep.l.z": None}, True), ({"deep.l.k": None}, False), ({"deep.l.k.q": 1}, False),
+    ({"n": {"$exists": 1}}, True), ({"n": {"$exists": 0}}, False),
     # logical operators
     ({"$and": [{"n": 5}, {"s": "abc"}]}, True), ({"$and": [{"n": 5}, {"s": "x"}]}, False),
     ({"$or": [{"n": 4}, {"s": "abc"}]}, True), ({"$or": [{"n": 4}, {"s": "x"}]}, False),
@@ -163,7 +171,7 @@ def test_filter_on_big_ints_and_nested_arrays():
     ({"$and": []}, "non-empty list"), ({"$or": {"a": 1}}, "non-empty list"),
     ({"$nor": [1]}, "dicts"),
     ({"$and": [{"a": {"$bad": 1}}]}, r"\$bad"), ({"a": {"$in": 5}}, r"\$in on 'a' needs a list"),
-    ({"a": {"$nin": "ab"}}, r"\$nin .* needs a list"), ({"a": {"$exists": 1}}, "true or false"),
+    ({"a": {"$nin": "ab"}}, r"\$nin .* needs a list"), ({"a": {"$exists": "yes"}}, "true or false"),
     ({"a": {"$not": 5}}, r"\$not"), ({"a": {"$not": {}}}, r"\$not"),
     ({"a": {"$not": {"b": 1}}}, r"\$not"),
     ({"a": {"$gt": 1, "b": 2}}, "mixes"), ({"a": {"$or": [{"b": 1}]}}, "top level"),
@@ -288,12 +296,14 @@ P = {"_id": 7, "a": {"b": 1, "c": {"d": 2, "e": 3}}, "x": [1, {"y": 2}], "s": "t
     ({"_id": 1}, {"_id": 7}), ({"_id": 0}, {k: v for k, v in P.items() if k != "_id"}),
     ({"a.c.d": 1}, {"_id": 7, "a": {"c": {"d": 2}}}),
     ({"a.zz": 1, "s": 1}, {"_id": 7, "a": {}, "s": "t"}),
-    ({"s.q": 1}, {"_id": 7}), ({"x.y": 1}, {"_id": 7}), ({"nope": 1}, {"_id": 7}),
+    ({"s.q": 1}, {"_id": 7}), ({"nope": 1}, {"_id": 7}),
+    # over an array, each subdocument's part (MongoDB drops other elements)
+    ({"x.y": 1}, {"_id": 7, "x": [{"y": 2}]}), ({"x.y": 1.0}, {"_id": 7, "x": [{"y": 2}]}),
     ({"s": 0}, {"_id": 7, "a": P["a"], "x": P["x"]}),
     ({"s": False, "_id": 0}, {"a": P["a"], "x": P["x"]}),
     ({"a.c.e": 0, "x": 0, "s": 0}, {"_id": 7, "a": {"b": 1, "c": {"d": 2}}}),
     ({"a.b": 0, "_id": 1, "x": 0, "s": 0}, {"_id": 7, "a": {"c": {"d": 2, "e": 3}}}),
-    ({"s.q": 0, "nope": 0, "x.y": 0, "a": 0}, {"_id": 7, "x": P["x"], "s": "t"}),
+    ({"s.q": 0, "nope": 0, "x.y": 0, "a": 0}, {"_id": 7, "x": [1, {}], "s": "t"}),
     ({"_id.k": 1}, {}),
 ])
 def test_project(projection, expected):
@@ -370,11 +380,25 @@ def _cmp(a, b) -> int:
 @given(st.lists(st.fixed_dictionaries({}, optional={"a": values, "b": values}), max_size=8),
        st.sampled_from([1, -1]), st.sampled_from([1, -1]))
 def test_sort_agrees_with_key_order(ds, da, db):
+    """Values sort in key order; an array by its smallest element ascending and
+    its largest descending, an empty one below everything (MongoDB's rule)."""
     out = sorted(ds, key=sort_key([("a", da), ("b", db)]))
-    k = lambda d, p: encode_key(d.get(p))  # noqa: E731
+
+    def k(d, p, direction):
+        v = d.get(p)
+        if not isinstance(v, list):
+            return encode_key(v)
+        ks = [encode_key(x) for x in v]
+        return (min(ks) if direction == 1 else max(ks)) if ks else None
+
+    def cmp(x, y, p, direction):
+        a, b = k(x, p, direction), k(y, p, direction)
+        if a is None or b is None:  # an empty array: the smallest value
+            return ((b is None) - (a is None)) * direction
+        return _cmp(a, b) * direction
+
     for x, y in zip(out, out[1:]):
-        c = _cmp(k(x, "a"), k(y, "a")) * da or _cmp(k(x, "b"), k(y, "b")) * db
+        c = cmp(x, y, "a", da) or cmp(x, y, "b", db)
         assert c <= 0
-    ref = sorted(ds, key=functools.cmp_to_key(
-        lambda x, y: _cmp(k(x, "a"), k(y, "a")) * da or _cmp(k(x, "b"), k(y, "b")) * db))
+    ref = sorted(ds, key=functools.cmp_to_key(lambda x, y: cmp(x, y, "a", da) or cmp(x, y, "b", db)))
     assert [repr(d) for d in out] == [repr(d) for d in ref]  # both sorts are stable
