@@ -237,7 +237,7 @@ class _Conn(asyncio.Protocol):
         self.transport.close()  # after the buffered answer is written
 
     def reply_for(self, rid):
-        post = self.port.post
+        post, most = self.port.post, self.port.frame_bytes_max
 
         def reply(ok=None, err=None):
             msg = {"id": rid, "err": err.to_wire()} if err is not None else {"id": rid, "ok": ok}
@@ -246,6 +246,10 @@ class _Conn(asyncio.Protocol):
             except Exception as e:  # a result msgpack cannot carry: say so
                 frame = codec.pack_frame({"id": rid, "err": errors.RaymxError(
                     f"result could not be encoded: {e}").to_wire()})
+            if len(frame) - codec.FRAME_HEADER_BYTES > most:  # the driver would drop the connection
+                frame = codec.pack_frame({"id": rid, "err": errors.InvalidOperation(
+                    f"the answer of {len(frame)} bytes exceeds the frame limit of {most}: ask "
+                    "for less at once (a smaller batch, a projection, a limit)").to_wire()})
             post(self, frame)
         return reply
 

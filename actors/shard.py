@@ -66,11 +66,11 @@ def run_statement(tx: Transaction, req: dict):
     if op == "insert":  # "packed" was decoded on arrival (ShardService._receive_insert)
         return tx.insert(ns, req["packed"] if "packed" in req else req.get("docs"))
     if op == "update":
-        return tx.update(ns, req.get("filter") or {}, req.get("update"),
+        return tx.update(ns, req.get("filter"), req.get("update"),
                          multi=bool(req.get("multi")), upsert=bool(req.get("upsert")),
                          replace=bool(req.get("replace")))
     if op == "delete":
-        return tx.delete(ns, req.get("filter") or {}, multi=bool(req.get("multi")))
+        return tx.delete(ns, req.get("filter"), multi=bool(req.get("multi")))
     if op == "createIndex":
         return tx.create_index(ns, req.get("key"), unique=bool(req.get("unique")),
                                name=req.get("name"))
@@ -342,6 +342,7 @@ class _Cursor:
         self.reader = reader
         self.it = it
         self.used = time.monotonic()
+        self.head = None     # a document taken from ``it`` that the next batch starts with
         self.killed = False  # killed while a getMore held it: closed when that ends
 
     def close(self):
@@ -988,9 +989,17 @@ class ShardService:
         if op == "count":
             return {"value": r.count(req["ns"], req.get("filter"))}
         if op == "find":  # inside a transaction: one batch, no cursor
-            return {"cursor": 0, "docs": list(r.find(
-                req["ns"], req.get("filter"), req.get("projection"), req.get("sort"),
-                req.get("skip") or 0, req.get("limit") or 0))}
+            docs, size = [], 0
+            for d in r.find(req["ns"], req.get("filter"), req.get("projection"), req.get("sort"),
+                            req.get("skip") or 0, req.get("limit") or 0):
+                size += len(codec.pack(d))
+                if size > self._batch_bytes() and docs:
+                    raise errors.InvalidOperation(
+                        f"a find inside a transaction answers in one batch, and this one "
+                        f"exceeds {self._batch_bytes()} bytes: narrow it (filter, "
+                        "projection, limit) or read outside the transaction")
+                docs.append(d)
+            return {"cursor": 0, "docs": docs}
         if op == "listCollections":
             return {"value": r.list_collections()}
         if op == "revertPlan":
@@ -1028,16 +1037,33 @@ class ShardService:
             log.info("cursor %d closed after %d ms idle", cid, self.limits.cursor_idle_ms)
             self._close_cursor(cid)
 
+    def _batch_bytes(self) -> int:
+        """The documents of one answer, encoded, at most: ``cursor_batch_bytes``,
+        and room for the frame's other fields under ``frame_bytes_max``."""
+        return min(self.limits.cursor_batch_bytes, self.limits.frame_bytes_max - 64 * 1024)
+
     def _batch(self, c: _Cursor, batch) -> dict:
+        """The next batch: up to ``batch`` (or ``cursor_batch_docs``) documents
+        and ``cursor_batch_bytes`` of them encoded, but always one (a document
+        fits a frame). Sizes are exact: packing a document costs about 1/25
+        of reading it."""
         n_max = min(int(batch or self.limits.cursor_batch_docs), self.limits.cursor_batch_docs)
+        cap = self._batch_bytes()
         docs, size = [], 0
-        for d in c.it:
+        it = c.it if c.head is None else itertools.chain((c.head,), c.it)
+        c.head = None
+        for d in it:
+            size += len(codec.pack(d))
+            if docs and size > cap:
+                c.head = d
+                break
             docs.append(d)
-            size += 64  # a cheap bound; exact sizes cost a second encode
-            if len(docs) >= n_max or size >= self.limits.cursor_batch_bytes:
-                c.used = time.monotonic()
-                return {"cursor": c.id, "docs": docs}
-        return {"cursor": 0, "docs": docs}
+            if len(docs) >= n_max:
+                break
+        else:
+            return {"cursor": 0, "docs": docs}
+        c.used = time.monotonic()
+        return {"cursor": c.id, "docs": docs}
 
     def _get_more(self, cid, batch) -> dict:
         with self._cursors_lock:  # out of the table while in use: not expired, not shared

@@ -809,12 +809,17 @@ class Collection:
         return Cursor(self, filter, projection, sort, skip, limit, batch_size)
 
     def find_one(self, filter=None, projection=None, sort=None):
+        """The first matching document or None; a filter that is not a map
+        means ``{"_id": filter}`` (as in pymongo)."""
+        if filter is not None and not isinstance(filter, dict):
+            filter = {"_id": filter}
         for d in self.find(filter, projection, sort, limit=1):
             return d
         return None
 
     def count_documents(self, filter=None) -> int:
-        return self._read({"op": "count", "ns": self.full_name, "filter": filter or {}})["value"]
+        return self._read({"op": "count", "ns": self.full_name,
+                           "filter": {} if filter is None else filter})["value"]
 
 
 class ChangeStream:
@@ -930,7 +935,7 @@ class Cursor:
 
     def __init__(self, coll: Collection, flt, projection, sort, skip, limit, batch_size):
         self._c = coll
-        self._spec = {"op": "find", "ns": coll.full_name, "filter": flt or {},
+        self._spec = {"op": "find", "ns": coll.full_name, "filter": {} if flt is None else flt,
                       "projection": projection, "sort": _sort_spec(sort), "skip": skip,
                       "limit": limit, "batch": batch_size}
         self._started = False

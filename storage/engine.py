@@ -659,7 +659,11 @@ class Transaction(Reader):
 
     def _hits(self, ns: str, flt, multi: bool) -> tuple[list, CollInfo | None]:
         """The documents a statement changes: collected before the first write
-        (no cursor runs over what it changes), and only the first unless multi."""
+        (no cursor runs over what it changes), and only the first unless multi.
+        The filter must be a map: ``{}`` is how to say every document."""
+        if type(flt) is not dict:
+            raise errors.InvalidFilter(f"an update or delete needs a filter map ({{}} matches "
+                                       f"every document), got {type(flt).__name__} {flt!r:.40}")
         it = self.matching(ns, flt)
         return list(it if multi else itertools.islice(it, 1)), self.coll(ns)
 

@@ -897,3 +897,41 @@ def test_a_cursor_killed_during_its_get_more_is_closed_when_that_ends(port):
     with pytest.raises(errors.InvalidOperation, match="not found"):
         c.request({"op": "getMore", "cursor": cid}, timeout_s=5)
     c.close()
+
+
+def test_large_documents_come_back_in_batches_that_fit_a_frame(port):
+    """Batches are cut by the documents' encoded size, so whatever was stored
+    can be read (here 40 documents of 200 KB through a 1 MiB frame limit); a
+    find in a transaction that cannot fit one answer says so and the
+    connection stays."""
+    p, svc = port
+    c = _client(p)
+    coll = c["big"]["c"]
+    for k in range(0, 40, 4):  # 800 KB per insert (a frame of this port holds 1 MiB)
+        coll.insert_many([{"_id": i, "s": "x" * 200_000} for i in range(k, k + 4)])
+    got = [d["_id"] for d in coll.find()]
+    assert got == list(range(40))
+    assert [d["_id"] for d in coll.find(batch_size=3)] == list(range(40))
+    with c.transaction() as tx:
+        with pytest.raises(errors.InvalidOperation, match="inside a transaction"):
+            list(tx["big"]["c"].find())
+        assert len(list(tx["big"]["c"].find({"_id": {"$lt": 3}}))) == 3
+    assert coll.count_documents({}) == 40
+    c.close()
+
+
+@pytest.mark.parametrize("flt", [None, [], "", 0, False, "x"])
+def test_updates_and_deletes_need_a_filter_map(port, flt):
+    """A filter that is not a map is refused, never taken as "every document"."""
+    p, svc = port
+    c = _client(p)
+    coll = c["ff"]["c"]
+    coll.insert_many([{"_id": i, "v": i} for i in range(5)])
+    with pytest.raises(errors.InvalidFilter, match="filter map"):
+        coll.delete_many(flt)
+    with pytest.raises(errors.InvalidFilter, match="filter map"):
+        coll.update_many(flt, {"$set": {"x": 1}})
+    assert coll.count_documents({"x": {"$exists": True}}) == 0
+    assert coll.count_documents({}) == 5 and coll.find_one(3) == {"_id": 3, "v": 3}
+    assert coll.delete_many({}).deleted_count == 5
+    c.close()
