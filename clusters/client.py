@@ -45,12 +45,7 @@ class _Wait:
         self.msg = None  # the answer frame, or the exception that ended the connection
 
 
-class RequestTimeout(TimeoutError):
-    """No answer in time; ``request_id`` names the request (to cancel it)."""
-
-    def __init__(self, msg: str, request_id: int):
-        super().__init__(msg)
-        self.request_id = request_id
+RequestTimeout = errors.RequestTimeout  # a TimeoutError too
 
 
 class Connection:
@@ -251,7 +246,8 @@ class Connection:
                     elif not self._cv.wait(max(0.0, deadline - time.monotonic())) and \
                             w.msg is None and time.monotonic() >= deadline:
                         self._pending.pop(rid, None)
-                        raise RequestTimeout(f"no answer from {self.addr} in {timeout_s} s", rid)
+                        raise RequestTimeout(f"no answer from {self.addr} in {timeout_s} s",
+                                             request_id=rid)
                 finally:
                     self._waiting -= 1
             lead = w.msg is None and not on_reader
@@ -264,7 +260,8 @@ class Connection:
                     if deadline is not None and time.monotonic() >= deadline:
                         with self._mu:
                             self._pending.pop(rid, None)
-                        raise RequestTimeout(f"no answer from {self.addr} in {timeout_s} s", rid)
+                        raise RequestTimeout(f"no answer from {self.addr} in {timeout_s} s",
+                                             request_id=rid)
                     self._receive()
             finally:
                 if lead:
@@ -559,6 +556,7 @@ class Client:
         self._primary: int | None = None
         self._rr = itertools.count()
         self.retry_interval_s = 0.05
+        self._local = threading.local()  # .txn: the transaction this thread has open
 
     def _conn_to(self, m: dict, secret: str) -> Connection:
         c = self._conns.get(m["id"])
@@ -635,6 +633,13 @@ class Client:
                         f"{e.msg}; the write may or may not have been applied: check before "
                         "retrying", sent=True, outcome="unknown") from None
                 err = e
+            except errors.RequestTimeout as e:
+                if write:
+                    raise errors.RequestTimeout(
+                        f"{e.msg}; the write may still be applied (it may wait behind a "
+                        "transaction): check before retrying", outcome="unknown",
+                        **e.info) from None
+                raise
             with self._lock:
                 self._primary = None
             if time.monotonic() >= deadline:
@@ -674,6 +679,15 @@ class Client:
 
     def transaction(self, **wc) -> "ClientTransaction":
         return ClientTransaction(self, _wc(self.write_concern, wc))
+
+    def _no_open_transaction(self, what: str) -> None:
+        """A transaction holds the member's writer until it ends: ``what`` on
+        the thread that holds it open would wait for itself until the timeout."""
+        if getattr(self._local, "txn", None) is not None:
+            raise errors.InvalidOperation(
+                f"this thread has a transaction open on this client; {what} would wait for "
+                "it to end (a transaction holds the writer): write through the transaction "
+                "(tx[db][coll]), or end it first")
 
     def close(self):
         with self._lock:
@@ -737,6 +751,7 @@ class Collection:
         req["ns"] = self.full_name
         if self._txn is not None:
             return self._txn._call(req, parts)
+        self.client._no_open_transaction("a write outside it")
         req.update(wc)
         return self.client._call(req, parts=parts)
 
@@ -1013,12 +1028,14 @@ class ClientTransaction:
         self.gtid: GTID | None = None
 
     def __enter__(self):
+        self.client._no_open_transaction("another transaction")
         self._conn = self.client._primary_conn()
         try:
             self._id = self._conn.request({"op": "txnBegin"}, self.client.timeout_s)["txn"]
         except RequestTimeout as e:  # the member may open it later: it must abort that one
             self._conn.cancel(e.request_id, "txnBegin")
             raise
+        self.client._local.txn = self
         return self
 
     def _call(self, req: dict, parts=None):
@@ -1035,8 +1052,10 @@ class ClientTransaction:
         return self[db][coll]
 
     def commit(self):
-        r = self._call({"op": "txnCommit", **self._wc})
-        self._id = None
+        try:
+            r = self._call({"op": "txnCommit", **self._wc})
+        finally:
+            self._ended()
         self.gtid = _gtid(r.get("gtid"))
         return self.gtid
 
@@ -1045,7 +1064,12 @@ class ClientTransaction:
             try:
                 self._call({"op": "txnAbort"})
             finally:
-                self._id = None
+                self._ended()
+
+    def _ended(self) -> None:
+        self._id = None
+        if getattr(self.client._local, "txn", None) is self:
+            self.client._local.txn = None
 
     def __exit__(self, et, e, tb):
         if self._id is None:

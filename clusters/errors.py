@@ -152,6 +152,15 @@ class ConnectionLost(RaymxError):
     retryable = True
 
 
+class RequestTimeout(RaymxError, TimeoutError):
+    """No answer in time (``info``: ``request_id``; for a write ``outcome:
+    "unknown"``: it may still be applied, as with a lost connection)."""
+
+    @property
+    def request_id(self):
+        return self.info.get("request_id")
+
+
 class TransactionAborted(RaymxError):
     """The transaction was aborted (timeout, conflict, member change)."""
 

@@ -935,3 +935,44 @@ def test_updates_and_deletes_need_a_filter_map(port, flt):
     assert coll.count_documents({}) == 5 and coll.find_one(3) == {"_id": 3, "v": 3}
     assert coll.delete_many({}).deleted_count == 5
     c.close()
+
+
+def test_a_write_that_times_out_says_its_outcome_is_unknown(port):
+    p, svc = port
+    c = _client(p)
+    c.timeout_s = 0.5
+    blocker = busy_writer(svc)
+    with pytest.raises(errors.RequestTimeout) as ei:
+        c["to"]["c"].insert_one({"_id": 1})
+    assert isinstance(ei.value, TimeoutError) and ei.value.info["outcome"] == "unknown"
+    assert "may still be applied" in str(ei.value)
+    blocker.set()
+    wait_for(lambda: c["to"]["c"].count_documents({}) == 1)  # it was: the caller was told so
+    c.close()
+
+
+def test_a_thread_inside_a_transaction_cannot_wait_for_itself(port):
+    """A write outside the transaction, or a second transaction, on the thread
+    holding one open would wait for it until the timeout: refused at once."""
+    p, svc = port
+    c = _client(p)
+    c.timeout_s = 5
+    coll = c["tt"]["c"]
+    other = []
+    with c.transaction() as tx:
+        tx["tt"]["c"].insert_one({"_id": "in"})
+        t0 = time.monotonic()
+        with pytest.raises(errors.InvalidOperation, match="transaction open"):
+            coll.insert_one({"_id": "out"})
+        with pytest.raises(errors.InvalidOperation, match="transaction open"):
+            with c.transaction():
+                pass
+        assert time.monotonic() - t0 < 1
+        t = threading.Thread(target=lambda: other.append(coll.insert_one({"_id": "other"})))
+        t.start()  # another thread's write waits for the transaction, as documented
+        time.sleep(0.2)
+        assert not other
+    t.join(5)
+    assert other and sorted(d["_id"] for d in coll.find()) == ["in", "other"]
+    coll.insert_one({"_id": "after"})
+    c.close()
