@@ -370,8 +370,12 @@ class Coordinator:
                 s["lag"], s["lag_s"] = None, None
                 continue
             s["lag"] = max(0, prim["last"][1] - s["applied"][1]) if prim.get("last") else 0
-            behind = s["lag"] > 0 and prim.get("last_ts") and s.get("applied_ts")
-            s["lag_s"] = max(0.0, (prim["last_ts"] - s["applied_ts"]) / 1000) if behind else 0.0
+            if s["lag"] == 0:
+                s["lag_s"] = 0.0
+            elif prim.get("last_ts") and s.get("applied_ts"):
+                s["lag_s"] = max(0.0, (prim["last_ts"] - s["applied_ts"]) / 1000)
+            else:  # behind, since an unknown time (nothing applied yet): no staleness-bounded reads
+                s["lag_s"] = None
         return {"set": self.name, "time_ms": _now_ms(), "term": self.core.term,
                 "primary": self.core.primary, "last_election": self.last_election,
                 "members": members}

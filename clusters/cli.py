@@ -51,8 +51,16 @@ def status(name, address, as_json):
 def shutdown(name, address):
     """Stop every member of NAME; its data stays on disk."""
     import raymx
-    _attach(address)
-    raymx.connect(name).shutdown()
+    try:
+        _attach(address)
+        raymx.connect(name).shutdown()
+    except raymx.errors.RaymxError as e:
+        click.echo(f"raymx: {e}", err=True)
+        sys.exit(1)
+    except ConnectionError as e:
+        click.echo(f"raymx: cannot reach a Ray cluster ({e}); start one or pass --address",
+                   err=True)
+        sys.exit(1)
     click.echo(f"replica set {name} stopped")
 
 

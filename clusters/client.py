@@ -591,6 +591,8 @@ class Client:
                     return c
             try:
                 topo = self._topology()
+            except errors.ConfigError:
+                raise  # the set was shut down, or never ran: final, not waited out
             except Exception as e:
                 raise errors.PrimaryUnavailable(f"cannot reach the replica set: {e}") from None
             prim = [m for m in topo["members"] if m.get("role") == "primary"]

@@ -448,9 +448,13 @@ class ReplicaSet:
         return cls(name, coord)
 
     def shutdown(self) -> None:
-        """Stop every member (flushing LMDB) and the coordinator. Data stays on disk."""
+        """Stop every member (flushing LMDB) and the coordinator. Data stays on
+        disk. A set already shut down: nothing to do."""
         ray = _ray()
-        cfg = self.config()
+        try:
+            cfg = self.config()
+        except errors.ConfigError:  # its coordinator was stopped: shut down already
+            return
         try:
             ray.get(self._coord.stop.remote(), timeout=10)  # no elections while stopping
         except Exception:
@@ -670,7 +674,7 @@ def format_status(st: dict) -> str:
             state += f" ({p['phase']} {100 * p['rows_done'] // max(p['rows'] or 1, 1)}%)"
         rows.append((str(m.get("id")), m.get("role", "?"), state,
                      str(m.get("term", "-")), g(m.get("last")), g(m.get("durable")),
-                     g(m.get("applied")), str(m.get("lag", "-")),
+                     g(m.get("applied")), "-" if m.get("lag") is None else str(m["lag"]),
                      "-" if lag_s is None else f"{lag_s:.3f}",
                      "-" if m.get("sync_source") is None else str(m["sync_source"]),
                      "-" if "bytes" not in ol else f"{ol['bytes'] / 2**20:.1f}",

@@ -1,4 +1,6 @@
 """A single-member replica set: real Ray actors, real LMDB, the driver over TCP."""
+import time
+
 import pytest
 
 import raymx
@@ -77,6 +79,11 @@ def test_durable_writes_and_restart_recovers_under_a_new_term(ray_session, tmp_p
     st = rs.status()["members"][0]
     term1 = st["term"]
     rs.shutdown()
+    rs.shutdown()  # again: nothing to do
+    t0 = time.monotonic()
+    with pytest.raises(errors.ConfigError, match="shut down"):
+        c["a"]["b"].count_documents({})  # a client of a stopped set is told at once
+    assert time.monotonic() - t0 < 10
     with pytest.raises(errors.ConfigError):
         raymx.connect("restart1")
     rs = raymx.ReplicaSet.launch("restart1", data_dir=d)
