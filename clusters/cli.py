@@ -5,6 +5,7 @@ run it with ``RAY_AUTH_MODE=token`` so it can attach.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -16,6 +17,21 @@ def _attach(address: str | None):
     if not ray.is_initialized():
         ray.init(address=address or "auto", namespace="raymx", log_to_driver=False,
                  logging_level="ERROR")
+
+
+@contextlib.contextmanager
+def _one_line_errors():
+    """A replica set or Ray cluster that cannot be reached: one line and exit 1."""
+    import raymx
+    try:
+        yield
+    except raymx.errors.RaymxError as e:
+        click.echo(f"raymx: {e}", err=True)
+        sys.exit(1)
+    except ConnectionError as e:
+        click.echo(f"raymx: cannot reach a Ray cluster ({e}); start one or pass --address",
+                   err=True)
+        sys.exit(1)
 
 
 @click.group()
@@ -31,16 +47,9 @@ def status(name, address, as_json):
     """Role, state, term and positions of every member of NAME."""
     import raymx
     from raymx.replset import format_status
-    try:
+    with _one_line_errors():
         _attach(address)
         st = raymx.connect(name).status()
-    except raymx.errors.RaymxError as e:
-        click.echo(f"raymx: {e}", err=True)
-        sys.exit(1)
-    except ConnectionError as e:
-        click.echo(f"raymx: cannot reach a Ray cluster ({e}); start one or pass --address",
-                   err=True)
-        sys.exit(1)
     click.echo(json.dumps(st, indent=2, default=str) if as_json else format_status(st))
 
 
@@ -51,16 +60,9 @@ def status(name, address, as_json):
 def shutdown(name, address):
     """Stop every member of NAME; its data stays on disk."""
     import raymx
-    try:
+    with _one_line_errors():
         _attach(address)
         raymx.connect(name).shutdown()
-    except raymx.errors.RaymxError as e:
-        click.echo(f"raymx: {e}", err=True)
-        sys.exit(1)
-    except ConnectionError as e:
-        click.echo(f"raymx: cannot reach a Ray cluster ({e}); start one or pass --address",
-                   err=True)
-        sys.exit(1)
     click.echo(f"replica set {name} stopped")
 
 
