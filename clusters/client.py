@@ -45,9 +45,6 @@ class _Wait:
         self.msg = None  # the answer frame, or the exception that ended the connection
 
 
-RequestTimeout = errors.RequestTimeout  # a TimeoutError too
-
-
 class Connection:
     """One connection to a member (TCP, or ``unix``: a socket path), shared by
     threads and pipelined.
@@ -246,7 +243,7 @@ class Connection:
                     elif not self._cv.wait(max(0.0, deadline - time.monotonic())) and \
                             w.msg is None and time.monotonic() >= deadline:
                         self._pending.pop(rid, None)
-                        raise RequestTimeout(f"no answer from {self.addr} in {timeout_s} s",
+                        raise errors.RequestTimeout(f"no answer from {self.addr} in {timeout_s} s",
                                              request_id=rid)
                 finally:
                     self._waiting -= 1
@@ -260,7 +257,7 @@ class Connection:
                     if deadline is not None and time.monotonic() >= deadline:
                         with self._mu:
                             self._pending.pop(rid, None)
-                        raise RequestTimeout(f"no answer from {self.addr} in {timeout_s} s",
+                        raise errors.RequestTimeout(f"no answer from {self.addr} in {timeout_s} s",
                                              request_id=rid)
                     self._receive()
             finally:
@@ -1034,7 +1031,7 @@ class ClientTransaction:
         self._conn = self.client._primary_conn()
         try:
             self._id = self._conn.request({"op": "txnBegin"}, self.client.timeout_s)["txn"]
-        except RequestTimeout as e:  # the member may open it later: it must abort that one
+        except errors.RequestTimeout as e:  # the member may open it later: it must abort that one
             self._conn.cancel(e.request_id, "txnBegin")
             raise
         self.client._local.txn = self

@@ -181,9 +181,12 @@ def _index_entries(ix: IndexInfo, doc: dict, pk: bytes) -> list[tuple[bytes, byt
     """
     if len(ix.key) == 1:
         p = ix.key[0][0]
-        v = doc.get(p, None) if "." not in p else _none(query.get_path(doc, p))
-        # the common case: one key (a dotted path that missed may fan out over arrays)
-        if type(v) not in _ARRAYS and (v is not None or "." not in p):
+        if "." not in p:
+            v = doc.get(p, None)
+        else:  # several values reached through arrays: a list, indexed below
+            vals = query.reach(doc, p)
+            v = _none(vals[0]) if len(vals) == 1 else vals
+        if type(v) not in _ARRAYS:  # the common case: one key
             pre = ix.prefix + encode_key(v)
             return [(pre, pre + pk)]
     pres = [ix.prefix]

@@ -87,11 +87,15 @@ def _reach(cur: Any, parts: list[str], i: int = 0) -> list:
     return [cur]
 
 
-def reach(doc: Any, path: str) -> list:
-    """The values dotted ``path`` reaches in ``doc`` (``[MISSING]`` if none)."""
-    parts = path.split(".")
+def _values(doc: Any, parts: list[str]) -> list:
+    """``_reach``, walking first: the common path reaches one value without fan-out."""
     v = _walk(doc, parts)
     return [v] if v is not MISSING or len(parts) == 1 else _reach(doc, parts)
+
+
+def reach(doc: Any, path: str) -> list:
+    """The values dotted ``path`` reaches in ``doc`` (``[MISSING]`` if none)."""
+    return _values(doc, path.split("."))
 
 
 # --- filters ---------------------------------------------------------------
@@ -185,12 +189,8 @@ def _compile_field(path: str, cond: Any) -> Predicate:
         return match
 
     def match_path(doc: Any) -> bool:
-        v = _walk(doc, parts)
-        if v is MISSING:  # maybe through an array of subdocuments
-            vals = _reach(doc, parts)
-            if len(vals) > 1 or vals[0] is not MISSING:
-                return pred(*_fanned(vals))
-        return pred(v, _candidates(v))
+        vals = _values(doc, parts)
+        return pred(vals[0], _candidates(vals[0])) if len(vals) == 1 else pred(*_fanned(vals))
     return match_path
 
 
@@ -440,8 +440,7 @@ def sort_key(spec: Any) -> Callable[[dict], tuple]:
     def key(doc: dict) -> tuple:
         out = []
         for parts, direction in fields:
-            v = _walk(doc, parts)
-            vals = _reach(doc, parts) if v is MISSING and len(parts) > 1 else (v,)
+            vals = _values(doc, parts)
             if len(vals) == 1 and not isinstance(vals[0], _ARRAY):  # the common case
                 k = _NULL if vals[0] is MISSING else encode_key(vals[0])
             else:
