@@ -15,10 +15,16 @@ import time
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, ActorUnschedulableError
 
-from raymx.actors.election import Action, ElectionCore
+from raymx import errors
+from raymx.actors.election import (Action, ElectionCore, candidates, check_config_change,
+                                   committed_point, config_change_blockers)
 from raymx.storage.gtid import GTID
 
 log = logging.getLogger("raymx.coordinator")
+
+
+# a planned step-down lets the writes the primary accepted finish this long at most
+HAND_OVER_S = 5.0
 
 
 def _now_ms() -> int:
@@ -40,7 +46,10 @@ class Coordinator:
         self._addr: dict[int, dict] = {}
         self._handles: dict[int, object] = {}
         self._inflight: dict[int, object] = {}
+        self._pushing: dict[int, object] = {}  # configuration pushes to members behind
         self._lock = threading.RLock()
+        self._reconfig_lock = threading.Lock()  # one configuration change at a time
+        self._join_fence: dict[int, dict] = {}  # a joining member's fence (see change)
         self._stop = threading.Event()
         self.failed_at_ms: int | None = None
         self.last_election: dict | None = None
@@ -68,13 +77,20 @@ class Coordinator:
 
     def _push_config(self) -> dict:
         cfg = self._config()
-        refs = []
+        refs = {}
         for m in self.members:
             try:
-                refs.append(self._handle(m["id"]).set_config.remote(cfg))
+                refs[m["id"]] = self._handle(m["id"]).set_config.remote(cfg)
             except Exception:
                 pass
-        ray.wait(refs, num_returns=len(refs), timeout=30)
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=30)
+        for mid, ref in refs.items():
+            if ref in ready:
+                try:
+                    ray.get(ref)
+                    self.core.members[mid].config_version = self.version  # recorded
+                except Exception:
+                    pass
         return cfg
 
     def set_oplog_cap(self, cap: dict) -> dict:
@@ -84,17 +100,98 @@ class Coordinator:
             self.oplog_cap = dict(cap)
             return self._push_config()
 
-    def reconfigure(self, members: list[dict]) -> dict:
-        """Install a new member list (ids kept); every member records it durably."""
+    def reconfigure(self, members: list[dict], timeout_s: float = 60.0) -> dict:
+        """Install a new member list (ids kept); every member records it durably.
+
+        A change of the voters (one added or removed at most, else ConfigError)
+        waits until the current configuration is recorded by a majority of its
+        voters and the primary's last entry is durable on a majority of the
+        voters of both configurations (``config_change_blockers``); after
+        ``timeout_s`` it is refused with ConfigError saying what it waited for,
+        and nothing changes. Changes run one at a time, each after the one
+        before it."""
+        return self.change(members=members, timeout_s=timeout_s)
+
+    def change(self, put: dict | None = None, remove: int | None = None,
+               members: list[dict] | None = None, timeout_s: float = 60.0) -> dict:
+        """One configuration change, applied to the configuration current when
+        its turn comes (so two callers' changes never undo each other): ``put``
+        adds or replaces a member's spec, ``remove`` removes a secondary,
+        ``members`` replaces the whole list. See ``reconfigure``."""
+        with self._reconfig_lock:
+            deadline = time.monotonic() + timeout_s
+            with self._lock:
+                new = [dict(m) for m in self.members] if members is None else members
+                if remove is not None:
+                    if not any(m["id"] == remove for m in new):
+                        raise errors.ConfigError(f"no member {remove}")
+                    if remove == self.core.primary:
+                        raise errors.ConfigError(
+                            f"member {remove} is the primary: step_down() first")
+                    new = [m for m in new if m["id"] != remove]
+                if put is not None:
+                    new = sorted([m for m in new if m["id"] != put["id"]] + [dict(put)],
+                                 key=lambda m: m["id"])
+                votes_change = check_config_change(self.members, new)
+            fence: dict = {}  # primary -> the committed point when the change began
+            while True:
+                why = self._change_blockers(new, fence) if votes_change else []
+                if not why:
+                    with self._lock:
+                        return self._install(new)
+                if time.monotonic() >= deadline:
+                    raise errors.ConfigError(
+                        f"configuration change refused after {timeout_s:g}s, nothing "
+                        f"changed: {'; '.join(why)}", blockers=why)
+                time.sleep(0.05)
+
+    def _change_blockers(self, members: list[dict], start: dict) -> list[str]:
+        """What a voter change waits for, from the primary's view of positions.
+        The committed point waited for is the one when the change began
+        (``start``, per primary), so a busy primary's newer writes never keep
+        the change waiting."""
         with self._lock:
-            self.version += 1
-            self.members = members
-            self._handles = {k: v for k, v in self._handles.items()
-                             if any(m["id"] == k for m in members)}
-            self._inflight = {k: v for k, v in self._inflight.items()
-                              if any(m["id"] == k for m in members)}
-            self.core.reconfigure(members)
-            return self._push_config()
+            old, version, prim = [dict(m) for m in self.members], self.version, self.core.primary
+            recorded = self.core.config_committed(version, old)
+            behind = [m["id"] for m in old if m["id"] not in recorded]
+        self._push_to(behind)
+        committed, fence, durable = None, None, {}
+        if prim is not None:
+            try:
+                st = ray.get(self._handle(prim).commit_state.remote(), timeout=2)
+                if st["primary"]:
+                    durable = {int(m): GTID(*g) for m, g in st["durable"].items()}
+                    committed = start.setdefault(prim, committed_point(old, durable))
+                    fence = None if st["fence"] is None else GTID(*st["fence"])
+                else:
+                    prim = None
+            except Exception:
+                prim = None
+        return config_change_blockers(old, members, recorded, prim, committed, fence, durable)
+
+    def _install(self, members: list[dict]) -> dict:
+        self.version += 1
+        self.members = members
+        self._handles = {k: v for k, v in self._handles.items()
+                         if any(m["id"] == k for m in members)}
+        self._inflight = {k: v for k, v in self._inflight.items()
+                          if any(m["id"] == k for m in members)}
+        self.core.reconfigure(members)
+        return self._push_config()
+
+    def _push_to(self, ids: list[int]) -> None:
+        """Send the configuration to members that have not recorded it (they
+        were down, or the last push timed out); never waits for them."""
+        cfg = None
+        for mid in ids:
+            ref = self._pushing.get(mid)
+            if ref is not None and not ray.wait([ref], timeout=0)[0]:
+                continue  # the previous push is still on its way
+            cfg = cfg or self._config()
+            try:
+                self._pushing[mid] = self._handle(mid).set_config.remote(cfg)
+            except Exception:
+                self._pushing.pop(mid, None)
 
     # --- heartbeats and actions ------------------------------------------
     def _handle(self, mid: int):
@@ -202,19 +299,7 @@ class Coordinator:
                 except Exception:
                     pass
         self.core.term = max(self.core.term, term)
-        voters = [v for v in answered if v.votes > 0]
-        if len(voters) < self.core.majority():
-            return None
-        cands = [v for v in answered if v.state == "running"]
-        if not cands:
-            return None
-        best = max(cands, key=lambda v: (v.last, v.priority, -v.id))
-        eligible = [v for v in cands if v.eligible and v.last >= best.last]
-        if not eligible:
-            return None  # the most advanced may not lead: the next tick catches one up
-        if any(v.id == a.member for v in eligible):
-            return a.member  # the core's choice still holds (a planned step-down's target)
-        return max(eligible, key=lambda v: (v.priority, -v.id)).id
+        return self.core.choose_winner(answered, a.member)
 
     def _loop(self) -> None:
         interval = self.limits.heartbeat_interval_ms / 1000
@@ -232,6 +317,8 @@ class Coordinator:
                         self.failed_at_ms = seen if seen is not None else _now_ms()
                     for a in actions:
                         self._act(a)
+                    self._push_to([v.id for v in self.core.members.values()
+                                   if v.alive and v.config_version < self.version])
                     self._finish_joins()
             except Exception:
                 log.exception("heartbeat round failed")
@@ -240,6 +327,14 @@ class Coordinator:
     def _finish_joins(self) -> None:
         """Members synchronizing from a snapshot (``joining`` in the configuration
         holds their real votes and priority) get them once caught up."""
+        if not self._reconfig_lock.acquire(blocking=False):
+            return  # an operator's change is under way: next round
+        try:
+            self._finish_one_join()
+        finally:
+            self._reconfig_lock.release()
+
+    def _finish_one_join(self) -> None:
         for m in self.members:
             j = m.get("joining")
             if not j or not self.core.ready_to_join(m["id"], self.limits.join_lag_entries):
@@ -255,7 +350,14 @@ class Coordinator:
                 if x["id"] == m["id"]:
                     x.update(votes=j["votes"], priority=j["priority"])
                     del x["joining"]
-            self.reconfigure(members)
+            if check_config_change(self.members, members):
+                why = self._change_blockers(members, self._join_fence.setdefault(m["id"], {}))
+                if why:  # a new voter: try again next round (never block heartbeats)
+                    log.info("replica set %s: member %d waits to vote: %s", self.name,
+                             m["id"], "; ".join(why))
+                    return
+            self._join_fence.pop(m["id"], None)
+            self._install(members)
             log.warning("replica set %s: member %d caught up; it now has %d vote(s), "
                         "priority %s", self.name, m["id"], j["votes"], j["priority"])
             return  # one configuration change per heartbeat round
@@ -268,13 +370,14 @@ class Coordinator:
             old = self.core.primary
             if old is None:
                 raise RuntimeError("there is no primary to step down")
-            cands = [v for v in self.core.members.values()
-                     if v.id != old and v.alive and v.eligible and v.state == "running"]
+            cands = [v for v in candidates(self.core.members.values())
+                     if v.id != old and v.alive and v.eligible]
             if not cands:
                 raise RuntimeError("no eligible secondary can take over")
             target = max(cands, key=lambda v: (v.last, v.priority, -v.id))
             t0 = _now_ms()
-            ray.get(self._handle(old).step_down.remote(self.core.term), timeout=10)
+            ray.get(self._handle(old).step_down.remote(self.core.term, HAND_OVER_S),
+                    timeout=HAND_OVER_S + 10)
             goal = GTID(*ray.get(self._handle(old).heartbeat.remote(self.core.term))["last"])
             ray.get(self._handle(target.id).follow.remote(self.core.term, old), timeout=10)
             deadline = time.monotonic() + timeout_s
@@ -320,8 +423,9 @@ class Coordinator:
         for m in self.members:
             a = self._addr.get(m["id"])
             if a is not None:
+                v = self.core.members.get(m["id"])
                 out.append(dict(a, role="primary" if m["id"] == self.core.primary
-                                else "secondary"))
+                                else "secondary", state=v.state if v else "unknown"))
         return {"secret": self.secret, "members": out, "term": self.core.term,
                 "primary": self.core.primary}
 

@@ -8,21 +8,38 @@ Rules (DESIGN section 7, TokuMX 2.0):
 
 * the primary has failed when it has not answered for ``heartbeat_timeout_ms``
   or its actor is dead;
-* an election needs a majority of voting, running members (never a
-  synchronizing one); the winner is the most advanced (largest last GTID),
-  ties by priority then lowest id;
+* an election needs a majority of voting members that answer; a member that
+  cannot stand (resync, synchronizing, priority 0) still votes, as in MongoDB,
+  but only for a winner at least as advanced as itself (Raft's vote rule:
+  it may hold a committed entry the others lack); the winner is the most
+  advanced running member (largest last GTID), ties by priority then lowest
+  id, and is never one that needs a resync or is synchronizing;
 * if the most advanced member may not be primary (priority 0, hidden,
   delayed), the best eligible member first catches up from it;
 * the winner takes term ``max known term + 1`` (durably, before it accepts a
   write); every other member is told to follow it under that term;
 * a member that reports itself primary under an older term is told to step
   down (a deposed primary); a primary that cannot see a majority steps down
-  by itself (see ShardService).
+  by itself (see ShardService);
+* a coordinator that has no primary (it restarted) adopts a member that
+  reports itself primary in the highest term it knows, with a majority of
+  voters up, instead of electing again.
+
+Configuration changes (``check_config_change``, ``config_change_blockers``)
+follow MongoDB's safe reconfig and Raft's single-server changes: one voter
+added or removed at a time; the current configuration recorded by a majority
+of its voters, and everything acknowledged under the configuration before it
+durable on a majority of the current voters; the majority-committed point
+durable on a majority of the new voters. Only then is the new one installed.
+So a majority of the new configuration holds every write a majority
+acknowledged before it, and single-voter quorums overlap for the writes
+acknowledged while the change is installed.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from raymx import errors
 from raymx.storage.gtid import GTID, ZERO
 
 
@@ -44,6 +61,7 @@ class View:
     loading: bool = False       # an initial sync has not finished loading its snapshot
     loaded_at: GTID | None = None  # the snapshot's GTID once loaded (this process's life)
     following: tuple | None = None  # (sync source, term) the member says it follows
+    config_version: int = 0     # the newest configuration the member has recorded
 
     @property
     def eligible(self) -> bool:
@@ -67,6 +85,8 @@ class ElectionCore:
     term: int = 0
     catching_up: tuple[int, int, GTID] | None = None  # (member, source, target)
     elections: int = 0
+    adoptions: int = 0
+    started_ms: int | None = None  # the first tick (a restarted coordinator's too)
     log: list = field(default_factory=list)
 
     @classmethod
@@ -95,6 +115,7 @@ class ElectionCore:
         v.loaded_at = GTID(*reply["loaded_at"]) if reply.get("loaded_at") else None
         f = reply.get("following")
         v.following = None if f is None else (f[0], f[1])
+        v.config_version = reply.get("config_version", 0)
         self.term = max(self.term, v.term)
 
     def on_elected(self, member: int, term: int) -> None:
@@ -116,7 +137,27 @@ class ElectionCore:
         return sum(1 for v in self.members.values() if v.votes > 0) // 2 + 1
 
     def _candidates(self) -> list[View]:
-        return [v for v in self.members.values() if v.alive and v.state == "running"]
+        return candidates([v for v in self.members.values() if v.alive])
+
+    def choose_winner(self, answered: list[View], proposed: int | None = None) -> int | None:
+        """The winner of a fenced election among the members that ``answered``
+        (with their last GTID as of after recording the new term), or None:
+        no majority of votes for the most advanced candidate, or it may not
+        lead (the next tick catches an eligible member up first). ``proposed``
+        (the core's choice, or a planned hand-over's target) wins if it is
+        among the best."""
+        cands = candidates(answered)
+        if not cands:
+            return None
+        best = max(cands, key=lambda v: (v.last, v.priority, -v.id))
+        if votes_for(answered, best.last) < self.majority():
+            return None
+        eligible = [v for v in cands if v.eligible and v.last >= best.last]
+        if not eligible:
+            return None
+        if any(v.id == proposed for v in eligible):
+            return proposed
+        return max(eligible, key=lambda v: (v.priority, -v.id)).id
 
     def sync_source_for(self, v: View) -> int | None:
         """The configured source if it is alive and not this member, else the primary."""
@@ -135,7 +176,11 @@ class ElectionCore:
                 p.seen_ms is not None and now_ms - p.seen_ms >= self.heartbeat_timeout_ms)):
             self.log.append(("primary_failed", p.id, now_ms, p.seen_ms))
             self.primary = None
+        if self.started_ms is None:
+            self.started_ms = now_ms
         if self.primary is None:
+            self._adopt()
+        if self.primary is None and not self._first_round_open(now_ms):
             out += self._elect()
         chosen = {a.member for a in out if a.kind == "elect"}
         # deposed or confused primaries step down; everyone follows the primary
@@ -150,12 +195,37 @@ class ElectionCore:
                     out.append(Action("follow", v.id, self.term, src))
         return out
 
+    def _first_round_open(self, now_ms: int) -> bool:
+        """Before its first election or adoption, a coordinator waits until every
+        member answered or is known down, or a heartbeat timeout passed: a
+        primary whose answer is late must be adopted, not replaced."""
+        if self.elections or self.adoptions:
+            return False
+        if now_ms - self.started_ms >= self.heartbeat_timeout_ms:
+            return False
+        return any(v.seen_ms is None and not v.dead for v in self.members.values())
+
+    def _adopt(self) -> None:
+        """No primary known (a restarted coordinator): a member that reports
+        itself primary in the highest term anyone holds, with a majority of
+        voters up, keeps the role; no new election, no lost availability."""
+        up = [v for v in self.members.values() if v.alive]
+        top = max([self.term] + [v.term for v in up])
+        p = [v for v in up if v.role == "primary" and v.term == top and v.state == "running"]
+        if len(p) == 1 and sum(1 for v in up if v.votes > 0) >= self.majority():
+            self.primary = p[0].id
+            self.term = top
+            self.adoptions += 1
+            self.log.append(("adopted", p[0].id, top))
+
     def _elect(self) -> list[Action]:
         cands = self._candidates()
-        voting_up = sum(1 for v in cands if v.votes > 0)
-        if voting_up < self.majority():
-            return []  # no majority: no primary, writes fail with PrimaryUnavailable
+        if not cands:
+            return []
         best = max(cands, key=lambda v: (v.last, v.priority, -v.id))
+        up = [v for v in self.members.values() if v.alive]
+        if votes_for(up, best.last) < self.majority():
+            return []  # no majority: no primary, writes fail with PrimaryUnavailable
         new_term = max([self.term] + [v.term for v in self.members.values()]) + 1
         if best.eligible:
             return [Action("elect", best.id, new_term)]
@@ -167,6 +237,11 @@ class ElectionCore:
             return [Action("elect", e.id, new_term)]
         self.catching_up = (e.id, best.id, best.last)
         return [Action("catch_up", e.id, new_term, source=best.id, target=best.last)]
+
+    def config_committed(self, version: int, specs: list[dict]) -> list[int]:
+        """Voters of ``specs`` that have recorded configuration ``version``."""
+        return [m for m in voters(specs)
+                if m in self.members and self.members[m].config_version >= version]
 
     def reconfigure(self, specs: list[dict]) -> None:
         """Members added, removed or changed: views follow, majorities with them."""
@@ -198,3 +273,79 @@ class ElectionCore:
         """Planned hand-over: the shell has made ``member`` catch up already."""
         new_term = max([self.term] + [v.term for v in self.members.values()]) + 1
         return [Action("elect", member, new_term)]
+
+
+def candidates(views) -> list[View]:
+    """Members that may be elected: running (or recovering: a restarted member
+    not yet confirmed by a sync source, which may hold committed entries);
+    never one that needs a resync or is loading a snapshot."""
+    return [v for v in views if v.state in ("running", "recovering")]
+
+
+def votes_for(views, last: GTID) -> int:
+    """Votes a candidate whose last GTID is ``last`` gets from ``views``: every
+    voting member, running or not, that is not more advanced than it."""
+    return sum(1 for v in views if v.votes > 0 and v.last <= last)
+
+
+# --- configuration changes -------------------------------------------------
+def voters(specs: list[dict]) -> list[int]:
+    return sorted(s["id"] for s in specs if s.get("votes", 1) > 0)
+
+
+def check_config_change(old: list[dict], new: list[dict]) -> bool:
+    """Is ``old`` -> ``new`` allowed? Raises ConfigError if it adds or removes
+    more than one voter or leaves none. True if it changes the voters (it must
+    then wait for ``config_change_blockers``), False if majorities stay as they are."""
+    a, b = set(voters(old)), set(voters(new))
+    if not b:
+        raise errors.ConfigError("at least one voting member must remain")
+    changed = sorted(a ^ b)
+    if len(changed) > 1:
+        raise errors.ConfigError(
+            f"a configuration change adds or removes at most one voter; this one changes "
+            f"the votes of members {changed}: make one change at a time (each waits for "
+            "the one before it)")
+    return bool(changed)
+
+
+def _majority_of(ids) -> int:
+    return len(ids) // 2 + 1
+
+
+def committed_point(specs: list[dict], durable: dict[int, GTID | None]) -> GTID | None:
+    """The majority-committed point under configuration ``specs``, from the
+    primary's view of durable positions (a change captures it once, at its start)."""
+    from raymx.actors.replication import majority_point
+    return majority_point(durable, {s["id"]: s.get("votes", 1) for s in specs})
+
+
+def config_change_blockers(old: list[dict], new: list[dict], recorded: list[int],
+                           primary: int | None, committed: GTID | None, fence: GTID | None,
+                           durable: dict[int, GTID | None]) -> list[str]:
+    """Why a voter change ``old`` -> ``new`` may not be installed yet ([]: it may).
+
+    ``recorded``: voters of ``old`` that hold ``old`` durably. From the primary
+    (None, None, None, {}: there is no primary): ``committed``, the
+    majority-committed point under ``old`` when the change began; ``fence``,
+    its last entry when ``old`` was installed on it or it became primary (any
+    write acknowledged under an earlier configuration is at most that);
+    ``durable``, each member's durable position as it knows them."""
+    out = []
+    ov, nv = voters(old), voters(new)
+    if len(recorded) < _majority_of(ov):
+        out.append(f"the current configuration is recorded by voters {sorted(recorded)} "
+                   f"only, it needs {_majority_of(ov)} of {ov}")
+    if primary is None:
+        out.append("there is no primary to tell which writes are committed")
+        return out
+    for what, ids, g in (("current", ov, fence), ("new", nv, committed)):
+        if g is None:
+            continue
+        have = [m for m in ids if durable.get(m) is not None and durable[m] >= g]
+        if len(have) < _majority_of(ids):
+            out.append(f"the {what} configuration's voters {ids}: only {have} hold {g} "
+                       f"durably, {_majority_of(ids)} must (the "
+                       + ("majority-committed point)" if what == "new" else
+                          "primary's last entry under the configuration before)"))
+    return out

@@ -205,6 +205,13 @@ class OplogShard:
                                     on_durable=self._on_durable, member_id=self.member_id,
                                     votes={int(k): v for k, v in votes.items()})
         cfg = self.engine.get_meta("rs_config") or {}
+        self.config_version = cfg.get("version", 0)
+        # a secondary serves reads only once its producer has pulled from a sync
+        # source that holds its last entry (after each start, step-down, follow
+        # and rollback): until then its data may be a diverged branch
+        self.sync_state = "resync" if self.engine.get_meta("needs_resync") else "recovering"
+        self.fence: GTID | None = None  # see commit_state
+        self.service.read_refusal = self._read_refusal
         cap = cfg.get("oplog_cap") or oplog_cap
         if cap:
             self.service.set_oplog_cap(cap)
@@ -246,13 +253,48 @@ class OplogShard:
         return {"term": self.engine.term, "last": list(last), "h": h, "role": self.role,
                 "following": self.following, "state": self._state(),
                 "loading": self.engine.get_meta("initial_sync") is not None,
-                "loaded_at": self.loaded_at}
+                "loaded_at": self.loaded_at, "config_version": self.config_version}
 
     def _state(self) -> str:
-        """running, synchronizing (initial sync: never elected, see DESIGN 4) or resync."""
+        """running; synchronizing (initial sync: never elected, see DESIGN 4);
+        resync; recovering (a secondary whose position no sync source has
+        confirmed since it started, stepped down or rolled back: it may be
+        elected, it serves no reads)."""
         if self.synchronizing or self.engine.get_meta("initial_sync") is not None:
             return "synchronizing"
-        return "resync" if self.engine.get_meta("needs_resync") else "running"
+        if self.engine.get_meta("needs_resync"):
+            return "resync"
+        return "running" if self.role == "primary" else self.sync_state
+
+    def _read_refusal(self) -> str | None:
+        """Why reads are refused here now (memory only: it runs on every read)."""
+        if self.role == "primary":
+            return None
+        if self.synchronizing:
+            return "synchronizing"
+        return None if self.sync_state == "running" else self.sync_state
+
+    @ray.method(concurrency_group="control")
+    def on_sync_state(self, state: str) -> None:
+        """The producer's state: "running" once a pull from its sync source
+        confirmed this member's last entry; "recovering" or "resync" when it
+        did not (a rollback, a stale or refusing source, a resync due)."""
+        with self._role_lock:
+            if self.role != "primary" and state in ("running", "recovering", "resync"):
+                self.sync_state = state
+
+    @ray.method(concurrency_group="control")
+    def commit_state(self) -> dict:
+        """For configuration changes: each member's durable position as this
+        primary knows them, its last entry, and its fence: its last entry when
+        it became primary or installed the current configuration (every write
+        acknowledged under an earlier configuration is at most that)."""
+        with self.service.wc._cond:
+            durable = {m: list(g) for m, g in self.service.wc.durable.items() if g is not None}
+        last, _ = self.engine.last()
+        return {"primary": self.service.primary and self.role == "primary",
+                "term": self.engine.term, "last": list(last), "durable": durable,
+                "fence": None if self.fence is None else list(self.fence)}
 
     @ray.method(concurrency_group="control")
     def become_primary(self, term: int, timeout_s: float = 30) -> dict:
@@ -273,6 +315,7 @@ class OplogShard:
             self.feeder.set_primary(True)
             self.service.become_primary(term)
             self.role = "primary"
+            self.fence = self.engine.last()[0]  # every committed entry is at most this
             self.following = None
             last, _ = self.engine.last()  # synced by become_primary
             self._on_durable(last)
@@ -287,6 +330,7 @@ class OplogShard:
 
     def _become_secondary(self) -> None:
         self.following = None
+        self.sync_state = "recovering"  # it may hold writes the new primary lacks
         self.service.step_down()
         self.role = "secondary"
         self.feeder.set_primary(False)
@@ -311,10 +355,14 @@ class OplogShard:
             return
         self.engine.put_meta("rs_config", config)
         self.engine.sync()
+        self.config_version = config["version"]
         mine = next((m for m in config["members"] if m["id"] == self.member_id), None)
         if mine is not None:
             self.spec = mine
         self.service.set_votes({m["id"]: m["votes"] for m in config["members"]})
+        if self._is_primary():
+            # writes acknowledged under the configuration before are at most this
+            self.fence = self.engine.last()[0]
         for m in config["members"]:
             if not m.get("joining"):  # it has joined: its pulls hold trimming now
                 self.service.trim_holds.pop(m["id"], None)
@@ -334,8 +382,13 @@ class OplogShard:
         self.following = None
 
     @ray.method(concurrency_group="control")
-    def step_down(self, term: int) -> None:
+    def step_down(self, term: int, drain_s: float = 0.0) -> None:
+        """Stop being primary. A planned hand-over (``drain_s``) first refuses new
+        writes and lets the accepted ones finish and be acknowledged (up to
+        ``drain_s``), so none of them ends with an unknown outcome."""
         with self._role_lock:
+            if drain_s and self._is_primary():
+                self.service.hand_over(drain_s)
             self._learn_term(term)
             if self._is_primary():
                 self._become_secondary()
@@ -747,6 +800,9 @@ class FeederService:
             return {"status": "stale_term", "term": term,
                     "reason": f"member {self.member_id} was at term {my_term} < {term}"}
         now = now_ms()
+        if durable is not None and not (tuple(durable) == tuple(after or ())
+                                        and self.core.holds(after, after_h)):
+            durable = applied = None  # on another branch: counts for nothing here
         with self._core_lock:
             self.core.report(member, durable, applied, now)
             for m, p in (downstream or {}).items():
@@ -850,6 +906,11 @@ class Producer:
         self.majority: GTID | None = self.engine.range().majority
         self._majority_bell = doorbell.Bell(path, "majority")
         self._majority_shard = Notifier(rs_name, member_id, "", "on_majority")
+        # what the shard was last told of this member's state (it serves reads
+        # only after "running"); told again after every follow()
+        self._told: str | None = None
+        self._told_at = 0.0
+        self._tell_shard = Notifier(rs_name, member_id, "", "on_sync_state")
         if ray.get_runtime_context().was_current_actor_reconstructed:
             # restarted alone (crash): the shard knows whom this member follows
             try:
@@ -938,18 +999,26 @@ class Producer:
             if not self._majority_bell.ring(g.to_bytes()):  # the shard tells its feeder too
                 self._majority_shard(mj)
 
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        now = time.monotonic()
+        if self._told != state or now - self._told_at >= 2.0:  # again now and then: a
+            self._told, self._told_at = state, now           # restarting shard may miss one
+            self._tell_shard(state)
+
     def _handle(self, out, src, src_id, last, last_h) -> None:
         status = out["status"]
         if status == "ok" and out.get("term", 0) < self.engine.term:
             status = "stale_term"  # never take entries from a deposed primary
         if status == "ok":
             self._learn_majority(out)
-            if self.state == "recovering":
-                self.state = "running"  # the source answers again (even with nothing new)
+            # the source holds our last entry (even with nothing new): confirmed
+            self._set_state("running")
         if status == "diverged":
+            self._set_state("recovering")  # reads stop before anything is undone
             return self._roll_back(src)
         if status != "ok":
-            self.state = "resync" if status == "too_stale" else "recovering"
+            self._set_state("resync" if status == "too_stale" else "recovering")
             if status == "too_stale":
                 self.engine.put_meta("needs_resync", f"sync source trimmed past {last}")
             self.error = f"sync source {src_id} says {status}: {out.get('reason') or out}"
@@ -967,7 +1036,6 @@ class Producer:
             time.sleep(0.5)
             return
         self.error = None
-        self.state = "running"
         self.batches += 1
         self.entries += len(batch)
         if not self._applier_bell.ring():
@@ -1003,7 +1071,8 @@ class Producer:
             self.engine.sync()
         except errors.IrreversibleOp as e:
             self.engine.put_meta("needs_resync", str(e))
-            self.state, self.error = "resync", str(e)
+            self._set_state("resync")
+            self.error = str(e)
             log.error("member %d cannot roll back: %s", self.member_id, e)
             return
         finally:
@@ -1017,6 +1086,7 @@ class Producer:
     @ray.method(concurrency_group="control")
     def follow(self, source: int, term: int) -> None:
         self.sync_source, self.term = source, term
+        self._told = None  # the shard waits for this source to confirm us
         self._paused.clear()
 
     @ray.method(concurrency_group="control")

@@ -104,6 +104,17 @@ class FeederCore:
                 mp = own
         return mp
 
+    def holds(self, g, h: int | None) -> bool:
+        """Does this oplog hold entry ``g`` with hash ``h`` (a caller's last)?
+        A caller's durable position counts for write concern only then: a
+        member on another branch (diverged, not yet rolled back) holds none of
+        this primary's entries, whatever its GTID says."""
+        if g is None or h is None or tuple(g) == tuple(ZERO):
+            return g is None or tuple(g) == tuple(ZERO)
+        with self.e.store.read() as t:
+            v = t.get("oplog", GTID(*g).to_bytes())
+        return v is not None and codec.unpack(v, "oplog entry")["h"] == h
+
     def report(self, member: int, durable, applied, now_ms: int) -> None:
         self.positions[member] = {"durable": None if durable is None else GTID(*durable),
                                   "applied": None if applied is None else GTID(*applied),
@@ -335,9 +346,11 @@ def majority(votes: list[int]) -> int:
 
 
 def majority_point(durable: dict[int, GTID | None], votes: dict[int, int]) -> GTID | None:
-    """The newest GTID durable on a majority of voting members (never rolled back)."""
+    """The newest GTID durable on a majority of voting members (never rolled back).
+    Only members of the configuration (``votes``) count: a removed member's
+    position, still known, says nothing about the new configuration's majorities."""
     need = majority(list(votes.values()))
-    pts = sorted((d for m, d in durable.items() if d is not None and votes.get(m, 1) > 0),
+    pts = sorted((d for m, d in durable.items() if d is not None and votes.get(m, 0) > 0),
                  reverse=True)
     return pts[need - 1] if len(pts) >= need else None
 
@@ -346,11 +359,12 @@ def acknowledged(gtid: GTID, w, durable: dict[int, GTID | None], votes: dict[int
     """Is ``gtid`` durable on enough members for write concern ``w``?
 
     ``durable`` maps every member (the primary included) to its durable
-    position; a number counts any member, "majority" counts voting members.
+    position; a number counts any member of the configuration (``votes``),
+    "majority" counts voting members.
     """
-    have = [m for m, d in durable.items() if d is not None and d >= gtid]
+    have = [m for m, d in durable.items() if d is not None and d >= gtid and m in votes]
     if w == "majority":
-        return sum(1 for m in have if votes.get(m, 1) > 0) >= majority(list(votes.values()))
+        return sum(1 for m in have if votes[m] > 0) >= majority(list(votes.values()))
     return len(have) >= int(w)
 
 

@@ -362,6 +362,9 @@ class ShardService:
         self.member_id = member_id
         self.votes = votes or {member_id: 1}
         self.heard_ms: dict[int, int] = {}
+        self.handing_over = False  # a planned step-down drains accepted writes
+        # why this member may not serve reads now (its shell decides), or None
+        self.read_refusal: Callable[[], str | None] = lambda: None
         # members loading a snapshot: {member: (its GTID, until ms)}, see trim_bound
         self.trim_holds: dict[int, tuple[GTID, int]] = {}
         # the majority-committed point as this member knows it (only moves up):
@@ -521,7 +524,24 @@ class ShardService:
         self._unwritten.clear()  # n entries a past term owed: the oplog moved on without them
         self.wc.reset()
         self.heard_ms = {m: int(time.time() * 1000) for m in self.votes}  # grace period
+        self.handing_over = False
         self.primary = True
+
+    def hand_over(self, timeout_s: float) -> bool:
+        """A planned step-down: refuse new writes with NotPrimary (never run, so
+        drivers retry them on the next primary) and wait, up to ``timeout_s``,
+        until the writes already accepted have run and their write concerns are
+        answered. True if they all were (``step_down`` then fails none)."""
+        self.handing_over = True
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self.wc._cond:
+                waiting = len(self.wc._waiting)
+            if not waiting and not self._arrived and not self._q.unfinished_tasks \
+                    and not self._wlock.locked():
+                return True
+            time.sleep(0.002)
+        return False
 
     def step_down(self) -> None:
         """No more writes; writes still waiting for acknowledgements fail now.
@@ -532,6 +552,7 @@ class ShardService:
         branch past the same seq.
         """
         self.primary = False
+        self.handing_over = False
         self.wc.fail_all(lambda g: errors.NotPrimary(
             f"member {self.member_id} stepped down before the write at {g} was acknowledged; "
             "its outcome is unknown", gtid=list(g), outcome="unknown"))
@@ -551,9 +572,11 @@ class ShardService:
             problem = write_concern_problem(req.get("w"), req.get("j"), req.get("wtimeout_ms"))
             if problem is not None:
                 return reply(err=errors.InvalidOperation(f"{op}: {problem}; nothing was written"))
-            if not self.primary:
+            if not self.primary or self.handing_over:
                 return reply(err=errors.NotPrimary(
-                    f"member {self.member_id} is not the primary", member=self.member_id))
+                    f"member {self.member_id} is not the primary" + (
+                        " (it is handing the role over)" if self.primary else ""),
+                    member=self.member_id))
             if not self.sees_majority(int(time.time() * 1000)):
                 # A primary cut off from the majority stops taking writes within
                 # the heartbeat timeout; the majority side elects a new one.
@@ -576,10 +599,24 @@ class ShardService:
                 s.submit(req, reply)
             else:
                 self._to_writer(("write", None, req, reply))
-        elif op in READ_OPS:
-            self.readers.submit(self._read, req, reply, conn)
-        elif op == "watch":
-            self.watchers.submit(self._watch, req, reply)
+        elif op in READ_OPS or op == "watch":
+            if req.get("rp") == "primary" and not self.primary:
+                return reply(err=errors.NotPrimary(
+                    f"member {self.member_id} is not the primary (a read with read "
+                    "preference primary)", member=self.member_id))
+            why = self.read_refusal() if op != "killCursors" else None
+            if why is not None:
+                # a member whose data may still be rolled back or replaced (its
+                # position unconfirmed, a resync due, a snapshot loading) serves
+                # nothing: the driver tries another member
+                return reply(err=errors.NotPrimaryOrSecondary(
+                    f"member {self.member_id} is {why}: it serves no reads until a sync "
+                    "source confirms its data; read from another member",
+                    member=self.member_id, state=why))
+            if op == "watch":
+                self.watchers.submit(self._watch, req, reply)
+            else:
+                self.readers.submit(self._read, req, reply, conn)
         else:
             reply(err=errors.InvalidOperation(f"unknown operation {op!r}"))
 

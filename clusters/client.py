@@ -561,7 +561,10 @@ class Client:
             c = self._conns[m["id"]] = connect_member(m, secret)
         return c
 
-    def _read_conn(self, rp: "ReadPreference") -> Connection:
+    def _read_conn(self, rp: "ReadPreference", skip=()) -> Connection:
+        """A connection to a member that satisfies ``rp``, not one in ``skip``
+        (it refused the read) nor one the set reports recovering, needing a
+        resync or synchronizing (its data may still be rolled back)."""
         if rp.mode == "primary":
             return self._primary_conn()
         topo = self._topology()
@@ -574,11 +577,39 @@ class Client:
             lag = {s["id"]: s.get("lag_s") for s in self._status()["members"]}
             members = [m for m in members if lag.get(m["id"]) is not None
                        and lag[m["id"]] <= rp.max_staleness_s]
-        if not members:
-            raise errors.StaleRead(f"no member satisfies read preference {rp}")
-        m = members[next(self._rr) % len(members)]
+        ready = [m for m in members if m["id"] not in skip
+                 and (m.get("role") == "primary" or m.get("state", "running") == "running")]
+        if not ready:
+            raise errors.StaleRead(f"no member satisfies read preference {rp}",
+                                   transient=len(ready) < len(members))
+        m = ready[next(self._rr) % len(ready)]
         with self._lock:
             return self._conn_to(m, topo["secret"])
+
+    def _read_call(self, rp: "ReadPreference", req: dict) -> tuple:
+        """Run a read on a member that satisfies ``rp``: (answer, connection).
+        A member that refuses it (``NotPrimaryOrSecondary``) or drops the
+        connection is skipped and another one tried until ``timeout_s``."""
+        if rp.mode == "primary":  # a member that is not (any more) primary refuses it
+            return self._call_conn(dict(req, rp="primary"))
+        deadline = time.monotonic() + self.timeout_s
+        skip: set = set()
+        while True:
+            conn = None
+            try:
+                conn = self._read_conn(rp, skip)
+                return conn.request(req, max(0.1, deadline - time.monotonic())), conn
+            except (errors.NotPrimaryOrSecondary, errors.ConnectionLost, OSError) as e:
+                err = e
+                hello = getattr(conn, "hello", None)
+                skip.add(hello.get("member") if isinstance(hello, dict) else None)
+            except errors.StaleRead as e:
+                if not e.info.get("transient"):
+                    raise
+                err, skip = e, set()  # every fitting member refused: try them again
+            if time.monotonic() >= deadline:
+                raise err
+            time.sleep(self.retry_interval_s)
 
     def _primary_conn(self) -> Connection:
         with self._lock:
@@ -622,7 +653,8 @@ class Client:
             try:
                 c = self._primary_conn()
                 return c.request(req, max(0.1, deadline - time.monotonic()), parts), c
-            except (errors.NotPrimary, errors.PrimaryUnavailable) as e:
+            except (errors.NotPrimary, errors.PrimaryUnavailable,
+                    errors.NotPrimaryOrSecondary) as e:
                 if e.info.get("outcome") == "unknown":
                     raise  # committed there, then the primary stepped down: never retry
                 err = e
@@ -742,9 +774,7 @@ class Collection:
         if self._txn is not None:
             return self._txn._call(req)
         req.update(self.read_preference.fields())
-        if self.read_preference.mode == "primary":
-            return self.client._call(req)
-        return self.client._read_conn(self.read_preference).request(req, self.client.timeout_s)
+        return self.client._read_call(self.read_preference, req)[0]
 
     def _write(self, req: dict, wc: dict, parts=None):
         req["ns"] = self.full_name
@@ -878,7 +908,8 @@ class ChangeStream:
         except (errors.PrimaryUnavailable, errors.StaleRead, OSError):
             # no primary now (an election): any member serves the same events
             topo = c._topology()
-            ms = [m for m in topo["members"] if not m.get("hidden")]
+            ms = [m for m in topo["members"] if not m.get("hidden") and (
+                m.get("role") == "primary" or m.get("state", "running") == "running")]
             if not ms:
                 raise errors.PrimaryUnavailable("no member of the replica set is reachable")
             m = ms[next(c._rr) % len(ms)]
@@ -896,7 +927,7 @@ class ChangeStream:
                 return self._conn.request(dict(self._req, after=self.resume_token),
                                           self._wait_s + self.client.timeout_s)
             except (errors.ConnectionLost, errors.PrimaryUnavailable, errors.ShutDown,
-                    OSError, TimeoutError) as e:
+                    errors.NotPrimaryOrSecondary, OSError, TimeoutError) as e:
                 err = e
             except Exception as e:  # e.g. Ray reporting a member restarting
                 if isinstance(e, errors.RaymxError):
@@ -979,11 +1010,8 @@ class Cursor:
             yield from txn._call(dict(self._spec))["docs"]
             return
         rp = self._c.read_preference
-        if rp.mode == "primary":
-            r, conn = self._c.client._call_conn(dict(self._spec))
-        else:
-            conn = self._c.client._read_conn(rp)
-            r = conn.request({**self._spec, **rp.fields()}, self._c.client.timeout_s)
+        r, conn = self._c.client._read_call(
+            rp, dict(self._spec) if rp.mode == "primary" else {**self._spec, **rp.fields()})
         cid = r["cursor"]
         try:
             while True:

@@ -94,6 +94,14 @@ class NotPrimary(RaymxError):
     retryable = True
 
 
+class NotPrimaryOrSecondary(RaymxError):
+    """This member serves no reads now (``info["state"]``: recovering, resync or
+    synchronizing): its data may still be rolled back or replaced. Retry on
+    another member (the driver does)."""
+
+    retryable = True
+
+
 class PrimaryUnavailable(RaymxError):
     """No primary is reachable right now (an election may be running)."""
 

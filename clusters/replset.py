@@ -232,7 +232,11 @@ class ReplicaSet:
         if initial_sync != "snapshot":
             members.append(spec)
             self._start(spec, cfg, members)
-            ray.get(self._coord.reconfigure.remote(members))
+            try:
+                self._change(min(timeout_s, RECONFIG_TIMEOUT_S), put=spec)
+            except errors.ConfigError:
+                self.kill_member(new_id)  # never configured: its actors go
+                raise
             return new_id
         self._sync_from_snapshot(spec, cfg, members, source, spark, progress, timeout_s, wait)
         return new_id
@@ -257,7 +261,7 @@ class ReplicaSet:
             raise errors.ConfigError(f"member {member_id} is the primary: step_down() first")
         final = dict(m)
         m.update(votes=0, priority=0)  # never counted or elected while it resyncs
-        ray.get(self._coord.reconfigure.remote(members))
+        self._change(RECONFIG_TIMEOUT_S, put=m)
         self.kill_member(member_id)
         aside = f"{m['path']}.resync-{int(time.time() * 1000)}"
         ray.get(ray.remote(num_cpus=0)(_move_aside).options(
@@ -297,7 +301,7 @@ class ReplicaSet:
             src = isync.open_source(self, source)
             # started marked as synchronizing: its producer pulls nothing until loaded
             self._start(syncing, cfg, all_members, initial_sync=True)
-            ray.get(self._coord.reconfigure.remote(all_members))
+            self._change(RECONFIG_TIMEOUT_S, put=syncing)
             if held:
                 isync.hold_applier(self, mid, True)  # the catch-up is a Spark job too
         except BaseException:
@@ -343,34 +347,43 @@ class ReplicaSet:
         member's node). ``add_member(initial_sync="backup", backup=dest)`` joins it."""
         return GTID(*_ray().get(self.member(member_id).backup.remote(os.path.abspath(dest))))
 
-    def remove_member(self, member_id: int) -> None:
-        """Remove a secondary (step the primary down first); its files stay on disk."""
-        ray = _ray()
-        cfg = self.config()
-        if self._topology().get("primary") == member_id:
-            raise errors.ConfigError(f"member {member_id} is the primary: step_down() first")
-        members = [dict(m) for m in cfg["members"] if m["id"] != member_id]
-        if len(members) == len(cfg["members"]):
-            raise errors.ConfigError(f"no member {member_id}")
-        if not any(m["votes"] for m in members):
-            raise errors.ConfigError("at least one voting member must remain")
-        ray.get(self._coord.reconfigure.remote(members))
+    def remove_member(self, member_id: int, timeout_s: float | None = None) -> None:
+        """Remove a secondary (step the primary down first); its files stay on disk.
+
+        A voter is removed only once the primary's last entry is durable on a
+        majority of the remaining voters (and of the current ones): a lagging
+        set waits for its members to catch up, up to ``timeout_s`` (default
+        60 s), then refuses with ConfigError and nothing changes. Calls made
+        together run one after the other, each waiting for the one before."""
+        self._change(RECONFIG_TIMEOUT_S if timeout_s is None else timeout_s, remove=member_id)
         self.kill_member(member_id)
 
-    def reconfigure_member(self, member_id: int, **changes) -> None:
-        """Change ``priority``, ``votes``, ``hidden`` or ``delay_s`` online."""
+    def reconfigure_member(self, member_id: int, timeout_s: float | None = None,
+                           **changes) -> None:
+        """Change ``priority``, ``votes``, ``hidden`` or ``delay_s`` online (a vote
+        given or taken waits as ``remove_member`` does)."""
         allowed = {"priority", "votes", "hidden", "delay_s"}
         if set(changes) - allowed:
             raise errors.ConfigError(f"can change only {sorted(allowed)}")
-        ray = _ray()
         _, members, m = self._config_member(member_id)
         m.update(changes)
         m.update(_one_spec(member_id, {k: m[k] for k in _SPEC_KEYS}))
-        if not any(x["votes"] for x in members):
-            raise errors.ConfigError("at least one member must vote")
         if m["priority"] == 0 and self._topology().get("primary") == member_id:
             raise errors.ConfigError(f"member {member_id} is the primary: step_down() first")
-        ray.get(self._coord.reconfigure.remote(members))
+        self._change(RECONFIG_TIMEOUT_S if timeout_s is None else timeout_s, put=m)
+
+    def _change(self, timeout_s: float, **edit) -> dict:
+        """One configuration change through the coordinator (it applies them one
+        at a time, to the configuration current then)."""
+        ray = _ray()
+        from ray.exceptions import RayTaskError
+        try:
+            return ray.get(self._coord.change.remote(timeout_s=timeout_s, **edit),
+                           timeout=timeout_s + 120)
+        except RayTaskError as e:
+            if isinstance(e.cause, errors.RaymxError):
+                raise e.cause from None
+            raise
 
     def set_oplog_cap(self, max_bytes: int | None = None, max_age_s: float | None = None,
                       force: bool = False) -> dict:
@@ -585,6 +598,9 @@ def _start_member(name: str, m: dict, secret: str, limits: Limits, votes: dict,
                                                                             m["delay_s"]),
     ]
 
+
+# how long a configuration change waits for lagging members by default
+RECONFIG_TIMEOUT_S = 60.0
 
 _SPEC_KEYS = {"priority", "votes", "hidden", "delay_s", "sync_source"}
 

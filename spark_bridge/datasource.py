@@ -167,13 +167,16 @@ def _member_of(rs, member) -> dict:
     members = {m["id"]: m for m in cfg["members"]}
     topo = rs._topology()
     roles = {m["id"]: m.get("role") for m in topo["members"]}
+    ok = {m["id"] for m in topo["members"] if m.get("state", "running") == "running"}
     if member is None or member == "primary":
         prim = [i for i, r in roles.items() if r == "primary"]
         if not prim:
             raise errors.PrimaryUnavailable("no primary to read a snapshot from")
         member = prim[0]
     elif member == "secondary":
-        sec = [i for i, r in sorted(roles.items()) if r == "secondary"
+        # never one whose data may still be rolled back or replaced (recovering,
+        # resync, synchronizing)
+        sec = [i for i, r in sorted(roles.items()) if r == "secondary" and i in ok
                and not members.get(i, {}).get("delay_s")]
         if not sec:
             raise errors.ConfigError("no running secondary to read a snapshot from")

@@ -68,7 +68,8 @@ from typing import Callable
 
 from raymx import errors
 from raymx.actors import replication as rep
-from raymx.actors.election import Action, ElectionCore
+from raymx.actors.election import (Action, ElectionCore, check_config_change,
+                                   committed_point, config_change_blockers)
 from raymx.actors.gtid_manager import GTIDManager
 from raymx.actors.shard import ShardService, result_out, run_statement
 from raymx.storage import codec, oplog
@@ -77,7 +78,7 @@ from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.limits import Limits
 from raymx.storage.store import MemoryStore
 
-BROKEN = ("ack_before_durable", "reuse_term")
+BROKEN = ("ack_before_durable", "reuse_term", "unsafe_reconfig")
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,9 @@ KNOWN_BUGS = {b.name: b for b in (
              "choose the winner among those answers only; never reuse a term the "
              "coordinator has sent (bump core.term when it issues an election)",
              ("two primaries accepted writes", "majority-acknowledged write"),
-             ("coordinator_dies_mid_election", "primary_cut_from_coordinator"), ()),
+             # (primary_cut_from_coordinator reproduced it until positions from
+             # another branch stopped counting for write concern: FeederCore.holds)
+             ("coordinator_dies_mid_election", 44), ()),
     KnownBug("deposed_role_stuck", "actors/shard.py ShardService._commit + "
              "actors/member.py OplogShard._learn_term/step_down/follow",
              "a primary learns a higher term through a pull (Feeder.pull records it in the "
@@ -172,7 +175,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "term: on learning a newer term it waits for the coordinator's follow(source, "
              "term) for that term (the Raft rule: take entries only from the leader of "
              "your current term)",
-             ("majority-acknowledged write", "majority-committed point"), (444,),
+             ("majority-acknowledged write", "majority-committed point"), (330,),
              ("election_not_fenced", "stale_write_concern")),
     KnownBug("producer_thread_dies", "actors/member.py Producer._run/_roll_back",
              "only the pull is inside the producer loop's try: a find_common call that "
@@ -189,6 +192,7 @@ FIXES_ALL = tuple(KNOWN_BUGS)
 PULL_TIMEOUT_MS = 2_000
 CONTROL_TIMEOUT_MS = 1_000
 ELECT_TIMEOUT_MS = 2_000
+RECONFIG_TIMEOUT_MS = 3_000
 CLIENT_TIMEOUT_MS = 3_000
 WTIMEOUT_MS = 2_000
 # The liveness phase must converge within this much simulated time.
@@ -242,9 +246,13 @@ class Options:
     heartbeat_interval_ms: int = 100
     heartbeat_timeout_ms: int = 600
     pull_wait_ms: int = 500
+    # per fault tick: the coordinator is asked to give or take one member's
+    # vote (a configuration change, while members may lag)
+    reconfig_p: float = 0.0
     # scripted faults (scenarios): (at_ms, "partition", groups) | (at_ms, "heal")
     # | (at_ms, "crash", member, machine) | (at_ms, "restart", member)
     # | (at_ms, "crash_c") | (at_ms, "restart_c") | (at_ms, "drop_p", p)
+    # | (at_ms, "votes", member, votes)
     script: tuple = ()
 
     @classmethod
@@ -279,7 +287,8 @@ class Options:
             disk_ms_max=r.choice((1, 5, 20)), apply_batch_ops=r.choice((1, 3, 50)),
             hashes_per_round=r.choice((2, 5, 1000)), safety_ms=r.choice((4_000, 6_000, 8_000)),
             heartbeat_interval_ms=r.choice((50, 100, 200)),
-            heartbeat_timeout_ms=r.choice((300, 600, 1000)), pull_wait_ms=r.choice((100, 500)))
+            heartbeat_timeout_ms=r.choice((300, 600, 1000)), pull_wait_ms=r.choice((100, 500)),
+            reconfig_p=random.Random(seed * 104729 + 3).choice((0.0, 0.0, 0.01, 0.03)))
 
 
 # Named scenarios (TigerBeetle's replica_test style): a quiet cluster and a
@@ -315,6 +324,16 @@ SCENARIOS = {
     # The coordinator sends become_primary(1) to m1 at the end of its first round
     # and dies before the answer; m1 is cut off from the others and the coordinator
     # (clients still reach it); the restarted coordinator has never heard of term 1
+    # issue 19 scenario 1: m4 and m5 cannot pull (they lag) while majority writes
+    # are acknowledged by m1-m3; m2 then m3 lose their votes and are killed, as
+    # remove_member does, and the primary's machine crashes. The changes must
+    # wait (and time out): else m4 and m5 elect one of them without the writes
+    "reconfigure_while_lagging": lambda: Options.quiet(
+        members=5, majority_p=1.0, safety_ms=9_000,
+        script=((500, "partition", [["m4", "m5"], ["m1", "m2", "m3"]]),
+                (2_000, "votes", 2, 0), (2_050, "votes", 3, 0),
+                (5_500, "crash", 2, False), (5_500, "crash", 3, False),
+                (5_600, "crash", 1, True), (5_700, "heal"))),
     "coordinator_dies_mid_election": lambda: Options.quiet(
         script=((_HB + 1, "crash_c"),
                 (_HB + 6, "partition", [["m1"], ["m2", "m3", "c"]]),
@@ -464,7 +483,10 @@ class SimMember:
         self._control_busy = False
         # ShardService (read by ShardService.sees_majority, called unbound below)
         self.member_id = mid
-        self.votes = {m: 1 for m in sim.member_ids}
+        cfg = self.engine.get_meta("rs_config") or {"version": 0, "members": sim.specs}
+        self.config_version = cfg["version"]
+        self.fence = ZERO  # OplogShard.fence (set when it leads)
+        self.votes = {s["id"]: s.get("votes", 1) for s in cfg["members"]}
         self.heard_ms: dict[int, int] = {}
         self.primary = False
         last, _ = self.engine.last()
@@ -548,8 +570,26 @@ class SimMember:
             self.set_positions({}, {int(m): now for m in alive})
         last, h = self.engine.last()
         respond({"term": self.engine.term, "last": list(last), "h": h, "role": self.role,
-                 "following": self.following,
+                 "following": self.following, "config_version": self.config_version,
                  "state": "running" if not self.engine.get_meta("needs_resync") else "resync"})
+
+    def on_set_config(self, respond, config: dict) -> None:
+        """OplogShard.set_config: kept durably, majorities follow at once."""
+        if config["version"] > self.config_version:
+            self.engine.put_meta("rs_config", config)
+            self.engine.sync()
+            self.config_version = config["version"]
+            self.votes = {s["id"]: s.get("votes", 1) for s in config["members"]}
+            if self.primary:
+                self.fence = self.engine.last()[0]
+            self._wc_check()
+        respond(None)
+
+    def on_commit_state(self, respond) -> None:
+        """OplogShard.commit_state."""
+        last, _ = self.engine.last()
+        respond({"primary": self.primary, "last": list(last), "fence": list(self.fence),
+                 "durable": {m: list(g) for m, g in self.wc_durable.items() if g is not None}})
 
     def on_become_primary(self, respond, term: int) -> None:
         self._control_call(self._become_primary, respond, term)
@@ -578,6 +618,7 @@ class SimMember:
         self.heard_ms = {m: self.now() for m in self.votes}  # grace period
         self.primary = True
         self.role = "primary"
+        self.fence = last
         self.following = None
         self._feeder_reset()  # feeder.set_primary(True)
         last, _ = self.engine.last()
@@ -792,6 +833,9 @@ class SimMember:
             self._wc_check()
             return respond({"status": "stale_term", "term": term})
         now = self.now()
+        if durable is not None and not (tuple(durable) == tuple(after or ())
+                                        and self.feeder.holds(after, after_h)):
+            durable = applied = None  # FeederService.pull: another branch counts for nothing
         self.feeder.report(member, durable, applied, now)
         for m, p in (downstream or {}).items():
             self.feeder.report(int(m), p.get("durable"), p.get("applied"), p.get("at_ms", now))
@@ -960,7 +1004,14 @@ class SimCoordinator:
 
     def __init__(self, sim: "Sim"):
         self.sim = sim
-        self.core = ElectionCore.from_specs(sim.specs, sim.limits.heartbeat_timeout_ms)
+        # as the actor's constructor: the newest configuration a running member holds
+        cfgs = [m.engine.get_meta("rs_config") for m in sim.members()]
+        cfg = max((c for c in cfgs if c), key=lambda c: c["version"],
+                  default={"version": 1, "members": sim.specs})
+        self.version, self.config = max(1, cfg["version"]), [dict(m) for m in cfg["members"]]
+        self.core = ElectionCore.from_specs(self.config, sim.limits.heartbeat_timeout_ms)
+        self.changing = False
+        self.queued: deque = deque()
         self.inbox: dict[int, list] = {}
         self._round_start = 0
         self.later(0, self._round)
@@ -996,6 +1047,9 @@ class SimCoordinator:
                 self.core.on_heartbeat(mid, None, now)
         had = self.core.primary
         actions = self.core.tick(now)
+        for v in self.core.members.values():  # Coordinator._push_to
+            if v.alive and v.config_version < self.version:
+                self._push(v.id)
         if had is not None and self.core.primary is None:
             self.sim.trace(self.name, f"primary m{had} failed")
         if self.sim.broken == "reuse_term":
@@ -1053,22 +1107,14 @@ class SimCoordinator:
             for mid in self.sim.member_ids:
                 if mid in replies:
                     core.on_heartbeat(mid, replies[mid], now)
-            cands = [core.members[m] for m in self.sim.member_ids
-                     if m in replies and replies[m]["state"] == "running"
-                     and replies[m]["term"] == term]
-            if sum(1 for v in cands if v.votes > 0) < core.majority():
-                self.sim.trace(self.name, f"prepare term={term}: no majority")
-                core.on_failed(a)
+            best = core.choose_winner([core.members[m] for m in self.sim.member_ids
+                                       if m in replies and replies[m]["term"] == term],
+                                      a.member)
+            if best is None:
+                self.sim.trace(self.name, f"prepare term={term}: no winner")
+                core.on_failed(a)  # the core sends catch_up on its next tick if needed
                 return self._act(actions)
-            best = max(cands, key=lambda v: (v.last, v.priority, -v.id))
-            if not best.eligible:
-                eligible = [v for v in cands if v.eligible]
-                e = max(eligible, key=lambda v: (v.last, v.priority, -v.id), default=None)
-                if e is None or e.last < best.last:
-                    core.on_failed(a)  # the core sends catch_up on its next tick
-                    return self._act(actions)
-                best = e
-            self._become_primary(Action("elect", best.id, term), actions)
+            self._become_primary(Action("elect", best, term), actions)
 
         def on_reply(mid, r, err):
             if err is None and state["open"]:
@@ -1079,6 +1125,70 @@ class SimCoordinator:
             self.sim.rpc.call(self.name, f"m{mid}", "heartbeat", (term, []),
                               lambda r, err, mid=mid: on_reply(mid, r, err), CONTROL_TIMEOUT_MS)
         self.later(3 * self.sim.limits.heartbeat_interval_ms, close)
+
+    # -- configuration changes: Coordinator.change ------------------------
+    def set_votes(self, member: int, votes: int) -> None:
+        """An operator gives or takes a member's vote; waits like the actor's
+        ``change`` (every heartbeat interval, up to RECONFIG_TIMEOUT_MS)."""
+        if self.changing:  # one at a time, each after the one before
+            self.queued.append((member, votes))
+            return self.sim.trace(self.name, f"votes m{member}={votes} queued")
+        new = [dict(m, votes=votes) if m["id"] == member else dict(m) for m in self.config]
+        try:
+            voters_change = check_config_change(self.config, new)
+        except errors.ConfigError as e:
+            return self.sim.trace(self.name, f"votes m{member}={votes} refused: {e}")
+        self.changing = True
+        self.sim.trace(self.name, f"votes m{member}={votes} asked")
+        self._try_change(new, voters_change and self.sim.broken != "unsafe_reconfig",
+                         self.sim.sched.now + RECONFIG_TIMEOUT_MS, {})
+
+    def _try_change(self, new: list, voters_change: bool, deadline: int, fence: dict) -> None:
+        if not voters_change:
+            return self._install(new)
+        recorded = self.core.config_committed(self.version, self.config)
+        prim = self.core.primary
+
+        def decide(st):
+            p = prim if st is not None and st["primary"] else None
+            durable = {int(m): GTID(*g) for m, g in st["durable"].items()} if p is not None else {}
+            if p is not None:  # the committed point when the change began
+                fence.setdefault(p, committed_point(self.config, durable))
+            why = config_change_blockers(
+                self.config, new, recorded, p, fence.get(p),
+                GTID(*st["fence"]) if p is not None else None, durable)
+            if not why:
+                return self._install(new)
+            if self.sim.sched.now >= deadline:
+                self.sim.trace(self.name, f"change refused: {'; '.join(why)}")
+                return self._next_change()
+            self.later(self.sim.limits.heartbeat_interval_ms, self._try_change, new,
+                       voters_change, deadline, fence)
+        if prim is None:
+            return decide(None)
+        self.sim.rpc.call(self.name, f"m{prim}", "commit_state", (),
+                          lambda r, err: decide(None if err is not None else r),
+                          CONTROL_TIMEOUT_MS, lambda: decide(None))
+
+    def _install(self, new: list) -> None:
+        self.version += 1
+        self.config = new
+        self.core.reconfigure(new)
+        self.sim.trace(self.name, f"config {self.version}: voters "
+                       f"{[m['id'] for m in new if m.get('votes', 1)]}")
+        for m in self.sim.member_ids:
+            self._push(m)
+        self._next_change()
+
+    def _next_change(self) -> None:
+        self.changing = False
+        if self.queued:
+            self.set_votes(*self.queued.popleft())
+
+    def _push(self, mid: int) -> None:
+        self.sim.rpc.call(self.name, f"m{mid}", "set_config",
+                          ({"version": self.version, "members": self.config},),
+                          lambda r, err: None, CONTROL_TIMEOUT_MS)
 
     def _become_primary(self, a: Action, actions: list[Action]) -> None:
         self.sim.trace(self.name, f"elect m{a.member} term={a.term} (prepared)")
@@ -1398,6 +1508,9 @@ class Sim:
                 self.crash_coordinator()
         elif op == "restart_c":
             self._restart_coordinator()
+        elif op == "votes":
+            if "c" in self._nodes:
+                self._nodes["c"].set_votes(item[2], item[3])
         else:
             raise ValueError(f"unknown scripted fault {item!r}")
 
@@ -1480,6 +1593,10 @@ class Sim:
             if name in self._nodes and rng.random() < o.crash_p:
                 self.crash_member(m, rng.random() < o.machine_crash_p)
                 self.sched.at(rng.randint(50, 2000), self._restart_member, m)
+        if o.reconfig_p and "c" in self._nodes and rng.random() < o.reconfig_p:
+            c = self._nodes["c"]
+            m = rng.choice(c.config)
+            c.set_votes(m["id"], 0 if m.get("votes", 1) else 1)
         if "c" in self._nodes and rng.random() < o.coordinator_crash_p:
             self.crash_coordinator()
             self.sched.at(rng.randint(50, 2000), self._restart_coordinator)

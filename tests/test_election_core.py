@@ -112,3 +112,94 @@ def test_a_synchronizing_member_joins_once_loaded_and_caught_up():
     c.on_heartbeat(0, None, 5000, dead=True)
     assert not c.ready_to_join(2, 100)
     assert not c.ready_to_join(7, 100)  # not a member
+
+
+# --- issue 19: votes of members that cannot stand, adoption, safe reconfig ----
+def test_a_member_that_needs_a_resync_still_votes_but_is_never_elected():
+    c = core3()
+    beat(c, 0, 0, last=(2, 60), role="primary", term=2)
+    c.on_elected(0, 2)
+    beat(c, 1, 0, last=(1, 250), term=2, state="resync")  # a diverged old primary
+    beat(c, 2, 0, last=(2, 58), term=2)
+    c.on_heartbeat(0, None, 1200, dead=True)
+    beat(c, 1, 1200, last=(1, 250), term=2, state="resync")
+    beat(c, 2, 1200, last=(2, 58), term=2)
+    acts = [a for a in c.tick(1200) if a.kind == "elect"]
+    assert [(a.member, a.term) for a in acts] == [(2, 3)]  # 2 votes of 3: member 2 wins
+    assert c.choose_winner([c.members[1], c.members[2]], 2) == 2
+
+
+def test_a_voter_more_advanced_than_every_candidate_blocks_the_election():
+    """Raft's vote rule: the resync member may hold a committed entry nobody
+    running has; its vote does not count for them, so no one is elected."""
+    c = core3()
+    beat(c, 0, 0, last=(2, 5), state="synchronizing")
+    beat(c, 1, 0, last=(2, 9), state="resync")
+    beat(c, 2, 0, last=(2, 7))
+    c.on_heartbeat(0, None, 1200, dead=True)
+    beat(c, 1, 1200, last=(2, 9), state="resync")
+    beat(c, 2, 1200, last=(2, 7))
+    assert not [a for a in c.tick(1200) if a.kind == "elect"]
+    assert c.choose_winner([c.members[1], c.members[2]]) is None
+
+
+def test_a_restarted_coordinator_adopts_the_primary_of_the_highest_term():
+    c = core3()
+    beat(c, 0, 0, last=(2, 9), term=2, role="primary")
+    beat(c, 1, 0, last=(2, 9), term=2)
+    assert c.tick(0) == [] or all(a.kind != "elect" for a in c.tick(0))  # 2 still unheard
+    beat(c, 2, 10, last=(1, 4), term=1, role="primary")  # a deposed one: steps down
+    acts = c.tick(10)
+    assert c.primary == 0 and c.term == 2 and c.elections == 0
+    assert ("step_down", 2) in [(a.kind, a.member) for a in acts]
+
+
+def test_the_first_election_waits_for_a_late_member_only_a_heartbeat_timeout():
+    c = core3()
+    beat(c, 1, 0, last=(1, 3), term=1)
+    beat(c, 2, 0, last=(1, 3), term=1)
+    assert not [a for a in c.tick(0) if a.kind == "elect"]
+    assert [a.kind for a in c.tick(1000) if a.kind == "elect"] == ["elect"]
+
+
+def test_config_changes_move_one_voter_at_a_time():
+    import pytest
+    from raymx import errors
+    from raymx.actors.election import check_config_change
+    five = [{"id": i} for i in range(5)]
+    assert check_config_change(five, five[:1] + five[2:]) is True
+    assert check_config_change(five, five + [{"id": 5, "votes": 0}]) is False
+    assert check_config_change(five, [dict(m, priority=0) for m in five]) is False
+    with pytest.raises(errors.ConfigError, match=r"at most one voter.*\[1, 2\]"):
+        check_config_change(five, [five[0]] + five[3:])
+    with pytest.raises(errors.ConfigError, match="one voter"):
+        check_config_change(five, [dict(m, votes=0) if m["id"] in (1, 2) else m for m in five])
+    with pytest.raises(errors.ConfigError, match="at least one voting"):
+        check_config_change([{"id": 0}], [{"id": 0, "votes": 0}])
+
+
+def test_a_voter_is_removed_only_when_the_rest_hold_the_committed_point():
+    """Issue 19's scenario: 0, 1 and 2 acknowledged 1:40; 3 and 4 lag."""
+    from raymx.actors.election import committed_point, config_change_blockers
+    five = [{"id": i} for i in range(5)]
+    minus1 = [m for m in five if m["id"] != 1]
+    durable = {0: GTID(1, 40), 1: GTID(1, 40), 2: GTID(1, 40), 3: GTID(1, 10), 4: GTID(1, 10)}
+    mp = committed_point(five, durable)
+    assert mp == GTID(1, 40)
+    everyone, fence = [0, 1, 2, 3, 4], GTID(1, 1)
+    why = config_change_blockers(five, minus1, everyone, 0, mp, fence, durable)
+    assert len(why) == 1 and "new configuration" in why[0] and "[0, 2]" in why[0]
+    durable[3] = GTID(1, 41)
+    assert config_change_blockers(five, minus1, everyone, 0, mp, fence, durable) == []
+    # writes acknowledged under the configuration before must be held by a
+    # majority of the current one (its fence)
+    why = config_change_blockers(five, minus1, everyone, 0, mp, GTID(1, 41), durable)
+    assert len(why) == 1 and "current configuration" in why[0]
+    # a removed member's position counts for nothing
+    assert committed_point(minus1, {1: GTID(1, 40), 0: GTID(1, 40), 3: GTID(1, 2)}) is None
+    # the current configuration must be recorded by a majority of its voters first
+    why = config_change_blockers(five, minus1, [0, 1], 0, mp, fence, durable)
+    assert len(why) == 1 and "recorded" in why[0]
+    # and there must be a primary to tell what is committed
+    assert "no primary" in config_change_blockers(five, minus1, everyone, None, None, None,
+                                                  {})[0]

@@ -141,9 +141,12 @@ def test_coordinator_restart_is_waited_out_by_the_driver(ray_session, tmp_path):
         version = rs.config()["version"]
         coll = rs.client(w="majority", wtimeout_ms=10_000)["c"]["r"]
         coll.insert_one({"_id": 1})
+        before = rs.status()
         ray.kill(rs._coord, no_restart=False)
         st = rs.status()  # waits for the restarted coordinator
         assert sorted(m["id"] for m in st["members"]) == [0, 1, 2]
+        # it keeps the primary it finds (the highest term): no election, same term
+        assert (st["primary"], st["term"]) == (before["primary"], before["term"])
         assert rs.config()["version"] == version  # reloaded from the members
         assert rs.config()["oplog_cap"]["max_bytes"] == 64 << 20
         assert coll.insert_one({"_id": 2}).gtid.seq >= 2
@@ -204,3 +207,24 @@ def test_remove_the_primarys_node_from_a_ray_cluster(tmp_path):
     line = [x for x in r.stdout.splitlines() if x.startswith("old=")]
     assert r.returncode == 0 and line, r.stdout[-2000:] + r.stderr[-3000:]
     assert "lost=0" in line[0]
+
+
+def test_planned_step_down_under_load_answers_every_write(ray_session, tmp_path):
+    """A planned hand-over drains the writes the primary accepted (issue 19,
+    minor: 2-3 in-flight writes used to get NotPrimary, outcome unknown, though
+    all were applied): none ends unknown, and every acknowledged one is there."""
+    rs = raymx.ReplicaSet.launch("sdl", members=3, data_dir=str(tmp_path))
+    try:
+        old = rs.wait_for_primary()
+        with Writers(rs, n=4) as w:
+            wait_until(lambda: len(w.acked) > 50, every_s=0.02)
+            out = rs.step_down()
+            n = len(w.acked)
+            wait_until(lambda: len(w.acked) > n + 30, timeout_s=30, every_s=0.02)
+        assert out["old"] == old and out["new"] != old
+        assert not w.errors, w.errors[:3]
+        assert not w.unknown, f"writes with an unknown outcome: {w.unknown}"
+        have = {d["_id"] for d in rs.client()["f"]["w"].find({})}
+        assert not [i for i, _ in w.acked if i not in have]
+    finally:
+        rs.shutdown()

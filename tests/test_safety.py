@@ -1,0 +1,155 @@
+"""Issue 19's fault scenarios on real replica sets (real Ray actors, real LMDB):
+each failed on the code before the fix."""
+import threading
+import time
+
+import pytest
+
+import raymx
+from raymx import errors
+from raymx.client import ReadPreference
+
+from tests.test_replication import wait_until
+
+
+def _producer(ray, rs, i):
+    return ray.get_actor(f"{rs.name}/m{i}/producer", namespace="raymx")
+
+
+def _pause(ray, rs, ids, paused=True):
+    ray.get([_producer(ray, rs, i).pause.remote(paused, wait=paused) for i in ids])
+
+
+def _new_primary(rs, old, timeout_s=30):
+    return wait_until(lambda: (lambda p: p is not None and p != old and p)(
+        rs._topology()["primary"]), timeout_s=timeout_s, every_s=0.05)
+
+
+def _state(rs, mid):
+    return next(m for m in rs.status()["members"] if m["id"] == mid)["state"]
+
+
+@pytest.fixture
+def five(ray_session, tmp_path):
+    rs = raymx.ReplicaSet.launch(f"five{time.monotonic_ns() % 10**6}", members=5,
+                                 data_dir=str(tmp_path))
+    assert rs.wait_for_primary() == 0
+    yield rs
+    rs.shutdown()
+
+
+def _write_30_while_3_and_4_lag(ray, rs):
+    coll = rs.client(w="majority", wtimeout_ms=10_000)["s"]["c"]
+    coll.insert_one({"_id": "before"})  # every member holds this one
+    wait_until(lambda: all(m["lag"] == 0 for m in rs.status()["members"]))
+    _pause(ray, rs, [3, 4])
+    acked = [(i, coll.insert_one({"_id": i}).gtid) for i in range(30)]
+    return coll, acked
+
+
+def test_removing_two_voters_while_the_rest_lag_loses_no_majority_write(ray_session, five):
+    """Scenario 1 exactly: 30 majority writes held by 0, 1 and 2; 3 and 4 lag;
+    remove 1 and 2; kill the primary. The removals are refused (the remaining
+    voters do not hold the writes), and nothing acknowledged is lost."""
+    ray, rs = ray_session, five
+    coll, acked = _write_30_while_3_and_4_lag(ray, rs)
+    t0 = time.monotonic()
+    with pytest.raises(errors.ConfigError, match=r"new configuration.*only \[0, 2\] hold"):
+        rs.remove_member(1, timeout_s=1.0)
+    assert time.monotonic() - t0 >= 1.0
+    with pytest.raises(errors.ConfigError):
+        rs.remove_member(2, timeout_s=1.0)
+    assert [m["id"] for m in rs.config()["members"]] == [0, 1, 2, 3, 4]
+    # asking for both at once in one list is refused at once
+    with pytest.raises(errors.ConfigError, match="at most one voter"):
+        rs._change(5, members=[m for m in rs.config()["members"] if m["id"] not in (1, 2)])
+    rs.kill_member(0)
+    _pause(ray, rs, [3, 4], False)
+    _new_primary(rs, 0)
+    have = {d["_id"] for d in rs.client()["s"]["c"].find({})}
+    assert not [i for i, _ in acked if i not in have], "acknowledged majority writes lost"
+
+
+def test_two_removals_wait_for_the_lagging_members_then_lose_nothing(ray_session, five):
+    """The same set, but the lagging members catch up while the removals wait:
+    they complete one after the other, and the new majority holds every write."""
+    ray, rs = ray_session, five
+    coll, acked = _write_30_while_3_and_4_lag(ray, rs)
+    done, errs = [], []
+
+    def remove(mid):
+        try:
+            rs.remove_member(mid, timeout_s=60)
+            done.append(mid)
+        except Exception as e:  # pragma: no cover - reported below
+            errs.append(e)
+    ts = [threading.Thread(target=remove, args=(i,)) for i in (1, 2)]
+    for t in ts:
+        t.start()
+    time.sleep(1.0)
+    assert not done and not errs  # both wait: 3 and 4 do not hold the writes yet
+    assert len(rs.config()["members"]) == 5
+    _pause(ray, rs, [3, 4], False)
+    for t in ts:
+        t.join(90)
+    assert not errs and sorted(done) == [1, 2]
+    cfg = rs.config()
+    assert [m["id"] for m in cfg["members"]] == [0, 3, 4]
+    rs.kill_member(0)
+    new = _new_primary(rs, 0)
+    assert new in (3, 4)
+    have = {d["_id"] for d in rs.client()["s"]["c"].find({})}
+    assert not [i for i, _ in acked if i not in have], "acknowledged majority writes lost"
+
+
+def test_a_member_that_needs_a_resync_serves_no_reads_and_still_votes(ray_session, tmp_path):
+    """Scenarios 2 and 3: the old primary returns with 200 diverged writes, more
+    than rollback_ops_max, so it needs a resync. It must not serve them to
+    secondary reads; and with the primary killed it still votes, so the third
+    member is elected."""
+    ray = ray_session
+    limits = raymx.Limits(rollback_ops_max=50)
+    rs = raymx.ReplicaSet.launch("resync3", members=3, data_dir=str(tmp_path), limits=limits)
+    try:
+        old = rs.wait_for_primary()
+        coll = rs.client()["d"]["c"]
+        coll.insert_one({"_id": "base"}, w="majority")
+        others = [i for i in range(3) if i != old]
+        _pause(ray, rs, others)
+        coll.insert_many([{"_id": f"x{i}", "diverged": True} for i in range(200)])
+        for i in range(200, 210):  # and some entries of their own
+            coll.insert_one({"_id": f"x{i}", "diverged": True})
+        rs.kill_member(old)
+        _pause(ray, rs, others, False)
+        new = _new_primary(rs, old)
+        coll.insert_one({"_id": "after"}, w="majority")
+        rs.start_member(old)
+        wait_until(lambda: _state(rs, old) == "resync", timeout_s=60)
+        healthy = next(i for i in others if i != new)
+        # scenario 2: the healthy secondary down, secondary reads must not reach
+        # the member in resync (before: 200 of 200 reads returned its writes)
+        rs.kill_member(healthy)
+        wait_until(lambda: _state(rs, healthy) == "down" and all(
+            m["id"] != healthy for m in rs._topology()["members"]))
+        sec = rs.client(read_preference="secondary", timeout_s=2)["d"]["c"]
+        with pytest.raises((errors.NotPrimaryOrSecondary, errors.StaleRead)):
+            sec.count_documents({"diverged": True})
+        m = next(x for x in rs._topology()["members"] if x["id"] == old)
+        from raymx.client import connect_member
+        conn = connect_member(m, rs._topology()["secret"])
+        with pytest.raises(errors.NotPrimaryOrSecondary, match="resync"):
+            conn.request({"op": "count", "ns": "d.c", "filter": {}}, 10)
+        conn.close()
+        near = rs.client(read_preference=ReadPreference("nearest"), timeout_s=10)["d"]["c"]
+        for _ in range(20):  # the primary answers, never the member in resync
+            assert near.count_documents({"diverged": True}) == 0
+        # scenario 3: the healthy member back, the primary killed: it is elected
+        # with the vote of the member in resync (before: no primary at all)
+        rs.start_member(healthy)
+        wait_until(lambda: _state(rs, healthy) in ("running", "paused"), timeout_s=60)
+        rs.kill_member(new)
+        assert _new_primary(rs, new, timeout_s=20) == healthy
+        assert coll.find_one({"_id": "after"}) is not None
+        assert coll.count_documents({"diverged": True}) == 0
+    finally:
+        rs.shutdown()
