@@ -64,6 +64,10 @@ class GTIDManager:
 
     def after_sync(self, recorded: GTID) -> GTID:
         with self._lock:
+            # assertions stay on in production (they are not ``assert``)
+            if recorded.term == self._term and recorded.seq > self._next:
+                raise AssertionError(f"replicatable point {recorded} beyond the next GTID "
+                                     f"{GTID(self._term, self._next)}")
             if recorded > self._replicatable:
                 self._replicatable = recorded
             return self._replicatable

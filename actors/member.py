@@ -48,6 +48,48 @@ def open_member(path: str, limits: Limits) -> Engine:
     return Engine(LMDBStore(path, map_bytes=limits.map_bytes), limits)
 
 
+def lock_member(path: str, rs: str, member: int, role: str, wait_s: float = 5.0):
+    """Hold ``<path>/.<role>.lock`` (an exclusive flock) for this process's
+    life: two sets over one data folder, or a zombie process and its restart,
+    never write one member's files at once. The kernel drops the lock when the
+    process dies, however it dies; a holder that is going away (a kill just
+    asked for) is waited for up to ``wait_s``. Returns the open file (keep it)."""
+    import fcntl
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    f = open(os.path.join(path, f".{role or 'shard'}.lock"), "a+")
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError:
+            if time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            f.close()
+            raise errors.ConfigError(
+                f"{path} is in use by {holder}: a member's folder serves one replica "
+                "set member at a time (is a set already running over this data_dir?)"
+            ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"replica set {rs!r} member {member} {role or 'shard'} (pid {os.getpid()})")
+    f.flush()
+    return f
+
+
+def stop_process(e: Exception) -> None:
+    """A sync failed (``errors.DiskFailed``): stop this process at once, as
+    PostgreSQL PANICs. Carrying on could acknowledge writes whose pages the
+    kernel dropped; Ray restarts the actor, which recovers from what reached
+    the disk (or fails again, visibly, while the disk is broken)."""
+    log.critical("stopping this member's process: %s", e)
+    logging.shutdown()
+    os._exit(70)
+
+
 def actor_name(rs: str, member: int, role: str = "") -> str:
     return f"{rs}/m{member}" + (f"/{role}" if role else "")
 
@@ -172,11 +214,16 @@ class OplogShard:
         ctx = ray.get_runtime_context()
         self.node_id = ctx.get_node_id()
         self.restarted = ctx.was_current_actor_reconstructed
+        self._dir_lock = lock_member(path, rs_name, self.member_id, "")
         self.engine = open_member(path, limits)
         self.engine.sync()  # whatever survived a crash is now the durable, recovered state
         owner = self.engine.get_meta("member_id")
         if owner not in (None, self.member_id):
-            raise RuntimeError(f"{path} belongs to member {owner}, not {self.member_id}")
+            raise errors.ConfigError(f"{path} belongs to member {owner}, not {self.member_id}")
+        owner_rs = self.engine.get_meta("replset")
+        if owner_rs not in (None, rs_name):
+            raise errors.ConfigError(f"{path} belongs to replica set {owner_rs!r}, not "
+                                     f"{rs_name!r}")
         self.engine.put_meta("member_id", self.member_id)
         self.engine.put_meta("replset", rs_name)
         if member.get("initial_sync") and snapshot.is_empty(self.engine) and \
@@ -203,7 +250,8 @@ class OplogShard:
                                                 with_data=True)
         self.service = ShardService(self.engine, limits, primary=False,
                                     on_durable=self._on_durable, member_id=self.member_id,
-                                    votes={int(k): v for k, v in votes.items()})
+                                    votes={int(k): v for k, v in votes.items()},
+                                    on_fatal=stop_process)
         cfg = self.engine.get_meta("rs_config") or {}
         self.config_version = cfg.get("version", 0)
         # a secondary serves reads only once its producer has pulled from a sync
@@ -231,6 +279,11 @@ class OplogShard:
         """Record a higher term durably before answering; step down if primary."""
         if term > self.engine.term:
             self.engine.set_term(term)  # synced
+            if self.role != "primary":
+                # entries from the old term's primary may not be on the new
+                # primary's branch: no reads until a source of this term confirms
+                self.sync_state = "recovering" if self.sync_state == "running" \
+                    else self.sync_state
         if term >= self.engine.term and self._is_primary() and term > self.service.gm.term:
             self._become_secondary()
 
@@ -882,6 +935,7 @@ class Producer:
         serve_at_normal_priority()
         self.sync_source: int | None = None
         self.term = 0
+        self._dir_lock = lock_member(path, rs_name, member_id, "producer")
         self.engine = open_member(path, limits)
         self.error: str | None = None
         self.state = "running"
@@ -1030,6 +1084,8 @@ class Producer:
             batch = rep.check_batch(last, last_h, out["rows"], self.limits)
             g = rep.write_batch(self.engine, batch)
             self.engine.sync()  # durable before the next pull reports it upstream
+        except errors.DiskFailed as e:
+            stop_process(e)  # never report unsynced entries as durable
         except errors.RaymxError as e:
             self.error = f"batch refused: {e}"
             log.error("member %d: %s", self.member_id, self.error)
@@ -1125,6 +1181,7 @@ class Applier:
         self.member_id, self.limits = member_id, limits
         serve_at_normal_priority()
         self.delay_ms = int(delay_s * 1000)
+        self._dir_lock = lock_member(path, rs_name, member_id, "applier")
         self.engine = open_member(path, limits)
         self.applied_entries = self.applied_ops = self.replays = 0
         self._wake = threading.Event()

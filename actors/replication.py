@@ -288,7 +288,10 @@ def apply_batch(e: Engine, limits: Limits, now_ms: int, delay_ms: int = 0,
             for op in ops:
                 tx.apply_op(op)
             t.delete("unapplied", k)
-            last = GTID.from_bytes(k)
+            g = GTID.from_bytes(k)
+            if last is not None and g.seq != last.seq + 1:
+                raise AssertionError(f"applied {g} after {last}: not in dense GTID order")
+            last = g
             n_entries += 1
             n_ops += len(ops)
             n_bytes += len(v)

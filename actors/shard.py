@@ -110,16 +110,19 @@ class GroupCommit:
     """One LMDB sync covers every commit before it (the syncer thread)."""
 
     def __init__(self, engine: Engine, gm: GTIDManager, interval_ms: int,
-                 on_durable: Callable[[GTID], None] | None = None):
+                 on_durable: Callable[[GTID], None] | None = None,
+                 on_fatal: Callable[[Exception], None] | None = None):
         self._e = engine
         self._gm = gm
         self._interval = interval_ms / 1000
         self._on_durable = on_durable
+        self._on_fatal = on_fatal
+        self.failed: Exception | None = None  # a sync failed: nothing more is durable
         # eager: sync as soon as anything is committed (members wait downstream),
         # else every interval_ms unless a j=True writer waits
         self.eager = False
         self._cond = threading.Condition()
-        self._waiters: list[tuple[GTID, Callable[[], None]]] = []
+        self._waiters: list[tuple] = []  # (GTID, ok(), fail(error))
         self.committed: GTID | None = None  # last commit (not yet necessarily durable)
         self.durable: GTID | None = None    # last commit covered by a finished sync
         self.syncs = 0
@@ -142,12 +145,17 @@ class GroupCommit:
         with self._cond:
             self.committed = self.durable = last
 
-    def when_durable(self, g: GTID, cb: Callable[[], None]) -> bool:
+    def when_durable(self, g: GTID, cb: Callable[[], None],
+                     fail: Callable[[Exception], None] = lambda e: None) -> bool:
         """``cb`` once a flush covers ``g``: now if one did; else it waits (the
-        caller flushes, ``sync_now``) and this returns True."""
+        caller flushes, ``sync_now``) and this returns True. ``fail(error)``
+        instead if the disk failed first."""
         with self._cond:
+            if self.failed is not None:
+                fail(self.failed)
+                return False
             if self.durable is None or g > self.durable:
-                self._waiters.append((g, cb))
+                self._waiters.append((g, cb, fail))
                 return True
         cb()
         return False
@@ -162,7 +170,8 @@ class GroupCommit:
             with self._cond:
                 if not self._waiters and not self._stop and not (self.eager and self._behind()):
                     self._cond.wait(self._interval)
-                if self._stop and not self._waiters and not self._behind():
+                if self.failed is not None or (
+                        self._stop and not self._waiters and not self._behind()):
                     return
                 if not self._behind():
                     continue
@@ -183,20 +192,36 @@ class GroupCommit:
 
     def _sync(self, target: GTID) -> bool:
         # durability gate: record min_live before the flush, publish after it
-        rec = self._gm.before_sync()
+        gm = self._gm  # become_primary may swap it meanwhile: record and publish on one
+        rec = gm.before_sync()
         try:
+            if self.failed is not None:
+                raise self.failed
             self._e.sync()
-        except Exception:  # the disk failed: nothing can be acknowledged as durable
-            log.exception("LMDB sync failed")
+        except Exception as e:
+            # the disk failed: what the sync covered may not be on disk and a
+            # retry may "succeed" over lost pages. Never sync again, nothing
+            # waiting is acknowledged; the shell stops the member
+            first = self.failed is None
+            with self._cond:
+                self.failed = e if isinstance(e, errors.DiskFailed) else errors.DiskFailed(
+                    f"sync failed: {type(e).__name__}: {e}")
+                failed, self._waiters = self._waiters, []
+            if first:
+                log.critical("LMDB sync failed; this member stops: %s", e)
+                if self._on_fatal is not None:
+                    self._on_fatal(self.failed)
+            for _, _, fail in failed:
+                fail(self.failed)
             return False
-        self._gm.after_sync(rec)
+        gm.after_sync(rec)
         with self._cond:
             if self.durable is not None and target <= self.durable:
                 return True  # another thread's flush covered it and released its writers
             self.durable = target
             self.syncs += 1
-            done = [cb for g, cb in self._waiters if g <= target]
-            self._waiters = [(g, cb) for g, cb in self._waiters if g > target]
+            done = [cb for g, cb, _ in self._waiters if g <= target]
+            self._waiters = [w for w in self._waiters if w[0] > target]
         for cb in done:
             cb()
         if self._on_durable is not None:
@@ -355,7 +380,8 @@ class ShardService:
     def __init__(self, engine: Engine, limits: Limits, primary: bool = True,
                  on_commit: Callable[[GTID], None] | None = None,
                  on_durable: Callable[[GTID], None] | None = None,
-                 member_id: int = 0, votes: dict[int, int] | None = None):
+                 member_id: int = 0, votes: dict[int, int] | None = None,
+                 on_fatal: Callable[[Exception], None] | None = None):
         self.e = engine
         self.limits = limits
         self.primary = primary
@@ -377,7 +403,7 @@ class ShardService:
         last, _ = engine.last()
         self.gm = GTIDManager(engine.term, last.seq + 1, lock=threading.Lock())
         self.group = GroupCommit(engine, self.gm, limits.sync_interval_ms,
-                                 self._durable_hook(on_durable))
+                                 self._durable_hook(on_durable), on_fatal)
         self.group.reset(last if last.seq else None)
         self.group.eager = len(self.votes) > 1
         self._q: queue.Queue = queue.Queue()
@@ -572,6 +598,8 @@ class ShardService:
             problem = write_concern_problem(req.get("w"), req.get("j"), req.get("wtimeout_ms"))
             if problem is not None:
                 return reply(err=errors.InvalidOperation(f"{op}: {problem}; nothing was written"))
+            if self.group.failed is not None:  # the member stops (see GroupCommit._sync)
+                return reply(err=self.group.failed)
             if not self.primary or self.handing_over:
                 return reply(err=errors.NotPrimary(
                     f"member {self.member_id} is not the primary" + (
@@ -933,7 +961,7 @@ class ShardService:
                          lambda e: reply(err=e))
             return True
         if req.get("j"):
-            return self.group.when_durable(g, lambda: reply(ok=out))
+            return self.group.when_durable(g, lambda: reply(ok=out), lambda e: reply(err=e))
         reply(ok=out)
         return False
 
@@ -1228,5 +1256,6 @@ class ShardService:
         self.readers.shutdown(wait=True)
         for cid in list(self._cursors):
             self._close_cursor(cid)
-        self.e.sync()
+        if self.group.failed is None:  # after a failed sync, never another
+            self.e.sync()
 

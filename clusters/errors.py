@@ -173,6 +173,13 @@ class TransactionAborted(RaymxError):
     """The transaction was aborted (timeout, conflict, member change)."""
 
 
+class DiskFailed(RaymxError):
+    """A sync (fsync) of the member's files failed. What it covered may not be
+    on disk, and a retry could report success over lost pages (PostgreSQL's
+    "fsyncgate"), so the member stops instead: nothing after it is
+    acknowledged as durable; a restart recovers from what reached the disk."""
+
+
 class ConfigError(RaymxError):
     """An invalid replica set spec or limit."""
 

@@ -51,6 +51,22 @@ def _coordinator_read(coord, method: str, timeout_s: float = 60.0):
             time.sleep(0.2)
 
 
+def _ready(handles, timeout_s: float = 120) -> None:
+    """Wait until new actors are up; a ConfigError raised by one's constructor
+    (its folder is in use, or belongs to another member or set) is raised as
+    such, not as Ray's ActorDiedError."""
+    ray = _ray()
+    from ray.exceptions import RayActorError
+    try:
+        ray.get([h.__ray_ready__.remote() for h in handles], timeout=timeout_s)
+    except RayActorError as e:
+        text = str(e)
+        if "ConfigError: " in text:
+            raise errors.ConfigError(text.split("ConfigError: ", 1)[1].splitlines()[0]) \
+                from None
+        raise
+
+
 def _wait_dead(handle, timeout_s: float = 10.0) -> None:
     """``ray.kill`` only asks for the kill: wait until the actor is gone, so a
     read right after ``shutdown()`` returns finds the set shut down."""
@@ -135,7 +151,7 @@ class ReplicaSet:
         try:
             for m in specs:
                 handles += _start_member(name, m, secret, limits, votes, bind_host, cap)
-            ray.get([h.__ray_ready__.remote() for h in handles], timeout=120)
+            _ready(handles)
             coord = Coordinator.options(name=f"{name}/coordinator", namespace=NAMESPACE,
                                         lifetime="detached", max_restarts=-1, num_cpus=0).remote(
                 name, secret, specs, limits, {"bind_host": bind_host, "oplog_cap": cap})
@@ -185,7 +201,7 @@ class ReplicaSet:
         votes = {x["id"]: x["votes"] for x in cfg["members"]}
         hs = _start_member(self.name, m, cfg["secret"], cfg["limits"], votes,
                            cfg["extra"].get("bind_host"), cfg.get("oplog_cap"))
-        ray.get([h.__ray_ready__.remote() for h in hs], timeout=120)
+        _ready(hs)
 
     # --- reconfiguration ---------------------------------------------------
     def add_member(self, priority: float = 1, votes: int = 1, hidden: bool = False,
@@ -278,7 +294,7 @@ class ReplicaSet:
         hs = _start_member(self.name, dict(spec, initial_sync=initial_sync), cfg["secret"],
                            cfg["limits"], votes_map, cfg["extra"].get("bind_host"),
                            cfg.get("oplog_cap"))
-        ray.get([h.__ray_ready__.remote() for h in hs], timeout=120)
+        _ready(hs)
 
     def _sync_from_snapshot(self, spec: dict, cfg: dict, members: list, source, spark,
                             progress: bool, timeout_s: float, wait: bool = True) -> dict:

@@ -16,6 +16,7 @@ import threading
 
 import lmdb
 
+from raymx import errors
 from raymx.storage.store import DBS, _TxnBase
 
 # LMDB refuses to open one path twice in a process, so environments are shared
@@ -165,6 +166,7 @@ class LMDBStore:
             ent[2] += 1
         self._env, self._dbs = ent[0], ent[1]
         self._closed = False
+        self.failed: str | None = None  # a sync failed: see sync()
 
     def read(self):
         return _Txn(self, self._env.begin(write=False, buffers=False), False)
@@ -173,7 +175,18 @@ class LMDBStore:
         return _Txn(self, self._env.begin(write=True), True)
 
     def sync(self):
-        self._env.sync(True)
+        """fdatasync the data file. A failure is final for this store: every later
+        sync raises too (never a retry that may succeed over pages the kernel
+        dropped), and the caller must stop (``errors.DiskFailed``)."""
+        if self.failed is not None:
+            raise errors.DiskFailed(f"{self.path}: an earlier sync failed "
+                                    f"({self.failed}); this store syncs no more")
+        try:
+            self._env.sync(True)
+        except Exception as e:
+            self.failed = f"{type(e).__name__}: {e}"
+            raise errors.DiskFailed(f"{self.path}: sync failed ({self.failed}); what it "
+                                    "covered may not be on disk") from e
 
     def copy_to(self, dest: str) -> None:
         """A consistent hot copy of the environment into the folder ``dest``

@@ -153,3 +153,77 @@ def test_a_member_that_needs_a_resync_serves_no_reads_and_still_votes(ray_sessio
         assert coll.count_documents({"diverged": True}) == 0
     finally:
         rs.shutdown()
+
+
+def test_two_sets_never_run_over_one_data_dir(ray_session, tmp_path):
+    """Issue 20, a fix known now: each member's process holds a lock in its
+    folder, and the folder remembers its set's name."""
+    rs = raymx.ReplicaSet.launch("owner", members=1, data_dir=str(tmp_path))
+    try:
+        rs.client()["a"]["b"].insert_one({"_id": 1}, w=1, j=True)
+        with pytest.raises(errors.ConfigError, match="in use by replica set 'owner'"):
+            raymx.ReplicaSet.launch("intruder", members=1, data_dir=str(tmp_path))
+        assert rs.client()["a"]["b"].find_one({"_id": 1}) == {"_id": 1}  # untouched
+    finally:
+        rs.shutdown()
+    with pytest.raises(errors.ConfigError, match="belongs to replica set 'owner'"):
+        raymx.ReplicaSet.launch("intruder", members=1, data_dir=str(tmp_path))
+    rs = raymx.ReplicaSet.launch("owner", members=1, data_dir=str(tmp_path))  # its own: fine
+    try:
+        assert rs.client()["a"]["b"].count_documents({}) == 1
+    finally:
+        rs.shutdown()
+
+
+def test_a_restarted_old_primary_never_serves_what_it_rolls_back(ray_session, tmp_path):
+    """Issue 22's second dirty read (53-67 reads per run): the killed primary's
+    processes come back with writes only it had; until it has rolled them back
+    and a sync source confirmed its position, it refuses every read."""
+    ray = ray_session
+    rs = raymx.ReplicaSet.launch("rbread", members=3, data_dir=str(tmp_path))
+    try:
+        old = rs.wait_for_primary()
+        coll = rs.client()["d"]["c"]
+        coll.insert_one({"_id": "base"}, w="majority")
+        others = [i for i in range(3) if i != old]
+        _pause(ray, rs, others)
+        for i in range(20):
+            coll.insert_one({"_id": f"x{i}", "diverged": True})  # w=1: only the old primary
+        rs.kill_member(old)
+        _pause(ray, rs, others, False)
+        new = _new_primary(rs, old)
+        coll.insert_one({"_id": "after"}, w="majority")
+        from raymx.client import connect_member
+        answers, refusals, stop = [], [], threading.Event()
+
+        def reader():
+            conn = None
+            while not stop.is_set():
+                try:
+                    if conn is None or conn.closed:
+                        topo = rs._topology()
+                        m = next((x for x in topo["members"] if x["id"] == old), None)
+                        if m is None:
+                            time.sleep(0.01)
+                            continue
+                        conn = connect_member(m, topo["secret"])
+                    answers.append(conn.request(
+                        {"op": "count", "ns": "d.c", "filter": {"diverged": True}}, 5)["value"])
+                except errors.NotPrimaryOrSecondary:
+                    refusals.append(1)
+                except (errors.RaymxError, OSError):
+                    conn = None
+                time.sleep(0.002)
+        t = threading.Thread(target=reader)
+        t.start()
+        try:
+            rs.start_member(old)
+            wait_until(lambda: answers and answers[-1] == 0 and len(answers) > 20, timeout_s=60)
+        finally:
+            stop.set()
+            t.join(30)
+        assert all(a == 0 for a in answers), f"served rolled-back writes: {sorted(set(answers))}"
+        assert refusals, "the restarted member never refused a read while recovering"
+        assert new != old
+    finally:
+        rs.shutdown()

@@ -159,3 +159,40 @@ def test_a_member_becoming_primary_syncs_only_when_something_is_new(member):
     t0 = time.monotonic()
     svc.close()
     assert time.monotonic() - t0 < 2 and not svc.group._t.is_alive()
+
+
+def test_a_failed_sync_stops_the_member_and_is_never_retried(member):
+    """Issue 20 (fsyncgate): a failed fsync is final. The durable write it
+    covered is not acknowledged, the shell's on_fatal runs once (it ends the
+    process), later writes are refused, and no later sync is allowed to
+    'succeed' over pages the kernel may have dropped."""
+    from raymx import errors
+    fatal = []
+    svc, e = member(on_fatal=fatal.append)
+    assert ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 1}], "j": True})["ok"]
+    env = e.store._env
+
+    class FailingOnce:
+        calls = 0
+
+        def sync(self, force):
+            FailingOnce.calls += 1
+            if FailingOnce.calls == 1:
+                raise lmdb.Error("injected: Input/output error (EIO)")
+            return env.sync(force)
+
+        def __getattr__(self, name):
+            return getattr(env, name)
+    e.store._env = FailingOnce()
+    try:
+        r = ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 2}], "j": True})
+        assert isinstance(r["err"], errors.DiskFailed) and "EIO" in str(r["err"])
+        assert len(fatal) == 1 and isinstance(fatal[0], errors.DiskFailed)
+        r = ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 3}]})
+        assert isinstance(r["err"], errors.DiskFailed)
+        with pytest.raises(errors.DiskFailed, match="earlier sync failed"):
+            e.store.sync()  # the disk "works" again: still no sync
+        assert FailingOnce.calls == 1
+        assert svc.group.durable == GTID(0, 1) and len(fatal) == 1
+    finally:
+        e.store._env = env
