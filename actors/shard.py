@@ -37,6 +37,7 @@ Reply = Callable[..., None]
 
 WRITE_OPS = {"insert", "update", "delete", "createIndex", "dropIndex", "dropCollection",
              "createCollection", "revertTo"}
+READ_CONCERNS = ("local", "majority", "linearizable", "snapshot")
 READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes",
             "revertPlan"}
 TXN_OPS = {"txnBegin", "txnCommit", "txnAbort"}
@@ -261,10 +262,10 @@ class WriteConcernWaiters:
             self.durable[member] = g
             mp = majority_point(self.durable, self._svc.votes) if self._svc.primary else None
             done = self._sweep(time.monotonic()) if self._waiting else []
+        if mp is not None:  # before the acknowledgements: a majority read then sees them
+            self._svc.note_majority(mp)
         for cb in done:
             cb()
-        if mp is not None:
-            self._svc.note_majority(mp)
 
     def reset(self) -> None:
         with self._cond:
@@ -1020,9 +1021,32 @@ class ShardService:
                 for cid in cids:
                     self._close_cursor(cid)
                 return reply(ok={})
+            rc = req.get("readConcern", "local")
+            if rc not in READ_CONCERNS:
+                raise errors.InvalidOperation(f"readConcern {rc!r}: one of "
+                                              f"{', '.join(READ_CONCERNS)}")
+            if rc == "linearizable" and not self.primary:
+                raise errors.NotPrimary(f"member {self.member_id} is not the primary (a "
+                                        "linearizable read)", member=self.member_id)
             r = self.e.reader()
+            if rc in ("majority", "snapshot"):
+                # as of the majority-committed point this member knows
+                r.at(self.majority_known or GTID(0, 0))
             keep = False
             try:
+                if rc == "linearizable" and op in ("find", "count"):
+                    out = self._find(r, req) if op == "find" else self._read_in(r, req, conn)
+                    try:
+                        self.confirm_primary(req.get("read_timeout_ms") or 10_000)
+                    except BaseException:
+                        if op == "find" and out["cursor"]:
+                            self._close_cursor(out["cursor"])
+                        raise
+                    if op == "find" and out["cursor"]:
+                        with self._cursors_lock:
+                            keep = True
+                            conn.setdefault("cursors", set()).add(out["cursor"])
+                    return reply(ok=out)
                 if op == "find":
                     out = self._find(r, req)
                     if out["cursor"]:
@@ -1042,6 +1066,41 @@ class ShardService:
         except Exception as e:
             log.exception("read failed")
             reply(err=errors.RaymxError(f"internal error: {type(e).__name__}: {e}"))
+
+    def confirm_primary(self, timeout_ms: int) -> None:
+        """A linearizable read's last step: write a no-op entry under this term
+        and wait until a majority of voters hold it durably. A deposed primary
+        (even one that does not know it yet) never gets that, since members
+        that know a newer term acknowledge nothing of an older one; and every
+        entry before the no-op (all the read saw) is then majority-committed."""
+        def noop() -> GTID:
+            err = self._deposed()
+            if err is not None:
+                raise err
+            if not self._settle_unwritten([]):
+                raise errors.NotPrimary(f"member {self.member_id} cannot write its oplog")
+            g = self.gm.allocate()
+            try:
+                self.e.write_noop(g)
+            except BaseException:
+                self._unwritten.append(g)  # written before the next write takes a GTID
+                raise
+            self.gm.done(g)
+            self.group.note_commit(g, wake=False)
+            self.group.sync_now()
+            return g
+        g = self.on_writer(noop).result(timeout_ms / 1000)
+        done, out = threading.Event(), {}
+        self.wc.wait(g, "majority", timeout_ms, done.set,
+                     lambda e: (out.update(err=e), done.set()))
+        if not done.wait(timeout_ms / 1000 + 1) or "err" in out:
+            e = out.get("err")
+            if isinstance(e, errors.NotPrimary):
+                raise e
+            raise errors.ReadConcernTimeout(
+                f"member {self.member_id} could not confirm with a majority within "
+                f"{timeout_ms} ms that it is still the primary: the linearizable read is "
+                "not answered", gtid=list(g))
 
     def _forget_cursors(self, conn: dict, cids) -> None:
         with self._cursors_lock:
@@ -1241,6 +1300,7 @@ class ShardService:
                 "commits": self.commits, "syncs": self.group.syncs,
                 "write_groups": self.write_groups, "port_writes": self.port_writes,
                 "majority": gtid_out(self.wc.majority_point()) if self.primary else None,
+                "majority_known": gtid_out(self.majority_known),
                 "open_cursors": len(self._cursors) + len(self._cursors_busy)}
 
     def close(self) -> None:

@@ -495,6 +495,38 @@ class ReadPreference:
         return {"after": list(self.after), "after_timeout_ms": self.after_timeout_ms}
 
 
+READ_CONCERNS = ("local", "majority", "linearizable", "snapshot")
+
+
+@dataclass(frozen=True)
+class ReadConcern:
+    """What a read may see (as MongoDB's readConcern).
+
+    ``"local"`` (default): whatever the member has committed (a write that can
+    still be rolled back included). ``"majority"``: exactly the
+    majority-committed point of the member that serves it, never a write that
+    can be rolled back. ``"linearizable"``: on the primary only; majority-
+    committed data, and after reading the primary confirms with a majority
+    round that it still is one (a deposed primary never answers); meant for
+    single-document reads. ``"snapshot"``: outside a transaction as
+    ``"majority"`` (one point); a transaction's reads already see one
+    snapshot."""
+
+    level: str = "local"
+
+    def __post_init__(self):
+        if self.level not in READ_CONCERNS:
+            raise errors.ConfigError(f"read concern {self.level!r}: one of "
+                                     f"{', '.join(READ_CONCERNS)}")
+
+    @classmethod
+    def of(cls, v) -> "ReadConcern | None":
+        return v if v is None or isinstance(v, ReadConcern) else cls(v)
+
+    def fields(self) -> dict:
+        return {} if self.level == "local" else {"readConcern": self.level}
+
+
 INSERT_PART_DOCS = 256
 INSERT_PART_BYTES = 8 << 20
 
@@ -542,11 +574,13 @@ class Client:
 
     def __init__(self, topology: Callable[[], dict], write_concern: WriteConcern | None = None,
                  timeout_s: float = 30.0, read_preference: "ReadPreference | None" = None,
-                 status: Callable[[], dict] | None = None):
+                 status: Callable[[], dict] | None = None,
+                 read_concern: "ReadConcern | str | None" = None):
         self._topology = topology
         self._status = status
         self.write_concern = write_concern or WriteConcern()
         self.read_preference = read_preference or ReadPreference()
+        self.read_concern = ReadConcern.of(read_concern) or ReadConcern()
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._conns: dict[int, Connection] = {}
@@ -681,9 +715,11 @@ class Client:
         return Database(self, name, self.write_concern)
 
     def with_options(self, write_concern: WriteConcern | None = None,
-                     read_preference: ReadPreference | None = None) -> "Client":
+                     read_preference: ReadPreference | None = None,
+                     read_concern: "ReadConcern | str | None" = None) -> "Client":
         c = Client(self._topology, write_concern or self.write_concern, self.timeout_s,
-                   read_preference or self.read_preference, self._status)
+                   read_preference or self.read_preference, self._status,
+                   ReadConcern.of(read_concern) or self.read_concern)
         return c
 
     def get_database(self, name: str) -> "Database":
@@ -739,7 +775,7 @@ class Database:
 
     def __getitem__(self, coll: str) -> "Collection":
         return Collection(self.client, f"{self.name}.{coll}", self.write_concern, self._txn,
-                          self.client.read_preference)
+                          self.client.read_preference, self.client.read_concern)
 
     def __getattr__(self, n: str) -> "Collection":
         if n.startswith("_"):
@@ -760,20 +796,41 @@ class Database:
 
 class Collection:
     def __init__(self, client: Client, ns: str, wc: WriteConcern, txn=None,
-                 rp: ReadPreference | None = None):
+                 rp: ReadPreference | None = None, rc: ReadConcern | None = None):
         self.client, self.full_name, self.write_concern, self._txn = client, ns, wc, txn
         self.read_preference = rp or client.read_preference
+        self.read_concern = rc or client.read_concern
         self.database_name, self.name = ns.split(".", 1)
 
     def with_options(self, write_concern: WriteConcern | None = None,
-                     read_preference: ReadPreference | None = None) -> "Collection":
+                     read_preference: ReadPreference | None = None,
+                     read_concern: "ReadConcern | str | None" = None) -> "Collection":
         return Collection(self.client, self.full_name, write_concern or self.write_concern,
-                          self._txn, read_preference or self.read_preference)
+                          self._txn, read_preference or self.read_preference,
+                          ReadConcern.of(read_concern) or self.read_concern)
 
-    def _read(self, req: dict):
+    def _read_fields(self, read_concern=None) -> dict:
+        """The read preference's and read concern's fields of a request (the
+        call's ``read_concern`` over the collection's)."""
+        asked = ReadConcern.of(read_concern)
+        if self._txn is not None:  # the transaction's reads see one snapshot
+            if asked is not None and asked.level not in ("local", "snapshot"):
+                raise errors.InvalidOperation(f"read concern {asked.level!r} inside a "
+                                              "transaction: its reads see one snapshot")
+            return {}
+        rc = asked or self.read_concern
+        if rc.level == "linearizable" and self.read_preference.mode != "primary":
+            raise errors.InvalidOperation("read concern 'linearizable' reads from the primary "
+                                          f"only, not with read preference {self.read_preference}")
+        out = {**self.read_preference.fields(), **rc.fields()}
+        if rc.level == "linearizable":  # the member's confirmation round waits this long
+            out["read_timeout_ms"] = max(100, int(self.client.timeout_s * 800))
+        return out
+
+    def _read(self, req: dict, read_concern=None):
+        req.update(self._read_fields(read_concern))
         if self._txn is not None:
             return self._txn._call(req)
-        req.update(self.read_preference.fields())
         return self.client._read_call(self.read_preference, req)[0]
 
     def _write(self, req: dict, wc: dict, parts=None):
@@ -849,21 +906,23 @@ class Collection:
 
     # reads
     def find(self, filter=None, projection=None, sort=None, skip: int = 0, limit: int = 0,
-             batch_size: int = 0) -> "Cursor":
-        return Cursor(self, filter, projection, sort, skip, limit, batch_size)
+             batch_size: int = 0, read_concern: "ReadConcern | str | None" = None) -> "Cursor":
+        return Cursor(self, filter, projection, sort, skip, limit, batch_size, read_concern)
 
-    def find_one(self, filter=None, projection=None, sort=None):
+    def find_one(self, filter=None, projection=None, sort=None,
+                 read_concern: "ReadConcern | str | None" = None):
         """The first matching document or None; a filter that is not a map
         means ``{"_id": filter}`` (as in pymongo)."""
         if filter is not None and not isinstance(filter, dict):
             filter = {"_id": filter}
-        for d in self.find(filter, projection, sort, limit=1):
+        for d in self.find(filter, projection, sort, limit=1, read_concern=read_concern):
             return d
         return None
 
-    def count_documents(self, filter=None) -> int:
+    def count_documents(self, filter=None, read_concern: "ReadConcern | str | None" = None
+                        ) -> int:
         return self._read({"op": "count", "ns": self.full_name,
-                           "filter": {} if filter is None else filter})["value"]
+                           "filter": {} if filter is None else filter}, read_concern)["value"]
 
 
 class ChangeStream:
@@ -978,11 +1037,13 @@ class ChangeStream:
 class Cursor:
     """Streams a query's results in batches (``getMore``) from one snapshot."""
 
-    def __init__(self, coll: Collection, flt, projection, sort, skip, limit, batch_size):
+    def __init__(self, coll: Collection, flt, projection, sort, skip, limit, batch_size,
+                 read_concern=None):
         self._c = coll
         self._spec = {"op": "find", "ns": coll.full_name, "filter": {} if flt is None else flt,
                       "projection": projection, "sort": _sort_spec(sort), "skip": skip,
                       "limit": limit, "batch": batch_size}
+        self._fields = coll._read_fields(read_concern)
         self._started = False
 
     def sort(self, key, direction: int = 1) -> "Cursor":
@@ -1010,8 +1071,7 @@ class Cursor:
             yield from txn._call(dict(self._spec))["docs"]
             return
         rp = self._c.read_preference
-        r, conn = self._c.client._read_call(
-            rp, dict(self._spec) if rp.mode == "primary" else {**self._spec, **rp.fields()})
+        r, conn = self._c.client._read_call(rp, {**self._spec, **self._fields})
         cid = r["cursor"]
         try:
             while True:

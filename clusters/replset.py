@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from raymx import errors
-from raymx.client import Client, ReadPreference, WriteConcern
+from raymx.client import Client, ReadConcern, ReadPreference, WriteConcern
 from raymx.storage import codec
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import DEFAULT, Limits
@@ -522,11 +522,12 @@ class ReplicaSet:
         return _coordinator_read(self._coord, "topology")
 
     def client(self, w: int | str = 1, j: bool = False, wtimeout_ms: int | None = None,
-               timeout_s: float = 30.0, read_preference: str | ReadPreference = "primary"
-               ) -> Client:
+               timeout_s: float = 30.0, read_preference: str | ReadPreference = "primary",
+               read_concern: str | ReadConcern = "local") -> Client:
         rp = read_preference if isinstance(read_preference, ReadPreference) \
             else ReadPreference(read_preference)
-        return Client(self._topology, WriteConcern(w, j, wtimeout_ms), timeout_s, rp, self.status)
+        return Client(self._topology, WriteConcern(w, j, wtimeout_ms), timeout_s, rp, self.status,
+                      ReadConcern.of(read_concern))
 
     def status(self) -> dict:
         return _coordinator_read(self._coord, "status")

@@ -17,7 +17,8 @@ import ray
 from raymx import errors
 from raymx.spark_bridge import session
 from raymx.spark_bridge.datasource import (ChangesDatasource, CollectionDatasink,
-                                           CollectionDatasource, WriteSummary, _read)
+                                           CollectionDatasource, WriteSummary, _read,
+                                           majority_point)
 
 
 def _blocks(ds) -> list:
@@ -36,7 +37,8 @@ def _to_spark(spark, src):
 
 
 def read_collection(spark, rs, ns: str, at=None, member=None, schema=None,
-                    partitions: int | None = None, sample_docs: int = 1000):
+                    partitions: int | None = None, sample_docs: int = 1000,
+                    read_concern: str = "local"):
     """The collection ``ns`` as a DataFrame, from one consistent snapshot.
 
     ``at``: the GTID to read as of (default: the newest the member has
@@ -47,9 +49,20 @@ def read_collection(spark, rs, ns: str, at=None, member=None, schema=None,
     ``sample_docs`` documents spread over the collection and every document
     must fit it (SchemaMismatch names the field otherwise).
 
+    ``read_concern="majority"`` reads as of the member's majority-committed
+    point (never a write that can be rolled back; ``at`` then must be None).
+
     The returned DataFrame carries ``df.snapshot_gtid``: the GTID its data is
     exactly as of.
     """
+    if read_concern not in ("local", "majority", "snapshot"):
+        raise errors.ConfigError(f"read_concern {read_concern!r}: 'local', 'majority' or "
+                                 "'snapshot' (a Spark read is one snapshot)")
+    if read_concern != "local":
+        if at is not None:
+            raise errors.ConfigError("at= and read_concern='majority' each name the point to "
+                                     "read as of: give one")
+        at = majority_point(rs, member)
     arrow = None
     if schema is not None:
         arrow = session.arrow_schema(session.parse_schema(spark, schema))

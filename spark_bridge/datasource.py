@@ -189,6 +189,15 @@ def _member_of(rs, member) -> dict:
     return m
 
 
+def majority_point(rs, member=None) -> GTID:
+    """The majority-committed point member ``member`` (default: the primary)
+    knows, to read as of (read concern "majority")."""
+    m = _member_of(rs, member)
+    st = ray.get(rs.member(m["id"]).status.remote(), timeout=30)
+    g = st.get("majority_known")
+    return GTID(0, 0) if g is None else GTID(*g)
+
+
 def open_snapshot(rs, member=None, wait_for=None, wait_s: float = 30.0,
                   idle_s: float = IDLE_S) -> Snapshot:
     """Open one consistent read snapshot of a member (default: the primary) on

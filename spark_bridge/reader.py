@@ -11,9 +11,10 @@ Reading a collection *at* an older GTID ``at`` (point in time): the snapshot
 holds state S (applied through G >= ``at``). For every document an op touched
 in (``at``, G], its state at ``at`` is the pre-image of the *first* such op (no
 document if that op was an insert); every other document is as in S. So the
-reader scans the oplog range once, keeps the first image per ``_id``, and
-merges it into the key-ordered scan. A drop or create of the collection in the
-range makes that impossible and is refused.
+reader scans the oplog range once, keeps the first image per ``_id``
+(``Reader.overrides``, which majority reads use too), and merges it into the
+key-ordered scan. A drop of the collection in the range makes that
+impossible and is refused.
 
 Holding a read transaction keeps LMDB from reusing pages freed after it
 started (the file grows under heavy writes); snapshots are closed when read
@@ -27,7 +28,7 @@ from raymx import errors
 from raymx.storage import codec
 from raymx.storage.engine import Engine, Reader, _applied_in, split_ns
 from raymx.storage.gtid import GTID, ZERO
-from raymx.storage.keys import encode_key, prefix_end
+from raymx.storage.keys import prefix_end
 
 _PK_LEN = 4  # collection id prefix of a docs key
 
@@ -107,7 +108,7 @@ class SnapshotReader:
         overrides: list | None = []
         if at != self.gtid:
             self._check_in_oplog(at, "at")
-            overrides = self._overrides(ns, at)
+            overrides = self._reader.overrides(ns, at, self.gtid)
         c = self._reader.coll(ns)
         if c is None or overrides is None:
             # not there at `at`: not now and no drop since (refused above), or
@@ -137,33 +138,6 @@ class SnapshotReader:
         out = [[bounds[i], bounds[i + 1], n_est // parts] for i in range(len(bounds) - 1)]
         return {"gtid": list(at), "count": n_est, "parts": out,
                 "sample": codec.array_header(len(sample)) + b"".join(sample)}
-
-    def _overrides(self, ns: str, at: GTID) -> list[tuple[bytes, bytes | None]] | None:
-        """(pk, packed document at ``at`` or None) for every document of ``ns``
-        an op changed in (at, snapshot]: the pre-image of its first such op.
-        None if the collection did not exist at ``at`` (created in the range)."""
-        first: dict[bytes, bytes | None] = {}
-        for k, v in self.t.scan("oplog", prefix_end(at.to_bytes()), prefix_end(
-                self.gtid.to_bytes())):
-            _, ops = self._ops(v)
-            for op in ops:
-                if op.get("ns") != ns:
-                    continue
-                kind = op["op"]
-                if kind == "c":
-                    if op["cmd"] == "create" and not first:
-                        return None  # created after `at`: it did not exist then
-                    if op["cmd"] == "drop":
-                        raise errors.InvalidOperation(
-                            f"{ns} was dropped at {GTID.from_bytes(k)}, after {at}, and a drop "
-                            f"does not log the documents: it cannot be read as of {at}; read "
-                            "it at a later GTID", ns=ns)
-                    continue
-                img = op["post"] if kind == "i" else op["pre"]
-                pk = encode_key(img["_id"])
-                if pk not in first:
-                    first[pk] = None if kind == "i" else codec.pack(op["pre"])
-        return sorted(first.items())
 
     def read(self, ns: str, lo: bytes, hi: bytes, max_bytes: int = 8 << 20,
              keys: bool = False) -> tuple[bytes, list | None, bytes | None]:

@@ -289,11 +289,65 @@ def _range_bounds(prefix: bytes, b: query.Bounds):
 
 
 class Reader:
-    """Queries over one transaction (a read snapshot, or a write txn seeing its own writes)."""
+    """Queries over one transaction (a read snapshot, or a write txn seeing its own writes).
+
+    ``at(point)`` makes its queries answer as of an older GTID (read concern
+    "majority": the majority-committed point): every document an op touched
+    after ``point`` is read as the pre-image of the first such op, from the
+    oplog; the rest as stored. One implementation with Spark's ``at=`` reads
+    (``overrides``)."""
 
     def __init__(self, engine: "Engine", txn):
         self.e = engine
         self.t = txn
+        self.point: GTID | None = None  # answer as of this GTID (None: as stored)
+        self._ov: dict[str, dict | None] = {}
+
+    def at(self, point: GTID | None) -> "Reader":
+        """Answer as of ``point`` (None, or at/after this snapshot: as stored)."""
+        g = _applied_in(self.t) or ZERO
+        self.point = None if point is None or point >= g else point
+        self._until, self._ov = g, {}
+        return self
+
+    def overrides(self, ns: str, at: GTID, until: GTID) -> list[tuple[bytes, bytes | None]] | None:
+        """(pk, packed document as of ``at`` or None) for every document of ``ns``
+        an op changed in (at, until]: the pre-image of its first such op. None
+        if the collection did not exist at ``at`` (created in the range);
+        InvalidOperation if it was dropped in the range (a drop logs no documents)."""
+        first: dict[bytes, bytes | None] = {}
+        start = prefix_end(at.to_bytes()) if at != ZERO else None
+        for k, v in self.t.scan("oplog", start, prefix_end(until.to_bytes())):
+            for op in self.e.entry_ops(self.t, codec.unpack(v, "oplog entry")):
+                if op.get("ns") != ns:
+                    continue
+                kind = op["op"]
+                if kind == "c":
+                    if op["cmd"] == "create" and not first:
+                        return None  # created after `at`: it did not exist then
+                    if op["cmd"] == "drop":
+                        raise errors.InvalidOperation(
+                            f"{ns} was dropped at {GTID.from_bytes(k)}, after {at}, and a drop "
+                            f"does not log the documents: it cannot be read as of {at}; read "
+                            "it at a later GTID", ns=ns)
+                    continue
+                img = op["post"] if kind == "i" else op["pre"]
+                pk = encode_key(img["_id"])
+                if pk not in first:
+                    first[pk] = None if kind == "i" else codec.pack(op["pre"])
+        return sorted(first.items())
+
+    def _point_view(self, ns: str) -> dict | None:
+        """{pk: packed doc or None} as of ``self.point``; {"": None} when the
+        collection did not exist then. Computed once per collection."""
+        if ns not in self._ov:
+            ov = self.overrides(ns, self.point, self._until)
+            if self.point != ZERO and self.t.get("oplog", self.point.to_bytes()) is None:
+                first = self.t.first("oplog")
+                if first is not None and GTID.from_bytes(first[0]) > self.point:
+                    raise errors.TooStale(f"{self.point} is before the oplog's first entry")
+            self._ov[ns] = {b"": None} if ov is None else dict(ov)
+        return self._ov[ns]
 
     def coll(self, ns: str) -> CollInfo | None:
         """The catalog entry, parsed once per record version and shared: never
@@ -362,14 +416,23 @@ class Reader:
         stats = stats if stats is not None else Stats()
         split_ns(ns, self.e.limits)
         match = query.compile_filter(flt)
+        ov = self._point_view(ns) if self.point is not None else None
         c = self.coll(ns)
-        if c is None:
+        if c is None or (ov is not None and b"" in ov):
             stats.plan = "EOF"
             return
         for pk, d in self._candidates(c, flt, stats):
+            if ov and pk in ov:
+                continue  # changed after the point: its image then is matched below
             stats.examined += 1
             if match(d):
                 yield pk, d
+        for pk, b in sorted((ov or {}).items()):
+            if b is not None:
+                stats.examined += 1
+                d = codec.unpack_document(b)
+                if match(d):
+                    yield pk, d
 
     def find(self, ns: str, flt=None, projection=None, sort=None, skip: int = 0,
              limit: int = 0, stats: Stats | None = None) -> Iterator[dict]:

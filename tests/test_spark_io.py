@@ -250,3 +250,17 @@ def test_dataframe_bad_input_is_refused_before_writing(spark, rs, coll):
     df = read_collection(spark, rs, ns, schema="_id long")  # a schema projects
     assert sorted(r["_id"] for r in df.collect()) == [1, 2]
     assert read_collection(spark, rs, "io.no_such_collection").count() == 0
+
+
+def test_read_collection_at_the_majority_point(spark, rs, coll):
+    """read_concern="majority" (issue 22): the DataFrame is exactly as of the
+    member's majority-committed point, which holds every majority write."""
+    from raymx.spark_bridge import read_collection
+    c, ns = coll
+    g = c.insert_many([{"_id": i, "n": i} for i in range(50)], w="majority").gtid
+    df = read_collection(spark, rs, ns, read_concern="majority", schema="_id long, n long")
+    assert df.snapshot_gtid >= g and df.count() == 50
+    with pytest.raises(errors.ConfigError, match="give one"):
+        read_collection(spark, rs, ns, at=g, read_concern="majority")
+    with pytest.raises(errors.ConfigError, match="read_concern"):
+        read_collection(spark, rs, ns, read_concern="linearizable")
