@@ -49,7 +49,7 @@ class Coordinator:
         self._pushing: dict[int, object] = {}  # configuration pushes to members behind
         self._lock = threading.RLock()
         self._reconfig_lock = threading.Lock()  # one configuration change at a time
-        self._join_fence: dict[int, dict] = {}  # a joining member's fence (see change)
+        self._join_start: dict[int, dict] = {}  # a joining member's start point (see change)
         self._stop = threading.Event()
         self.failed_at_ms: int | None = None
         self.last_election: dict | None = None
@@ -105,8 +105,9 @@ class Coordinator:
 
         A change of the voters (one added or removed at most, else ConfigError)
         waits until the current configuration is recorded by a majority of its
-        voters and the primary's last entry is durable on a majority of the
-        voters of both configurations (``config_change_blockers``); after
+        voters, what was acknowledged before it (the primary's fence) is
+        durable on a majority of its voters, and the majority-committed point
+        on a majority of the new voters (``config_change_blockers``); after
         ``timeout_s`` it is refused with ConfigError saying what it waited for,
         and nothing changes. Changes run one at a time, each after the one
         before it."""
@@ -133,9 +134,9 @@ class Coordinator:
                     new = sorted([m for m in new if m["id"] != put["id"]] + [dict(put)],
                                  key=lambda m: m["id"])
                 votes_change = check_config_change(self.members, new)
-            fence: dict = {}  # primary -> the committed point when the change began
+            start: dict = {}  # primary -> the committed point when the change began
             while True:
-                why = self._change_blockers(new, fence) if votes_change else []
+                why = self._change_blockers(new, start) if votes_change else []
                 if not why:
                     with self._lock:
                         return self._install(new)
@@ -351,12 +352,12 @@ class Coordinator:
                     x.update(votes=j["votes"], priority=j["priority"])
                     del x["joining"]
             if check_config_change(self.members, members):
-                why = self._change_blockers(members, self._join_fence.setdefault(m["id"], {}))
+                why = self._change_blockers(members, self._join_start.setdefault(m["id"], {}))
                 if why:  # a new voter: try again next round (never block heartbeats)
                     log.info("replica set %s: member %d waits to vote: %s", self.name,
                              m["id"], "; ".join(why))
                     return
-            self._join_fence.pop(m["id"], None)
+            self._join_start.pop(m["id"], None)
             self._install(members)
             log.warning("replica set %s: member %d caught up; it now has %d vote(s), "
                         "priority %s", self.name, m["id"], j["votes"], j["priority"])

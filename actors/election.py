@@ -62,6 +62,7 @@ class View:
     loaded_at: GTID | None = None  # the snapshot's GTID once loaded (this process's life)
     following: tuple | None = None  # (sync source, term) the member says it follows
     config_version: int = 0     # the newest configuration the member has recorded
+    lead_term: int | None = None  # the term it takes writes in, if it says it is primary
 
     @property
     def eligible(self) -> bool:
@@ -116,6 +117,7 @@ class ElectionCore:
         f = reply.get("following")
         v.following = None if f is None else (f[0], f[1])
         v.config_version = reply.get("config_version", 0)
+        v.lead_term = reply.get("lead_term")
         self.term = max(self.term, v.term)
 
     def on_elected(self, member: int, term: int) -> None:
@@ -211,7 +213,8 @@ class ElectionCore:
         voters up, keeps the role; no new election, no lost availability."""
         up = [v for v in self.members.values() if v.alive]
         top = max([self.term] + [v.term for v in up])
-        p = [v for v in up if v.role == "primary" and v.term == top and v.state == "running"]
+        p = [v for v in up if v.role == "primary" and v.term == top and v.lead_term == top
+             and v.state == "running"]
         if len(p) == 1 and sum(1 for v in up if v.votes > 0) >= self.majority():
             self.primary = p[0].id
             self.term = top

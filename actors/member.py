@@ -306,7 +306,8 @@ class OplogShard:
         return {"term": self.engine.term, "last": list(last), "h": h, "role": self.role,
                 "following": self.following, "state": self._state(),
                 "loading": self.engine.get_meta("initial_sync") is not None,
-                "loaded_at": self.loaded_at, "config_version": self.config_version}
+                "loaded_at": self.loaded_at, "config_version": self.config_version,
+                "lead_term": self.service.gm.term if self.role == "primary" else None}
 
     def _state(self) -> str:
         """running; synchronizing (initial sync: never elected, see DESIGN 4);
@@ -853,9 +854,8 @@ class FeederService:
             return {"status": "stale_term", "term": term,
                     "reason": f"member {self.member_id} was at term {my_term} < {term}"}
         now = now_ms()
-        if durable is not None and not (tuple(durable) == tuple(after or ())
-                                        and self.core.holds(after, after_h)):
-            durable = applied = None  # on another branch: counts for nothing here
+        durable, applied, downstream = self.core.vouch(after, after_h, durable, applied,
+                                                       downstream, member, self.member_id)
         with self._core_lock:
             self.core.report(member, durable, applied, now)
             for m, p in (downstream or {}).items():

@@ -88,10 +88,13 @@ class FeederCore:
         return True
 
     def truncated(self) -> None:
-        """After a rollback: forget everything cached and shipped-bounds."""
+        """After a rollback or a change of role: forget everything cached, the
+        shipped bound, and the positions pullers reported (they were about the
+        oplog as it was; the next pulls report them again)."""
         self.cache.clear()
         self.limit = ZERO
         self.validated.clear()
+        self.positions.clear()
 
     def majority(self, self_id: int, primary: bool) -> GTID | None:
         """The majority-committed point this feeder can vouch for."""
@@ -114,6 +117,33 @@ class FeederCore:
         with self.e.store.read() as t:
             v = t.get("oplog", GTID(*g).to_bytes())
         return v is not None and codec.unpack(v, "oplog entry")["h"] == h
+
+    def vouch(self, after, after_h, durable, applied, downstream: dict | None,
+              member: int | None = None, self_id: int | None = None) -> tuple:
+        """The positions a pull reports that may count for write concern here:
+        the caller's only if it holds this member's entry at ``after`` (its
+        last, same hash) and ``durable`` is that entry; its downstream members'
+        (chained replication: validated against the caller's oplog, maybe
+        before the caller rolled back) only if this oplog holds their GTIDs too
+        (one primary per term: an entry with that GTID, and everything before
+        it, is this branch's). A member on another branch counts for nothing,
+        whatever its GTIDs say; the caller and this member themselves are never
+        taken from a downstream report (the caller's own report is newer).
+        Returns (durable, applied, downstream)."""
+        if durable is not None and (tuple(durable) != tuple(after or ())
+                                    or not self.holds(after, after_h)):
+            return None, None, {}
+        down = {}
+        if downstream:
+            with self.e.store.read() as t:
+                for m, p in downstream.items():
+                    if int(m) in (member, self_id):
+                        continue
+                    d = p.get("durable")
+                    if d is None or tuple(d) == tuple(ZERO) or \
+                            t.get("oplog", GTID(*d).to_bytes()) is not None:
+                        down[m] = p
+        return durable, applied, down
 
     def report(self, member: int, durable, applied, now_ms: int) -> None:
         self.positions[member] = {"durable": None if durable is None else GTID(*durable),

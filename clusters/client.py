@@ -731,15 +731,23 @@ class Client:
 
     def watch(self, after=None, namespaces=None, ops=None, majority: bool = True,
               read_preference: "str | ReadPreference | None" = None, batch: int | None = None,
-              wait_ms: int | None = None) -> "ChangeStream":
+              wait_ms: int | None = None, read_concern: "ReadConcern | str | None" = None
+              ) -> "ChangeStream":
         """A change stream over the whole replica set (see ``ChangeStream``).
 
         ``after``: a resume token (an event's ``token``, a stream's
         ``resume_token``, or a GTID such as ``"3:1042"``); None starts at the
         current majority-committed point. ``namespaces``: ``"db"`` or
-        ``"db.coll"`` names; ``ops``: event op names. ``majority=False`` also
-        delivers entries not yet majority-committed (they may be rolled back).
+        ``"db.coll"`` names; ``ops``: event op names. ``majority=False`` (or
+        ``read_concern="local"``) also delivers entries not yet
+        majority-committed (they may be rolled back).
         """
+        rc = ReadConcern.of(read_concern)
+        if rc is not None:
+            if rc.level == "linearizable":
+                raise errors.InvalidOperation("a change stream cannot be linearizable: "
+                                              "read concern 'majority' or 'local'")
+            majority = rc.level != "local"
         rp = read_preference or self.read_preference
         rp = rp if isinstance(rp, ReadPreference) else ReadPreference(rp)
         return ChangeStream(self, after, namespaces, ops, majority, rp, batch, wait_ms)

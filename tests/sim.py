@@ -26,14 +26,21 @@ keeps the waiting call as state and answers it later.
 
 A run has two phases (TigerBeetle's VOPR):
 
-* **safety**: clients write (``w=1`` and ``w="majority"``) while the network
-  drops, delays, duplicates and reorders messages and partitions nodes, and
-  members and the coordinator crash and restart (a machine crash loses what
-  was not synced; a process crash keeps it). Invariants are checked after
-  every event: at most one member commits under each term; no
-  majority-acknowledged write is rolled back; every running member's oplog
-  is dense and hash-chained (its new entries after every event that wrote
-  any; the whole oplog at every restart, after a rollback and at the end).
+* **safety**: clients write (``w=1`` and ``w="majority"``) and read the
+  counter document (read concern ``"majority"`` from any member,
+  ``"linearizable"`` from the primary) while the network drops, delays,
+  duplicates and reorders messages and partitions nodes, members and the
+  coordinator crash and restart (a machine crash loses what was not synced;
+  a process crash keeps it), and the coordinator is asked to give or take
+  votes (configuration changes under the shipped rules of
+  ``check_config_change``/``config_change_blockers``). Invariants are checked
+  after every event: at most one member commits under each term; no
+  majority-acknowledged write, and no entry a majority or linearizable read
+  returned data as of, is rolled back; every running member's oplog is dense
+  and hash-chained (its new entries after every event that wrote any; the
+  whole oplog at every restart, after a rollback and at the end). At the end
+  every such read's point is in the final history and the value it returned
+  is the final history's value there.
 * **liveness**: faults stop, the network heals, everyone restarts; the set
   must elect a primary, take a ``w="majority"`` probe write, and converge:
   identical oplogs (GTIDs and hashes), nothing unapplied, identical
@@ -78,7 +85,7 @@ from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.limits import Limits
 from raymx.storage.store import MemoryStore
 
-BROKEN = ("ack_before_durable", "reuse_term", "unsafe_reconfig")
+BROKEN = ("ack_before_durable", "reuse_term", "unsafe_reconfig", "dirty_reads")
 
 
 @dataclass(frozen=True)
@@ -249,6 +256,9 @@ class Options:
     # per fault tick: the coordinator is asked to give or take one member's
     # vote (a configuration change, while members may lag)
     reconfig_p: float = 0.0
+    # share of a client's requests that are reads ("majority" or "linearizable"
+    # of the counter document), checked against the final committed history
+    reads_p: float = 0.0
     # scripted faults (scenarios): (at_ms, "partition", groups) | (at_ms, "heal")
     # | (at_ms, "crash", member, machine) | (at_ms, "restart", member)
     # | (at_ms, "crash_c") | (at_ms, "restart_c") | (at_ms, "drop_p", p)
@@ -288,7 +298,8 @@ class Options:
             hashes_per_round=r.choice((2, 5, 1000)), safety_ms=r.choice((4_000, 6_000, 8_000)),
             heartbeat_interval_ms=r.choice((50, 100, 200)),
             heartbeat_timeout_ms=r.choice((300, 600, 1000)), pull_wait_ms=r.choice((100, 500)),
-            reconfig_p=random.Random(seed * 104729 + 3).choice((0.0, 0.0, 0.01, 0.03)))
+            reconfig_p=random.Random(seed * 104729 + 3).choice((0.0, 0.0, 0.01, 0.03)),
+            reads_p=random.Random(seed * 15485863 + 5).choice((0.0, 0.0, 0.1, 0.3)))
 
 
 # Named scenarios (TigerBeetle's replica_test style): a quiet cluster and a
@@ -495,6 +506,7 @@ class SimMember:
         self.durable: GTID | None = self.committed
         self._sync_queued = False
         self.wc_durable: dict[int, GTID | None] = {}  # WriteConcernWaiters
+        self.majority_known: GTID | None = self.engine.range().majority  # ShardService
         self.wc_waiting: list = []
         # Feeder
         self.feeder = rep.FeederCore(self.engine, sim.limits)
@@ -565,12 +577,16 @@ class SimMember:
 
     def on_heartbeat(self, respond, term: int, alive: list | None) -> None:
         self._learn_term(term)
+        if "deposed_role_stuck" in self.sim.fixes and self.role == "primary" and (
+                not self.primary or self.engine.term > self.gm.term):
+            self._become_secondary()  # OplogShard.heartbeat: deposed between heartbeats
         if alive:
             now = self.now()
             self.set_positions({}, {int(m): now for m in alive})
         last, h = self.engine.last()
         respond({"term": self.engine.term, "last": list(last), "h": h, "role": self.role,
                  "following": self.following, "config_version": self.config_version,
+                 "lead_term": self.gm.term if self.role == "primary" else None,
                  "state": "running" if not self.engine.get_meta("needs_resync") else "resync"})
 
     def on_set_config(self, respond, config: dict) -> None:
@@ -758,7 +774,48 @@ class SimMember:
         cur = self.wc_durable.get(member)
         if g is not None and (cur is None or g > cur):
             self.wc_durable[member] = g
+            if self.primary:  # before the acknowledgements, as the shell does
+                self._note_majority(rep.majority_point(self.wc_durable, self.votes))
             self._wc_check()
+
+    def _note_majority(self, g: GTID | None) -> None:
+        if g is not None and (self.majority_known is None or g > self.majority_known):
+            self.majority_known = g
+
+    def on_read(self, respond, level: str) -> None:
+        """ShardService._read of the counter document at read concern ``level``."""
+        if level == "linearizable" and (not self.primary or self.engine.term > self.gm.term):
+            return respond(err=errors.NotPrimary(f"member {self.id} is not the primary"))
+        r = self.engine.reader()
+        try:
+            if level == "majority" and self.sim.broken != "dirty_reads":
+                point = self.majority_known or ZERO
+                r.at(point)
+                if r.point is None:  # the point is at or past what this member applied
+                    point = rep.applied_point(self.engine)
+            else:
+                point = rep.applied_point(self.engine)
+            value = next(iter(r.find("db.k", {"_id": "ctr"})), None)
+        finally:
+            r.t.abort()
+        h = 0
+        if point != ZERO:
+            with self.engine.store.read() as t:
+                h = codec.unpack(t.get("oplog", point.to_bytes()), "oplog entry")["h"]
+        out = {"level": level, "value": value, "point": list(point), "h": h}
+        if level != "linearizable":
+            return respond(out)
+        # confirm_primary: a no-op entry under this term, acknowledged by a majority
+        g = self.gm.allocate()
+        try:
+            self.engine.write_noop(g)
+        finally:
+            self.gm.done(g)
+            self.oplog_dirty = True
+        h = self.engine.last()[1]
+        self.sim.checker.on_commit(self, g, h)
+        self._note_commit(g)
+        self._wc_wait(g, h, "majority", WTIMEOUT_MS, out, respond)
 
     def _wc_wait(self, g, h, w, wtimeout_ms, out, respond) -> None:
         deadline = None if not wtimeout_ms else self.now() + wtimeout_ms
@@ -817,6 +874,8 @@ class SimMember:
                 a[0] is not None and GTID(*a[0]).seq >= out["first"][1]:
             out = {"status": "diverged", "reason": f"{GTID(*a[0])} is not in this oplog"}
         out["term"] = w["term"]
+        if self.majority_known is not None:
+            out["majority"] = list(self.majority_known)  # FeederService.pull
         if out["status"] != "ok" or out["rows"] or final:
             w["done"] = True
             w["respond"](out)
@@ -833,9 +892,8 @@ class SimMember:
             self._wc_check()
             return respond({"status": "stale_term", "term": term})
         now = self.now()
-        if durable is not None and not (tuple(durable) == tuple(after or ())
-                                        and self.feeder.holds(after, after_h)):
-            durable = applied = None  # FeederService.pull: another branch counts for nothing
+        durable, applied, downstream = self.feeder.vouch(
+            after, after_h, durable, applied, downstream, member, self.id)  # FeederService.pull
         self.feeder.report(member, durable, applied, now)
         for m, p in (downstream or {}).items():
             self.feeder.report(int(m), p.get("durable"), p.get("applied"), p.get("at_ms", now))
@@ -900,6 +958,8 @@ class SimMember:
         status = out["status"]
         if status == "ok" and out.get("term", 0) < self.engine.term:
             status = "stale_term"  # never take entries from a deposed primary
+        if status == "ok" and out.get("majority"):
+            self._note_majority(GTID(*out["majority"]))  # Producer._learn_majority
         if status == "diverged":
             return self._roll_back(src)
         if status != "ok":
@@ -1250,9 +1310,25 @@ class SimClient:
     def _tick(self) -> None:
         if not self.active:
             return
-        if self.inflight < self.inflight_max:
+        o = self.sim.opts
+        if o.reads_p and self.sim.read_rng.random() < o.reads_p:
+            self._read()
+        elif self.inflight < self.inflight_max:
             self.send(self._pick(), lambda ok: None)
         self.sim.sched.at(self.sim.rng.randint(1, 2 * self.sim.opts.write_gap_ms), self._tick)
+
+    def _read(self) -> None:
+        """A read of the counter: "majority" from any member, "linearizable"
+        from the member this client believes is primary."""
+        rr = self.sim.read_rng
+        level = rr.choice(("majority", "majority", "linearizable"))
+        target = self.target if level == "linearizable" else rr.choice(self.sim.member_ids)
+
+        def on_reply(r, err):
+            if err is None:
+                self.sim.checker.on_read(target, r)
+        self.sim.rpc.call(self.name, f"m{target}", "read", (level,), on_reply,
+                          CLIENT_TIMEOUT_MS, lambda: None)
 
     def _next_target(self) -> None:
         ids = self.sim.member_ids
@@ -1291,6 +1367,8 @@ class Checker:
         self.term_owner: dict[int, int] = {}       # term -> the member that committed under it
         self.committed: dict[GTID, int] = {}       # GTID -> hash, as its primary wrote it
         self.acked: dict[GTID, tuple] = {}         # majority-acknowledged: GTID -> (hash, member)
+        self.reads: list[tuple] = []               # (member, level, point, hash, value read)
+        self.read_points: dict[tuple, str] = {}    # (GTID, hash) a read was served at
         self.commits = 0
         self.rollbacks = 0
         self.rolled_back_entries = 0
@@ -1316,10 +1394,20 @@ class Checker:
         self.acked[g] = (h, m.id)
         self.sim.trace(m.name, f"ack w=majority {g}")
 
+    def on_read(self, member: int, r: dict) -> None:
+        point = GTID(*r["point"])
+        self.reads.append((member, r["level"], point, r["h"], r["value"]))
+        if point != ZERO:
+            self.read_points[(point, r["h"])] = f"{r['level']} read on m{member}"
+        self.sim.trace(f"m{member}", f"read {r['level']} at {point}: {r['value']}")
+
     def on_rollback(self, m: SimMember, src: int, common: GTID, undone: list) -> None:
         self.rollbacks += 1
         self.rolled_back_entries += len(undone)
         for g, h in undone:
+            if (g, h) in self.read_points:
+                self.fail(f"m{m.id} rolls back {g}, which a {self.read_points[(g, h)]} "
+                          "returned data as of: that read saw a write that is rolled back")
             a = self.acked.get(g)
             if a is not None and a[0] == h:
                 self.fail(f"m{m.id} rolls back majority-acknowledged write {g} (acknowledged by "
@@ -1377,12 +1465,34 @@ class Checker:
             if m.engine.snapshot_state() != ref_state:
                 self.fail(f"collections differ between m{m.id} and m{ref.id}")
         have = dict(ref_log)
+        self._check_reads(ref, have)
         for g, (h, by) in self.acked.items():
             if have.get(g) != h:
                 self.fail(f"majority-acknowledged write {g} (acknowledged by m{by}) is lost: "
                           f"final oplogs hold {'a different entry' if g in have else 'nothing'} "
                           "there")
         self._model(ref)
+
+    def _check_reads(self, ref: SimMember, have: dict) -> None:
+        """Every majority or linearizable read was of committed data: its point is
+        in the final history, and the counter it returned is the final history's
+        counter as of that point."""
+        ctr_at: list[tuple[GTID, dict | None]] = []
+        cur = None
+        for g, e in ref.engine.read_oplog():
+            for op in e["ops"]:
+                if op.get("ns") == "db.k":
+                    cur = op.get("post") if op["op"] in ("i", "u") else None
+            ctr_at.append((g, cur))
+        at = dict(ctr_at)
+        for member, level, point, h, value in self.reads:
+            if point != ZERO and have.get(point) != h:
+                self.fail(f"a {level} read on m{member} returned data as of {point}, which "
+                          "the final history does not hold: it saw a rolled-back write")
+            want = None if point == ZERO else at.get(point)
+            if value != want:
+                self.fail(f"a {level} read on m{member} at {point} returned {value}; the "
+                          f"final history has {want} there")
 
     def _model(self, m: SimMember) -> None:
         """The collections must equal a naive replay of the oplog's images."""
@@ -1460,6 +1570,7 @@ class Sim:
         else:
             self.opts = Options.swarm(seed)
         self.rng = random.Random(seed)
+        self.read_rng = random.Random(seed * 31 + 7)  # reads' own draws (seeds without reads replay as before)
         self.sched = Scheduler(self.rng)
         o = self.opts
         self.limits = Limits().with_(heartbeat_interval_ms=o.heartbeat_interval_ms,
@@ -1712,6 +1823,7 @@ class Sim:
                       fixes=self.fixes, scenario=self.scenario,
                       events=self.sched.events, sim_ms=self.sched.now,
                       stats={"commits": ck.commits, "majority_acks": len(ck.acked),
+                             "reads": len(ck.reads),
                              "elections": ck.elections, "crashes": self.crashes,
                              "rollbacks": ck.rollbacks,
                              "rolled_back_entries": ck.rolled_back_entries},

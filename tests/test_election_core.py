@@ -3,9 +3,12 @@ from raymx.actors.election import ElectionCore
 from raymx.storage.gtid import GTID
 
 
-def beat(core, mid, now, last=(1, 5), term=1, role="secondary", state="running", following=None):
+def beat(core, mid, now, last=(1, 5), term=1, role="secondary", state="running", following=None,
+         lead_term=None):
     core.on_heartbeat(mid, {"term": term, "last": list(last), "role": role, "state": state,
-                            "following": following}, now)
+                            "following": following,
+                            "lead_term": term if role == "primary" and lead_term is None
+                            else lead_term}, now)
 
 
 def core3(extra=None):
@@ -152,6 +155,13 @@ def test_a_restarted_coordinator_adopts_the_primary_of_the_highest_term():
     acts = c.tick(10)
     assert c.primary == 0 and c.term == 2 and c.elections == 0
     assert ("step_down", 2) in [(a.kind, a.member) for a in acts]
+    # one that learned term 3 but leads term 2 (deposed, not yet stepped down) is
+    # never adopted: the coordinator elects instead
+    c = core3()
+    beat(c, 0, 0, last=(2, 9), term=3, role="primary", lead_term=2)
+    beat(c, 1, 0, last=(2, 9), term=3)
+    beat(c, 2, 0, last=(2, 9), term=3)
+    assert [a.kind for a in c.tick(0) if a.kind == "elect"] == ["elect"] and c.primary is None
 
 
 def test_the_first_election_waits_for_a_late_member_only_a_heartbeat_timeout():

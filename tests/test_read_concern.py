@@ -82,5 +82,36 @@ def test_linearizable_reads_need_a_primary_that_a_majority_confirms(ray_session,
         assert coll.find_one({"_id": 1}) == {"_id": 1, "v": "a"}  # local still answers
         with pytest.raises(errors.ConfigError, match="read concern"):
             rs.client(read_concern="eventual")
+        with pytest.raises(errors.InvalidOperation, match="change stream"):
+            rs.client().watch(read_concern="linearizable")
+    finally:
+        rs.shutdown()
+
+
+def test_a_linearizable_read_on_a_deposed_primary_fails(ray_session, tmp_path):
+    """A newer term begins on the other members (as an election's fencing makes
+    it) while the old primary does not know yet: a local read there still
+    answers, a linearizable read never does."""
+    rs = raymx.ReplicaSet.launch("rcd", members=3, data_dir=str(tmp_path))
+    try:
+        prim = rs.wait_for_primary()
+        coll = rs.client()["d"]["c"]
+        coll.insert_one({"_id": 1}, w="majority")
+        topo = rs._topology()
+        term = rs.status()["term"]
+        m = next(x for x in topo["members"] if x["id"] == prim)
+        ray_session.get([rs.member(i).heartbeat.remote(term + 1)
+                         for i in range(3) if i != prim])  # they record the new term
+        conn = connect_member(m, topo["secret"])
+        try:
+            with pytest.raises((errors.NotPrimary, errors.ReadConcernTimeout)):
+                conn.request({"op": "find", "ns": "d.c", "filter": {"_id": 1},
+                              "readConcern": "linearizable", "read_timeout_ms": 3000}, 10)
+        finally:
+            conn.close()
+        # the set recovers by itself: a primary of a newer term takes writes again
+        wait_until(lambda: rs.status()["term"] > term and rs._topology()["primary"]
+                   is not None, timeout_s=30)
+        assert coll.insert_one({"_id": 2}, w="majority").gtid.term > term
     finally:
         rs.shutdown()
