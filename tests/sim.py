@@ -85,7 +85,7 @@ from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.limits import Limits
 from raymx.storage.store import MemoryStore
 
-BROKEN = ("ack_before_durable", "reuse_term", "unsafe_reconfig", "dirty_reads")
+BROKEN = ("ack_before_durable", "reuse_term", "unsafe_reconfig", "dirty_reads", "fsync_retry")
 
 
 @dataclass(frozen=True)
@@ -259,6 +259,10 @@ class Options:
     # share of a client's requests that are reads ("majority" or "linearizable"
     # of the counter document), checked against the final committed history
     reads_p: float = 0.0
+    # per sync (group commit or a producer's batch): the fsync fails. The
+    # shells stop the process (stop_process: never retry a failed fsync) and
+    # what the sync covered may be gone: a machine crash, then a restart
+    fsync_fail_p: float = 0.0
     # scripted faults (scenarios): (at_ms, "partition", groups) | (at_ms, "heal")
     # | (at_ms, "crash", member, machine) | (at_ms, "restart", member)
     # | (at_ms, "crash_c") | (at_ms, "restart_c") | (at_ms, "drop_p", p)
@@ -299,7 +303,8 @@ class Options:
             heartbeat_interval_ms=r.choice((50, 100, 200)),
             heartbeat_timeout_ms=r.choice((300, 600, 1000)), pull_wait_ms=r.choice((100, 500)),
             reconfig_p=random.Random(seed * 104729 + 3).choice((0.0, 0.0, 0.01, 0.03)),
-            reads_p=random.Random(seed * 15485863 + 5).choice((0.0, 0.0, 0.1, 0.3)))
+            reads_p=random.Random(seed * 15485863 + 5).choice((0.0, 0.0, 0.1, 0.3)),
+            fsync_fail_p=random.Random(seed * 32452843 + 9).choice((0.0, 0.0, 0.0, 0.01)))
 
 
 # Named scenarios (TigerBeetle's replica_test style): a quiet cluster and a
@@ -345,6 +350,9 @@ SCENARIOS = {
                 (2_000, "votes", 2, 0), (2_050, "votes", 3, 0),
                 (5_500, "crash", 2, False), (5_500, "crash", 3, False),
                 (5_600, "crash", 1, True), (5_700, "heal"))),
+    # fsyncs fail now and then (issue 20): the member stops and restarts; with
+    # the planted "fsync_retry" it carries on over lost pages instead
+    "fsync_fails": lambda: Options.quiet(majority_p=0.7, fsync_fail_p=0.02, safety_ms=8_000),
     "coordinator_dies_mid_election": lambda: Options.quiet(
         script=((_HB + 1, "crash_c"),
                 (_HB + 6, "partition", [["m1"], ["m2", "m3", "c"]]),
@@ -757,6 +765,8 @@ class SimMember:
         if target is None or target == self.durable:
             return
         rec = self.gm.before_sync()
+        if self._fsync_fails():
+            return
         self.engine.sync()
         self.gm.after_sync(rec)
         self.durable = target
@@ -979,7 +989,27 @@ class SimMember:
         self.p_locked = True
         self.later(self.sim.rng.randint(0, self.sim.opts.disk_ms_max), self._batch_synced, g)
 
+    def _fsync_fails(self) -> bool:
+        """A failed fsync (``fsync_fail_p``): GroupCommit/Producer call
+        stop_process; nothing the sync covered is acknowledged or reported."""
+        o = self.sim.opts
+        if not (o.fsync_fail_p and self.sim.net.faults
+                and self.sim.disk_rng.random() < o.fsync_fail_p):
+            return False
+        if self.sim.broken == "fsync_retry":
+            # planted bug (PostgreSQL's old way): the kernel dropped the dirty
+            # pages and cleared the error; the retry "succeeds" over them
+            self.trace("fsync failed: retried")
+            self.store.crash()
+            return False
+        self.trace("fsync failed: the process stops")
+        self.sim.crash_member(self.id, machine=True)
+        self.sim.sched.at(self.sim.disk_rng.randint(50, 2000), self.sim._restart_member, self.id)
+        return True
+
     def _batch_synced(self, g: GTID) -> None:
+        if self._fsync_fails():
+            return
         self.engine.sync()  # durable before the next pull reports it upstream
         self.p_locked = False
         self._kick_applier()
@@ -1571,6 +1601,7 @@ class Sim:
             self.opts = Options.swarm(seed)
         self.rng = random.Random(seed)
         self.read_rng = random.Random(seed * 31 + 7)  # reads' own draws (seeds without reads replay as before)
+        self.disk_rng = random.Random(seed * 37 + 11)  # failed fsyncs' own draws
         self.sched = Scheduler(self.rng)
         o = self.opts
         self.limits = Limits().with_(heartbeat_interval_ms=o.heartbeat_interval_ms,

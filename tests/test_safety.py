@@ -25,6 +25,23 @@ def _new_primary(rs, old, timeout_s=30):
         rs._topology()["primary"]), timeout_s=timeout_s, every_s=0.05)
 
 
+def _old_primary_with_writes_only_it_has(ray, rs, write):
+    """The primary takes ``write(coll)`` while both secondaries are paused and is
+    killed; a new primary is elected and takes a majority write. Returns (old
+    primary, new primary, the two others, the collection "d.c")."""
+    old = rs.wait_for_primary()
+    coll = rs.client()["d"]["c"]
+    coll.insert_one({"_id": "base"}, w="majority")
+    others = [i for i in range(3) if i != old]
+    _pause(ray, rs, others)
+    write(coll)
+    rs.kill_member(old)
+    _pause(ray, rs, others, False)
+    new = _new_primary(rs, old)
+    coll.insert_one({"_id": "after"}, w="majority")
+    return old, new, others, coll
+
+
 def _state(rs, mid):
     return next(m for m in rs.status()["members"] if m["id"] == mid)["state"]
 
@@ -111,18 +128,11 @@ def test_a_member_that_needs_a_resync_serves_no_reads_and_still_votes(ray_sessio
     limits = raymx.Limits(rollback_ops_max=50)
     rs = raymx.ReplicaSet.launch("resync3", members=3, data_dir=str(tmp_path), limits=limits)
     try:
-        old = rs.wait_for_primary()
-        coll = rs.client()["d"]["c"]
-        coll.insert_one({"_id": "base"}, w="majority")
-        others = [i for i in range(3) if i != old]
-        _pause(ray, rs, others)
-        coll.insert_many([{"_id": f"x{i}", "diverged": True} for i in range(200)])
-        for i in range(200, 210):  # and some entries of their own
-            coll.insert_one({"_id": f"x{i}", "diverged": True})
-        rs.kill_member(old)
-        _pause(ray, rs, others, False)
-        new = _new_primary(rs, old)
-        coll.insert_one({"_id": "after"}, w="majority")
+        def diverge(coll):
+            coll.insert_many([{"_id": f"x{i}", "diverged": True} for i in range(200)])
+            for i in range(200, 210):  # and some entries of their own
+                coll.insert_one({"_id": f"x{i}", "diverged": True})
+        old, new, others, coll = _old_primary_with_writes_only_it_has(ray, rs, diverge)
         rs.start_member(old)
         wait_until(lambda: _state(rs, old) == "resync", timeout_s=60)
         healthy = next(i for i in others if i != new)
@@ -182,17 +192,10 @@ def test_a_restarted_old_primary_never_serves_what_it_rolls_back(ray_session, tm
     ray = ray_session
     rs = raymx.ReplicaSet.launch("rbread", members=3, data_dir=str(tmp_path))
     try:
-        old = rs.wait_for_primary()
-        coll = rs.client()["d"]["c"]
-        coll.insert_one({"_id": "base"}, w="majority")
-        others = [i for i in range(3) if i != old]
-        _pause(ray, rs, others)
-        for i in range(20):
-            coll.insert_one({"_id": f"x{i}", "diverged": True})  # w=1: only the old primary
-        rs.kill_member(old)
-        _pause(ray, rs, others, False)
-        new = _new_primary(rs, old)
-        coll.insert_one({"_id": "after"}, w="majority")
+        def diverge(coll):
+            for i in range(20):
+                coll.insert_one({"_id": f"x{i}", "diverged": True})  # w=1
+        old, new, _, coll = _old_primary_with_writes_only_it_has(ray, rs, diverge)
         from raymx.client import connect_member
         answers, refusals, stop = [], [], threading.Event()
 
