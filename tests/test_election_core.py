@@ -213,3 +213,19 @@ def test_a_voter_is_removed_only_when_the_rest_hold_the_committed_point():
     # and there must be a primary to tell what is committed
     assert "no primary" in config_change_blockers(five, minus1, everyone, None, None, None,
                                                   {})[0]
+
+
+def test_the_protocol_cores_import_no_ray_threads_clock_randomness_or_lmdb():
+    """Issue 20: the cores take time and randomness as inputs; a walk over their
+    imports (not only the ones at the top of the file) finds none of these."""
+    import ast
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    banned = {"ray", "threading", "time", "random", "lmdb"}
+    for rel in ("actors/election.py", "actors/replication.py", "actors/gtid_manager.py"):
+        tree = ast.parse(open(os.path.join(root, rel)).read())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for n in names:
+                assert n.split(".")[0] not in banned, f"{rel} imports {n}"
