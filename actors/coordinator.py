@@ -468,6 +468,10 @@ class Coordinator:
                     s["state"] = "down"
                     s["error"] = "producer unreachable"
             members.append(s)
+        for s in members:  # members on one node all go when it does: say so
+            node = s.get("node_id")
+            s["shares_node"] = [x["id"] for x in members
+                                if node and x is not s and x.get("node_id") == node] or None
         prim = next((s for s in members if s.get("role") == "primary"
                      and s["state"] != "down"), None)
         for s in members:

@@ -573,6 +573,7 @@ class OplogShard:
         s.update({"id": self.member_id, "role": self.role, "state": self._state(),
                   "initial_sync": self.load_progress,
                   "host": f"{self.port.host}:{self.port.port}", "pid": os.getpid(),
+                  "node_id": self.node_id,
                   "term": self.engine.term, "applied": gtid_out(applied),
                   "first": gtid_out(r.first), "last_ts": last_ts, "applied_ts": applied_ts,
                   "connections": self.port.connections, "restarted": self.restarted,

@@ -17,7 +17,10 @@ def main(argv=None) -> int:
     print(f"== starting a local Ray instance and a 3-member replica set 'demo' (data under {data})")
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     t0 = time.time()
-    rs = raymx.ReplicaSet.launch("demo", members=3, data_dir=os.path.join(data, "demo"))
+    # one machine here: pack the members on it (the default spreads them over
+    # the cluster's nodes, and warns when they must share one)
+    rs = raymx.ReplicaSet.launch("demo", members=3, data_dir=os.path.join(data, "demo"),
+                                 placement="pack")
     print(f"   launched in {time.time() - t0:.1f}s")
     try:
         client = rs.client()

@@ -1,6 +1,7 @@
 """Launch, connect to, inspect and shut down a replica set."""
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import time
@@ -14,6 +15,7 @@ from raymx.storage.gtid import GTID
 from raymx.storage.limits import DEFAULT, Limits
 
 NAMESPACE = "raymx"
+log = logging.getLogger("raymx.replset")
 
 
 def _ray():
@@ -110,8 +112,15 @@ class ReplicaSet:
     def launch(cls, name: str, members=1, data_dir: str | None = None,
                limits: Limits | None = None, secret: str | None = None,
                bind_host: str | None = None, node_ids: list[str] | None = None,
-               oplog_cap: dict | None = None) -> "ReplicaSet":
-        """Start every member's actors on this node, pinned to it (their files live here).
+               oplog_cap: dict | None = None, placement: str = "spread") -> "ReplicaSet":
+        """Start every member's actors, each pinned to its node (its files live there).
+
+        ``placement="spread"`` (default) puts the members on distinct alive
+        nodes of the Ray cluster, the driver's node first (more members than
+        nodes: as evenly as possible, with a warning, and ``status`` says which
+        share a node); a member whose folder already holds files on this node
+        (a relaunch) stays here. ``placement="pack"`` puts every member on this
+        node (development).
 
         ``members`` is a count or a list of member specs: dicts with optional
         ``priority`` (0: never primary), ``votes`` (0 or 1), ``hidden``,
@@ -121,8 +130,8 @@ class ReplicaSet:
         the oplog; the primary comes back under a new term. ``oplog_cap``:
         ``{"max_bytes": n, "max_age_s": s}`` (either may be None; default
         ``Limits.oplog_bytes_max`` bytes, no age), see ``set_oplog_cap``. ``node_ids`` places
-        member i on ``node_ids[i]`` (default: every member on this node); the
-        data folder must then be node-local on each of them.
+        member i on ``node_ids[i]`` (over ``placement``). The data folder's path
+        must be node-local (or shared) on each node a member runs on.
         """
         _check_name(name)
         specs = _member_specs(members)
@@ -141,13 +150,13 @@ class ReplicaSet:
         data_dir = os.path.abspath(data_dir or os.path.join("raymx-data", name))
         os.makedirs(data_dir, mode=0o700, exist_ok=True)
         secret = secret or secrets.token_urlsafe(32)
-        node = ray.get_runtime_context().get_node_id()
         votes = {m["id"]: m["votes"] for m in specs}
         handles = []
         for m in specs:
             m["path"] = os.path.join(data_dir, f"m{m['id']}")
             m["actor"] = actor_name(name, m["id"])
-            m["node_id"] = node if not node_ids else node_ids[m["id"] % len(node_ids)]
+        for m, node in zip(specs, _place(ray, specs, node_ids, placement)):
+            m["node_id"] = node
         try:
             for m in specs:
                 handles += _start_member(name, m, secret, limits, votes, bind_host, cap)
@@ -209,7 +218,8 @@ class ReplicaSet:
                    initial_sync: str = "oplog", source: int | None = None, spark=None,
                    backup: str | None = None, progress: bool = True,
                    timeout_s: float = 3600, wait: bool = True) -> int:
-        """Add a member on this node; returns its id.
+        """Add a member on the alive node with the fewest members (this one on a
+        tie); returns its id.
 
         ``initial_sync``: ``"oplog"`` replicates the whole oplog from its sync
         source (the oplog must still start at the first entry); ``"snapshot"``
@@ -240,7 +250,7 @@ class ReplicaSet:
             raise errors.ConfigError(f"sync_source {sync_source} is not a member")
         spec.update(actor=f"{self.name}/m{new_id}",
                     path=os.path.join(os.path.dirname(members[0]["path"]), f"m{new_id}"),
-                    node_id=ray.get_runtime_context().get_node_id())
+                    node_id=_least_used_node(ray, members))
         if os.path.isdir(spec["path"]) and os.listdir(spec["path"]):
             raise errors.ConfigError(f"{spec['path']} already holds files: move it away first")
         if initial_sync == "backup":
@@ -560,6 +570,45 @@ class ReplicaSet:
             pos = list(GTID.from_bytes(rows[-1][0]))
 
 
+def _place(ray, specs: list[dict], node_ids, placement: str) -> list[str]:
+    """The node of each member (see ``ReplicaSet.launch``)."""
+    here = ray.get_runtime_context().get_node_id()
+    if node_ids:
+        return [node_ids[m["id"] % len(node_ids)] for m in specs]
+    if placement == "pack":
+        return [here] * len(specs)
+    if placement != "spread":
+        raise errors.ConfigError(f"placement must be 'spread' or 'pack', not {placement!r}")
+    nodes, out, k = _alive_nodes(ray), [], 0
+    for m in specs:
+        if os.path.isdir(m["path"]) and os.listdir(m["path"]):
+            out.append(here)  # its files are here: it runs where they are
+            continue
+        out.append(nodes[k % len(nodes)])
+        k += 1
+    if k > len(nodes):
+        import warnings
+        msg = (f"{k} new members over {len(nodes)} Ray node(s): some share a node, and "
+               "losing that node loses all of them (status lists them)")
+        warnings.warn(msg, stacklevel=3)
+        log.warning(msg)
+    return out
+
+
+def _alive_nodes(ray) -> list[str]:
+    """Alive Ray nodes, the driver's first."""
+    here = ray.get_runtime_context().get_node_id()
+    return [here] + sorted(n["NodeID"] for n in ray.nodes()
+                           if n.get("Alive") and n["NodeID"] != here)
+
+
+def _least_used_node(ray, members: list[dict]) -> str:
+    used = {}
+    for m in members:
+        used[m.get("node_id")] = used.get(m.get("node_id"), 0) + 1
+    return min(_alive_nodes(ray), key=lambda n: used.get(n, 0))
+
+
 def _on_node(node_id: str):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
@@ -713,6 +762,9 @@ def format_status(st: dict) -> str:
                      "-" if "bytes" not in ol else f"{ol['bytes'] / 2**20:.1f}",
                      g(ol.get("first")), "-" if win is None else f"{win:.0f}",
                      m.get("host", "-")))
+        if m.get("shares_node"):
+            notes.append(f"member {m.get('id')} shares node {m['node_id'][:12]} with members "
+                         f"{m['shares_node']}: losing that node loses all of them")
         if m.get("state") == "resync":
             notes.append(f"member {m.get('id')} needs a resync (its sync source no longer "
                          "holds its position, or it could not roll back): "

@@ -26,6 +26,28 @@ def main(data_dir: str) -> int:
     c.wait_for_nodes()
     ray.init(address=c.address, namespace="raymx", log_to_driver=False)
     try:
+        # default placement: one member per node while there are nodes
+        spread = raymx.ReplicaSet.launch("spread", members=3,
+                                         data_dir=os.path.join(data_dir, "spread"))
+        nodes = [m["node_id"] for m in spread.status()["members"]]
+        print(f"spread nodes={len(set(nodes))}", flush=True)
+        assert len(set(nodes)) == 3 and not any(m["shares_node"]
+                                                for m in spread.status()["members"])
+        spread.shutdown()
+        import warnings
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            five = raymx.ReplicaSet.launch("five", members=5,
+                                           data_dir=os.path.join(data_dir, "five"))
+        assert any("share a node" in str(x.message) for x in w), [str(x.message) for x in w]
+        st = five.status()["members"]
+        assert len({m["node_id"] for m in st}) == 4 and sum(bool(m["shares_node"])
+                                                            for m in st) == 2
+        five.shutdown()
+        pack = raymx.ReplicaSet.launch("pack", members=2, placement="pack",
+                                       data_dir=os.path.join(data_dir, "pack"))
+        assert len({m["node_id"] for m in pack.status()["members"]}) == 1
+        pack.shutdown()
         rs = raymx.ReplicaSet.launch("nodes", members=3, data_dir=data_dir,
                                      node_ids=[w.node_id for w in workers])
         old = rs.wait_for_primary()
