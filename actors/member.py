@@ -260,6 +260,8 @@ class OplogShard:
         self.sync_state = "resync" if self.engine.get_meta("needs_resync") else "recovering"
         self.fence: GTID | None = None  # see commit_state
         self.service.read_refusal = self._read_refusal
+        self.service.topology_source = lambda: ray.get(ray.get_actor(
+            f"{rs_name}/coordinator", namespace=NAMESPACE).topology.remote(), timeout=5)
         cap = cfg.get("oplog_cap") or oplog_cap
         if cap:
             self.service.set_oplog_cap(cap)

@@ -390,6 +390,8 @@ class ShardService:
         self.votes = votes or {member_id: 1}
         self.heard_ms: dict[int, int] = {}
         self.handing_over = False  # a planned step-down drains accepted writes
+        # the set's topology for clients outside Ray (its shell asks the coordinator)
+        self.topology_source: Callable[[], dict] = lambda: {"members": [], "primary": None}
         # why this member may not serve reads now (its shell decides), or None
         self.read_refusal: Callable[[], str | None] = lambda: None
         # members loading a snapshot: {member: (its GTID, until ms)}, see trim_bound
@@ -646,6 +648,8 @@ class ShardService:
                 self.watchers.submit(self._watch, req, reply)
             else:
                 self.readers.submit(self._read, req, reply, conn)
+        elif op == "topology":  # clients outside Ray learn the set's members here
+            self.readers.submit(self._topology, reply)
         else:
             reply(err=errors.InvalidOperation(f"unknown operation {op!r}"))
 
@@ -1066,6 +1070,17 @@ class ShardService:
         except Exception as e:
             log.exception("read failed")
             reply(err=errors.RaymxError(f"internal error: {type(e).__name__}: {e}"))
+
+    def _topology(self, reply: Reply) -> None:
+        try:
+            topo = self.topology_source()
+            reply(ok={k: v for k, v in topo.items() if k != "secret"})
+        except errors.RaymxError as e:
+            reply(err=e)
+        except Exception as e:  # the coordinator is restarting: the client asks again
+            reply(err=errors.PrimaryUnavailable(
+                f"member {self.member_id} cannot reach the set's coordinator now: "
+                f"{type(e).__name__}"))
 
     def confirm_primary(self, timeout_ms: int) -> None:
         """A linearizable read's last step: write a no-op entry under this term

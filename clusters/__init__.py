@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from raymx import errors  # noqa: F401  (light: no ray)
 
-__all__ = ["ReplicaSet", "connect", "errors", "GTID", "WriteConcern", "ReadPreference",
-           "ReadConcern", "Limits"]
+__all__ = ["ReplicaSet", "connect", "connect_url", "errors", "GTID", "WriteConcern",
+           "ReadPreference", "ReadConcern", "Limits"]
 
 
 def __getattr__(name):
     if name in ("ReplicaSet", "connect"):
         from raymx import replset
         return getattr(replset, name)
-    if name in ("WriteConcern", "ReadPreference", "ReadConcern"):
+    if name in ("WriteConcern", "ReadPreference", "ReadConcern", "connect_url"):
         from raymx import client
         return getattr(client, name)
     if name == "Limits":

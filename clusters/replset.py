@@ -542,6 +542,16 @@ class ReplicaSet:
     def status(self) -> dict:
         return _coordinator_read(self._coord, "status")
 
+    def url(self, with_secret: bool = True) -> str:
+        """A connection string for ``raymx.connect_url`` from any Python process
+        (no Ray needed): ``raymx://:SECRET@host:port,.../NAME``. Without the
+        secret, clients take it from ``RAYMX_SECRET`` or ``RAYMX_SECRET_FILE``."""
+        from urllib.parse import quote
+        topo = self._topology()
+        hosts = ",".join(f"{m['host']}:{m['port']}" for m in topo["members"])
+        cred = f":{quote(topo['secret'], safe='')}@" if with_secret else ""
+        return f"raymx://{cred}{hosts}/{self.name}"
+
     def member(self, member_id: int):
         return _ray().get_actor(f"{self.name}/m{member_id}", namespace=NAMESPACE)
 
