@@ -16,6 +16,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, ActorUnschedulableError
 
 from raymx import errors
+from raymx.actors import metrics
 from raymx.actors.election import (Action, ElectionCore, candidates, check_config_change,
                                    committed_point, config_change_blockers)
 from raymx.storage.gtid import GTID
@@ -55,6 +56,21 @@ class Coordinator:
         self.last_election: dict | None = None
         self._t = threading.Thread(target=self._loop, name="raymx-heartbeats", daemon=True)
         self._t.start()
+        self._set_metrics = metrics.Publisher(name, metrics.SET)
+        metrics.run_every(metrics.PERIOD_S, self._publish_metrics, self._stop, "set")
+
+    def _publish_metrics(self) -> None:
+        """What needs the whole set's view: lag behind the primary, who is up,
+        elections won (members publish their own figures)."""
+        st = self.status(timeout_s=metrics.PERIOD_S)
+        won: dict[int, int] = {}
+        for e in self.core.log:
+            if e[0] == "elected":
+                won[e[1]] = won.get(e[1], 0) + 1
+        for m in st["members"]:
+            self._set_metrics.publish(m["id"], {
+                "lag_entries": m.get("lag"), "lag_seconds": m.get("lag_s"),
+                "up": 0 if m["state"] == "down" else 1, "elections": won.get(m["id"], 0)})
 
     def _load_newest_config(self) -> None:
         """After a restart: the members hold the newest configuration durably."""

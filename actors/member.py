@@ -28,7 +28,7 @@ import time
 import ray
 
 from raymx import errors
-from raymx.actors import doorbell
+from raymx.actors import doorbell, metrics
 from raymx.actors import replication as rep
 from raymx.actors.gtid_manager import GTIDManager
 from raymx.actors.server import ClientPort, boot_id
@@ -268,6 +268,11 @@ class OplogShard:
         host = bind_host or ray.util.get_node_ip_address()
         self.port = ClientPort(self.service, secret, host, limits.frame_bytes_max,
                                {"member": self.member_id, "replset": rs_name})
+        self._metrics_stop = threading.Event()
+        pub = metrics.Publisher(rs_name, metrics.MEMBER)
+        metrics.run_every(metrics.PERIOD_S, lambda: pub.publish(self.member_id, dict(
+            metrics.member_values(self.status()),
+            trimmed_entries=self.service.trim["trimmed"])), self._metrics_stop, "member")
 
     def _on_durable(self, g: GTID) -> None:
         if not self.service.primary or len(self.service.votes) == 1:
@@ -760,6 +765,7 @@ class OplogShard:
         return {"collections": codec.pack(st), "oplog": ol}
 
     def shutdown(self) -> None:
+        self._metrics_stop.set()
         self._bell.close()
         self._majority_bell.close()
         self.port.close()

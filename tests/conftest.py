@@ -33,7 +33,9 @@ def ray_session():
     """One local Ray instance for the whole session (never a stray cluster)."""
     import ray
     ray.init(address="local", num_cpus=2, include_dashboard=False,
-             object_store_memory=200 * 1024**2, log_to_driver=False)
+             object_store_memory=200 * 1024**2, log_to_driver=False,
+             # metrics reach the node's Prometheus endpoint within a second
+             _system_config={"metrics_report_interval_ms": 1000})
     yield ray
     ray.shutdown()
 

@@ -1,0 +1,54 @@
+"""Prometheus metrics through ray.util.metrics (issue 23, part): a scrape of the
+node's metrics endpoint finds each member's figures and the set's lag."""
+import re
+import time
+import urllib.request
+
+import raymx
+
+from tests.test_replication import wait_until
+
+
+def scrape(ray) -> str:
+    n = next(x for x in ray.nodes() if x["Alive"])
+    url = f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics"
+    return urllib.request.urlopen(url, timeout=5).read().decode()
+
+
+def series(text: str, name: str, rs: str) -> dict[str, float]:
+    """member -> value of metric ``name`` for replica set ``rs``."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(f"ray_{name}{{") and f'set="{rs}"' in line:
+            out[re.search(r'member="(\d+)"', line).group(1)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_members_and_the_set_export_prometheus_metrics(ray_session, tmp_path):
+    rs = raymx.ReplicaSet.launch("metrics", members=3, data_dir=str(tmp_path),
+                                 placement="pack")
+    try:
+        prim = rs.wait_for_primary()
+        coll = rs.client()["m"]["c"]
+        g = coll.insert_many([{"_id": i} for i in range(100)], w="majority").gtid
+        for i in range(20):
+            coll.insert_one({"_id": f"x{i}"}, w="majority")
+        seen = {}
+
+        def exported():
+            text = scrape(ray_session)
+            for name in ("raymx_primary", "raymx_term", "raymx_last_seq", "raymx_applied_seq",
+                         "raymx_lag_entries", "raymx_up", "raymx_commits_total",
+                         "raymx_oplog_bytes"):
+                seen[name] = series(text, name, "metrics")
+            return all(len(seen[n]) == 3 for n in ("raymx_primary", "raymx_term", "raymx_up",
+                                                   "raymx_lag_entries")) \
+                and seen["raymx_commits_total"].get(str(prim), 0) >= 21 \
+                and all(v >= g.seq + 20 for v in seen["raymx_applied_seq"].values())
+        wait_until(exported, timeout_s=30, every_s=1)
+        assert seen["raymx_primary"] == {str(i): float(i == prim) for i in range(3)}
+        assert set(seen["raymx_term"].values()) == {1.0}
+        assert all(v == 1.0 for v in seen["raymx_up"].values())
+        assert all(v >= 0 for v in seen["raymx_lag_entries"].values())
+    finally:
+        rs.shutdown()
