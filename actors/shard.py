@@ -552,6 +552,8 @@ class ShardService:
         self.group.reset(last if last.seq else None)
         self._unwritten.clear()  # n entries a past term owed: the oplog moved on without them
         self.wc.reset()
+        if last.seq:  # its own position is known now (synced above), not at its next write
+            self.wc.durable[self.member_id] = last
         self.heard_ms = {m: int(time.time() * 1000) for m in self.votes}  # grace period
         self.handing_over = False
         self.primary = True

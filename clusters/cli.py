@@ -1,4 +1,4 @@
-"""The ``raymx`` command: status, revert, resync and shutdown of replica sets on a Ray cluster.
+"""The ``raymx`` command: launch, list, inspect and operate replica sets on a Ray cluster.
 
 On token-authenticated Ray clusters (the default for Ray 2.60 local clusters)
 run it with ``RAY_AUTH_MODE=token`` so it can attach.
@@ -43,14 +43,24 @@ def main():
 @click.argument("name", default="rs0")
 @click.option("--address", default=None, help="Ray address (default: RAY_ADDRESS or auto)")
 @click.option("--json", "as_json", is_flag=True, help="print the raw status as JSON")
-def status(name, address, as_json):
+@click.option("--watch", "every", type=float, default=None, metavar="SECONDS",
+              help="print it again every SECONDS until interrupted")
+def status(name, address, as_json, every):
     """Role, state, term and positions of every member of NAME."""
+    import time
+
     import raymx
     from raymx.replset import format_status
     with _one_line_errors():
         _attach(address)
-        st = raymx.connect(name).status()
-    click.echo(json.dumps(st, indent=2, default=str) if as_json else format_status(st))
+        rs = raymx.connect(name)
+        while True:
+            st = rs.status()
+            click.echo(json.dumps(st, indent=2, default=str) if as_json else format_status(st))
+            if not every:
+                return
+            time.sleep(every)
+            click.echo("")
 
 
 @main.command()
@@ -128,6 +138,150 @@ def resync(name, member, address, source, yes):
     click.echo(f"member {member} of {name} resynced from member {out['source']}: "
                f"{out['rows']:,} rows at {g.term}:{g.seq}, caught up; old files in "
                f"{out['moved_aside']}")
+
+
+ADDRESS = click.option("--address", default=None,
+                       help="Ray address (default: RAY_ADDRESS or auto)")
+
+
+@main.command()
+@click.argument("name")
+@click.option("--members", default=3, show_default=True, help="number of members")
+@click.option("--data-dir", default=None, help="folder of the members' data (node-local)")
+@click.option("--placement", type=click.Choice(["spread", "pack"]), default="spread",
+              show_default=True, help="spread: one member per node while there are nodes")
+@ADDRESS
+def launch(name, members, data_dir, placement, address):
+    """Start replica set NAME (or restart it over its data) and print its URL."""
+    import raymx
+    with _one_line_errors():
+        _attach(address)
+        rs = raymx.ReplicaSet.launch(name, members=members, data_dir=data_dir,
+                                     placement=placement)
+        click.echo(f"replica set {name}: {members} member(s), primary {rs.wait_for_primary()}")
+        click.echo(f"connect from outside Ray: raymx.connect_url({rs.url(with_secret=False)!r})"
+                   " with RAYMX_SECRET set (raymx url --secret prints it)")
+
+
+@main.command(name="ls")
+@ADDRESS
+def ls(address):
+    """The replica sets running on the Ray cluster."""
+    import ray
+    with _one_line_errors():
+        _attach(address)
+        names = sorted(a["name"][:-len("/coordinator")] for a in
+                       ray.util.list_named_actors(all_namespaces=True)
+                       if a.get("namespace") == "raymx" and a["name"].endswith("/coordinator"))
+    click.echo("\n".join(names) if names else "no replica set is running")
+
+
+@main.command()
+@click.argument("name")
+@click.option("--secret", "with_secret", is_flag=True, help="include the credential")
+@ADDRESS
+def url(name, with_secret, address):
+    """NAME's connection string for raymx.connect_url."""
+    import raymx
+    with _one_line_errors():
+        _attach(address)
+        click.echo(raymx.connect(name).url(with_secret=with_secret))
+
+
+@main.command(name="step-down")
+@click.argument("name")
+@ADDRESS
+def step_down(name, address):
+    """Hand NAME's primary role over to the most advanced secondary."""
+    import raymx
+    with _one_line_errors():
+        _attach(address)
+        out = raymx.connect(name).step_down()
+    click.echo(f"member {out['new']} is primary in term {out['term']} "
+               f"(was member {out['old']}; {out['took_ms']} ms)")
+
+
+@main.command(name="add-member")
+@click.argument("name")
+@click.option("--initial-sync", type=click.Choice(["oplog", "snapshot"]), default="snapshot",
+              show_default=True)
+@click.option("--votes", default=1, show_default=True)
+@click.option("--priority", default=1.0, show_default=True)
+@ADDRESS
+def add_member(name, initial_sync, votes, priority, address):
+    """Add a member to NAME (on the node with the fewest members)."""
+    import raymx
+    with _one_line_errors():
+        _attach(address)
+        mid = raymx.connect(name).add_member(priority=priority, votes=votes,
+                                             initial_sync=initial_sync)
+    click.echo(f"member {mid} added to {name}")
+
+
+@main.command(name="remove-member")
+@click.argument("name")
+@click.argument("member", type=int)
+@click.option("--timeout", "timeout_s", default=60.0, show_default=True,
+              help="seconds to wait for lagging members before refusing")
+@ADDRESS
+def remove_member(name, member, timeout_s, address):
+    """Remove secondary MEMBER from NAME (its files stay on disk)."""
+    import raymx
+    with _one_line_errors():
+        _attach(address)
+        raymx.connect(name).remove_member(member, timeout_s=timeout_s)
+    click.echo(f"member {member} removed from {name}")
+
+
+@main.command()
+@click.argument("name")
+@click.argument("member", type=int)
+@click.argument("dest")
+@ADDRESS
+def backup(name, member, dest, address):
+    """A consistent hot copy of MEMBER's files into DEST (on its node)."""
+    import raymx
+    with _one_line_errors():
+        _attach(address)
+        g = raymx.connect(name).backup(member, dest)
+    click.echo(f"member {member} of {name} copied to {dest} at {g}")
+
+
+@main.command()
+@click.argument("name")
+@click.option("--after", default=None, help="a resume token or GTID (default: now)")
+@click.option("--ns", "namespaces", multiple=True, help="only these db or db.coll names")
+@click.option("--limit", default=0, help="stop after this many events (0: never)")
+@ADDRESS
+def watch(name, after, namespaces, limit, address):
+    """Tail NAME's change events, one JSON line each."""
+    import raymx
+    with _one_line_errors():
+        _attach(address)
+        stream = raymx.connect(name).client().watch(after=after,
+                                                    namespaces=list(namespaces) or None)
+        n = 0
+        for ev in stream:
+            ev["gtid"] = str(ev["gtid"])
+            click.echo(json.dumps(ev, default=str))
+            n += 1
+            if limit and n >= limit:
+                break
+
+
+@main.command()
+@click.argument("name")
+@click.option("--after", default=None, help="GTID to start after (default: the first)")
+@click.option("--limit", default=20, show_default=True)
+@ADDRESS
+def oplog(name, after, limit, address):
+    """NAME's oplog entries: GTID, commit time and ops."""
+    import raymx
+    with _one_line_errors():
+        _attach(address)
+        for e in raymx.connect(name).oplog(after=after, limit=limit):
+            ops = ", ".join(f"{op['op']} {op.get('ns', '')}".strip() for op in e.ops)
+            click.echo(f"{e.gtid}  {e.ts}  {ops}")
 
 
 if __name__ == "__main__":

@@ -648,6 +648,8 @@ class SimMember:
         last, _ = self.engine.last()
         self.engine.sync()
         self.durable = last if last != ZERO else None
+        if self.durable is not None:  # ShardService.become_primary
+            self.wc_durable[self.id] = self.durable
         self._on_durable()
         self.sim.checker.on_elected(self, term)
         self.trace(f"primary term={term} last={last}")

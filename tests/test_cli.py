@@ -58,3 +58,41 @@ def test_resync_asks_then_rebuilds_a_secondary(ray_session, tmp_path):
     out = format_status({"set": "x", "members": [{"id": 2, "role": "secondary",
                                                    "state": "resync"}]})
     assert "member 2 needs a resync" in out and "raymx resync x 2" in out
+
+
+def test_launch_ls_url_oplog_watch_step_down_and_members(ray_session, tmp_path):
+    """The rest of the CLI (issue 23, part), each command end to end."""
+    import raymx
+    run = CliRunner().invoke
+    r = run(main, ["launch", "clifull", "--members", "3", "--placement", "pack",
+                   "--data-dir", str(tmp_path / "d")])
+    assert r.exit_code == 0 and "primary 0" in r.output and "raymx://" in r.output, r.output
+    try:
+        assert "clifull" in run(main, ["ls"]).output.split()
+        r = run(main, ["url", "clifull", "--secret"])
+        assert r.exit_code == 0 and r.output.startswith("raymx://:") and "@" in r.output
+        c = raymx.connect_url(r.output.strip())
+        c["a"]["b"].insert_many([{"_id": i} for i in range(3)], w=3)
+        r = run(main, ["oplog", "clifull", "--limit", "5"])
+        assert r.exit_code == 0 and "i a.b" in r.output, r.output
+        r = run(main, ["watch", "clifull", "--after", "0:0", "--limit", "4"])
+        evs = [json.loads(x) for x in r.output.splitlines()]
+        assert [e["op"] for e in evs] == ["create"] + ["insert"] * 3, r.output
+        r = run(main, ["status", "clifull", "--json"])
+        assert r.exit_code == 0 and len(json.loads(r.output)["members"]) == 3
+        r = run(main, ["step-down", "clifull"])
+        assert r.exit_code == 0 and "is primary in term 2" in r.output, r.output
+        prim = raymx.connect("clifull").wait_for_primary()
+        r = run(main, ["remove-member", "clifull", str(prim)])
+        assert r.exit_code == 1 and "is the primary" in r.output and "Traceback" not in r.output
+        other = next(i for i in range(3) if i != prim)
+        r = run(main, ["remove-member", "clifull", str(other)])
+        assert r.exit_code == 0, r.output
+        r = run(main, ["add-member", "clifull", "--initial-sync", "oplog"])
+        assert r.exit_code == 0 and "member 3 added" in r.output, r.output
+        r = run(main, ["backup", "clifull", str(prim), str(tmp_path / "bk")])
+        assert r.exit_code == 0 and "copied to" in r.output, r.output
+    finally:
+        raymx.connect("clifull").shutdown()
+    r = run(main, ["step-down", "clifull"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
