@@ -113,7 +113,7 @@ class KnownBug:
 
 
 KNOWN_BUGS = {b.name: b for b in (
-    KnownBug("too_stale_by_term", "actors/replication.py FeederCore.pull",
+    KnownBug("too_stale_by_term", "raymx/actors/replication.py FeederCore.pull",
              "'after < first' compares GTIDs, term first: a member whose last entry is "
              "(1, 1) pulling from a source whose oplog starts at (2, 1) (another branch "
              "from seq 1) is told too_stale, not diverged, and marks itself needs_resync "
@@ -121,8 +121,8 @@ KNOWN_BUGS = {b.name: b for b in (
              "compare seqs: too_stale only if after.seq < first.seq (seqs are dense "
              "across terms); otherwise answer diverged",
              ("resync=sync source trimmed past",), ("isolated_first_primary",), ()),
-    KnownBug("stale_write_concern", "actors/shard.py WriteConcernWaiters / "
-             "actors/member.py OplogShard._become_secondary",
+    KnownBug("stale_write_concern", "raymx/actors/shard.py WriteConcernWaiters / "
+             "raymx/actors/member.py OplogShard._become_secondary",
              "write-concern waiters survive step-down and the durable positions are "
              "compared as GTIDs (d >= g), not as 'holds g': a deposed primary rolls its "
              "write back and still acknowledges it w='majority' later, when members "
@@ -133,8 +133,8 @@ KNOWN_BUGS = {b.name: b for b in (
              "while it follows this primary in this term",
              ("majority-acknowledged write", "majority-committed point"), (218, 172),
              ("election_not_fenced", "stale_sync_source")),
-    KnownBug("election_not_fenced", "actors/election.py ElectionCore._elect + "
-             "actors/coordinator.py Coordinator._act",
+    KnownBug("election_not_fenced", "raymx/actors/election.py ElectionCore._elect + "
+             "raymx/actors/coordinator.py Coordinator._act",
              "an election reads each member's last GTID and term from heartbeat replies "
              "sent up to a round earlier, and the new term is durable only on the winner "
              "before it takes writes. So (a) a restarted coordinator, or one whose "
@@ -153,8 +153,8 @@ KNOWN_BUGS = {b.name: b for b in (
              # (primary_cut_from_coordinator reproduced it until positions from
              # another branch stopped counting for write concern: FeederCore.holds)
              ("coordinator_dies_mid_election", 44), ()),
-    KnownBug("deposed_role_stuck", "actors/shard.py ShardService._commit + "
-             "actors/member.py OplogShard._learn_term/step_down/follow",
+    KnownBug("deposed_role_stuck", "raymx/actors/shard.py ShardService._commit + "
+             "raymx/actors/member.py OplogShard._learn_term/step_down/follow",
              "a primary learns a higher term through a pull (Feeder.pull records it in the "
              "engine only); its next write finds engine.term > gm.term and _commit sets "
              "service.primary = False, but OplogShard.role stays 'primary' (and its feeder "
@@ -167,7 +167,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "shell to step down instead of flipping service.primary alone",
              ("role=primary shard_primary=False",), ("primary_cut_from_coordinator",),
              ("stale_sync_source",)),
-    KnownBug("stale_sync_source", "actors/member.py Producer._run/_handle",
+    KnownBug("stale_sync_source", "raymx/actors/member.py Producer._run/_handle",
              "after a member learns a new term (a heartbeat, or a pull answered "
              "stale_term), its producer keeps pulling from the sync source it was given "
              "for the old term, and accepts the entries because the check is 'the "
@@ -184,7 +184,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "your current term)",
              ("majority-acknowledged write", "majority-committed point"), (330,),
              ("election_not_fenced", "stale_write_concern")),
-    KnownBug("producer_thread_dies", "actors/member.py Producer._run/_roll_back",
+    KnownBug("producer_thread_dies", "raymx/actors/member.py Producer._run/_roll_back",
              "only the pull is inside the producer loop's try: a find_common call that "
              "fails or times out (the source crashed or is cut off mid-rollback) raises "
              "out of _roll_back/_handle and ends the producer thread; the actor stays up, "

@@ -222,7 +222,8 @@ def test_the_protocol_cores_import_no_ray_threads_clock_randomness_or_lmdb():
     import os
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     banned = {"ray", "threading", "time", "random", "lmdb"}
-    for rel in ("actors/election.py", "actors/replication.py", "actors/gtid_manager.py"):
+    for rel in ("raymx/actors/election.py", "raymx/actors/replication.py",
+                "raymx/actors/gtid_manager.py"):
         tree = ast.parse(open(os.path.join(root, rel)).read())
         for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \

@@ -66,7 +66,10 @@ def _ensure_ray():
 
 def active_session():
     """The running RayDP Spark session of this process, or None."""
-    import raydp.context as ctx
+    try:
+        import raydp.context as ctx
+    except ImportError:  # no spark extra: no session can be running
+        return None
     g = ctx._global_spark_context
     return None if g is None else g._spark_session
 
@@ -95,7 +98,11 @@ def spark_session(rs=None, app_name: str = "raymx", num_executors: int = 1,
         running = active_session()
         if running is not None:
             return running
-        import raydp
+        try:
+            import raydp
+        except ImportError:
+            raise errors.ConfigError("Spark needs the spark extra: pip install 'raymx[spark]' "
+                                     "(RayDP and PySpark; Java 17 too)") from None
         # Spark's Python workers (UDFs, Ray Dataset -> Spark) must run this
         # interpreter, the one that has pyspark and raymx
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
