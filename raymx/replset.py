@@ -772,9 +772,10 @@ def format_status(st: dict) -> str:
                      "-" if "bytes" not in ol else f"{ol['bytes'] / 2**20:.1f}",
                      g(ol.get("first")), "-" if win is None else f"{win:.0f}",
                      m.get("host", "-")))
-        if m.get("shares_node"):
-            notes.append(f"member {m.get('id')} shares node {m['node_id'][:12]} with members "
-                         f"{m['shares_node']}: losing that node loses all of them")
+        if m.get("shares_node") and m["id"] < min(m["shares_node"]):  # once per node
+            ids = ", ".join(str(i) for i in sorted([m["id"]] + m["shares_node"]))
+            notes.append(f"members {ids} share node {m['node_id'][:12]}: losing that node "
+                         "loses all of them")
         if m.get("state") == "resync":
             notes.append(f"member {m.get('id')} needs a resync (its sync source no longer "
                          "holds its position, or it could not roll back): "

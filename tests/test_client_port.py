@@ -369,6 +369,11 @@ def test_only_point_writes_run_on_the_port_thread(port):
         c.request({"op": "update", "ns": "u.c", "filter": flt, "update": {"$inc": {"n": 1}}})
         c.request({"op": "delete", "ns": "u.c", "filter": flt})
     assert svc.port_writes == before
+    # the writer answers before it marks its queue done: let it finish, so the
+    # point writes find it idle (the condition for running on the port thread)
+    deadline = time.monotonic() + 10
+    while svc._q.unfinished_tasks and time.monotonic() < deadline:
+        time.sleep(0.001)
     c.request({"op": "update", "ns": "u.c", "filter": {"_id": 50}, "update": {"$set": {"n": 0}}})
     c.request({"op": "delete", "ns": "u.c", "filter": {"_id": 51}})
     assert svc.port_writes >= before + 1  # (a trim holding the writer may send one away)
