@@ -9,6 +9,7 @@ sends heartbeats on a timer and carries the actions out.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 
@@ -48,6 +49,7 @@ class Coordinator:
         self._handles: dict[int, object] = {}
         self._inflight: dict[int, object] = {}
         self._pushing: dict[int, object] = {}  # configuration pushes to members behind
+        self._ports: dict[int, tuple] = {}  # each member's client port, from its heartbeats
         self._lock = threading.RLock()
         self._reconfig_lock = threading.Lock()  # one configuration change at a time
         self._join_start: dict[int, dict] = {}  # a joining member's start point (see change)
@@ -236,11 +238,21 @@ class Coordinator:
         now = _now_ms()
         for mid, ref in list(self._inflight.items()):
             if ref not in ready:
-                self.core.on_heartbeat(mid, None, now)
+                if self._refused(mid):
+                    # its process is gone (nothing listens on its port): down now,
+                    # not after a heartbeat timeout or Ray's restart of it
+                    del self._inflight[mid]
+                    self._addr.pop(mid, None)
+                    self.core.on_heartbeat(mid, None, now, dead=True)
+                else:
+                    self.core.on_heartbeat(mid, None, now)
                 continue
             del self._inflight[mid]
             try:
-                self.core.on_heartbeat(mid, ray.get(ref), now)
+                reply = ray.get(ref)
+                if reply.get("port"):
+                    self._ports[mid] = tuple(reply["port"])
+                self.core.on_heartbeat(mid, reply, now)
             except (ActorDiedError, ActorUnschedulableError):
                 self._handles.pop(mid, None)
                 self._addr.pop(mid, None)
@@ -253,6 +265,22 @@ class Coordinator:
             except Exception:
                 self._addr.pop(mid, None)  # restarting: its port will change
                 self.core.on_heartbeat(mid, None, now)
+
+    def _refused(self, mid: int) -> bool:
+        """A member whose heartbeat is late: does its client port refuse
+        connections (the process died; the kernel closed its socket)? A busy or
+        unreachable member is not refused: the heartbeat timeout decides then."""
+        addr = self._ports.get(mid)
+        if addr is None:
+            return False
+        try:
+            socket.create_connection(addr, timeout=0.05).close()
+        except ConnectionRefusedError:
+            self._ports.pop(mid, None)  # a restarted process listens elsewhere
+            return True
+        except OSError:
+            pass
+        return False
 
     def _act(self, a: Action) -> None:
         h = self._handle(a.member)
@@ -422,6 +450,9 @@ class Coordinator:
         drivers call this during elections and must not stall behind it."""
         missing = {}
         for m in self.members:
+            v = self.core.members.get(m["id"])
+            if v is not None and v.dead and not v.alive:
+                continue  # its process died (Ray may be restarting it): never wait on it
             if m["id"] not in self._addr:
                 try:
                     missing[m["id"]] = self._handle(m["id"]).address.remote()

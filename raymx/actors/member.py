@@ -314,6 +314,7 @@ class OplogShard:
                 "following": self.following, "state": self._state(),
                 "loading": self.engine.get_meta("initial_sync") is not None,
                 "loaded_at": self.loaded_at, "config_version": self.config_version,
+                "port": [self.port.host, self.port.port],
                 "lead_term": self.service.gm.term if self.role == "primary" else None}
 
     def _state(self) -> str:
@@ -1003,12 +1004,14 @@ class Producer:
                 last, last_h = self.engine.last()
                 applied = rep.applied_point(self.engine)
                 down = self._downstream()
-                ans = ray.get(src.pull.remote(pull_request(
+                ans = self._await(src.pull.remote(pull_request(
                     list(last), last_h if last != ZERO else None, self.limits.pull_entries_max,
                     self.limits.pull_bytes_max, self.limits.pull_wait_ms, self.member_id,
                     list(last) if last != ZERO else None, list(applied), down,
                     max(self.term, self.engine.term),
-                    None if self.majority is None else list(self.majority))), timeout=30)
+                    None if self.majority is None else list(self.majority))), src_id, 30)
+                if ans is None:
+                    continue  # told to follow another source meanwhile: pull from it now
                 # one entry may exceed pull_bytes_max (a pull always carries one)
                 out = codec.unpack(ans, "pull answer", self.limits.transaction_bytes_max
                                    + self.limits.pull_bytes_max + (1 << 20))
@@ -1028,6 +1031,20 @@ class Producer:
                     log.exception("member %d: producer step failed", self.member_id)
                     src = None
                     time.sleep(0.2)
+
+    def _await(self, ref, src_id: int, timeout_s: float):
+        """The answer of a pull, or None as soon as this member is told to follow
+        another source (or paused): a pull to a source whose process died waits
+        for Ray to restart it, and the new primary must not wait behind that."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ready, _ = ray.wait([ref], timeout=0.02)
+            if ready:
+                return ray.get(ref)
+            if self.sync_source != src_id or self._paused.is_set():
+                return None
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no answer from sync source {src_id} in {timeout_s}s")
 
     def _downstream(self) -> dict:
         """Positions of members that sync from this one (chained replication),
