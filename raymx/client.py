@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 from raymx import errors
 from raymx.storage import codec
 from raymx.storage.gtid import GTID
-from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS, write_concern_problem
+from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS, READ_CONCERNS, write_concern_problem
 
 
 _RECV_BYTES = 1 << 18  # one receive's buffer
@@ -583,9 +583,6 @@ class ReadPreference:
         if self.after is None:
             return {}
         return {"after": list(self.after), "after_timeout_ms": self.after_timeout_ms}
-
-
-READ_CONCERNS = ("local", "majority", "linearizable", "snapshot")
 
 
 @dataclass(frozen=True)

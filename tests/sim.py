@@ -904,8 +904,9 @@ class SimMember:
             self._wc_check()
             return respond({"status": "stale_term", "term": term})
         now = self.now()
+        held = self.feeder.pull(after, after_h, 1, 1)["status"] == "ok"
         durable, applied, downstream = self.feeder.vouch(
-            after, after_h, durable, applied, downstream, member, self.id)  # FeederService.pull
+            held, after, durable, applied, downstream, member, self.id)  # FeederService.pull
         self.feeder.report(member, durable, applied, now)
         for m, p in (downstream or {}).items():
             self.feeder.report(int(m), p.get("durable"), p.get("applied"), p.get("at_ms", now))

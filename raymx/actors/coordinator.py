@@ -58,21 +58,22 @@ class Coordinator:
         self.last_election: dict | None = None
         self._t = threading.Thread(target=self._loop, name="raymx-heartbeats", daemon=True)
         self._t.start()
-        self._set_metrics = metrics.Publisher(name, metrics.SET)
+        self._metrics = metrics.Publisher(name, metrics.SERIES)
         metrics.run_every(metrics.PERIOD_S, self._publish_metrics, self._stop, "set")
 
     def _publish_metrics(self) -> None:
-        """What needs the whole set's view: lag behind the primary, who is up,
-        elections won (members publish their own figures)."""
+        """Each member's figures, its lag behind the primary, whether it is up
+        and the elections it won, from one status round."""
         st = self.status(timeout_s=metrics.PERIOD_S)
         won: dict[int, int] = {}
         for e in self.core.log:
             if e[0] == "elected":
                 won[e[1]] = won.get(e[1], 0) + 1
         for m in st["members"]:
-            self._set_metrics.publish(m["id"], {
-                "lag_entries": m.get("lag"), "lag_seconds": m.get("lag_s"),
-                "up": 0 if m["state"] == "down" else 1, "elections": won.get(m["id"], 0)})
+            up = m["state"] != "down"
+            self._metrics.publish(m["id"], dict(
+                metrics.member_values(m) if up else {}, lag_entries=m.get("lag"),
+                lag_seconds=m.get("lag_s"), up=int(up), elections=won.get(m["id"], 0)))
 
     def _load_newest_config(self) -> None:
         """After a restart: the members hold the newest configuration durably."""

@@ -28,7 +28,7 @@ import time
 import ray
 
 from raymx import errors
-from raymx.actors import doorbell, metrics
+from raymx.actors import doorbell
 from raymx.actors import replication as rep
 from raymx.actors.gtid_manager import GTIDManager
 from raymx.actors.server import ClientPort, boot_id
@@ -268,11 +268,6 @@ class OplogShard:
         host = bind_host or ray.util.get_node_ip_address()
         self.port = ClientPort(self.service, secret, host, limits.frame_bytes_max,
                                {"member": self.member_id, "replset": rs_name})
-        self._metrics_stop = threading.Event()
-        pub = metrics.Publisher(rs_name, metrics.MEMBER)
-        metrics.run_every(metrics.PERIOD_S, lambda: pub.publish(self.member_id, dict(
-            metrics.member_values(self.status()),
-            trimmed_entries=self.service.trim["trimmed"])), self._metrics_stop, "member")
 
     def _on_durable(self, g: GTID) -> None:
         if not self.service.primary or len(self.service.votes) == 1:
@@ -286,11 +281,10 @@ class OplogShard:
         """Record a higher term durably before answering; step down if primary."""
         if term > self.engine.term:
             self.engine.set_term(term)  # synced
-            if self.role != "primary":
+            if self.role != "primary" and self.sync_state == "running":
                 # entries from the old term's primary may not be on the new
                 # primary's branch: no reads until a source of this term confirms
-                self.sync_state = "recovering" if self.sync_state == "running" \
-                    else self.sync_state
+                self.sync_state = "recovering"
         if term >= self.engine.term and self._is_primary() and term > self.service.gm.term:
             self._become_secondary()
 
@@ -377,9 +371,9 @@ class OplogShard:
             self.feeder.set_primary(True)
             self.service.become_primary(term)
             self.role = "primary"
-            self.fence = self.engine.last()[0]  # every committed entry is at most this
             self.following = None
             last, _ = self.engine.last()  # synced by become_primary
+            self.fence = last  # every committed entry is at most this
             self._on_durable(last)
             log.info("member %s/%d is primary in term %d at %s", self.rs_name,
                      self.member_id, term, last)
@@ -591,6 +585,7 @@ class OplogShard:
         if self.role != "primary":
             s["durable"] = gtid_out(r.last)  # the producer syncs every batch it writes
         s["oplog"] = self.oplog_status()
+        s["trimmed"] = self.service.trim["trimmed"]
         return s
 
     def oplog_status(self) -> dict:
@@ -766,7 +761,6 @@ class OplogShard:
         return {"collections": codec.pack(st), "oplog": ol}
 
     def shutdown(self) -> None:
-        self._metrics_stop.set()
         self._bell.close()
         self._majority_bell.close()
         self.port.close()
@@ -864,16 +858,7 @@ class FeederService:
             return {"status": "stale_term", "term": term,
                     "reason": f"member {self.member_id} was at term {my_term} < {term}"}
         now = now_ms()
-        durable, applied, downstream = self.core.vouch(after, after_h, durable, applied,
-                                                       downstream, member, self.member_id)
-        with self._core_lock:
-            self.core.report(member, durable, applied, now)
-            for m, p in (downstream or {}).items():
-                self.core.report(int(m), p.get("durable"), p.get("applied"),
-                                 p.get("at_ms", now))
-            pos = dict(self.core.positions)
-        self._on_positions({m: p["durable"] for m, p in pos.items()},
-                           {m: p["at_ms"] for m, p in pos.items()})
+        pos = report = None  # what this pull reports, once its first answer checked it
         t0 = time.monotonic()
         deadline = t0 + wait_ms / 1000
         linger_until = t0 + self.limits.majority_linger_ms / 1000
@@ -892,6 +877,15 @@ class FeederService:
                 seen_mj = self.core.majority(self.member_id, self.primary)
                 out = self.core.pull(after, after_h, max_entries, max_bytes)
                 out["term"] = my_term
+                if pos is None:  # the first answer checked the caller's last entry
+                    d, a, down = self.core.vouch(out["status"] == "ok", after, durable,
+                                                 applied, downstream, member, self.member_id)
+                    self.core.report(member, d, a, now)
+                    for m, p in down.items():
+                        self.core.report(int(m), p.get("durable"), p.get("applied"),
+                                         p.get("at_ms", now))
+                    pos = dict(self.core.positions)
+                    report = pos
                 if out["status"] == "diverged":
                     self.core.validated.pop(member, None)
                 elif (out["status"] == "ok" and not validated and after is not None
@@ -902,6 +896,10 @@ class FeederService:
                         self.core.validated[member] = GTID(*after)
                         changed = self.core.majority(self.member_id, self.primary) != seen_mj
                     seen_mj = self.core.majority(self.member_id, self.primary)
+            if report:  # outside the lock: it reaches the write-concern waiters
+                self._on_positions({m: p["durable"] for m, p in report.items()},
+                                   {m: p["at_ms"] for m, p in report.items()})
+                report = None
             if changed:
                 self._ring()  # long-polls learn the new point
             if seen_mj is not None:

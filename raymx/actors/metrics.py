@@ -1,11 +1,11 @@
 """Prometheus metrics through ``ray.util.metrics`` (a Ray shell: Ray's metrics
 agent serves them on each node's metrics export port, no new dependency).
 
-Every series carries the tags ``set`` and ``member``. Members publish their
-own figures (``MEMBER``) every ``PERIOD_S`` from a thread of their own, never
-on the write path; the coordinator publishes what needs the whole set's view
-(``SET``: lag against the primary, elections). Counters are published as the
-difference to the last published total.
+Every series carries the tags ``set`` and ``member``. The coordinator
+publishes them every ``PERIOD_S`` from a thread of its own, from the one
+status round that also gives lag against the primary and elections (so no
+member computes its status twice, and nothing runs on a write path).
+Counters are published as the difference to the last published total.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ log = logging.getLogger("raymx.metrics")
 PERIOD_S = 2.0
 
 # name -> (kind, description); kind "gauge" or "counter"
-MEMBER = {
+SERIES = {
     "primary": ("gauge", "1 on the primary, 0 on a secondary"),
     "serving_reads": ("gauge", "1 while the member serves reads (not recovering, resync or "
                                "synchronizing)"),
@@ -30,8 +30,6 @@ MEMBER = {
     "commits": ("counter", "transactions committed on this member as primary"),
     "syncs": ("counter", "LMDB syncs (group commits) on this member as primary"),
     "trimmed_entries": ("counter", "oplog entries trimmed"),
-}
-SET = {
     "lag_entries": ("gauge", "entries the member's applied state is behind the primary"),
     "lag_seconds": ("gauge", "commit-time lag of the member's applied state behind the primary"),
     "up": ("gauge", "1 if the coordinator reached the member in its last status round"),
@@ -96,9 +94,9 @@ def member_values(s: dict) -> dict:
     """A member's figures from its ``status()``."""
     ol = s.get("oplog") or {}
     return {"primary": 1 if s.get("role") == "primary" else 0,
-            "serving_reads": 1 if s.get("state") == "running" else 0,
+            "serving_reads": 1 if s.get("state") in ("running", "paused") else 0,
             "term": s.get("term"), "last_seq": seq(s.get("last")),
             "durable_seq": seq(s.get("durable")), "applied_seq": seq(s.get("applied")),
             "oplog_bytes": ol.get("bytes"), "oplog_window_seconds": ol.get("window_s"),
             "commits": s.get("commits"), "syncs": s.get("syncs"),
-            "trimmed_entries": (s.get("trim") or {}).get("trimmed")}
+            "trimmed_entries": s.get("trimmed")}

@@ -107,31 +107,20 @@ class FeederCore:
                 mp = own
         return mp
 
-    def holds(self, g, h: int | None) -> bool:
-        """Does this oplog hold entry ``g`` with hash ``h`` (a caller's last)?
-        A caller's durable position counts for write concern only then: a
-        member on another branch (diverged, not yet rolled back) holds none of
-        this primary's entries, whatever its GTID says."""
-        if g is None or h is None or tuple(g) == tuple(ZERO):
-            return g is None or tuple(g) == tuple(ZERO)
-        with self.e.store.read() as t:
-            v = t.get("oplog", GTID(*g).to_bytes())
-        return v is not None and codec.unpack(v, "oplog entry")["h"] == h
-
-    def vouch(self, after, after_h, durable, applied, downstream: dict | None,
+    def vouch(self, held: bool, after, durable, applied, downstream: dict | None,
               member: int | None = None, self_id: int | None = None) -> tuple:
-        """The positions a pull reports that may count for write concern here:
-        the caller's only if it holds this member's entry at ``after`` (its
-        last, same hash) and ``durable`` is that entry; its downstream members'
-        (chained replication: validated against the caller's oplog, maybe
-        before the caller rolled back) only if this oplog holds their GTIDs too
-        (one primary per term: an entry with that GTID, and everything before
-        it, is this branch's). A member on another branch counts for nothing,
-        whatever its GTIDs say; the caller and this member themselves are never
-        taken from a downstream report (the caller's own report is newer).
-        Returns (durable, applied, downstream)."""
-        if durable is not None and (tuple(durable) != tuple(after or ())
-                                    or not self.holds(after, after_h)):
+        """The positions a pull reports that may count for write concern here.
+        ``held``: this pull's answer was not ``diverged``/``too_stale``, i.e. the
+        caller holds this oplog's entry at ``after`` (its last) with the same
+        hash. The caller's position counts only then, and only if ``durable``
+        is that entry; its downstream members' (chained replication: validated
+        against the caller's oplog, maybe before the caller rolled back) only
+        if this oplog holds their GTIDs too (one primary per term: an entry with
+        that GTID, and everything before it, is this branch's), and never for
+        the caller or this member themselves (the caller's own report is
+        newer). A member on another branch counts for nothing, whatever its
+        GTIDs say. Returns (durable, applied, downstream)."""
+        if durable is not None and (tuple(durable) != tuple(after or ()) or not held):
             return None, None, {}
         down = {}
         if downstream:

@@ -30,14 +30,13 @@ from raymx.actors.gtid_manager import GTIDManager
 from raymx.storage import codec
 from raymx.storage.engine import Engine, Reader, Transaction, WriteResult, split_ns
 from raymx.storage.gtid import GTID
-from raymx.storage.limits import Limits, write_concern_problem
+from raymx.storage.limits import READ_CONCERNS, Limits, write_concern_problem
 
 log = logging.getLogger("raymx.shard")
 Reply = Callable[..., None]
 
 WRITE_OPS = {"insert", "update", "delete", "createIndex", "dropIndex", "dropCollection",
              "createCollection", "revertTo"}
-READ_CONCERNS = ("local", "majority", "linearizable", "snapshot")
 READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes",
             "revertPlan"}
 TXN_OPS = {"txnBegin", "txnCommit", "txnAbort"}
@@ -1040,30 +1039,23 @@ class ShardService:
                 r.at(self.majority_known or GTID(0, 0))
             keep = False
             try:
+                out = self._find(r, req) if op == "find" else self._read_in(r, req, conn)
+                cid = out["cursor"] if op == "find" else None
                 if rc == "linearizable" and op in ("find", "count"):
-                    out = self._find(r, req) if op == "find" else self._read_in(r, req, conn)
-                    try:
+                    try:  # after reading: a deposed primary never answers
                         self.confirm_primary(req.get("read_timeout_ms") or 10_000)
                     except BaseException:
-                        if op == "find" and out["cursor"]:
-                            self._close_cursor(out["cursor"])
+                        if cid:
+                            self._close_cursor(cid)
                         raise
-                    if op == "find" and out["cursor"]:
-                        with self._cursors_lock:
+                if cid:
+                    with self._cursors_lock:
+                        if conn.get("closed"):  # its client left: nobody can ask for more
+                            self._cursors.pop(cid, None)
+                        else:
                             keep = True
-                            conn.setdefault("cursors", set()).add(out["cursor"])
-                    return reply(ok=out)
-                if op == "find":
-                    out = self._find(r, req)
-                    if out["cursor"]:
-                        with self._cursors_lock:
-                            if conn.get("closed"):  # its client left: nobody can ask for more
-                                self._cursors.pop(out["cursor"], None)
-                            else:
-                                keep = True
-                                conn.setdefault("cursors", set()).add(out["cursor"])
-                    return reply(ok=out)
-                reply(ok=self._read_in(r, req, conn))
+                            conn.setdefault("cursors", set()).add(cid)
+                reply(ok=out)
             finally:
                 if not keep:
                     r.t.abort()

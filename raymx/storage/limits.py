@@ -101,6 +101,10 @@ class Limits:
 DEFAULT = Limits()
 
 
+# read concern levels, as MongoDB's (driver and member check alike)
+READ_CONCERNS = ("local", "majority", "linearizable", "snapshot")
+
+
 def write_concern_problem(w, j, wtimeout_ms) -> str | None:
     """What is wrong with a write concern (driver and member check alike), or None.
 
