@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from _util import make_doc, progress, row  # noqa: E402
 
-from raymx.actors import replication as rep  # noqa: E402
+from raymx.actors.core import replication as rep  # noqa: E402
 from raymx.storage import replay  # noqa: E402
 from raymx.storage.engine import Engine  # noqa: E402
 from raymx.storage.limits import Limits  # noqa: E402

@@ -12,15 +12,19 @@ exactly::
     python -m tests.sim --scenario coordinator_dies_mid_election   # a scripted scenario
     python -m tests.sim --bugs                # the protocol bugs it found
 
-What runs here is the real code of the protocol cores (``Engine`` over a
-``MemoryStore``, ``GTIDManager``, ``FeederCore``, ``check_batch``/``write_batch``,
-``apply_batch``, ``own_hashes``/``match_common``/``rollback_to``,
-``acknowledged``, ``ElectionCore``, ``run_statement``, ``sees_majority``). What
-is simulated is the glue the Ray shells in ``raymx.actors.member``,
-``raymx.actors.shard`` and ``raymx.actors.coordinator`` provide: ``SimMember``
-mirrors OplogShard + Feeder + Producer + Applier + ShardService of one
-member, ``SimCoordinator`` the coordinator's heartbeat loop. Where a shell
-blocks a thread (a pull's long poll, a write waiting for its write concern,
+What runs here is the shipped code of the protocol cores
+(``raymx/actors/core/``): ``MemberCore`` (terms, roles, configuration),
+``ProducerCore`` (when to pull, what an answer means), ``FeederCore`` (the
+pull's fencing, which reported positions count, the majority point),
+``WriteConcernCore`` (acknowledgements, deposed waiters), ``deposed`` and
+``sees_majority``, ``ElectionCore`` (elections with their fence, calls,
+configuration changes), ``GTIDManager``, the batch checks, the applier and
+rollback, over ``Engine`` on a ``MemoryStore``. What is simulated is what the
+Ray shells own: processes, threads, timers, Ray calls and the disk.
+``SimMember`` carries out, as events, what ``OplogShard``, ``ShardService``,
+``FeederService``, ``Producer`` and ``Applier`` carry out with threads;
+``SimCoordinator`` the coordinator's heartbeat loop. Where a shell blocks a
+thread (a pull's long poll, a write waiting for its write concern,
 ``become_primary`` waiting for the producer's batch), the simulated member
 keeps the waiting call as state and answers it later.
 
@@ -47,12 +51,10 @@ A run has two phases (TigerBeetle's VOPR):
   collections, every majority-acknowledged write present with its hash, and
   the collections equal to a naive replay of the oplog's images.
 
-Known protocol bugs (``KNOWN_BUGS``, ``--bugs``): the simulation found bugs
-in the cores and shells. Until they are fixed there, the harness applies the
-suggested fix in its own glue, each behind a name in ``Sim.fixes``, so the
-sweep keeps testing the rest; ``--without NAME`` runs the code as the shells
-have it and replays the bug. tests/test_simulation.py keeps one strict-xfail
-reproduction per bug.
+Known protocol bugs (``KNOWN_BUGS``, ``--bugs``): the bugs the simulation
+found, all fixed in the cores above. ``--regress NAME`` puts one back into
+the shipped core for a run (a monkeypatch of the function the shells call
+too); tests/test_simulation.py shows each is caught again that way.
 
 Determinism traps avoided: one ``random.Random(seed)``; no wall clock (the
 engine gets ``now_ms`` from the scheduler); no ``hash()`` of strings; dicts
@@ -74,11 +76,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from raymx import errors
-from raymx.actors import replication as rep
-from raymx.actors.election import (Action, ElectionCore, check_config_change,
-                                   committed_point, config_change_blockers)
-from raymx.actors.gtid_manager import GTIDManager
-from raymx.actors.shard import ShardService, result_out, run_statement
+from raymx.actors.core import replication as rep
+from raymx.actors.core.election import (Action, ElectionCore, change_blockers,
+                                        check_config_change)
+from raymx.actors.core import producer as pc
+from raymx.actors.core.gtid_manager import GTIDManager
+from raymx.actors.core.member import MemberCore
+from raymx.actors.core.primary import WriteConcernCore, deposed, sees_majority
+from raymx.actors.shard import result_out, run_statement
 from raymx.storage import codec, oplog
 from raymx.storage.engine import Engine, WriteResult
 from raymx.storage.gtid import GTID, ZERO
@@ -88,111 +93,151 @@ from raymx.storage.store import MemoryStore
 BROKEN = ("ack_before_durable", "reuse_term", "unsafe_reconfig", "dirty_reads", "fsync_retry")
 
 
+# --- the protocol bugs the simulation found, as regressions of the shipped cores
+def _old_too_stale_by_term() -> list:
+    orig = rep.FeederCore.pull
+
+    def pull(self, after, after_h, max_entries, max_bytes):
+        out = orig(self, after, after_h, max_entries, max_bytes)
+        if out["status"] == "diverged" and after is not None:
+            with self.e.store.read() as t:
+                first = t.first("oplog")
+            if first is not None and GTID(*after) < GTID.from_bytes(first[0]):
+                return {"status": "too_stale", "first": list(GTID.from_bytes(first[0]))}
+        return out
+    return [(rep.FeederCore, "pull", pull)]
+
+
+def _old_stale_write_concern() -> list:
+    orig = WriteConcernCore.sweep
+    return [(WriteConcernCore, "sweep",
+             lambda self, now_ms, term, primary: orig(self, now_ms, 0, True)),
+            (WriteConcernCore, "step_down", lambda self, member: [])]
+
+
+def _old_election_not_fenced() -> list:
+    return [(ElectionCore, "fence", lambda self, a: []),
+            (ElectionCore, "fenced", lambda self, a, answers, now_ms: a.member)]
+
+
+def _old_deposed_role_stuck() -> list:
+    return [(MemberCore, "is_primary", lambda self, serving: serving),
+            (MemberCore, "heartbeat", lambda self, term, serving, lead_term:
+             self.learn_term(term, serving, lead_term))]
+
+
+def _old_stale_sync_source() -> list:
+    return [(pc.ProducerCore, "current", lambda self: True)]
+
+
+def _old_producer_thread_dies() -> list:
+    orig = pc.ProducerCore.on_failure
+
+    def on_failure(self, what):
+        if "find_common" in what:
+            raise RuntimeError(what)  # was outside the loop's try: the thread ended
+        return orig(self, what)
+    return [(pc.ProducerCore, "on_failure", on_failure)]
+
+
 @dataclass(frozen=True)
 class KnownBug:
-    """A protocol bug the simulation found. Until the cores are fixed, the
-    harness applies the suggested fix in its own glue (``Sim(fixes=...)``), so
-    the sweep keeps testing everything else; ``--without NAME`` replays the bug."""
+    """A protocol bug the simulation found, fixed in the shipped cores.
+    ``old()`` returns the monkeypatches that put the old behaviour back into
+    the code path the shells and the simulation both run (``--regress NAME``);
+    tests/test_simulation.py shows that the sweep catches it then."""
 
     name: str
     where: str
     what: str
     fix: str
+    old: Callable[[], list]
     symptoms: tuple         # what the failure message says when it bites (any of)
-    repro: tuple            # scenario names and/or seeds that fail with this fix off
-    also_without: tuple = ()  # workarounds that would mask it (left off too)
-
-    def fixes_without(self) -> tuple:
-        """The workarounds of a run that shows this bug."""
-        off = (self.name,) + self.also_without
-        return tuple(f for f in FIXES_ALL if f not in off)
-
-    def fixes_with(self) -> tuple:
-        """The same run with this bug's workaround back on: it must pass (attribution)."""
-        return tuple(f for f in FIXES_ALL if f not in self.also_without)
+    repro: tuple            # scenario names and/or seeds that fail with it put back
+    also: tuple = ()        # other bugs it needs back to show (they would mask it)
 
 
 KNOWN_BUGS = {b.name: b for b in (
-    KnownBug("too_stale_by_term", "raymx/actors/replication.py FeederCore.pull",
-             "'after < first' compares GTIDs, term first: a member whose last entry is "
+    KnownBug("too_stale_by_term", "raymx/actors/core/replication.py FeederCore.pull",
+             "'after < first' compared GTIDs, term first: a member whose last entry is "
              "(1, 1) pulling from a source whose oplog starts at (2, 1) (another branch "
-             "from seq 1) is told too_stale, not diverged, and marks itself needs_resync "
+             "from seq 1) was told too_stale, not diverged, and marked itself needs_resync "
              "forever although nothing was trimmed",
              "compare seqs: too_stale only if after.seq < first.seq (seqs are dense "
-             "across terms); otherwise answer diverged",
-             ("resync=sync source trimmed past",), ("isolated_first_primary",), ()),
-    KnownBug("stale_write_concern", "raymx/actors/shard.py WriteConcernWaiters / "
-             "raymx/actors/member.py OplogShard._become_secondary",
-             "write-concern waiters survive step-down and the durable positions are "
-             "compared as GTIDs (d >= g), not as 'holds g': a deposed primary rolls its "
-             "write back and still acknowledges it w='majority' later, when members "
-             "report durable positions >= g (from their old copy or another branch)",
-             "on step-down and whenever the member's durable term passes the write's term "
-             "(also when Feeder.pull learns it) fail every waiting write with NotPrimary "
-             "('outcome unknown') and reset the durable map; count a member for g only "
-             "while it follows this primary in this term",
-             ("majority-acknowledged write", "majority-committed point"), (218, 172),
+             "across terms); otherwise answer diverged", _old_too_stale_by_term,
+             ("resync=sync source trimmed past",), ("isolated_first_primary",)),
+    KnownBug("stale_write_concern", "raymx/actors/core/primary.py WriteConcernCore",
+             "write-concern waiters survived step-down and a newer term: a deposed primary "
+             "rolled its write back and still acknowledged it w='majority' later, when "
+             "members reported durable positions >= g (from their old copy or another "
+             "branch)",
+             "fail every waiting write with NotPrimary ('outcome unknown') on step-down "
+             "and whenever the member's term passes the write's term; reset the positions",
+             _old_stale_write_concern,
+             ("majority-acknowledged write", "majority-committed point"), (),
              ("election_not_fenced", "stale_sync_source")),
-    KnownBug("election_not_fenced", "raymx/actors/election.py ElectionCore._elect + "
-             "raymx/actors/coordinator.py Coordinator._act",
-             "an election reads each member's last GTID and term from heartbeat replies "
-             "sent up to a round earlier, and the new term is durable only on the winner "
-             "before it takes writes. So (a) a restarted coordinator, or one whose "
-             "become_primary call timed out, can hand the same term to a second member "
-             "while the first still takes writes (two primaries in one term), and (b) the "
-             "old primary keeps getting w='majority' acknowledgements from members that do "
-             "not know the new term yet, after the coordinator read their positions: the "
-             "new primary lacks those writes and they are rolled back",
-             "fence first, as Raft's vote does: send the new term to every member (they "
-             "record it durably and from then on refuse entries from, and acknowledgements "
-             "to, older terms - which heartbeat/pull already do), wait for a majority of "
-             "voting members to answer with their last GTID as of after recording it, and "
-             "choose the winner among those answers only; never reuse a term the "
-             "coordinator has sent (bump core.term when it issues an election)",
+    KnownBug("election_not_fenced", "raymx/actors/core/election.py ElectionCore.fence/fenced",
+             "an election read each member's last GTID and term from heartbeat replies "
+             "sent up to a round earlier, and the new term was durable only on the winner "
+             "before it took writes: a restarted coordinator could hand the same term to a "
+             "second member (two primaries in one term), and the old primary kept getting "
+             "w='majority' acknowledgements from members that did not know the new term",
+             "fence first, as Raft's vote does: send the new term to every member that "
+             "answers, wait for their last GTID as of after recording it, and choose the "
+             "winner among those answers only; never reuse a term once sent",
+             _old_election_not_fenced,
              ("two primaries accepted writes", "majority-acknowledged write"),
-             # (primary_cut_from_coordinator reproduced it until positions from
-             # another branch stopped counting for write concern: FeederCore.holds)
-             ("coordinator_dies_mid_election", 44), ()),
-    KnownBug("deposed_role_stuck", "raymx/actors/shard.py ShardService._commit + "
-             "raymx/actors/member.py OplogShard._learn_term/step_down/follow",
-             "a primary learns a higher term through a pull (Feeder.pull records it in the "
-             "engine only); its next write finds engine.term > gm.term and _commit sets "
-             "service.primary = False, but OplogShard.role stays 'primary' (and its feeder "
-             "in primary mode). step_down/follow/_learn_term only act when service.primary "
-             "is True, so the member answers every step_down without stepping down, keeps "
-             "reporting role 'primary', and the coordinator (which never sends follow to a "
-             "member reporting 'primary') never brings it back: it never converges",
-             "decide on OplogShard.role, not service.primary, in _learn_term/step_down/follow "
-             "(call _become_secondary whenever role == 'primary'); or let _commit tell the "
-             "shell to step down instead of flipping service.primary alone",
-             ("role=primary shard_primary=False",), ("primary_cut_from_coordinator",),
-             ("stale_sync_source",)),
-    KnownBug("stale_sync_source", "raymx/actors/member.py Producer._run/_handle",
-             "after a member learns a new term (a heartbeat, or a pull answered "
-             "stale_term), its producer keeps pulling from the sync source it was given "
-             "for the old term, and accepts the entries because the check is 'the "
-             "source's current term >= mine' - and the source (say the deposed primary) "
-             "has just learned that term from this very producer's pull. So members that "
-             "recorded the new term still copy the old primary's branch and report it "
-             "durable: the old branch becomes 'majority durable' (the majority point and "
-             "w='majority' acknowledgements count it) while the new primary lacks it; it "
-             "is rolled back later (or rollback_to's majority assertion fires and, in the "
-             "shell, ends the producer thread)",
-             "a producer pulls only while its follow() term equals the member's durable "
-             "term: on learning a newer term it waits for the coordinator's follow(source, "
-             "term) for that term (the Raft rule: take entries only from the leader of "
-             "your current term)",
-             ("majority-acknowledged write", "majority-committed point"), (330,),
+             ("coordinator_dies_mid_election",)),
+    KnownBug("deposed_role_stuck", "raymx/actors/core/member.py MemberCore.is_primary/heartbeat",
+             "a primary that learned a higher term through a pull had its write side "
+             "(ShardService.primary) cleared by its next commit, but its role stayed "
+             "'primary'; step_down/follow/_learn_term acted only on the write side's flag, "
+             "so the member never stepped down and never converged",
+             "decide on the role, not the write side's flag, and step down a member whose "
+             "role is primary while its write side is deposed, at every heartbeat",
+             _old_deposed_role_stuck, ("role=primary shard_primary=False",),
+             ("primary_cut_from_coordinator",), ("stale_sync_source",)),
+    KnownBug("stale_sync_source", "raymx/actors/core/producer.py ProducerCore.current",
+             "after a member learned a new term, its producer kept pulling from the sync "
+             "source it was given for the old term and accepted the entries: the old "
+             "primary's branch became 'majority durable' while the new primary lacked it",
+             "a producer pulls, and takes entries, only while its follow() term is the "
+             "member's term (Raft: entries only from the leader of your current term)",
+             _old_stale_sync_source,
+             ("majority-acknowledged write", "majority-committed point"), (),
              ("election_not_fenced", "stale_write_concern")),
-    KnownBug("producer_thread_dies", "raymx/actors/member.py Producer._run/_roll_back",
-             "only the pull is inside the producer loop's try: a find_common call that "
-             "fails or times out (the source crashed or is cut off mid-rollback) raises "
-             "out of _roll_back/_handle and ends the producer thread; the actor stays up, "
-             "so the member never replicates again until something restarts it",
-             "wrap _handle in the loop's try (log, sleep, retry the pull), as the pull is",
-             ("producer_dead=True",), ("lossy_rollback",), ()),
+    KnownBug("producer_thread_dies", "raymx/actors/core/producer.py ProducerCore.on_failure "
+             "+ raymx/actors/member.py Producer._run",
+             "a find_common call that failed or timed out (the source crashed or was cut "
+             "off mid-rollback) raised out of the producer's step and ended its thread; "
+             "the member never replicated again",
+             "every failed step goes through ProducerCore.on_failure: wait, pull again",
+             _old_producer_thread_dies, ("producer_dead=True",), ("lossy_rollback",)),
 )}
-FIXES_ALL = tuple(KNOWN_BUGS)
+
+
+class regressed:
+    """Put known bugs back into the shipped cores for a run (``--regress``)."""
+
+    def __init__(self, names=()):
+        unknown = [n for n in names if n not in KNOWN_BUGS]
+        if unknown:
+            raise ValueError(f"unknown bugs {unknown} (known: {', '.join(KNOWN_BUGS)})")
+        self.names = tuple(n for n in KNOWN_BUGS if n in names)
+        self._saved: list = []
+
+    def __enter__(self):
+        for n in self.names:
+            for obj, attr, fn in KNOWN_BUGS[n].old():
+                self._saved.append((obj, attr, obj.__dict__[attr]))
+                setattr(obj, attr, fn)
+        return self
+
+    def __exit__(self, *exc):
+        for obj, attr, fn in reversed(self._saved):
+            setattr(obj, attr, fn)
+        self._saved.clear()
+
 
 # Simulated timeouts of the shells' blocking calls (the real ones are 10-30 s;
 # shorter here so a lost message costs seconds of simulated time, not minutes).
@@ -215,15 +260,14 @@ class ActorUnavailable(Exception):
     """Ray's answer to a call whose actor died or is restarting (ActorUnavailableError)."""
 
 
-def reproduce_line(seed: int, broken: str | None = None, fixes=None,
+def reproduce_line(seed: int, broken: str | None = None, regress=(),
                    scenario: str | None = None) -> str:
     """The command that replays a run exactly."""
     out = "python -m tests.sim " + (f"--scenario {scenario}" if scenario else f"--seed {seed}")
     if broken:
         out += f" --broken {broken}"
-    for f in FIXES_ALL:
-        if fixes is not None and f not in fixes:
-            out += f" --without {f}"
+    for n in regress:
+        out += f" --regress {n}"
     return out
 
 
@@ -480,9 +524,15 @@ class Rpc:
             on_timeout()
 
 
-# --- a member: OplogShard + ShardService + Feeder + Producer + Applier -------
+# --- a member: the shells' glue over the shipped cores ------------------------
 class SimMember:
-    """One member's four actors over one store. Volatile state is rebuilt on
+    """One member's four actors over one store: what ``OplogShard``,
+    ``ShardService``, ``FeederService``, ``Producer`` and ``Applier`` do with
+    their threads, here as events. Every decision is the shipped cores':
+    ``MemberCore`` (terms, roles, configuration), ``ProducerCore`` (when to
+    pull, what an answer means), ``FeederCore.admit``/``answer`` (fencing,
+    which positions count), ``WriteConcernCore`` (acknowledgements, deposed
+    waiters), ``deposed``/``sees_majority``. Volatile state is rebuilt on
     restart exactly as the shells' constructors rebuild it."""
 
     def __init__(self, sim: "Sim", mid: int, store: MemoryStore):
@@ -495,16 +545,12 @@ class SimMember:
         self.verified: tuple = (ZERO, 0)  # the checker's verified oplog prefix (last, hash)
         self.oplog_dirty = True
         # OplogShard
-        self.role = "secondary"
-        self.following: list | None = None
+        self.core = MemberCore(self.engine, mid)
         self._majority_at = -10**9
         self._control: deque = deque()  # the role lock: one control call at a time
         self._control_busy = False
-        # ShardService (read by ShardService.sees_majority, called unbound below)
-        self.member_id = mid
+        # ShardService
         cfg = self.engine.get_meta("rs_config") or {"version": 0, "members": sim.specs}
-        self.config_version = cfg["version"]
-        self.fence = ZERO  # OplogShard.fence (set when it leads)
         self.votes = {s["id"]: s.get("votes", 1) for s in cfg["members"]}
         self.heard_ms: dict[int, int] = {}
         self.primary = False
@@ -513,20 +559,20 @@ class SimMember:
         self.committed: GTID | None = last if last.seq else None  # GroupCommit
         self.durable: GTID | None = self.committed
         self._sync_queued = False
-        self.wc_durable: dict[int, GTID | None] = {}  # WriteConcernWaiters
-        self.majority_known: GTID | None = self.engine.range().majority  # ShardService
-        self.wc_waiting: list = []
+        self.wc = WriteConcernCore(self.votes)
+        self.majority_known: GTID | None = self.engine.range().majority
         # Feeder
         self.feeder = rep.FeederCore(self.engine, sim.limits)
+        self.feeder.votes = dict(self.votes)
+        self.feeder.upstream_majority = self.majority_known
         self.feeder_waiting: list = []
+        self.feeder_primary = False  # FeederService.primary
         self._feeder_reset()
         # Producer: starts paused; the coordinator says whom to follow
-        self.sync_source: int | None = None
-        self.p_term = 0
-        self.paused = True
+        self.producer = pc.ProducerCore(self.engine, mid, sim.limits)
         self.p_inflight = False      # a pull or find_common is out
         self.p_locked = False        # the producer's write lock (batch or rollback)
-        self.p_dead = False          # the producer thread ended (producer_thread_dies)
+        self.p_dead = False          # an exception ended the producer's thread
         self._p_queued = False
         self.rollbacks: list = []
         # Applier
@@ -534,6 +580,10 @@ class SimMember:
         self.apply_held = False
         self._apply_queued = False
         self._kick_applier()
+
+    @property
+    def role(self) -> str:
+        return self.core.role
 
     # -- helpers ---------------------------------------------------------
     def later(self, delay_ms: int, fn: Callable, *args) -> None:
@@ -571,55 +621,35 @@ class SimMember:
         except errors.RaymxError as e:
             done(err=e)
 
-    # -- elections (coordinator calls) -------------------------------------
-    def _is_primary(self) -> bool:
-        if "deposed_role_stuck" in self.sim.fixes:
-            return self.primary or self.role == "primary"
-        return self.primary
-
-    def _learn_term(self, term: int) -> None:
-        if term > self.engine.term:
-            self.engine.set_term(term)  # synced
-            if self._is_primary():
-                self._become_secondary()
-
+    # -- elections (coordinator calls): OplogShard -------------------------
     def on_heartbeat(self, respond, term: int, alive: list | None) -> None:
-        self._learn_term(term)
-        if "deposed_role_stuck" in self.sim.fixes and self.role == "primary" and (
-                not self.primary or self.engine.term > self.gm.term):
-            self._become_secondary()  # OplogShard.heartbeat: deposed between heartbeats
+        if self.core.heartbeat(term, self.primary, self.gm.term):
+            self._become_secondary()
         if alive:
             now = self.now()
             self.set_positions({}, {int(m): now for m in alive})
-        last, h = self.engine.last()
-        respond({"term": self.engine.term, "last": list(last), "h": h, "role": self.role,
-                 "following": self.following, "config_version": self.config_version,
-                 "lead_term": self.gm.term if self.role == "primary" else None,
-                 "state": "running" if not self.engine.get_meta("needs_resync") else "resync"})
+        respond(self.core.reply(self.gm.term))
 
     def on_set_config(self, respond, config: dict) -> None:
-        """OplogShard.set_config: kept durably, majorities follow at once."""
-        if config["version"] > self.config_version:
-            self.engine.put_meta("rs_config", config)
-            self.engine.sync()
-            self.config_version = config["version"]
+        if self.core.set_config(config, self.primary):
             self.votes = {s["id"]: s.get("votes", 1) for s in config["members"]}
-            if self.primary:
-                self.fence = self.engine.last()[0]
+            self.wc.votes = self.votes          # ShardService.set_votes
+            self.feeder.votes = dict(self.votes)  # FeederService.set_votes
             self._wc_check()
         respond(None)
 
     def on_commit_state(self, respond) -> None:
-        """OplogShard.commit_state."""
         last, _ = self.engine.last()
-        respond({"primary": self.primary, "last": list(last), "fence": list(self.fence),
-                 "durable": {m: list(g) for m, g in self.wc_durable.items() if g is not None}})
+        fence = self.core.fence
+        respond({"primary": self.primary and self.role == "primary", "term": self.engine.term,
+                 "last": list(last), "fence": None if fence is None else list(fence),
+                 "durable": {m: list(g) for m, g in self.wc.durable.items() if g is not None}})
 
     def on_become_primary(self, respond, term: int) -> None:
         self._control_call(self._become_primary, respond, term)
 
     def _become_primary(self, done, term: int) -> None:
-        self.paused = True  # producer.pause(wait=True): no new batch after this
+        self.producer.paused = True  # producer.pause(wait=True): no new batch after this
         if self.p_locked:
             # a batch or a rollback holds the producer's write lock: wait for it
             self.later(5, self._become_primary, done, term)
@@ -635,65 +665,56 @@ class SimMember:
         except errors.StaleTerm as e:
             self.trace(f"become_primary term={term} refused: {e}")
             return done(err=e)
-        last, _ = self.engine.last()
+        self._feeder_reset(primary=True)  # feeder.set_primary(True)
         # ShardService.become_primary
-        self.gm = GTIDManager(term, last.seq + 1)
-        self.wc_durable = {}
-        self.heard_ms = {m: self.now() for m in self.votes}  # grace period
-        self.primary = True
-        self.role = "primary"
-        self.fence = last
-        self.following = None
-        self._feeder_reset()  # feeder.set_primary(True)
         last, _ = self.engine.last()
+        self.gm = GTIDManager(term, last.seq + 1)
         self.engine.sync()
         self.durable = last if last != ZERO else None
-        if self.durable is not None:  # ShardService.become_primary
-            self.wc_durable[self.id] = self.durable
+        self.wc.reset(self.id, last)
+        self.heard_ms = {m: self.now() for m in self.votes}  # grace period
+        self.primary = True
+        self.core.became_primary(last)
         self._on_durable()
         self.sim.checker.on_elected(self, term)
         self.trace(f"primary term={term} last={last}")
         done({"term": term, "last": list(last)})
 
     def _become_secondary(self) -> None:
-        self.following = None
-        self.primary = False
-        if "stale_write_concern" in self.sim.fixes:
-            self._wc_fail_all()
-        self.role = "secondary"
-        self._feeder_reset()  # feeder.set_primary(False)
+        self.core.became_secondary()
+        self.primary = False  # ShardService.step_down
+        self._wc_answer(self.wc.step_down(self.id))
+        self._feeder_reset(primary=False)  # feeder.set_primary(False)
         self.trace("secondary")
 
     def on_follow(self, respond, term: int, source: int | None) -> None:
         self._control_call(self._follow, respond, term, source)
 
     def _follow(self, done, term: int, source: int | None) -> None:
-        self._learn_term(term)
-        if self._is_primary():
+        if self.core.follow(term, source, self.primary, self.gm.term):
             self._become_secondary()
         if source is not None:
-            self.sync_source, self.p_term = source, term  # producer.follow
-            self.paused = False
+            self.producer.follow(source, term)
             self._kick_producer()
-            self.following = [source, term]
+            self.core.following_now(source, term)
         done(None)
 
     def on_step_down(self, respond, term: int) -> None:
         self._control_call(self._step_down, respond, term)
 
     def _step_down(self, done, term: int) -> None:
-        self._learn_term(term)
-        if self._is_primary():
+        if self.core.step_down(term, self.primary, self.gm.term):
             self._become_secondary()
         done(None)
 
     def on_positions(self, durable: dict, heard: dict) -> None:
         self.set_positions({int(m): None if g is None else GTID(*g) for m, g in durable.items()},
                            {int(m): at for m, at in heard.items()})
-        mp = rep.majority_point(dict(self.wc_durable), self.votes)
-        if mp is not None and self.now() - self._majority_at >= 1000:
+        mp = self.wc.majority_point() if self.primary else None
+        self._note_majority(mp)
+        if self.majority_known is not None and self.now() - self._majority_at >= 1000:
             self._majority_at = self.now()
-            self.engine.set_majority(mp)  # a restart point, not a gate
+            self.engine.set_majority(self.majority_known)  # a restart point, not a gate
 
     # -- ShardService --------------------------------------------------------
     def set_positions(self, durable: dict, heard_ms: dict) -> None:
@@ -707,7 +728,8 @@ class SimMember:
     def on_write(self, respond, req: dict) -> None:
         if not self.primary:
             return respond(err=errors.NotPrimary(f"member {self.id} is not the primary"))
-        if not ShardService.sees_majority(self, self.now()):
+        if not sees_majority(self.votes, self.heard_ms, self.id, self.now(),
+                             self.limits.heartbeat_timeout_ms):
             return respond(err=errors.NotPrimary(f"member {self.id} cannot reach a majority"))
         tx = self.engine.begin(autocommit=True)
         try:
@@ -721,11 +743,10 @@ class SimMember:
         if tx.nops == 0:
             tx.commit()
             return respond(result_out(res))
-        if not self.primary or self.engine.term > self.gm.term:
+        if deposed(self.primary, self.engine.term, self.gm.term):  # ShardService._deposed
             tx.abort()
             self.primary = False
-            if "stale_write_concern" in self.sim.fixes:
-                self._wc_fail_all()
+            self._wc_check()  # the waiters' thread fails what waits on a deposed primary
             return respond(err=errors.NotPrimary(f"member {self.id} was deposed"))
         g = self.gm.allocate()
         try:
@@ -744,14 +765,12 @@ class SimMember:
         if isinstance(res, WriteResult):
             res.gtid = g
         out = result_out(res)
-        if w not in (0, 1, None):
-            self._note_commit(g)
-            if self.sim.broken == "ack_before_durable":
-                return self._wc_ack(g, h, out, respond)
-            self._wc_wait(g, h, w, req.get("wtimeout_ms"), out, respond)
-        else:
-            self._note_commit(g)
-            respond(out)
+        self._note_commit(g)
+        if w in (0, 1, None):
+            return respond(out)
+        if self.sim.broken == "ack_before_durable":
+            return self._wc_ack((g, h, out, respond))
+        self._wc_wait(g, h, w, req.get("wtimeout_ms"), out, respond)
 
     # GroupCommit (eager: several members): one sync covers every commit before it
     def _note_commit(self, g: GTID) -> None:
@@ -781,23 +800,49 @@ class SimMember:
         rp = self.gm.replicatable()
         self.feeder_on_limit(GTID(rp.term, rp.seq - 1) if rp.seq > 1 else ZERO)
 
-    # WriteConcernWaiters
+    # WriteConcernWaiters: the shell's lock and thread around WriteConcernCore
     def _wc_update(self, member: int, g: GTID | None) -> None:
-        cur = self.wc_durable.get(member)
-        if g is not None and (cur is None or g > cur):
-            self.wc_durable[member] = g
+        if self.wc.update(member, g):
             if self.primary:  # before the acknowledgements, as the shell does
-                self._note_majority(rep.majority_point(self.wc_durable, self.votes))
+                self._note_majority(self.wc.majority_point())
             self._wc_check()
 
+    def _wc_wait(self, g, h, w, wtimeout_ms, out, respond) -> None:
+        deadline = None if not wtimeout_ms else self.now() + wtimeout_ms
+        err = self.wc.wait(g, w, deadline, (g, h, out, respond))
+        if err is not None:
+            return respond(err=err)
+        if deadline is not None:
+            self.later(wtimeout_ms, self._wc_check)
+        self._wc_check()
+
+    def _wc_check(self) -> None:
+        self._wc_answer(self.wc.sweep(self.now(), self.engine.term, self.primary))
+
+    def _wc_answer(self, decided: list) -> None:
+        for token, err in decided:
+            if err is None:
+                self._wc_ack(token)
+            else:
+                token[3](err=err)
+
+    def _wc_ack(self, token) -> None:
+        g, h, out, respond = token
+        self.sim.checker.on_majority_ack(self, g, h)
+        respond(out)
+
     def _note_majority(self, g: GTID | None) -> None:
+        """ShardService.note_majority."""
         if g is not None and (self.majority_known is None or g > self.majority_known):
             self.majority_known = g
 
     def on_read(self, respond, level: str) -> None:
         """ShardService._read of the counter document at read concern ``level``."""
-        if level == "linearizable" and (not self.primary or self.engine.term > self.gm.term):
+        if level == "linearizable" and deposed(self.primary, self.engine.term, self.gm.term):
             return respond(err=errors.NotPrimary(f"member {self.id} is not the primary"))
+        refusal = self.core.read_refusal()
+        if refusal is not None:
+            return respond(err=errors.NotPrimaryOrSecondary(f"member {self.id} is {refusal}"))
         r = self.engine.reader()
         try:
             if level == "majority" and self.sim.broken != "dirty_reads":
@@ -829,41 +874,10 @@ class SimMember:
         self._note_commit(g)
         self._wc_wait(g, h, "majority", WTIMEOUT_MS, out, respond)
 
-    def _wc_wait(self, g, h, w, wtimeout_ms, out, respond) -> None:
-        deadline = None if not wtimeout_ms else self.now() + wtimeout_ms
-        self.wc_waiting.append((g, h, w, deadline, out, respond))
-        if deadline is not None:
-            self.later(wtimeout_ms, self._wc_check)
-        self._wc_check()
-
-    def _wc_check(self) -> None:
-        if "stale_write_concern" in self.sim.fixes and self.wc_waiting and (
-                not self.primary or self.engine.term > self.gm.term):
-            return self._wc_fail_all()  # deposed: nothing it waits for may be acknowledged
-        keep = []
-        for item in self.wc_waiting:
-            g, h, w, deadline, out, respond = item
-            if rep.acknowledged(g, w, self.wc_durable, self.votes):
-                self._wc_ack(g, h, out, respond)
-            elif deadline is not None and self.now() >= deadline:
-                respond(err=errors.WriteConcernTimeout(f"write at {g}: w={w!r} not met"))
-            else:
-                keep.append(item)
-        self.wc_waiting = keep
-
-    def _wc_fail_all(self) -> None:
-        waiting, self.wc_waiting = self.wc_waiting, []
-        self.wc_durable = {}
-        for g, _, w, _, _, respond in waiting:
-            respond(err=errors.NotPrimary(f"member {self.id} stepped down: the outcome of the "
-                                          f"write at {g} is unknown"))
-
-    def _wc_ack(self, g, h, out, respond) -> None:
-        self.sim.checker.on_majority_ack(self, g, h)
-        respond(out)
-
-    # -- Feeder --------------------------------------------------------------
-    def _feeder_reset(self) -> None:
+    # -- Feeder: FeederService.pull over FeederCore ---------------------------
+    def _feeder_reset(self, primary: bool | None = None) -> None:
+        if primary is not None:
+            self.feeder_primary = primary
         self.feeder.truncated()
         self.feeder.advance(self.engine.last()[0])
         self._feeder_wake()
@@ -880,44 +894,31 @@ class SimMember:
     def _feeder_try(self, w: dict, final: bool) -> None:
         if w["done"]:
             return
-        a = w["args"]
-        out = self.feeder.pull(a[0], a[1], a[2], a[3])
-        if "too_stale_by_term" in self.sim.fixes and out["status"] == "too_stale" and \
-                a[0] is not None and GTID(*a[0]).seq >= out["first"][1]:
-            out = {"status": "diverged", "reason": f"{GTID(*a[0])} is not in this oplog"}
-        out["term"] = w["term"]
-        if self.majority_known is not None:
-            out["majority"] = list(self.majority_known)  # FeederService.pull
+        r = w["req"]
+        out, report, _ = self.feeder.answer(
+            r["after"], r["after_h"], r["max_entries"], r["max_bytes"], w["term"], r["member"],
+            self.id, self.feeder_primary, w.pop("caller", None), self.now())
+        if report:
+            self.on_positions({m: None if p["durable"] is None else list(p["durable"])
+                               for m, p in report.items()},
+                              {m: p["at_ms"] for m, p in report.items()})
         if out["status"] != "ok" or out["rows"] or final:
             w["done"] = True
             w["respond"](out)
         else:
             self.feeder_waiting.append(w)
 
-    def on_pull(self, respond, after, after_h, max_entries, max_bytes, wait_ms, member,
-                durable, applied, downstream, term) -> None:
-        my_term = self.engine.term
-        if term > my_term:
-            # the caller knows a newer term: learn it durably (a deposed primary
-            # must not ship or gather acks any more)
-            self.engine.set_term(term)
-            self._wc_check()
-            return respond({"status": "stale_term", "term": term})
-        now = self.now()
-        held = self.feeder.pull(after, after_h, 1, 1)["status"] == "ok"
-        durable, applied, downstream = self.feeder.vouch(
-            held, after, durable, applied, downstream, member, self.id)  # FeederService.pull
-        self.feeder.report(member, durable, applied, now)
-        for m, p in (downstream or {}).items():
-            self.feeder.report(int(m), p.get("durable"), p.get("applied"), p.get("at_ms", now))
-        pos = self.feeder.positions
-        self.on_positions({m: None if p["durable"] is None else list(p["durable"])
-                           for m, p in pos.items()}, {m: p["at_ms"] for m, p in pos.items()})
-        w = {"args": (after, after_h, max_entries, max_bytes), "term": my_term,
-             "respond": respond, "done": False}
+    def on_pull(self, respond, req: dict) -> None:
+        stale = self.feeder.admit(req["term"], self.id)
+        if stale is not None:
+            self._wc_check()  # a deposed primary's waiters fail now
+            return respond(stale)
+        w = {"req": req, "term": self.engine.term, "respond": respond, "done": False,
+             "caller": {"durable": req["durable"], "applied": req["applied"],
+                        "downstream": req["downstream"]}}
         self._feeder_try(w, final=False)
         if not w["done"]:
-            self.later(wait_ms, self._feeder_try, w, True)
+            self.later(req["wait_ms"], self._feeder_try, w, True)
 
     def on_find_common(self, respond, candidates: list) -> None:
         g = rep.match_common(self.engine, candidates)
@@ -928,66 +929,71 @@ class SimMember:
                     "applied": None if p["applied"] is None else list(p["applied"]),
                     "at_ms": p["at_ms"]} for m, p in self.feeder.positions.items()}
 
-    # -- Producer --------------------------------------------------------------
+    # -- Producer: Producer._run over ProducerCore ------------------------------
     def _kick_producer(self, delay_ms: int = 0) -> None:
         if not self._p_queued:
             self._p_queued = True
-            self.later(delay_ms, self._producer_iter)
+            self.later(delay_ms, self._producer_step, self._producer_iter)
+
+    def _producer_step(self, fn: Callable, *args) -> None:
+        """One step of the producer's thread: an exception that escapes it
+        ends the thread (the shell's loop catches the pull's and the step's
+        failures and asks ``ProducerCore.on_failure``; nothing else)."""
+        if self.p_dead:
+            return
+        try:
+            fn(*args)
+        except (Violation, AssertionError):
+            raise
+        except Exception as e:
+            self.trace(f"producer thread dies: {type(e).__name__}: {e}")
+            self.p_dead = True
+            self.p_locked = self.p_inflight = False
 
     def _producer_iter(self) -> None:
         self._p_queued = False
-        if self.paused or self.sync_source is None or self.p_inflight or self.p_locked \
-                or self.p_dead or self.engine.get_meta("needs_resync"):
+        pcore = self.producer
+        if self.p_inflight or self.p_locked or pcore.blocked():
             return  # follow() kicks it again
-        if "stale_sync_source" in self.sim.fixes and self.p_term < self.engine.term:
-            return  # told whom to follow in an older term: wait for follow() in this one
-        src = self.sync_source
-        last, last_h = self.engine.last()
-        applied = rep.applied_point(self.engine)
-        lim = self.limits
-        args = (list(last), last_h if last != ZERO else None, lim.pull_entries_max,
-                lim.pull_bytes_max, lim.pull_wait_ms, self.id,
-                list(last) if last != ZERO else None, list(applied), self.feeder_positions(),
-                max(self.p_term, self.engine.term))
+        src = pcore.source
+        req, last, last_h = pcore.request(self.feeder_positions())
         self.p_inflight = True
 
         def on_reply(out, err):
             self.p_inflight = False
             if err is not None:
-                return self._kick_producer(100)
-            if self.paused:
+                return self._kick_producer(pcore.on_failure(f"pull from m{src}: {err}"))
+            if pcore.paused:
                 return  # paused while pulling: write nothing more
-            if "stale_sync_source" in self.sim.fixes and self.p_term < self.engine.term:
-                return  # learned a newer term while pulling: this source is not for it
             self._handle(out, src, last, last_h)
 
         def on_timeout():
             self.p_inflight = False
-            self._kick_producer(100)
-        self.sim.rpc.call(self.name, f"m{src}", "pull", args, on_reply, PULL_TIMEOUT_MS,
-                          on_timeout)
+            self._kick_producer(pcore.on_failure(f"pull from m{src} timed out"))
+        self.sim.rpc.call(self.name, f"m{src}", "pull", (req,),
+                          lambda out, err: self._producer_step(on_reply, out, err),
+                          PULL_TIMEOUT_MS, lambda: self._producer_step(on_timeout))
 
     def _handle(self, out: dict, src: int, last: GTID, last_h: int) -> None:
-        status = out["status"]
-        if status == "ok" and out.get("term", 0) < self.engine.term:
-            status = "stale_term"  # never take entries from a deposed primary
-        if status == "ok" and out.get("majority"):
-            self._note_majority(GTID(*out["majority"]))  # Producer._learn_majority
-        if status == "diverged":
+        step, learned = self.producer.on_answer(out, last)
+        if learned is not None:  # by doorbell to OplogShard._note_majority
+            self._note_majority(learned)
+            fm = self.feeder.upstream_majority  # FeederService.on_majority
+            if fm is None or learned > fm:
+                self.feeder.upstream_majority = learned
+        self.core.on_sync_state(self.producer.state)  # Notifier "on_sync_state"
+        if step == pc.ROLLBACK:
             return self._roll_back(src)
-        if status != "ok":
-            if status == "too_stale":
-                self.engine.put_meta("needs_resync", f"sync source trimmed past {last}")
-            return self._kick_producer(200)
-        if not out["rows"]:
+        if step == pc.RETRY:
+            return self._kick_producer(pc.RETRY_MS)
+        if step == pc.IDLE:
             return self._kick_producer()
         try:
-            batch = rep.check_batch(last, last_h, out["rows"], self.limits)
-            g = rep.write_batch(self.engine, batch)
+            g, _ = self.producer.write(out, last, last_h)
             self.oplog_dirty = True
         except errors.RaymxError as e:
             self.trace(f"batch refused: {e}")
-            return self._kick_producer(500)
+            return self._kick_producer(pc.BATCH_REFUSED_MS)
         # the sync takes a while: a crash before it loses the batch (not yet reported)
         self.p_locked = True
         self.later(self.sim.rng.randint(0, self.sim.opts.disk_ms_max), self._batch_synced, g)
@@ -1031,27 +1037,24 @@ class SimMember:
 
         def on_reply(g, err):
             self.p_inflight = False
-            if err is not None or g is None:
-                if err is not None:
-                    return self._rb_abort(src)
+            if err is not None:
+                return self._rb_abort(src)
+            if g is None:
                 return self._rb_round(src, GTID(*cands[-1][0]))
             self._rb_finish(src, GTID(*g))
 
         def on_timeout():
             self.p_inflight = False
             self._rb_abort(src)
-        self.sim.rpc.call(self.name, f"m{src}", "find_common", (cands,), on_reply,
-                          PULL_TIMEOUT_MS, on_timeout)
+        self.sim.rpc.call(self.name, f"m{src}", "find_common", (cands,),
+                          lambda g, err: self._producer_step(on_reply, g, err),
+                          PULL_TIMEOUT_MS, lambda: self._producer_step(on_timeout))
 
     def _rb_abort(self, src: int) -> None:
         self.p_locked = False
-        if "producer_thread_dies" not in self.sim.fixes:
-            # the shell: the exception ends the producer thread; nothing pulls again
-            self.trace(f"rollback: find_common with m{src} failed: producer thread dies")
-            self.p_dead = True
-            return
+        delay = self.producer.on_failure(f"find_common with m{src} failed")
         self.trace(f"rollback: find_common with m{src} failed, retrying")
-        self._kick_producer(100)
+        self._kick_producer(delay)
 
     def _rb_finish(self, src: int, common: GTID) -> None:
         undone = [(g, e["h"]) for g, e in self.engine.read_oplog(after=common)]
@@ -1064,6 +1067,8 @@ class SimMember:
             self.trace(f"rolled back {n} entries to {common} (source m{src})")
         except errors.IrreversibleOp as e:
             self.engine.put_meta("needs_resync", str(e))
+            self.producer.state = "resync"
+            self.core.on_sync_state("resync")
             self.trace(f"cannot roll back: {e}")
         finally:
             self.apply_held = False
@@ -1091,7 +1096,9 @@ class SimMember:
 # --- the election coordinator --------------------------------------------------
 class SimCoordinator:
     """The coordinator actor's loop: a heartbeat round, then ``tick`` and its
-    actions in order, each a blocking call with a timeout."""
+    actions in order, each a call with a timeout. The decisions are the
+    shipped ``ElectionCore``'s (``tick``, ``call``, the election's ``fence``
+    and ``fenced``, ``change_blockers``)."""
 
     name = "c"
 
@@ -1156,16 +1163,12 @@ class SimCoordinator:
             wait = self._round_start + self.sim.limits.heartbeat_interval_ms - self.sim.sched.now
             return self.later(max(0, wait), self._round)
         a = actions.pop(0)
-        if a.kind == "elect" and "election_not_fenced" in self.sim.fixes:
-            return self._prepare(a, actions)
         if a.kind == "elect":
-            method, args, tmo = "become_primary", (a.term,), ELECT_TIMEOUT_MS
-        elif a.kind == "catch_up":
-            method, args, tmo = "follow", (self.core.term, a.source), CONTROL_TIMEOUT_MS
-        elif a.kind == "follow":
-            method, args, tmo = "follow", (a.term, a.source), CONTROL_TIMEOUT_MS
-        else:
-            method, args, tmo = "step_down", (a.term,), CONTROL_TIMEOUT_MS
+            return self._fence(a, actions)
+        self._call(a, actions, CONTROL_TIMEOUT_MS)
+
+    def _call(self, a: Action, actions: list[Action], timeout_ms: int) -> None:
+        method, args = self.core.call(a)
         self.sim.trace(self.name, f"{a.kind} m{a.member} term={a.term}"
                        + (f" source=m{a.source}" if a.source is not None else ""))
 
@@ -1181,42 +1184,39 @@ class SimCoordinator:
             self.sim.trace(self.name, f"{a.kind} m{a.member} timed out")
             self.core.on_failed(a)
             self._act(actions)
-        self.sim.rpc.call(self.name, f"m{a.member}", method, args, on_reply, tmo, on_timeout)
+        self.sim.rpc.call(self.name, f"m{a.member}", method, args, on_reply, timeout_ms,
+                          on_timeout)
 
-    # The suggested fix for election_not_fenced: make the term durable on a
-    # majority first, then choose the winner from their answers.
-    def _prepare(self, a: Action, actions: list[Action]) -> None:
+    def _fence(self, a: Action, actions: list[Action]) -> None:
+        """Coordinator._prepare: the new term to every member that answers
+        heartbeats, then the winner from their fresh answers."""
         core, term = self.core, a.term
-        core.term = max(core.term, term)  # a term once sent is never handed out again
+        targets = core.fence(a)
         replies: dict[int, dict] = {}
         state = {"open": True}
-        self.sim.trace(self.name, f"prepare term={term}")
+        self.sim.trace(self.name, f"fence term={term} -> {targets}")
 
         def close():
             if not state["open"]:
                 return
             state["open"] = False
-            now = self.sim.sched.now
-            for mid in self.sim.member_ids:
-                if mid in replies:
-                    core.on_heartbeat(mid, replies[mid], now)
-            best = core.choose_winner([core.members[m] for m in self.sim.member_ids
-                                       if m in replies and replies[m]["term"] == term],
-                                      a.member)
+            best = core.fenced(a, replies, self.sim.sched.now)
             if best is None:
-                self.sim.trace(self.name, f"prepare term={term}: no winner")
+                self.sim.trace(self.name, f"fence term={term}: no winner")
                 core.on_failed(a)  # the core sends catch_up on its next tick if needed
                 return self._act(actions)
-            self._become_primary(Action("elect", best, term), actions)
+            self._call(Action("elect", best, term), actions, ELECT_TIMEOUT_MS)
 
         def on_reply(mid, r, err):
             if err is None and state["open"]:
                 replies[mid] = r
-                if len(replies) == len(self.sim.member_ids):
+                if len(replies) == len(targets):
                     close()
-        for mid in self.sim.member_ids:
+        for mid in targets:
             self.sim.rpc.call(self.name, f"m{mid}", "heartbeat", (term, []),
                               lambda r, err, mid=mid: on_reply(mid, r, err), CONTROL_TIMEOUT_MS)
+        if not targets:
+            return close()
         self.later(3 * self.sim.limits.heartbeat_interval_ms, close)
 
     # -- configuration changes: Coordinator.change ------------------------
@@ -1236,27 +1236,20 @@ class SimCoordinator:
         self._try_change(new, voters_change and self.sim.broken != "unsafe_reconfig",
                          self.sim.sched.now + RECONFIG_TIMEOUT_MS, {})
 
-    def _try_change(self, new: list, voters_change: bool, deadline: int, fence: dict) -> None:
+    def _try_change(self, new: list, voters_change: bool, deadline: int, start: dict) -> None:
         if not voters_change:
             return self._install(new)
-        recorded = self.core.config_committed(self.version, self.config)
-        prim = self.core.primary
 
         def decide(st):
-            p = prim if st is not None and st["primary"] else None
-            durable = {int(m): GTID(*g) for m, g in st["durable"].items()} if p is not None else {}
-            if p is not None:  # the committed point when the change began
-                fence.setdefault(p, committed_point(self.config, durable))
-            why = config_change_blockers(
-                self.config, new, recorded, p, fence.get(p),
-                GTID(*st["fence"]) if p is not None else None, durable)
+            why = change_blockers(self.core, self.version, self.config, new, start, st)
             if not why:
                 return self._install(new)
             if self.sim.sched.now >= deadline:
                 self.sim.trace(self.name, f"change refused: {'; '.join(why)}")
                 return self._next_change()
             self.later(self.sim.limits.heartbeat_interval_ms, self._try_change, new,
-                       voters_change, deadline, fence)
+                       voters_change, deadline, start)
+        prim = self.core.primary
         if prim is None:
             return decide(None)
         self.sim.rpc.call(self.name, f"m{prim}", "commit_state", (),
@@ -1282,22 +1275,6 @@ class SimCoordinator:
         self.sim.rpc.call(self.name, f"m{mid}", "set_config",
                           ({"version": self.version, "members": self.config},),
                           lambda r, err: None, CONTROL_TIMEOUT_MS)
-
-    def _become_primary(self, a: Action, actions: list[Action]) -> None:
-        self.sim.trace(self.name, f"elect m{a.member} term={a.term} (prepared)")
-
-        def on_reply(r, err):
-            if err is not None:
-                self.core.on_failed(a)
-            else:
-                self.core.on_elected(a.member, a.term)
-            self._act(actions)
-
-        def on_timeout():
-            self.core.on_failed(a)
-            self._act(actions)
-        self.sim.rpc.call(self.name, f"m{a.member}", "become_primary", (a.term,), on_reply,
-                          ELECT_TIMEOUT_MS, on_timeout)
 
 
 # --- clients ------------------------------------------------------------------
@@ -1556,7 +1533,7 @@ class Result:
     ok: bool
     message: str = ""
     broken: str | None = None
-    fixes: tuple = FIXES_ALL
+    regress: tuple = ()
     scenario: str | None = None
     events: int = 0
     sim_ms: int = 0
@@ -1567,12 +1544,12 @@ class Result:
 
     @property
     def reproduce(self) -> str:
-        return reproduce_line(self.seed, self.broken, self.fixes, self.scenario)
+        return reproduce_line(self.seed, self.broken, self.regress, self.scenario)
 
     def report(self) -> str:
         lines = [f"SEED={self.seed}" + (f" SCENARIO={self.scenario}" if self.scenario else "")
                  + (f" BROKEN={self.broken}" if self.broken else "")
-                 + "".join(f" WITHOUT={f}" for f in FIXES_ALL if f not in self.fixes),
+                 + "".join(f" REGRESS={n}" for n in self.regress),
                  "options: " + " ".join(f"{k}={v}" for k, v in self.options.items()),
                  f"{'ok' if self.ok else 'FAILED'} after {self.events} events, "
                  f"{self.sim_ms} simulated ms; " + " ".join(f"{k}={v}" for k, v in
@@ -1586,14 +1563,11 @@ class Result:
 
 class Sim:
     def __init__(self, seed: int = 0, broken: str | None = None, trace: bool = False,
-                 fixes=FIXES_ALL, scenario: str | None = None):
+                 regress=(), scenario: str | None = None):
         if broken is not None and broken not in BROKEN:
             raise ValueError(f"unknown broken variant {broken!r} (known: {', '.join(BROKEN)})")
-        unknown = [f for f in fixes if f not in KNOWN_BUGS]
-        if unknown:
-            raise ValueError(f"unknown fixes {unknown} (known: {', '.join(KNOWN_BUGS)})")
         self.seed, self.broken, self.verbose = seed, broken, trace
-        self.fixes = tuple(f for f in FIXES_ALL if f in fixes)
+        self.regress = regressed(regress).names  # the caller applies them (``run``)
         self.scenario = scenario
         if scenario is not None:
             if scenario not in SCENARIOS:
@@ -1854,7 +1828,7 @@ class Sim:
     def _result(self, ok: bool, message: str = "") -> Result:
         ck = self.checker
         return Result(seed=self.seed, ok=ok, message=message, broken=self.broken,
-                      fixes=self.fixes, scenario=self.scenario,
+                      regress=self.regress, scenario=self.scenario,
                       events=self.sched.events, sim_ms=self.sched.now,
                       stats={"commits": ck.commits, "majority_acks": len(ck.acked),
                              "reads": len(ck.reads),
@@ -1865,9 +1839,11 @@ class Sim:
                       digest=self._digest.hexdigest())
 
 
-def run(seed: int = 0, broken: str | None = None, trace: bool = False, fixes=FIXES_ALL,
+def run(seed: int = 0, broken: str | None = None, trace: bool = False, regress=(),
         scenario: str | None = None) -> Result:
-    return Sim(seed, broken, trace, fixes, scenario).run()
+    """One run; ``regress``: known bugs put back into the shipped cores for it."""
+    with regressed(regress):
+        return Sim(seed, broken, trace, regress, scenario).run()
 
 
 def main(argv=None) -> int:
@@ -1876,16 +1852,16 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", help="a sweep, START:STOP")
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), help="replay a scripted scenario")
     ap.add_argument("--broken", choices=BROKEN, help="run with a planted bug")
-    ap.add_argument("--without", action="append", default=[], choices=FIXES_ALL,
-                    help="do not apply the harness's fix for this known core bug (repeatable)")
-    ap.add_argument("--bugs", action="store_true", help="list the known core bugs and exit")
+    ap.add_argument("--regress", action="append", default=[], choices=list(KNOWN_BUGS),
+                    help="put this known bug back into the shipped cores (repeatable)")
+    ap.add_argument("--bugs", action="store_true", help="list the known bugs and exit")
     ap.add_argument("--trace", action="store_true", help="print every event")
     a = ap.parse_args(argv)
     if a.bugs:
         for b in KNOWN_BUGS.values():
             print(f"{b.name} ({b.where})\n  bug: {b.what}\n  fix: {b.fix}\n")
         return 0
-    fixes = tuple(f for f in FIXES_ALL if f not in a.without)
+    fixes = tuple(a.regress)
     if a.seed is None and a.seeds is None and a.scenario is None:
         ap.error("give --seed N, --seeds START:STOP or --scenario NAME")
     if a.seed is not None or a.scenario is not None:

@@ -771,7 +771,7 @@ def test_documents_encoded_another_way_are_stored_as_sent_and_the_chain_holds(po
     float32, a wide int, a str16 header on a short string) is stored as sent;
     the oplog's hash chain covers the stored bytes, so secondaries and
     verify_oplog accept it (they used to re-encode the ops and refuse it)."""
-    from raymx.actors.replication import check_batch
+    from raymx.actors.core.replication import check_batch
     from raymx.storage.gtid import ZERO
     p, svc = port
     c = Connection("127.0.0.1", p.port, SECRET)

@@ -4,7 +4,7 @@ import threading
 
 from hypothesis import given, settings, strategies as st
 
-from raymx.actors.gtid_manager import GTIDManager
+from raymx.actors.core.gtid_manager import GTIDManager
 from raymx.storage.gtid import GTID
 
 

@@ -2,7 +2,7 @@
 spilled chunks with their entries, an oplog that starts mid-chain."""
 import pytest
 
-from raymx.actors import replication as rep
+from raymx.actors.core import replication as rep
 from raymx.storage.engine import Engine
 from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.limits import Limits

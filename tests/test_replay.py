@@ -2,7 +2,7 @@
 exactly the state that applying the entries one at a time gives."""
 import pytest
 
-from raymx.actors import replication as rep
+from raymx.actors.core import replication as rep
 from raymx.storage import replay
 from raymx.storage.engine import Engine
 from raymx.storage.gtid import GTID

@@ -5,8 +5,8 @@ import msgpack
 import pytest
 
 from raymx import errors
-from raymx.actors import replication as rep
-from raymx.actors.gtid_manager import GTIDManager
+from raymx.actors.core import replication as rep
+from raymx.actors.core.gtid_manager import GTIDManager
 from raymx.storage import codec
 from raymx.storage.engine import Engine
 from raymx.storage.gtid import GTID, ZERO

@@ -8,11 +8,8 @@
 * planted bugs (a primary acknowledging w="majority" before anyone else has
   the entry; an election reusing a term) are caught, so the invariants bite;
 * every protocol bug the simulation found (tests/sim.py KNOWN_BUGS) is fixed
-  in the shells and cores; the harness's glue models the fixed shells, and
-  with one fix switched off in that glue the invariants catch the old bug
-  (strict xfail), so they keep biting. Bugs fixed inside a core the
-  simulation calls directly (FIXED_IN_CORE) cannot be switched off any more:
-  their runs are plain regression tests.
+  in the shipped cores, which the simulation runs as the shells do; put back
+  into those cores (a monkeypatch), each is caught by its reproduction.
 """
 import os
 import subprocess
@@ -117,44 +114,35 @@ def test_a_failing_seed_prints_how_to_replay_it(capsys):
     assert f"reproduce: python -m tests.sim --seed {seed} --broken reuse_term" in out
 
 
-# fixed in code the simulation calls directly: "without" cannot bring them back
-FIXED_IN_CORE = {"too_stale_by_term", "stale_write_concern"}
-
-
 def _known_bug_cases():
     for b in sim.KNOWN_BUGS.values():
-        if b.name in FIXED_IN_CORE:
-            continue
         for repro in b.repro:
-            yield pytest.param(b.name, repro, id=f"{b.name}-{repro}", marks=pytest.mark.xfail(
-                strict=True, raises=AssertionError,
-                reason=f"protocol bug {b.name} ({b.where}): {b.what}. Suggested fix: {b.fix}"))
+            yield pytest.param(b.name, repro, id=f"{b.name}-{repro}")
+
+
+def _run(repro, regress):
+    if isinstance(repro, str):
+        return sim.run(scenario=repro, regress=regress)
+    return sim.run(repro, regress=regress)
 
 
 @pytest.mark.parametrize("name,repro", list(_known_bug_cases()))
-def test_known_bug_still_bites_without_its_workaround(name, repro):
-    """Strict xfail. If this passes (XPASS fails the run), the bug is gone: for a
-    core bug, delete its workaround in tests/sim.py and its KNOWN_BUGS entry; for
-    a shell bug, make the simulated glue do what the fixed shell does, then
-    delete both. If it fails for another reason, that is a new problem."""
+def test_a_known_bug_put_back_into_the_shipped_cores_is_caught(name, repro):
+    """Each protocol bug the simulation found is fixed in a core the shells
+    run. Put back (``KnownBug.old``: monkeypatches of that core, the code path
+    the Ray shells and the simulation share), the run fails as the bug did;
+    with only the bugs it needs to show (``also``) put back, the same run
+    passes: the failure is this bug's."""
     b = sim.KNOWN_BUGS[name]
-    if isinstance(repro, str):
-        r = sim.run(scenario=repro, fixes=b.fixes_without())
-    else:
-        r = sim.run(repro, fixes=b.fixes_without())
-    if not r.ok and not any(s in r.message for s in b.symptoms):
-        raise RuntimeError(f"{name}: failed, but not as the known bug does:\n{r.report()}")
+    r = _run(repro, (name,) + b.also)
+    assert not r.ok, f"{name} put back, and nothing failed: the sweep is blind to it\n" \
+        + r.report()
+    assert any(s in r.message for s in b.symptoms), \
+        f"{name}: failed, but not as the bug does:\n{r.report()}"
+    r = _run(repro, b.also)
     assert r.ok, r.report()
 
 
-@pytest.mark.parametrize("name,repro", [(b.name, x) for b in sim.KNOWN_BUGS.values()
-                                        for x in b.repro])
-def test_known_bug_workaround_is_what_prevents_it(name, repro):
-    """The same run as above with only this bug's workaround switched back on
-    passes: the failure is this bug's, and the suggested fix works."""
-    b = sim.KNOWN_BUGS[name]
-    if isinstance(repro, str):
-        r = sim.run(scenario=repro, fixes=b.fixes_with())
-    else:
-        r = sim.run(repro, fixes=b.fixes_with())
-    assert r.ok, r.report()
+def test_every_known_bug_has_a_reproduction():
+    assert all(b.repro for b in sim.KNOWN_BUGS.values()), \
+        [b.name for b in sim.KNOWN_BUGS.values() if not b.repro]

@@ -3,7 +3,7 @@ that starts at the snapshot's GTID and continues the hash chain."""
 import pytest
 
 from raymx import errors
-from raymx.actors import replication as rep
+from raymx.actors.core import replication as rep
 from raymx.storage import codec, snapshot
 from raymx.storage.engine import Engine
 from raymx.storage.gtid import GTID

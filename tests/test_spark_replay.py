@@ -4,7 +4,7 @@ import time
 import pytest
 
 import raymx
-from raymx.actors import replication as rep
+from raymx.actors.core import replication as rep
 from raymx.spark_bridge import replay as spark_replay
 from raymx.storage import replay
 from raymx.storage.engine import Engine

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from raymx import errors
-from raymx.actors import replication as rep
+from raymx.actors.core import replication as rep
 from raymx.storage.engine import Engine
 from raymx.storage.limits import Limits
 

@@ -18,8 +18,8 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, ActorUnschedul
 
 from raymx import errors
 from raymx.actors import metrics
-from raymx.actors.election import (Action, ElectionCore, candidates, check_config_change,
-                                   committed_point, config_change_blockers)
+from raymx.actors.core.election import (Action, ElectionCore, candidates, change_blockers,
+                                        check_config_change)
 from raymx.storage.gtid import GTID
 
 log = logging.getLogger("raymx.coordinator")
@@ -175,19 +175,14 @@ class Coordinator:
             recorded = self.core.config_committed(version, old)
             behind = [m["id"] for m in old if m["id"] not in recorded]
         self._push_to(behind)
-        committed, fence, durable = None, None, {}
+        state = None
         if prim is not None:
             try:
-                st = ray.get(self._handle(prim).commit_state.remote(), timeout=2)
-                if st["primary"]:
-                    durable = {int(m): GTID(*g) for m, g in st["durable"].items()}
-                    committed = start.setdefault(prim, committed_point(old, durable))
-                    fence = None if st["fence"] is None else GTID(*st["fence"])
-                else:
-                    prim = None
+                state = ray.get(self._handle(prim).commit_state.remote(), timeout=2)
             except Exception:
-                prim = None
-        return config_change_blockers(old, members, recorded, prim, committed, fence, durable)
+                state = None
+        with self._lock:
+            return change_blockers(self.core, version, old, members, start, state)
 
     def _install(self, members: list[dict]) -> dict:
         self.version += 1
@@ -293,8 +288,8 @@ class Coordinator:
                     self.core.on_failed(a)
                     return
                 a = Action("elect", winner, a.term)
-                h = self._handle(winner)
-                ray.get(h.become_primary.remote(a.term), timeout=30)
+                method, args = self.core.call(a)
+                ray.get(getattr(self._handle(winner), method).remote(*args), timeout=30)
                 self.core.on_elected(a.member, a.term)
                 self._addr.pop(a.member, None)
                 done = _now_ms()
@@ -305,47 +300,34 @@ class Coordinator:
                 self.failed_at_ms = None
                 log.warning("replica set %s: member %d elected primary, term %d",
                             self.name, a.member, a.term)
-            elif a.kind == "catch_up":
-                ray.get(h.follow.remote(self.core.term, a.source), timeout=10)
-            elif a.kind == "follow":
-                ray.get(h.follow.remote(a.term, a.source), timeout=10)
-            elif a.kind == "step_down":
-                ray.get(h.step_down.remote(a.term), timeout=10)
+            else:
+                method, args = self.core.call(a)
+                ray.get(getattr(h, method).remote(*args), timeout=10)
         except Exception as e:
             log.warning("replica set %s: %s for member %d failed: %s", self.name, a.kind,
                         a.member, e)
             self.core.on_failed(a)
 
     def _prepare(self, a: Action) -> int | None:
-        """Fence the election: every reachable member records the new term
-        durably (so none of them acknowledges or takes entries from an older
-        primary again) and answers with its last GTID; only with a majority of
-        voters answering is a winner chosen, from those fresh answers. A term
-        once sent is never reused: ElectionCore only moves terms up."""
-        term = a.term
+        """Fence the election (``ElectionCore.fence``/``fenced``): the members
+        record the new term durably and answer with their last GTID; the
+        winner is chosen from those fresh answers only."""
         refs = {}
-        for m in self.members:
-            if not self.core.members[m["id"]].alive:
-                continue  # known down: waiting for it would only delay the election
+        for mid in self.core.fence(a):
             try:
-                refs[m["id"]] = self._handle(m["id"]).heartbeat.remote(term)
+                refs[mid] = self._handle(mid).heartbeat.remote(a.term)
             except Exception:
                 pass
-        if not refs:
-            return None
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs),
-                            timeout=self.limits.heartbeat_timeout_ms / 1000)
-        now = _now_ms()
-        answered = []
+                            timeout=self.limits.heartbeat_timeout_ms / 1000) if refs else ([], [])
+        answers = {}
         for mid, ref in refs.items():
             if ref in ready:
                 try:
-                    self.core.on_heartbeat(mid, ray.get(ref), now)
-                    answered.append(self.core.members[mid])
+                    answers[mid] = ray.get(ref)
                 except Exception:
                     pass
-        self.core.term = max(self.core.term, term)
-        return self.core.choose_winner(answered, a.member)
+        return self.core.fenced(a, answers, _now_ms())
 
     def _loop(self) -> None:
         interval = self.limits.heartbeat_interval_ms / 1000

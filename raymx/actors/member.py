@@ -29,8 +29,10 @@ import ray
 
 from raymx import errors
 from raymx.actors import doorbell
-from raymx.actors import replication as rep
-from raymx.actors.gtid_manager import GTIDManager
+from raymx.actors.core import producer as pc
+from raymx.actors.core import replication as rep
+from raymx.actors.core.gtid_manager import GTIDManager
+from raymx.actors.core.member import MemberCore
 from raymx.actors.server import ClientPort, boot_id
 from raymx.actors.shard import ShardService, gtid_out
 from raymx.storage import codec, replay, snapshot
@@ -156,16 +158,6 @@ _reniced_at = [0.0]
 PULL_REQUEST_BYTES_MAX = 1 << 20  # positions of every member: far below this
 
 
-def pull_request(after, after_h, max_entries: int, max_bytes: int, wait_ms: int, member: int,
-                 durable, applied, downstream: dict | None, term: int,
-                 majority=None) -> bytes:
-    """The argument of ``OplogShard.pull`` (a producer's pull)."""
-    return codec.pack({"after": after, "after_h": after_h, "max_entries": max_entries,
-                       "max_bytes": max_bytes, "wait_ms": wait_ms, "member": member,
-                       "durable": durable, "applied": applied, "downstream": downstream,
-                       "term": term, "majority": majority})
-
-
 def serve_at_normal_priority(every_s: float = 0.0) -> None:
     """Ray starts workers at nice 15; a member's processes serve clients (and,
     for w > 1, replicate for them) at nice 0 when allowed. Measured: ~17-20%
@@ -209,7 +201,6 @@ class OplogShard:
                  oplog_cap: dict | None = None):
         self.rs_name, self.member_id, self.path, self.limits = rs_name, member["id"], path, limits
         self.spec = member
-        self.role = "secondary"
         serve_at_normal_priority()
         ctx = ray.get_runtime_context()
         self.node_id = ctx.get_node_id()
@@ -231,13 +222,10 @@ class OplogShard:
             # to be loaded from a snapshot: the producer must not pull from the
             # start of the oplog meanwhile (begin_load replaces this mark)
             self.engine.put_meta("initial_sync", {"pending": True})
-        self.following: list | None = None  # [source, term] set by follow()
+        self.core = MemberCore(self.engine, self.member_id)
         self._majority_at = 0.0
         self._majority_busy = False
         self._role_lock = threading.Lock()
-        # synchronizing from a snapshot: set from the start (never after the load,
-        # where it could undo the coordinator's "caught up" that raced it)
-        self.synchronizing = self.engine.get_meta("initial_sync") is not None
         self.load_progress: dict | None = None
         self._loaded_sums: dict[int, list] = {}  # part -> checksum of the run loaded for it
         self.loaded_at: list | None = None  # the snapshot GTID this process loaded
@@ -253,13 +241,7 @@ class OplogShard:
                                     votes={int(k): v for k, v in votes.items()},
                                     on_fatal=stop_process)
         cfg = self.engine.get_meta("rs_config") or {}
-        self.config_version = cfg.get("version", 0)
-        # a secondary serves reads only once its producer has pulled from a sync
-        # source that holds its last entry (after each start, step-down, follow
-        # and rollback): until then its data may be a diverged branch
-        self.sync_state = "resync" if self.engine.get_meta("needs_resync") else "recovering"
-        self.fence: GTID | None = None  # see commit_state
-        self.service.read_refusal = self._read_refusal
+        self.service.read_refusal = self.core.read_refusal
         self.service.topology_source = lambda: ray.get(ray.get_actor(
             f"{rs_name}/coordinator", namespace=NAMESPACE).topology.remote(), timeout=5)
         cap = cfg.get("oplog_cap") or oplog_cap
@@ -277,67 +259,34 @@ class OplogShard:
         self.feeder.on_limit(GTID(rp.term, rp.seq - 1) if rp.seq > 1 else ZERO)
 
     # --- elections (called by the coordinator) ------------------------------
-    def _learn_term(self, term: int) -> None:
-        """Record a higher term durably before answering; step down if primary."""
-        if term > self.engine.term:
-            self.engine.set_term(term)  # synced
-            if self.role != "primary" and self.sync_state == "running":
-                # entries from the old term's primary may not be on the new
-                # primary's branch: no reads until a source of this term confirms
-                self.sync_state = "recovering"
-        if term >= self.engine.term and self._is_primary() and term > self.service.gm.term:
-            self._become_secondary()
+    @property
+    def role(self) -> str:
+        return self.core.role
+
+    def _serving(self) -> tuple[bool, int]:
+        return self.service.primary, self.service.gm.term
 
     @ray.method(concurrency_group="heartbeat")
     def heartbeat(self, term: int, alive: list | None = None) -> dict:
         """The coordinator's heartbeat; ``alive``: members it hears from, which
         count for this primary's view of a majority along with the pulls."""
         serve_at_normal_priority(every_s=2.0)
-        self._learn_term(term)
-        if self.role == "primary" and (not self.service.primary
-                                       or self.engine.term > self.service.gm.term):
-            # deposed between heartbeats (a pull or a commit saw a higher term):
-            # say so, so the coordinator elects again instead of waiting on us
+        if self.core.heartbeat(term, *self._serving()):
             with self._role_lock:
-                self._become_secondary()
+                if self.core.is_primary(self.service.primary):
+                    self._become_secondary()
         if alive:
             now = now_ms()
             self.service.set_positions({}, {int(m): now for m in alive})
-        last, h = self.engine.last()
-        return {"term": self.engine.term, "last": list(last), "h": h, "role": self.role,
-                "following": self.following, "state": self._state(),
-                "loading": self.engine.get_meta("initial_sync") is not None,
-                "loaded_at": self.loaded_at, "config_version": self.config_version,
-                "port": [self.port.host, self.port.port],
-                "lead_term": self.service.gm.term if self.role == "primary" else None}
-
-    def _state(self) -> str:
-        """running; synchronizing (initial sync: never elected, see DESIGN 4);
-        resync; recovering (a secondary whose position no sync source has
-        confirmed since it started, stepped down or rolled back: it may be
-        elected, it serves no reads)."""
-        if self.synchronizing or self.engine.get_meta("initial_sync") is not None:
-            return "synchronizing"
-        if self.engine.get_meta("needs_resync"):
-            return "resync"
-        return "running" if self.role == "primary" else self.sync_state
-
-    def _read_refusal(self) -> str | None:
-        """Why reads are refused here now (memory only: it runs on every read)."""
-        if self.role == "primary":
-            return None
-        if self.synchronizing:
-            return "synchronizing"
-        return None if self.sync_state == "running" else self.sync_state
+        return dict(self.core.reply(self.service.gm.term),
+                    loading=self.engine.get_meta("initial_sync") is not None,
+                    loaded_at=self.loaded_at, port=[self.port.host, self.port.port])
 
     @ray.method(concurrency_group="control")
     def on_sync_state(self, state: str) -> None:
-        """The producer's state: "running" once a pull from its sync source
-        confirmed this member's last entry; "recovering" or "resync" when it
-        did not (a rollback, a stale or refusing source, a resync due)."""
+        """The producer's state (see ``MemberCore.on_sync_state``)."""
         with self._role_lock:
-            if self.role != "primary" and state in ("running", "recovering", "resync"):
-                self.sync_state = state
+            self.core.on_sync_state(state)
 
     @ray.method(concurrency_group="control")
     def commit_state(self) -> dict:
@@ -345,12 +294,12 @@ class OplogShard:
         primary knows them, its last entry, and its fence: its last entry when
         it became primary or installed the current configuration (every write
         acknowledged under an earlier configuration is at most that)."""
-        with self.service.wc._cond:
-            durable = {m: list(g) for m, g in self.service.wc.durable.items() if g is not None}
+        durable = {m: list(g) for m, g in self.service.wc.positions().items() if g is not None}
         last, _ = self.engine.last()
+        fence = self.core.fence
         return {"primary": self.service.primary and self.role == "primary",
                 "term": self.engine.term, "last": list(last), "durable": durable,
-                "fence": None if self.fence is None else list(self.fence)}
+                "fence": None if fence is None else list(fence)}
 
     @ray.method(concurrency_group="control")
     def become_primary(self, term: int, timeout_s: float = 30) -> dict:
@@ -370,55 +319,38 @@ class OplogShard:
             # under the new term can commit (unsynced entries must not ship)
             self.feeder.set_primary(True)
             self.service.become_primary(term)
-            self.role = "primary"
-            self.following = None
             last, _ = self.engine.last()  # synced by become_primary
-            self.fence = last  # every committed entry is at most this
+            self.core.became_primary(last)
             self._on_durable(last)
             log.info("member %s/%d is primary in term %d at %s", self.rs_name,
                      self.member_id, term, last)
             return {"term": term, "last": list(last)}
 
-    def _is_primary(self) -> bool:
-        # the role, not only the service flag: a commit that found a newer term
-        # clears the flag alone, and the member must still step down fully
-        return self.role == "primary" or self.service.primary
-
     def _become_secondary(self) -> None:
-        self.following = None
-        self.sync_state = "recovering"  # it may hold writes the new primary lacks
+        self.core.became_secondary()
         self.service.step_down()
-        self.role = "secondary"
         self.feeder.set_primary(False)
 
     @ray.method(concurrency_group="control")
     def follow(self, term: int, source: int | None) -> None:
         """Be a secondary of term ``term`` pulling from ``source``."""
         with self._role_lock:
-            self._learn_term(term)
-            if self._is_primary():
+            if self.core.follow(term, source, *self._serving()):
                 self._become_secondary()
             if source is not None:
                 ray.get(_get(self.rs_name, self.member_id, "producer").follow.remote(source, term))
-                self.following = [source, term]
+                self.core.following_now(source, term)
 
     @ray.method(concurrency_group="control")
     def set_config(self, config: dict) -> None:
         """A new replica set configuration (reconfiguration): kept durably, so a
         restarted coordinator rebuilds the newest one from the members."""
-        cur = self.engine.get_meta("rs_config")
-        if cur is not None and cur["version"] >= config["version"]:
+        if not self.core.set_config(config, self.service.primary):
             return
-        self.engine.put_meta("rs_config", config)
-        self.engine.sync()
-        self.config_version = config["version"]
         mine = next((m for m in config["members"] if m["id"] == self.member_id), None)
         if mine is not None:
             self.spec = mine
         self.service.set_votes({m["id"]: m["votes"] for m in config["members"]})
-        if self._is_primary():
-            # writes acknowledged under the configuration before are at most this
-            self.fence = self.engine.last()[0]
         for m in config["members"]:
             if not m.get("joining"):  # it has joined: its pulls hold trimming now
                 self.service.trim_holds.pop(m["id"], None)
@@ -435,7 +367,7 @@ class OplogShard:
     @ray.method(concurrency_group="control")
     def forget_following(self) -> None:
         """The producer restarted: the coordinator will tell it whom to follow again."""
-        self.following = None
+        self.core.following = None
 
     @ray.method(concurrency_group="control")
     def step_down(self, term: int, drain_s: float = 0.0) -> None:
@@ -443,10 +375,9 @@ class OplogShard:
         writes and lets the accepted ones finish and be acknowledged (up to
         ``drain_s``), so none of them ends with an unknown outcome."""
         with self._role_lock:
-            if drain_s and self._is_primary():
+            if drain_s and self.core.is_primary(self.service.primary):
                 self.service.hand_over(drain_s)
-            self._learn_term(term)
-            if self._is_primary():
+            if self.core.step_down(term, *self._serving()):
                 self._become_secondary()
 
     @ray.method(concurrency_group="control")
@@ -523,7 +454,7 @@ class OplogShard:
         """Stored rows after ``after`` (long-polls up to ``wait_ms``); the caller's
         positions count for write concern as soon as the pull arrives.
 
-        One msgpack map in (``pull_request``), one out: a Ray call with one
+        One msgpack map in (``ProducerCore.request``), one out: a Ray call with one
         bytes argument and a bytes result costs ~25% less CPU on each side than
         with ten arguments and a dict (measured). The entries ride in the
         answer as msgpack bin: the stored bytes, unchanged."""
@@ -572,7 +503,7 @@ class OplogShard:
                 codec.unpack(t.get("oplog", g.to_bytes()))["ts"]
         with self.engine.store.read() as t:
             last_ts, applied_ts = ts(r.last), ts(applied)
-        s.update({"id": self.member_id, "role": self.role, "state": self._state(),
+        s.update({"id": self.member_id, "role": self.role, "state": self.core.state(),
                   "initial_sync": self.load_progress,
                   "host": f"{self.port.host}:{self.port.port}", "pid": os.getpid(),
                   "node_id": self.node_id,
@@ -608,7 +539,7 @@ class OplogShard:
     # --- bulk-loading a snapshot into this (new) member: DESIGN 8 ---------------
     @ray.method(concurrency_group="load")
     def load_begin(self, info: dict) -> None:
-        self.synchronizing = True
+        self.core.synchronizing = True
         self._loaded_sums: dict[int, list] = {}
         snapshot.begin_load(self.engine, info)
         total = sum(1 for _ in info["parts"])
@@ -735,7 +666,7 @@ class OplogShard:
 
     @ray.method(concurrency_group="control")
     def set_synchronizing(self, on: bool) -> None:
-        self.synchronizing = on
+        self.core.synchronizing = on
         if not on:
             self.load_progress = None
 
@@ -850,60 +781,36 @@ class FeederService:
         only after lingering ``majority_linger_ms`` for new entries: the report
         a pull carries usually moves the majority itself, and answering that at
         once would double the pulls (each a Ray call) under a light load."""
+        with self._core_lock:
+            stale = self.core.admit(term, self.member_id)
+        if stale is not None:
+            return stale
         my_term = self.engine.term
-        if term > my_term:
-            # the caller knows a newer term: learn it durably; this member (if it
-            # was primary) is deposed and must not ship or gather acks any more
-            self.engine.set_term(term)
-            return {"status": "stale_term", "term": term,
-                    "reason": f"member {self.member_id} was at term {my_term} < {term}"}
         now = now_ms()
-        pos = report = None  # what this pull reports, once its first answer checked it
+        caller = {"durable": durable, "applied": applied, "downstream": downstream}
         t0 = time.monotonic()
         deadline = t0 + wait_ms / 1000
         linger_until = t0 + self.limits.majority_linger_ms / 1000
         known = None if majority is None else GTID(*majority)
-        validated = False
         while True:
             with self._latch:
                 seen = self._version  # read before pulling, so no notification is missed
                 target = self._target
-            changed = False
             with self._core_lock:
                 if not self.primary:
                     target = self.engine.last()[0]
                 if target > self.core.limit:
                     self.core.advance(target)
-                seen_mj = self.core.majority(self.member_id, self.primary)
-                out = self.core.pull(after, after_h, max_entries, max_bytes)
-                out["term"] = my_term
-                if pos is None:  # the first answer checked the caller's last entry
-                    d, a, down = self.core.vouch(out["status"] == "ok", after, durable,
-                                                 applied, downstream, member, self.member_id)
-                    self.core.report(member, d, a, now)
-                    for m, p in down.items():
-                        self.core.report(int(m), p.get("durable"), p.get("applied"),
-                                         p.get("at_ms", now))
-                    pos = dict(self.core.positions)
-                    report = pos
-                if out["status"] == "diverged":
-                    self.core.validated.pop(member, None)
-                elif (out["status"] == "ok" and not validated and after is not None
-                      and after_h is not None and tuple(after) != tuple(ZERO)):
-                    validated = True  # the caller holds ``after`` with our hash
-                    cur = self.core.validated.get(member)
-                    if cur is None or GTID(*after) > cur:
-                        self.core.validated[member] = GTID(*after)
-                        changed = self.core.majority(self.member_id, self.primary) != seen_mj
-                    seen_mj = self.core.majority(self.member_id, self.primary)
+                out, report, changed = self.core.answer(
+                    after, after_h, max_entries, max_bytes, my_term, member, self.member_id,
+                    self.primary, caller, now)
+            caller = None  # the positions count once, with the first answer
             if report:  # outside the lock: it reaches the write-concern waiters
                 self._on_positions({m: p["durable"] for m, p in report.items()},
                                    {m: p["at_ms"] for m, p in report.items()})
-                report = None
             if changed:
                 self._ring()  # long-polls learn the new point
-            if seen_mj is not None:
-                out["majority"] = list(seen_mj)
+            seen_mj = None if out.get("majority") is None else GTID(*out["majority"])
             if out["status"] != "ok" or out["rows"]:
                 return out
             until = deadline
@@ -941,12 +848,9 @@ class Producer:
     def __init__(self, rs_name: str, member_id: int, path: str, limits: Limits):
         self.rs_name, self.member_id, self.limits, self.path = rs_name, member_id, limits, path
         serve_at_normal_priority()
-        self.sync_source: int | None = None
-        self.term = 0
         self._dir_lock = lock_member(path, rs_name, member_id, "producer")
         self.engine = open_member(path, limits)
-        self.error: str | None = None
-        self.state = "running"
+        self.core = pc.ProducerCore(self.engine, member_id, limits)
         self.batches = self.entries = self.rollbacks = self.pulls = 0
         self._stop = threading.Event()
         self._paused = threading.Event()
@@ -965,7 +869,6 @@ class Producer:
         # the majority-committed point learned from the sync source goes to this
         # member's shard (change streams, trimming, and its feeder for members
         # syncing from this one)
-        self.majority: GTID | None = self.engine.range().majority
         self._majority_bell = doorbell.Bell(path, "majority")
         self._majority_shard = Notifier(rs_name, member_id, "", "on_majority")
         # what the shard was last told of this member's state (it serves reads
@@ -982,32 +885,26 @@ class Producer:
         self._t = threading.Thread(target=self._run, name="raymx-producer", daemon=True)
         self._t.start()
 
+    @property
+    def sync_source(self) -> int | None:
+        return self.core.source
+
     def _run(self):
         src = None
         src_id = None
+        core = self.core
         while not self._stop.is_set():
             serve_at_normal_priority(every_s=2.0)
-            if self._paused.is_set() or self.sync_source is None or \
-                    self.engine.get_meta("needs_resync") or self.term < self.engine.term or \
-                    self.engine.get_meta("initial_sync") is not None:
-                # (an initial sync is loading a snapshot: pull only from its GTID on)
-                # a newer term is known than the one we were told to follow in:
-                # the source may be a deposed primary; wait for the next follow()
+            core.paused = self._paused.is_set()
+            if core.blocked():
                 time.sleep(0.02)
                 continue
             try:
-                if src is None or src_id != self.sync_source:
-                    src_id = self.sync_source
+                if src is None or src_id != core.source:
+                    src_id = core.source
                     src = _get(self.rs_name, src_id, "")  # its shard serves pulls
-                last, last_h = self.engine.last()
-                applied = rep.applied_point(self.engine)
-                down = self._downstream()
-                ans = self._await(src.pull.remote(pull_request(
-                    list(last), last_h if last != ZERO else None, self.limits.pull_entries_max,
-                    self.limits.pull_bytes_max, self.limits.pull_wait_ms, self.member_id,
-                    list(last) if last != ZERO else None, list(applied), down,
-                    max(self.term, self.engine.term),
-                    None if self.majority is None else list(self.majority))), src_id, 30)
+                req, last, last_h = core.request(self._downstream())
+                ans = self._await(src.pull.remote(codec.pack(req)), src_id, 30)
                 if ans is None:
                     continue  # told to follow another source meanwhile: pull from it now
                 # one entry may exceed pull_bytes_max (a pull always carries one)
@@ -1016,19 +913,18 @@ class Producer:
                 self.pulls += 1
             except Exception as e:  # the source is restarting or gone: retry
                 src = None
-                self.error = f"sync source {self.sync_source} unreachable: {type(e).__name__}"
-                time.sleep(0.1)
+                time.sleep(core.on_failure(
+                    f"sync source {core.source} unreachable: {type(e).__name__}") / 1000)
                 continue
             with self._write_lock:
                 if self._paused.is_set():
                     continue  # paused while pulling: write nothing more
                 try:
-                    self._handle(out, src, src_id, last, last_h)
-                except Exception as e:  # never let the thread die: report and retry
-                    self.error = f"{type(e).__name__}: {e}"
+                    self._handle(out, src, last, last_h)
+                except Exception as e:  # a failed step (find_common): report and retry
                     log.exception("member %d: producer step failed", self.member_id)
                     src = None
-                    time.sleep(0.2)
+                    time.sleep(core.on_failure(f"{type(e).__name__}: {e}") / 1000)
 
     def _await(self, ref, src_id: int, timeout_s: float):
         """The answer of a pull, or None as soon as this member is told to follow
@@ -1039,7 +935,7 @@ class Producer:
             ready, _ = ray.wait([ref], timeout=0.02)
             if ready:
                 return ray.get(ref)
-            if self.sync_source != src_id or self._paused.is_set():
+            if self.core.source != src_id or self._paused.is_set():
                 return None
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"no answer from sync source {src_id} in {timeout_s}s")
@@ -1067,57 +963,37 @@ class Producer:
                 self._down_ref = None
         return self._down
 
-    def _learn_majority(self, out) -> None:
-        mj = out.get("majority")
-        if mj is None:
-            return
-        g = GTID(*mj)
-        if self.majority is None or g > self.majority:
-            self.majority = g
-            if not self._majority_bell.ring(g.to_bytes()):  # the shard tells its feeder too
-                self._majority_shard(mj)
-
-    def _set_state(self, state: str) -> None:
-        self.state = state
+    def _tell_state(self) -> None:
+        state = self.core.state
         now = time.monotonic()
         if self._told != state or now - self._told_at >= 2.0:  # again now and then: a
             self._told, self._told_at = state, now           # restarting shard may miss one
             self._tell_shard(state)
 
-    def _handle(self, out, src, src_id, last, last_h) -> None:
-        status = out["status"]
-        if status == "ok" and out.get("term", 0) < self.engine.term:
-            status = "stale_term"  # never take entries from a deposed primary
-        if status == "ok":
-            self._learn_majority(out)
-            # the source holds our last entry (even with nothing new): confirmed
-            self._set_state("running")
-        if status == "diverged":
-            self._set_state("recovering")  # reads stop before anything is undone
+    def _handle(self, out, src, last, last_h) -> None:
+        step, learned = self.core.on_answer(out, last)
+        if learned is not None and not self._majority_bell.ring(learned.to_bytes()):
+            self._majority_shard(list(learned))  # the shard tells its feeder too
+        self._tell_state()
+        if step == pc.ROLLBACK:
             return self._roll_back(src)
-        if status != "ok":
-            self._set_state("resync" if status == "too_stale" else "recovering")
-            if status == "too_stale":
-                self.engine.put_meta("needs_resync", f"sync source trimmed past {last}")
-            self.error = f"sync source {src_id} says {status}: {out.get('reason') or out}"
-            time.sleep(0.2)
+        if step == pc.RETRY:
+            time.sleep(pc.RETRY_MS / 1000)
             return
-        if not out["rows"]:
+        if step == pc.IDLE:
             return
         try:
-            batch = rep.check_batch(last, last_h, out["rows"], self.limits)
-            g = rep.write_batch(self.engine, batch)
+            g, n = self.core.write(out, last, last_h)
             self.engine.sync()  # durable before the next pull reports it upstream
         except errors.DiskFailed as e:
             stop_process(e)  # never report unsynced entries as durable
         except errors.RaymxError as e:
-            self.error = f"batch refused: {e}"
-            log.error("member %d: %s", self.member_id, self.error)
-            time.sleep(0.5)
+            self.core.error = f"batch refused: {e}"
+            log.error("member %d: %s", self.member_id, self.core.error)
+            time.sleep(pc.BATCH_REFUSED_MS / 1000)
             return
-        self.error = None
         self.batches += 1
-        self.entries += len(batch)
+        self.entries += n
         if not self._applier_bell.ring():
             self._applier(list(g))
         if not self._feeder_bell.ring():
@@ -1151,8 +1027,8 @@ class Producer:
             self.engine.sync()
         except errors.IrreversibleOp as e:
             self.engine.put_meta("needs_resync", str(e))
-            self._set_state("resync")
-            self.error = str(e)
+            self.core.state, self.core.error = "resync", str(e)
+            self._tell_state()
             log.error("member %d cannot roll back: %s", self.member_id, e)
             return
         finally:
@@ -1165,7 +1041,7 @@ class Producer:
 
     @ray.method(concurrency_group="control")
     def follow(self, source: int, term: int) -> None:
-        self.sync_source, self.term = source, term
+        self.core.follow(source, term)
         self._told = None  # the shard waits for this source to confirm us
         self._paused.clear()
 
@@ -1182,7 +1058,7 @@ class Producer:
 
     @ray.method(concurrency_group="control")
     def status(self) -> dict:
-        return {"state": self.state, "error": self.error, "batches": self.batches,
+        return {"state": self.core.state, "error": self.core.error, "batches": self.batches,
                 "entries": self.entries, "pulls": self.pulls, "sync_source": self.sync_source,
                 "paused": self._paused.is_set() and self.sync_source is not None,
                 "rollbacks": self.rollbacks,

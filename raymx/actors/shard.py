@@ -26,7 +26,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from raymx import errors
-from raymx.actors.gtid_manager import GTIDManager
+from raymx.actors.core.gtid_manager import GTIDManager
+from raymx.actors.core.primary import WriteConcernCore, deposed, sees_majority
 from raymx.storage import codec
 from raymx.storage.engine import Engine, Reader, Transaction, WriteResult, split_ns
 from raymx.storage.gtid import GTID
@@ -236,7 +237,8 @@ class GroupCommit:
 
 
 class WriteConcernWaiters:
-    """Writes waiting until enough members hold their entry durably.
+    """Writes waiting until enough members hold their entry durably: the
+    decisions are ``WriteConcernCore``'s; this shell adds a lock and a thread.
 
     A position that moves releases the writes it acknowledges at once, on the
     thread that reported it (a pull, the syncer): no hand-off to another
@@ -247,90 +249,75 @@ class WriteConcernWaiters:
     def __init__(self, svc: "ShardService"):
         self._svc = svc
         self._cond = threading.Condition()
-        self.durable: dict[int, GTID | None] = {}
-        self._waiting: list = []
+        self.core = WriteConcernCore(svc.votes)
         self._t = threading.Thread(target=self._run, name="raymx-wc", daemon=True)
         self._t.start()
 
-    def update(self, member: int, g: GTID | None) -> None:
-        from raymx.actors.replication import majority_point
+    def positions(self) -> dict[int, GTID | None]:
         with self._cond:
-            cur = self.durable.get(member)
-            if g is None or (cur is not None and g <= cur):
+            return dict(self.core.durable)
+
+    def waiting(self) -> int:
+        return len(self.core.waiting)
+
+    def set_votes(self, votes: dict) -> None:
+        with self._cond:
+            self.core.votes = votes
+
+    def update(self, member: int, g: GTID | None) -> None:
+        with self._cond:
+            if not self.core.update(member, g):
                 return
-            self.durable[member] = g
-            mp = majority_point(self.durable, self._svc.votes) if self._svc.primary else None
-            done = self._sweep(time.monotonic()) if self._waiting else []
+            mp = self.core.majority_point() if self._svc.primary else None
+            done = self._sweep() if self.core.waiting else []
         if mp is not None:  # before the acknowledgements: a majority read then sees them
             self._svc.note_majority(mp)
-        for cb in done:
-            cb()
+        self._answer(done)
 
-    def reset(self) -> None:
+    def reset(self, member: int | None = None, last: GTID | None = None) -> None:
         with self._cond:
-            self.durable = {}
+            self.core.reset(member, last)
 
-    def fail_all(self, make_err) -> None:
+    def step_down(self, member: int) -> None:
         with self._cond:
-            waiting, self._waiting = self._waiting, []
-        for g, _, _, _, fail in waiting:
-            fail(make_err(g))
+            done = self.core.step_down(member)
+        self._answer(done)
 
     def majority_point(self) -> GTID | None:
-        from raymx.actors.replication import majority_point
         with self._cond:
-            return majority_point(dict(self.durable), self._svc.votes)
+            return self.core.majority_point()
 
     def wait(self, g: GTID, w, wtimeout_ms, ok, fail) -> None:
-        from raymx.actors.replication import majority
-        n_members = len(self._svc.votes)
-        need = majority(list(self._svc.votes.values())) if w == "majority" else w
-        if not isinstance(need, int) or need < 0 or need > n_members:
-            return fail(errors.WriteConcernTimeout(
-                f"w={w!r} cannot be satisfied by {n_members} members; the write committed "
-                f"at {g} and was not undone", gtid=list(g)))
-        deadline = None if not wtimeout_ms else time.monotonic() + wtimeout_ms / 1000
+        deadline = None if not wtimeout_ms else _mono_ms() + int(wtimeout_ms)
         with self._cond:
-            self._waiting.append((g, w, deadline, ok, fail))
+            err = self.core.wait(g, w, deadline, (ok, fail))
             self._cond.notify()
+        if err is not None:
+            fail(err)
 
     def _run(self):
         while True:
             with self._cond:
-                now = time.monotonic()
-                dl = [d for _, _, d, _, _ in self._waiting if d is not None]
-                self._cond.wait(min(1.0, max(0.0, min(dl) - now)) if dl else 1.0)
-                done = self._sweep(time.monotonic())
-            for cb in done:
-                cb()
+                d = self.core.next_deadline()
+                self._cond.wait(min(1.0, max(0.0, (d - _mono_ms()) / 1000)) if d else 1.0)
+                done = self._sweep()
+            self._answer(done)
 
-    def _sweep(self, now: float) -> list:
-        """With the lock held: take every waiter that is acknowledged, timed out
-        or deposed off the list; returns their callbacks (run them unlocked)."""
-        from raymx.actors.replication import acknowledged
-        done, keep = [], []
-        term = self._svc.e.term if self._waiting else 0
-        for item in self._waiting:
-            g, w, d, ok, fail = item
-            if term > g.term or not self._svc.primary:
-                # a newer term exists: this primary is deposed, and positions
-                # it hears may belong to another branch; never acknowledge
-                done.append(lambda fail=fail, g=g: fail(errors.NotPrimary(
-                    f"the write at {g} was not acknowledged before a newer term began;"
-                    " its outcome is unknown", gtid=list(g), outcome="unknown")))
-            elif acknowledged(g, w, self.durable, self._svc.votes):
-                done.append(ok)
-            elif d is not None and now >= d:
-                have = sum(1 for x in self.durable.values() if x is not None and x >= g)
-                done.append(lambda fail=fail, g=g, w=w, have=have: fail(
-                    errors.WriteConcernTimeout(
-                        f"write at {g} reached {have} member(s), w={w!r} not met in "
-                        "time; it stays committed (a timeout is not a rollback)",
-                        gtid=list(g))))
+    def _sweep(self) -> list:
+        return self.core.sweep(_mono_ms(), self._svc.e.term, self._svc.primary)
+
+    @staticmethod
+    def _answer(done: list) -> None:
+        """Outside the lock: the callbacks answer clients."""
+        for (ok, fail), err in done:
+            if err is None:
+                ok()
             else:
-                keep.append(item)
-        self._waiting = keep
-        return done
+                fail(err)
+
+
+def _mono_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 class _Session:
@@ -479,15 +466,14 @@ class ShardService:
     def trim_once(self, now_ms: int | None = None) -> dict:
         """Trim to the cap in small transactions on the writer; writes queued
         meanwhile run between them. Returns the trim state (also in status)."""
-        from raymx.actors.replication import applied_point, trim_bound
+        from raymx.actors.core.replication import applied_point, trim_bound
         cap = self.oplog_cap
         max_bytes, age_s = cap.get("max_bytes"), cap.get("max_age_s")
         if not max_bytes and not age_s:
             self.trim["held_by"] = None
             return self.trim
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        with self.wc._cond:
-            durable = dict(self.wc.durable)
+        durable = self.wc.positions()
         bound, why = trim_bound(self.majority_known, applied_point(self.e), durable,
                                 dict(self.heard_ms), now, self.limits.heartbeat_timeout_ms,
                                 self.member_id, bool(cap.get("force")), dict(self.trim_holds))
@@ -529,18 +515,15 @@ class ShardService:
     def set_votes(self, votes: dict[int, int]) -> None:
         """Reconfiguration: majorities follow the new membership at once."""
         self.votes = dict(votes)
+        self.wc.set_votes(self.votes)
         self.group.eager = len(self.votes) > 1
         for m in votes:
             self.heard_ms.setdefault(m, int(time.time() * 1000))
 
     def sees_majority(self, now_ms: int) -> bool:
         """Can this primary still reach a majority of voting members (itself included)?"""
-        from raymx.actors.replication import majority
-        if len(self.votes) == 1:
-            return True
-        up = sum(1 for m, v in self.votes.items() if v > 0 and (
-            m == self.member_id or now_ms - self.heard_ms.get(m, 0) < self.limits.heartbeat_timeout_ms))
-        return up >= majority(list(self.votes.values()))
+        return sees_majority(self.votes, self.heard_ms, self.member_id, now_ms,
+                             self.limits.heartbeat_timeout_ms)
 
     def become_primary(self, term: int) -> None:
         """Accept writes under ``term`` (already durable), continuing the seq."""
@@ -550,9 +533,8 @@ class ShardService:
         self.e.sync()  # what this member wrote as a secondary: durable before any write
         self.group.reset(last if last.seq else None)
         self._unwritten.clear()  # n entries a past term owed: the oplog moved on without them
-        self.wc.reset()
-        if last.seq:  # its own position is known now (synced above), not at its next write
-            self.wc.durable[self.member_id] = last
+        # its own position is known now (synced above), not at its next write
+        self.wc.reset(self.member_id, last)
         self.heard_ms = {m: int(time.time() * 1000) for m in self.votes}  # grace period
         self.handing_over = False
         self.primary = True
@@ -565,9 +547,7 @@ class ShardService:
         self.handing_over = True
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            with self.wc._cond:
-                waiting = len(self.wc._waiting)
-            if not waiting and not self._arrived and not self._q.unfinished_tasks \
+            if not self.wc.waiting() and not self._arrived and not self._q.unfinished_tasks \
                     and not self._wlock.locked():
                 return True
             time.sleep(0.002)
@@ -583,10 +563,7 @@ class ShardService:
         """
         self.primary = False
         self.handing_over = False
-        self.wc.fail_all(lambda g: errors.NotPrimary(
-            f"member {self.member_id} stepped down before the write at {g} was acknowledged; "
-            "its outcome is unknown", gtid=list(g), outcome="unknown"))
-        self.wc.reset()
+        self.wc.step_down(self.member_id)
 
     # --- dispatch --------------------------------------------------------
     def handle(self, req: dict, reply: Reply, conn: dict) -> None:
@@ -843,7 +820,7 @@ class ShardService:
 
     def _deposed(self) -> errors.NotPrimary | None:
         """NotPrimary if this member may no longer write (checked before a GTID is taken)."""
-        if not self.primary or self.e.term > self.gm.term:
+        if deposed(self.primary, self.e.term, self.gm.term):
             self.primary = False
             return errors.NotPrimary(f"member {self.member_id} was deposed (a higher term "
                                      "exists); nothing was written", member=self.member_id)
@@ -1288,7 +1265,7 @@ class ShardService:
 
     def wait_applied(self, g: GTID, timeout_ms: int) -> None:
         """Read-after-GTID: block until this member has applied ``g``."""
-        from raymx.actors.replication import applied_point
+        from raymx.actors.core.replication import applied_point
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             cur = applied_point(self.e)

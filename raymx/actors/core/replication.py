@@ -139,6 +139,51 @@ class FeederCore:
                                   "applied": None if applied is None else GTID(*applied),
                                   "at_ms": now_ms}
 
+    def admit(self, term: int, self_id: int) -> dict | None:
+        """A pull from a caller that knows ``term``: None to serve it, or the
+        ``stale_term`` answer after recording the newer term durably (this
+        member, if it was primary, is deposed: it must not ship entries or
+        gather acknowledgements any more)."""
+        mine = self.e.term
+        if term <= mine:
+            return None
+        self.e.set_term(term)
+        return {"status": "stale_term", "term": term,
+                "reason": f"member {self_id} was at term {mine} < {term}"}
+
+    def answer(self, after, after_h, max_entries: int, max_bytes: int, term: int,
+               member: int, self_id: int, primary: bool, caller: dict | None,
+               now_ms: int) -> tuple[dict, dict | None, bool]:
+        """One answer of a pull served at ``term`` (the member's term when it
+        arrived): the entries after ``after``, with the majority point this
+        feeder vouches for. ``caller``: the positions the pull reports
+        (``durable``, ``applied``, ``downstream``), on its first answer only;
+        they count as ``vouch`` says. Returns (answer, the positions now known
+        if ``caller`` was given, whether the majority point moved)."""
+        out = self.pull(after, after_h, max_entries, max_bytes)
+        out["term"] = term
+        report = None
+        if caller is not None:
+            d, a, down = self.vouch(out["status"] == "ok", after, caller.get("durable"),
+                                    caller.get("applied"), caller.get("downstream"), member,
+                                    self_id)
+            self.report(member, d, a, now_ms)
+            for m, p in down.items():
+                self.report(int(m), p.get("durable"), p.get("applied"), p.get("at_ms", now_ms))
+            report = dict(self.positions)
+        before = self.majority(self_id, primary)
+        if out["status"] == "diverged":
+            self.validated.pop(member, None)
+        elif out["status"] == "ok" and after is not None and after_h is not None \
+                and tuple(after) != tuple(ZERO):
+            cur = self.validated.get(member)  # the caller holds ``after`` with our hash
+            if cur is None or GTID(*after) > cur:
+                self.validated[member] = GTID(*after)
+        mj = self.majority(self_id, primary)
+        if mj is not None:
+            out["majority"] = list(mj)
+        return out, report, mj != before
+
     def pull(self, after, after_h: int | None, max_entries: int, max_bytes: int) -> dict:
         """Entries after ``after`` up to ``limit``; or ``diverged`` / ``too_stale``."""
         max_entries = min(max_entries, self.limits.pull_entries_max)

@@ -161,6 +161,37 @@ class ElectionCore:
             return proposed
         return max(eligible, key=lambda v: (v.priority, -v.id)).id
 
+    def call(self, a: Action) -> tuple[str, tuple]:
+        """The member call that carries out ``a`` (an ``elect`` after its fence)."""
+        if a.kind == "elect":
+            return "become_primary", (a.term,)
+        if a.kind == "catch_up":
+            return "follow", (self.term, a.source)
+        if a.kind == "follow":
+            return "follow", (a.term, a.source)
+        return "step_down", (a.term,)
+
+    def fence(self, a: Action) -> list[int]:
+        """An election starts with its fence (Raft's vote): every member that is
+        not known down is sent the new term in a heartbeat; they record it
+        durably (from then on they refuse entries from, and acknowledgements to,
+        older terms) and answer with their last GTID as of after that. A term
+        once sent is never handed out again. Returns whom to send it to: the
+        members that answer heartbeats (waiting for one that does not would
+        only delay the election)."""
+        self.term = max(self.term, a.term)
+        return [v.id for v in self.members.values() if v.alive]
+
+    def fenced(self, a: Action, answers: dict[int, dict], now_ms: int) -> int | None:
+        """The fence's answers are in (those that came in time): the winner among
+        the members that recorded ``a.term``, or None (no majority, or nobody
+        eligible: the next tick tries again)."""
+        for mid, r in answers.items():
+            self.on_heartbeat(mid, r, now_ms)
+        return self.choose_winner([self.members[m] for m, r in answers.items()
+                                   if m in self.members and r.get("term") == a.term],
+                                  a.member)
+
     def sync_source_for(self, v: View) -> int | None:
         """The configured source if it is alive and not this member, else the primary."""
         src = v.sync_source
@@ -319,7 +350,7 @@ def _majority_of(ids) -> int:
 def committed_point(specs: list[dict], durable: dict[int, GTID | None]) -> GTID | None:
     """The majority-committed point under configuration ``specs``, from the
     primary's view of durable positions (a change captures it once, at its start)."""
-    from raymx.actors.replication import majority_point
+    from raymx.actors.core.replication import majority_point
     return majority_point(durable, {s["id"]: s.get("votes", 1) for s in specs})
 
 
@@ -352,3 +383,21 @@ def config_change_blockers(old: list[dict], new: list[dict], recorded: list[int]
                        + ("majority-committed point)" if what == "new" else
                           "primary's last entry under the configuration before)"))
     return out
+
+
+def change_blockers(core: ElectionCore, version: int, old: list[dict], new: list[dict],
+                    start: dict, state: dict | None) -> list[str]:
+    """What a voter change from ``old`` (configuration ``version``) to ``new``
+    waits for, from the primary's ``commit_state`` answer (``state``; None if
+    there is no primary or it did not answer). The committed point waited for
+    is the one when the change began (kept in ``start``, per primary), so a
+    busy primary's newer writes never keep the change waiting."""
+    recorded = core.config_committed(version, old)
+    prim, committed, fence, durable = core.primary, None, None, {}
+    if prim is not None and state is not None and state.get("primary"):
+        durable = {int(m): GTID(*g) for m, g in state["durable"].items()}
+        committed = start.setdefault(prim, committed_point(old, durable))
+        fence = None if state.get("fence") is None else GTID(*state["fence"])
+    else:
+        prim = None
+    return config_change_blockers(old, new, recorded, prim, committed, fence, durable)

@@ -1,0 +1,134 @@
+"""A member's role, term and configuration decisions (pure).
+
+``MemberCore`` is what the election coordinator talks to: heartbeats carry
+terms, ``follow``/``step_down``/``become_primary`` change the role,
+``set_config`` the configuration. It persists what must survive a crash
+through the engine (the term, the configuration) before answering, and
+returns what the shell must do next (step down the serving side); the shell
+(``raymx.actors.member.OplogShard``) owns the actors it calls and the
+locks; the simulation (``tests/sim.py``) drives the same methods.
+
+``serving`` and ``lead_term`` are the write side's view (the shell's
+``ShardService.primary`` and its GTID manager's term): a commit that finds a
+newer term clears ``serving`` alone, so the role decides whether a member
+still has to step down fully (the ``deposed_role_stuck`` bug).
+"""
+from __future__ import annotations
+
+from raymx.storage.engine import Engine
+from raymx.storage.gtid import GTID
+
+# sync states of a secondary (see ``state``)
+RUNNING, RECOVERING, RESYNC, SYNCHRONIZING = "running", "recovering", "resync", "synchronizing"
+
+
+class MemberCore:
+    def __init__(self, engine: Engine, member_id: int):
+        self.e = engine
+        self.member_id = member_id
+        self.role = "secondary"
+        self.following: list | None = None  # [source, term] as follow() set it
+        cfg = engine.get_meta("rs_config") or {}
+        self.config_version: int = cfg.get("version", 0)
+        # a secondary serves reads only once a sync source confirmed its last
+        # entry (after each start, step-down, follow and rollback): until then
+        # its data may be a diverged branch
+        self.sync_state = RESYNC if engine.get_meta("needs_resync") else RECOVERING
+        self.synchronizing = engine.get_meta("initial_sync") is not None
+        # the primary's last entry when it became primary or installed the
+        # current configuration: every write acknowledged before is at most this
+        self.fence: GTID | None = None
+
+    # --- terms and roles -------------------------------------------------
+    def is_primary(self, serving: bool) -> bool:
+        return self.role == "primary" or serving
+
+    def learn_term(self, term: int, serving: bool, lead_term: int) -> bool:
+        """Record a higher term durably; True if this member must step down."""
+        if term > self.e.term:
+            self.e.set_term(term)  # synced before the answer
+            if self.role != "primary" and self.sync_state == RUNNING:
+                # entries from the old term's primary may not be on the new
+                # primary's branch: no reads until a source of this term confirms
+                self.sync_state = RECOVERING
+        return term >= self.e.term and self.is_primary(serving) and term > lead_term
+
+    def heartbeat(self, term: int, serving: bool, lead_term: int) -> bool:
+        """The coordinator's heartbeat; True if this member must step down: a
+        newer term, or deposed between heartbeats (a pull or a commit saw a
+        higher term), so the coordinator elects again instead of waiting on it."""
+        down = self.learn_term(term, serving, lead_term)
+        return down or (self.role == "primary" and (not serving or self.e.term > lead_term))
+
+    def follow(self, term: int, source: int | None, serving: bool, lead_term: int) -> bool:
+        """Be a secondary of ``term`` pulling from ``source``; True if it must
+        step down first. The shell then points its producer at ``source`` and
+        calls ``following_now``."""
+        self.learn_term(term, serving, lead_term)
+        return self.is_primary(serving)
+
+    def following_now(self, source: int, term: int) -> None:
+        self.following = [source, term]
+
+    def step_down(self, term: int, serving: bool, lead_term: int) -> bool:
+        self.learn_term(term, serving, lead_term)
+        return self.is_primary(serving)
+
+    def became_primary(self, last: GTID) -> None:
+        self.role = "primary"
+        self.following = None
+        self.fence = last  # every committed entry is at most this
+
+    def became_secondary(self) -> None:
+        self.following = None
+        self.sync_state = RECOVERING  # it may hold writes the new primary lacks
+        self.role = "secondary"
+
+    def on_sync_state(self, state: str) -> None:
+        """The producer's view: "running" once a pull from its sync source
+        confirmed this member's last entry; "recovering" or "resync" when not."""
+        if self.role != "primary" and state in (RUNNING, RECOVERING, RESYNC):
+            self.sync_state = state
+
+    def state(self) -> str:
+        """running; synchronizing (initial sync: never elected, see DESIGN 4);
+        resync; recovering (a secondary whose position no sync source has
+        confirmed since it started, stepped down or rolled back: it may be
+        elected, it serves no reads)."""
+        if self.synchronizing or self.e.get_meta("initial_sync") is not None:
+            return SYNCHRONIZING
+        if self.e.get_meta("needs_resync"):
+            return RESYNC
+        return RUNNING if self.role == "primary" else self.sync_state
+
+    def read_refusal(self) -> str | None:
+        """Why reads are refused here now (memory only: it runs on every read)."""
+        if self.role == "primary":
+            return None
+        if self.synchronizing:
+            return SYNCHRONIZING
+        return None if self.sync_state == RUNNING else self.sync_state
+
+    def reply(self, lead_term: int) -> dict:
+        """The heartbeat's answer (the shell adds its own fields)."""
+        last, h = self.e.last()
+        return {"term": self.e.term, "last": list(last), "h": h, "role": self.role,
+                "following": self.following, "state": self.state(),
+                "config_version": self.config_version,
+                "lead_term": lead_term if self.role == "primary" else None}
+
+    # --- configuration -----------------------------------------------------
+    def set_config(self, config: dict, serving: bool) -> bool:
+        """A newer configuration, kept durably (a restarted coordinator rebuilds
+        the newest one from the members); False if it is not newer. The shell
+        then applies its votes (majorities follow at once)."""
+        cur = self.e.get_meta("rs_config")
+        if cur is not None and cur["version"] >= config["version"]:
+            return False
+        self.e.put_meta("rs_config", config)
+        self.e.sync()
+        self.config_version = config["version"]
+        if self.is_primary(serving):
+            # writes acknowledged under the configuration before are at most this
+            self.fence = self.e.last()[0]
+        return True
