@@ -31,8 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from raymx import errors
-from raymx.storage import codec, oplog, query, update as upd
+from raymx.storage import codec, errors, oplog, query, update as upd
 from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.keys import encode_key, encode_keys, prefix_end
 from raymx.storage.limits import DEFAULT, Limits
