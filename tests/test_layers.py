@@ -114,3 +114,16 @@ def test_errors_pickle_and_travel_as_the_same_class():
     back = raymx.errors.from_wire(raymx.storage.errors.NotPrimary("no", term=3).to_wire())
     assert type(back) is raymx.errors.NotPrimary and back.info == {"term": 3}
     assert type(raymx.errors.from_wire({"err": "Nope", "msg": "x"})) is raymx.errors.RaymxError
+
+
+def test_engine_still_exports_what_its_importers_use():
+    """engine.py was split into catalog, reader, transaction and engine; the
+    names code outside raymx.storage imports from raymx.storage.engine stay
+    there, as the same objects as in their new modules."""
+    from raymx.storage import catalog, engine, reader, transaction
+    used = {"Engine", "Reader", "Transaction", "WriteResult", "split_ns", "RANGE_KEY",
+            "RangeRecord", "entry_chunks", "_applied_in", "Stats"}
+    assert used <= set(engine.__all__)
+    for n in engine.__all__:
+        homes = [m for m in (catalog, reader, transaction, engine) if n in vars(m)]
+        assert homes and all(vars(m)[n] is getattr(engine, n) for m in homes), n
