@@ -20,8 +20,7 @@ resumes exactly after it, also in the middle of a multi-document transaction.
 """
 from __future__ import annotations
 
-from raymx import errors
-from raymx.storage import codec
+from raymx.storage import codec, errors
 from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.keys import prefix_end
 

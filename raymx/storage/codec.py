@@ -12,7 +12,7 @@ import threading
 
 import msgpack
 
-from raymx.errors import CorruptEntry, DocumentTooLarge, InvalidDocument, ProtocolError
+from raymx.storage.errors import CorruptEntry, DocumentTooLarge, InvalidDocument, ProtocolError
 
 _SCALARS = (type(None), bool, int, float, str, bytes)
 _I64_MIN, _U64_MAX = -(1 << 63), (1 << 64) - 1

@@ -24,7 +24,7 @@ import math
 import operator
 import struct
 
-from raymx.errors import InvalidDocument
+from raymx.storage.errors import InvalidDocument
 
 T_NULL = 0x05
 T_NUM = 0x10

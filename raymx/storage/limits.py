@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from raymx.errors import ConfigError
+from raymx.storage.errors import ConfigError
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -16,7 +16,7 @@ import threading
 
 import lmdb
 
-from raymx import errors
+from raymx.storage import errors
 from raymx.storage.store import DBS, _TxnBase
 
 # LMDB refuses to open one path twice in a process, so environments are shared

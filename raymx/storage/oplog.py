@@ -27,8 +27,8 @@ from __future__ import annotations
 import hashlib
 import struct
 
-from raymx.errors import CorruptEntry, IrreversibleOp
 from raymx.storage import codec
+from raymx.storage.errors import CorruptEntry, IrreversibleOp
 from raymx.storage.gtid import GTID
 
 OP_TYPES = ("i", "u", "d", "c", "n")

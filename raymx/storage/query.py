@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Container, Iterable, NamedTuple
 
-from raymx.errors import InvalidDocument, InvalidFilter
+from raymx.storage.errors import InvalidDocument, InvalidFilter
 from raymx.storage.keys import END, T_ARR, T_NULL, encode_key
 
 

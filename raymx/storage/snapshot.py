@@ -30,9 +30,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from raymx import errors
-from raymx.storage import codec, oplog
-from raymx.storage.engine import RANGE_KEY, Engine, RangeRecord, _applied_in, entry_chunks
+from raymx.storage import codec, errors, oplog
+from raymx.storage.catalog import RANGE_KEY, RangeRecord, _applied_in, entry_chunks
+from raymx.storage.engine import Engine
 from raymx.storage.gtid import GTID, ZERO
 
 SNAPSHOT_DBS = ("docs", "index")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from raymx.errors import InvalidDocument, InvalidFilter, InvalidUpdate
+from raymx.storage.errors import InvalidDocument, InvalidFilter, InvalidUpdate
 from raymx.storage.keys import encode_key
 from raymx.storage.query import MISSING, compile_filter
 

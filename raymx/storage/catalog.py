@@ -1,0 +1,231 @@
+"""Names, ids, catalog records and the small records the engine keeps.
+
+What the reader, the transaction and the engine all use, so it sits below
+them (raymx/storage/engine.py describes the key layout): namespace checks
+(``split_ns``), generated ``_id``s (``new_id``), index keys and names, a
+collection's parsed catalog record (``CollInfo``, ``IndexInfo``), the range
+record (``RangeRecord`` under ``RANGE_KEY``), a stored oplog entry's form
+(``entry_inline``, ``entry_chunks``), the applied point (``_applied_in``)
+and what statements, trims and queries report (``WriteResult``,
+``TrimResult``, ``Stats``).
+"""
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+
+from raymx.storage import codec, errors, oplog
+from raymx.storage.gtid import GTID
+from raymx.storage.limits import DEFAULT, Limits
+
+_U32 = struct.Struct(">I")
+_BAD_DB_CHARS = set('/\\. "$*<>:|?\x00')
+RANGE_KEY = b"range"
+_ENTRY_TS = codec.map_header(3) + codec.pack("ts")
+_ENTRY_H = codec.pack("h")
+_ENTRY_OPS = codec.pack("ops")
+
+
+def entry_inline(v: bytes) -> bool:
+    """Whether a stored oplog entry holds its ops (``_append`` writes those as a
+    3-field map starting with ``ts``) rather than a reference to spilled chunks."""
+    return v.startswith(_ENTRY_TS)
+
+
+def entry_chunks(t, v: bytes) -> list[bytes]:
+    """The spilled chunks of a stored oplog entry, read in order; none when
+    inline (told by its first bytes, without decoding it)."""
+    if entry_inline(v):
+        return []
+    e = codec.unpack(v, "oplog entry")
+    return [t.get("oplog.refs", oplog.spill_key(e["ref"], i)) for i in range(e["chunks"])]
+
+
+def _applied_in(t) -> GTID | None:
+    """The entry before the first unapplied one (the unapplied table's first key
+    is the exact minimum unapplied GTID), or the oplog's last if none is."""
+    mu = t.first("unapplied")
+    if mu is None:
+        last = t.last("oplog")
+        return None if last is None else GTID.from_bytes(last[0])
+    prev = next(iter(t.scan("oplog", None, mu[0], reverse=True)), None)
+    return None if prev is None else GTID.from_bytes(prev[0])
+
+
+# --- names and ids -------------------------------------------------------
+_VALID_NS: dict[str, tuple[str, str]] = {}
+
+
+def split_ns(ns, limits: Limits = DEFAULT) -> tuple[str, str]:
+    """Validate ``"db.coll"`` and return its parts; raise InvalidName otherwise."""
+    hit = _VALID_NS.get(ns) if type(ns) is str else None
+    if hit is not None:
+        return hit
+    if type(ns) is not str or "." not in ns:
+        raise errors.InvalidName(f"namespace {ns!r} must be a string 'db.collection'")
+    db, coll = ns.split(".", 1)
+    if not db or len(db) > 64 or _BAD_DB_CHARS & set(db):
+        raise errors.InvalidName(f"invalid database name {db!r}: 1-64 characters, none of "
+                                 "/\\. \"$*<>:|? or NUL")
+    if (not coll or len(coll) > limits.name_chars_max or "$" in coll or "\x00" in coll
+            or coll.startswith((".", "system.")) or coll.endswith(".")):
+        raise errors.InvalidName(f"invalid collection name {coll!r}: 1-{limits.name_chars_max} "
+                                 "characters, no '$' or NUL, not starting with 'system.' or '.'")
+    if len(_VALID_NS) < 100_000:
+        _VALID_NS[ns] = (db, coll)
+    return db, coll
+
+
+_OID_PROC = os.urandom(5).hex()
+_oid_lock = threading.Lock()
+_oid_counter = [int.from_bytes(os.urandom(3), "big")]
+
+
+def new_id() -> str:
+    """A time-ordered 24-hex-digit id (seconds, process nonce, counter), like ObjectId."""
+    with _oid_lock:
+        _oid_counter[0] = (_oid_counter[0] + 1) & 0xFFFFFF
+        c = _oid_counter[0]
+    return f"{int(time.time()) & 0xFFFFFFFF:08x}{_OID_PROC}{c:06x}"
+
+
+def normalize_index_key(key) -> list[list]:
+    """Accept ``"a"``, ``[("a", 1), ("b", -1)]`` or ``{"a": 1}``; return ``[[path, dir]]``."""
+    if isinstance(key, str):
+        key = [(key, 1)]
+    elif isinstance(key, dict):
+        key = list(key.items())
+    if not isinstance(key, (list, tuple)) or not key:
+        raise errors.InvalidOperation(f"index key {key!r} must be a field name, a list of "
+                                      "(field, direction) pairs or a dict")
+    out = []
+    for item in key:
+        if isinstance(item, str):
+            item = (item, 1)
+        if (not isinstance(item, (list, tuple)) or len(item) != 2 or not isinstance(item[0], str)
+                or not item[0] or item[0].startswith("$") or item[1] not in (1, -1)):
+            raise errors.InvalidOperation(f"bad index key element {item!r}: "
+                                          "expected (field, 1 or -1)")
+        out.append([item[0], int(item[1])])
+    if len({p for p, _ in out}) != len(out):
+        raise errors.InvalidOperation(f"index key {key!r} repeats a field")
+    return out
+
+
+def index_name(key: list[list]) -> str:
+    return "_".join(f"{p}_{d}" for p, d in key)
+
+
+@dataclass
+class IndexInfo:
+    name: str
+    id: int
+    key: list  # [[path, dir], ...]
+    unique: bool
+    prefix: bytes = field(init=False, repr=False, compare=False)
+    single: str | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        self.prefix = _U32.pack(self.id)
+        # the field of a one-field index over a top-level path (no dots)
+        p = self.key[0][0] if len(self.key) == 1 else "."
+        self.single = None if "." in p else p
+
+    def spec(self) -> dict:
+        return {"key": self.key, "unique": self.unique}
+
+
+@dataclass
+class CollInfo:
+    ns: str
+    id: int
+    indexes: dict[str, IndexInfo] = field(default_factory=dict)
+    prefix: bytes = field(init=False, repr=False, compare=False)
+    # (field, prefix) of the one-field, non-unique indexes over a top-level
+    # field (``_index`` writes their key directly), and every other index
+    plain: list = field(init=False, repr=False, compare=False)
+    general: list = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        self.prefix = _U32.pack(self.id)
+        ixs = self.indexes.values()
+        self.plain = [(ix.single, ix.prefix) for ix in ixs
+                      if not ix.unique and ix.single is not None]
+        self.general = [ix for ix in ixs if ix.unique or ix.single is None]
+
+    def record(self) -> bytes:
+        return codec.pack({"id": self.id, "indexes": {
+            n: {"id": i.id, "key": i.key, "unique": i.unique} for n, i in self.indexes.items()}})
+
+    @classmethod
+    def from_record(cls, ns: str, b: bytes) -> "CollInfo":
+        r = codec.unpack(b, "catalog record")
+        return cls(ns, r["id"], {n: IndexInfo(n, i["id"], i["key"], i["unique"])
+                                 for n, i in r["indexes"].items()})
+
+
+# --- results -------------------------------------------------------------
+@dataclass
+class WriteResult:
+    """What a statement did. ``gtid`` is set once its transaction commits."""
+
+    inserted_ids: list = field(default_factory=list)
+    matched: int = 0
+    modified: int = 0
+    deleted: int = 0
+    upserted_id: object = None
+    gtid: GTID | None = None
+
+
+@dataclass
+class RangeRecord:
+    """The durable range of a member's oplog (after JE's VLSNIndex)."""
+
+    first: GTID | None = None
+    last: GTID | None = None
+    last_applied: GTID | None = None
+    majority: GTID | None = None
+    terms: list = field(default_factory=list)  # [[term, first seq], ...]
+
+    def pack(self) -> bytes:
+        g = lambda x: None if x is None else list(x)  # noqa: E731
+        return codec.pack({"first": g(self.first), "last": g(self.last),
+                           "last_applied": g(self.last_applied), "majority": g(self.majority),
+                           "terms": self.terms})
+
+    @classmethod
+    def unpack(cls, b: bytes) -> "RangeRecord":
+        r = codec.unpack(b, "range record")
+        g = lambda x: None if x is None else GTID(*x)  # noqa: E731
+        return cls(g(r["first"]), g(r["last"]), g(r["last_applied"]), g(r["majority"]),
+                   r["terms"])
+
+    def extend(self, gtid: GTID) -> None:
+        if self.first is None:
+            self.first = gtid
+        if not self.terms or self.terms[-1][0] != gtid.term:
+            self.terms.append([gtid.term, gtid.seq])
+        self.last = gtid
+
+
+@dataclass
+class TrimResult:
+    """What one trim transaction did (``Engine.trim_oplog``)."""
+
+    trimmed: int = 0          # entries dropped (with their spilled chunks)
+    first: GTID | None = None  # the oplog's first entry afterwards
+    bytes: int = 0            # oplog + oplog.refs size afterwards
+    more: bool = False        # stopped at max_entries with more over the cap
+    held: bool = False        # over the cap, but keep_from stopped it
+
+
+# --- what a query did -----------------------------------------------------
+class Stats:
+    """Counters a query fills in; tests use ``examined`` to see index use."""
+
+    def __init__(self):
+        self.examined = 0
+        self.plan = None

@@ -1,0 +1,222 @@
+"""raymx.storage.errors: every error a user or an operator can see.
+
+The classes live here, at the bottom of the package, because the storage
+layer raises most of them (bad documents, filters and names, duplicate keys,
+corrupt or trimmed oplog entries) and ``raymx.storage`` imports nothing from
+the user-facing ``raymx`` package above it (tests/test_layers.py checks).
+``raymx.errors`` re-exports every name in ``__all__``: the same class
+objects, so ``except raymx.errors.X`` catches what storage raises, and
+either import path may be used.
+
+Errors cross the client port as ``{"err": <class name>, "msg": ..., "info": {...}}``
+(``RaymxError.to_wire``) and are rebuilt on the driver as the same class
+(``from_wire``), so ``except raymx.errors.X`` works the same in-process and
+across the wire. Add new errors here only, and list them in ``__all__`` here
+and in raymx/errors.py.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "RaymxError", "InvalidInput", "InvalidDocument", "DocumentTooLarge", "TransactionTooLarge",
+    "InvalidName", "InvalidFilter", "InvalidUpdate", "InvalidOperation", "DuplicateKey",
+    "SchemaMismatch", "CollectionNotFound", "IndexNotFound", "ProtocolError",
+    "AuthenticationFailed", "CorruptEntry", "BatchRefused", "NotPrimary",
+    "NotPrimaryOrSecondary", "PrimaryUnavailable", "WriteConcernTimeout", "ReadConcernTimeout",
+    "StaleRead", "Diverged", "TooStale", "OplogTrimmed", "StaleTerm", "IrreversibleOp",
+    "ShutDown", "ConnectionLost", "RequestTimeout", "TransactionAborted", "DiskFailed",
+    "ConfigError", "from_wire",
+]
+
+
+class RaymxError(Exception):
+    """Base class. ``info`` carries structured details (a GTID, a field name)."""
+
+    retryable = False
+
+    def __init__(self, msg: str = "", **info):
+        super().__init__(msg)
+        self.msg = msg
+        self.info = info
+
+    def to_wire(self) -> dict:
+        return {"err": type(self).__name__, "msg": self.msg, "info": self.info}
+
+
+# --- bad input: the caller can fix these; nothing was written -------------
+class InvalidInput(RaymxError):
+    """Base of errors caused by what the caller sent."""
+
+
+class InvalidDocument(InvalidInput):
+    """A document or value msgpack cannot carry, a non-string key, a bad _id."""
+
+
+class DocumentTooLarge(InvalidInput):
+    """A document is over ``Limits.document_bytes_max``."""
+
+
+class TransactionTooLarge(InvalidInput):
+    """A transaction's ops are over ``Limits.transaction_bytes_max``."""
+
+
+class InvalidName(InvalidInput):
+    """A database, collection or index name that is not allowed."""
+
+
+class InvalidFilter(InvalidInput):
+    """A malformed filter or an unknown query operator."""
+
+
+class InvalidUpdate(InvalidInput):
+    """A malformed update or an unknown update operator."""
+
+
+class InvalidOperation(InvalidInput):
+    """An operation that does not make sense here (drop a missing index...)."""
+
+
+class DuplicateKey(InvalidInput):
+    """Duplicate ``_id`` or a unique-index violation; the statement wrote nothing."""
+
+
+class SchemaMismatch(InvalidInput):
+    """Documents that do not fit one DataFrame/Arrow schema (``info['field']``)."""
+
+
+class CollectionNotFound(InvalidInput):
+    pass
+
+
+class IndexNotFound(InvalidInput):
+    pass
+
+
+# --- wire and replication input ------------------------------------------
+class ProtocolError(RaymxError):
+    """A malformed, oversized or unauthenticated frame on the client port."""
+
+
+class AuthenticationFailed(ProtocolError):
+    pass
+
+
+class CorruptEntry(RaymxError):
+    """An oplog entry that does not decode or names an unknown op."""
+
+
+class BatchRefused(RaymxError):
+    """A replication batch with a gap, a broken hash chain or a bad entry."""
+
+
+# --- replication state ----------------------------------------------------
+class NotPrimary(RaymxError):
+    """This member does not accept writes; retry on the primary."""
+
+    retryable = True
+
+
+class NotPrimaryOrSecondary(RaymxError):
+    """This member serves no reads now (``info["state"]``: recovering, resync or
+    synchronizing): its data may still be rolled back or replaced. Retry on
+    another member (the driver does)."""
+
+    retryable = True
+
+
+class PrimaryUnavailable(RaymxError):
+    """No primary is reachable right now (an election may be running)."""
+
+    retryable = True
+
+
+class WriteConcernTimeout(RaymxError):
+    """The write committed (``info['gtid']``) but was not acknowledged in time.
+
+    It is not undone: a timeout is not a rollback.
+    """
+
+
+class ReadConcernTimeout(RaymxError):
+    """The member did not apply the requested GTID within the timeout."""
+
+
+class StaleRead(RaymxError):
+    """No member satisfies the read's max-staleness bound."""
+
+
+class Diverged(RaymxError):
+    """The caller's position is not in this oplog with the same hash."""
+
+
+class TooStale(RaymxError):
+    """The requested position was trimmed from the oplog: resync needed."""
+
+
+class OplogTrimmed(TooStale):
+    """A resume token or revert target older than the oplog's first entry.
+
+    ``info["oldest"]`` is the oldest GTID still available (the oplog's first
+    entry): a change stream can resume from any token at or after the entry
+    before it; a revert can go back to it.
+    """
+
+
+class StaleTerm(RaymxError):
+    """A message from a lower term than this member has durably recorded."""
+
+
+class IrreversibleOp(RaymxError):
+    """Rollback or revert across an op that cannot be undone."""
+
+
+class ShutDown(RaymxError):
+    """The member or replica set is shutting down or shut down."""
+
+    retryable = True
+
+
+class ConnectionLost(RaymxError):
+    """The connection dropped; the outcome of an in-flight write is unknown."""
+
+    retryable = True
+
+
+class RequestTimeout(RaymxError, TimeoutError):
+    """No answer in time (``info``: ``request_id``; for a write ``outcome:
+    "unknown"``: it may still be applied, as with a lost connection)."""
+
+    @property
+    def request_id(self):
+        return self.info.get("request_id")
+
+
+class TransactionAborted(RaymxError):
+    """The transaction was aborted (timeout, conflict, member change)."""
+
+
+class DiskFailed(RaymxError):
+    """A sync (fsync) of the member's files failed. What it covered may not be
+    on disk, and a retry could report success over lost pages (PostgreSQL's
+    "fsyncgate"), so the member stops instead: nothing after it is
+    acknowledged as durable; a restart recovers from what reached the disk."""
+
+
+class ConfigError(RaymxError):
+    """An invalid replica set spec or limit."""
+
+
+def _all() -> dict[str, type[RaymxError]]:
+    out = {}
+    stack = [RaymxError]
+    while stack:
+        c = stack.pop()
+        out[c.__name__] = c
+        stack.extend(c.__subclasses__())
+    return out
+
+
+def from_wire(d: dict) -> RaymxError:
+    """Rebuild an error sent by ``RaymxError.to_wire``; unknown names become RaymxError."""
+    cls = _all().get(d.get("err"), RaymxError)
+    e = cls(d.get("msg", ""), **(d.get("info") or {}))
+    return e

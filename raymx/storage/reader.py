@@ -1,0 +1,269 @@
+"""Reading: ``Reader``, the queries over one store transaction.
+
+A read snapshot (``Engine.reader()``), or a write transaction seeing its own
+writes (``Transaction`` in raymx/storage/transaction.py extends it): query
+plans over the ``_id`` and secondary indexes, point-in-time answers (``at``)
+from the oplog's pre-images, and what a revert would undo.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from raymx.storage import codec, errors, oplog, query
+from raymx.storage.catalog import CollInfo, Stats, _applied_in, split_ns
+from raymx.storage.gtid import GTID, ZERO
+from raymx.storage.keys import encode_key, prefix_end
+
+if TYPE_CHECKING:
+    from raymx.storage.engine import Engine
+
+
+class _NotId:
+    """Paths that may hold arrays: every one but _id (an array _id is refused)."""
+
+    def __contains__(self, p) -> bool:
+        return p != "_id"
+
+
+_MULTIKEY = _NotId()
+
+
+def _range_bounds(prefix: bytes, b: query.Bounds):
+    """Key range [start, stop) for a one-field range condition on an index."""
+    lo, hi = b.low, b.high
+    tag = encode_key((lo or hi)[0])[:1]
+    start = prefix + tag
+    stop = prefix + bytes((tag[0] + 1,))
+    if lo is not None:
+        k = prefix + encode_key(lo[0])
+        start = k if lo[1] else (prefix_end(k) or stop)
+    if hi is not None:
+        k = prefix + encode_key(hi[0])
+        stop = (prefix_end(k) or stop) if hi[1] else k
+    return start, stop
+
+
+class Reader:
+    """Queries over one transaction (a read snapshot, or a write txn seeing its own writes).
+
+    ``at(point)`` makes its queries answer as of an older GTID (read concern
+    "majority": the majority-committed point): every document an op touched
+    after ``point`` is read as the pre-image of the first such op, from the
+    oplog; the rest as stored. One implementation with Spark's ``at=`` reads
+    (``overrides``)."""
+
+    def __init__(self, engine: "Engine", txn):
+        self.e = engine
+        self.t = txn
+        self.point: GTID | None = None  # answer as of this GTID (None: as stored)
+        self._ov: dict[str, dict | None] = {}
+
+    def at(self, point: GTID | None) -> "Reader":
+        """Answer as of ``point`` (None, or at/after this snapshot: as stored)."""
+        g = _applied_in(self.t) or ZERO
+        self.point = None if point is None or point >= g else point
+        self._until, self._ov = g, {}
+        return self
+
+    def overrides(self, ns: str, at: GTID, until: GTID) -> list[tuple[bytes, bytes | None]] | None:
+        """(pk, packed document as of ``at`` or None) for every document of ``ns``
+        an op changed in (at, until]: the pre-image of its first such op. None
+        if the collection did not exist at ``at`` (created in the range);
+        InvalidOperation if it was dropped in the range (a drop logs no documents)."""
+        first: dict[bytes, bytes | None] = {}
+        start = prefix_end(at.to_bytes()) if at != ZERO else None
+        for k, v in self.t.scan("oplog", start, prefix_end(until.to_bytes())):
+            for op in self.e.entry_ops(self.t, codec.unpack(v, "oplog entry")):
+                if op.get("ns") != ns:
+                    continue
+                kind = op["op"]
+                if kind == "c":
+                    if op["cmd"] == "create" and not first:
+                        return None  # created after `at`: it did not exist then
+                    if op["cmd"] == "drop":
+                        raise errors.InvalidOperation(
+                            f"{ns} was dropped at {GTID.from_bytes(k)}, after {at}, and a drop "
+                            f"does not log the documents: it cannot be read as of {at}; read "
+                            "it at a later GTID", ns=ns)
+                    continue
+                img = op["post"] if kind == "i" else op["pre"]
+                pk = encode_key(img["_id"])
+                if pk not in first:
+                    first[pk] = None if kind == "i" else codec.pack(op["pre"])
+        return sorted(first.items())
+
+    def _point_view(self, ns: str) -> dict | None:
+        """{pk: packed doc or None} as of ``self.point``; {"": None} when the
+        collection did not exist then. Computed once per collection."""
+        if ns not in self._ov:
+            ov = self.overrides(ns, self.point, self._until)
+            if self.point != ZERO and self.t.get("oplog", self.point.to_bytes()) is None:
+                first = self.t.first("oplog")
+                if first is not None and GTID.from_bytes(first[0]) > self.point:
+                    raise errors.TooStale(f"{self.point} is before the oplog's first entry")
+            self._ov[ns] = {b"": None} if ov is None else dict(ov)
+        return self._ov[ns]
+
+    def coll(self, ns: str) -> CollInfo | None:
+        """The catalog entry, parsed once per record version and shared: never
+        mutate it, save a new CollInfo instead."""
+        b = self.t.get("catalog", ns.encode())
+        if b is None:
+            return None
+        hit = self.e._catalog_cache.get(ns)
+        if hit is None or hit[0] != b:
+            hit = self.e._catalog_cache[ns] = (b, CollInfo.from_record(ns, b))
+        return hit[1]
+
+    def _get_pk(self, c: CollInfo, pk: bytes):
+        b = self.t.get("docs", c.prefix + pk)
+        return None if b is None else codec.unpack_document(b)
+
+    def _candidates(self, c: CollInfo, flt, stats: Stats) -> Iterator[tuple[bytes, dict]]:
+        bounds = query.extract_bounds(flt, multikey=_MULTIKEY)
+        b = bounds.get("_id")
+        if b is not None and b.points is not None:
+            stats.plan = "IDHACK"
+            for pk in sorted({encode_key(v) for v in b.points}):
+                d = self._get_pk(c, pk)
+                if d is not None:
+                    yield pk, d
+            return
+        if b is not None:
+            stats.plan = "IXSCAN _id_"
+            start, stop = _range_bounds(c.prefix, b)
+            for k, v in self.t.scan("docs", start, stop):
+                yield k[4:], codec.unpack_document(v)
+            return
+        best = None
+        for ix in c.indexes.values():
+            ib = bounds.get(ix.key[0][0])
+            if ib is None:
+                continue
+            score = (ib.points is not None, ix.unique and len(ix.key) == 1)
+            if best is None or score > best[0]:
+                best = (score, ix, ib)
+        if best is not None:
+            _, ix, ib = best
+            stats.plan = f"IXSCAN {ix.name}"
+            if ib.points is not None:
+                ranges = []
+                for v in sorted({encode_key(v) for v in ib.points}):
+                    ranges.append((ix.prefix + v, prefix_end(ix.prefix + v)))
+            else:
+                ranges = [_range_bounds(ix.prefix, ib)]
+            seen = set()
+            for start, stop in ranges:
+                for _, pk in self.t.scan("index", start, stop):
+                    if pk in seen:
+                        continue
+                    seen.add(pk)
+                    d = self._get_pk(c, pk)
+                    if d is not None:
+                        yield pk, d
+            return
+        stats.plan = "COLLSCAN"
+        for k, v in self.t.scan("docs", c.prefix, prefix_end(c.prefix)):
+            yield k[4:], codec.unpack_document(v)
+
+    def matching(self, ns: str, flt, stats: Stats | None = None) -> Iterator[tuple[bytes, dict]]:
+        """(pk, doc) of every document matching ``flt``, in plan order."""
+        stats = stats if stats is not None else Stats()
+        split_ns(ns, self.e.limits)
+        match = query.compile_filter(flt)
+        ov = self._point_view(ns) if self.point is not None else None
+        c = self.coll(ns)
+        if c is None or (ov is not None and b"" in ov):
+            stats.plan = "EOF"
+            return
+        for pk, d in self._candidates(c, flt, stats):
+            if ov and pk in ov:
+                continue  # changed after the point: its image then is matched below
+            stats.examined += 1
+            if match(d):
+                yield pk, d
+        for pk, b in sorted((ov or {}).items()):
+            if b is not None:
+                stats.examined += 1
+                d = codec.unpack_document(b)
+                if match(d):
+                    yield pk, d
+
+    def find(self, ns: str, flt=None, projection=None, sort=None, skip: int = 0,
+             limit: int = 0, stats: Stats | None = None) -> Iterator[dict]:
+        if not isinstance(skip, int) or skip < 0 or not isinstance(limit, int) or limit < 0:
+            raise errors.InvalidFilter("skip and limit must be non-negative integers")
+        if projection is not None:
+            query.project({}, projection)  # validate before doing any work
+        keyf = query.sort_key(sort) if sort else None
+        docs: Iterator[dict] = (d for _, d in self.matching(ns, flt, stats))
+        if keyf is not None:
+            docs = iter(sorted(docs, key=keyf))
+        n = 0
+        for i, d in enumerate(docs):
+            if i < skip:
+                continue
+            yield d if projection is None else query.project(d, projection)
+            n += 1
+            if limit and n >= limit:
+                return
+
+    def count(self, ns: str, flt=None) -> int:
+        return sum(1 for _ in self.matching(ns, flt))
+
+    def list_collections(self) -> list[str]:
+        return [k.decode() for k, _ in self.t.scan("catalog")]
+
+    # point-in-time recovery (DESIGN section 9)
+    def revert_entries(self, target) -> Iterator[tuple[GTID, list[dict]]]:
+        """Every entry after ``target``, newest first, with its ops; raises
+        (before yielding anything) if one cannot be undone or the oplog no
+        longer reaches back to ``target``."""
+        target = GTID.parse(target)
+        first, last = self.t.first("oplog"), self.t.last("oplog")
+        if last is None:
+            return
+        fg, lg = GTID.from_bytes(first[0]), GTID.from_bytes(last[0])
+        if target > lg:
+            raise errors.InvalidOperation(f"revert target {target} is after the oplog's last "
+                                          f"entry {lg}", target=list(target))
+        if target < fg and not (target == ZERO and fg.seq == 1):
+            raise errors.OplogTrimmed(
+                f"revert target {target} is below the oplog's first entry {fg}: the entries "
+                f"after it were trimmed; the oldest point to revert to is {fg}",
+                target=list(target), oldest=list(fg))
+        if target >= fg and self.t.get("oplog", target.to_bytes()) is None:
+            raise errors.InvalidOperation(f"revert target {target} is not an entry of this oplog",
+                                          target=list(target))
+        start = prefix_end(target.to_bytes()) if target != ZERO else None
+        for k, v in self.t.scan("oplog", start, None, reverse=True):
+            ops = self.e.entry_ops(self.t, codec.unpack(v, "oplog entry"))
+            for op in ops:
+                if oplog.is_irreversible(op):
+                    g = GTID.from_bytes(k)
+                    raise errors.IrreversibleOp(
+                        f"cannot revert to {target}: entry {g} holds '{op.get('cmd')}' of "
+                        f"{op.get('ns')}, which cannot be undone (dropping a collection does not "
+                        "log its documents); the newest point to revert to is "
+                        f"{g} or later", gtid=list(g), op=op.get("cmd"), ns=op.get("ns"))
+        for k, v in self.t.scan("oplog", start, None, reverse=True):
+            yield GTID.from_bytes(k), self.e.entry_ops(self.t, codec.unpack(v, "oplog entry"))
+
+    def revert_plan(self, target, gtids_max: int = 1000) -> dict:
+        """What ``revert_to(target)`` would undo: entries, ops per namespace."""
+        names = {"i": "insert", "u": "update", "d": "delete", "c": "command"}
+        out = {"target": list(GTID.parse(target)), "entries": 0, "ops": 0, "newest": None,
+               "oldest": None, "gtids": [], "namespaces": {}}
+        for g, ops in self.revert_entries(target):
+            out["entries"] += 1
+            out["newest"] = out["newest"] or list(g)
+            out["oldest"] = list(g)
+            if len(out["gtids"]) < gtids_max:
+                out["gtids"].append(list(g))
+            for op in ops:
+                if op["op"] == "n":
+                    continue
+                out["ops"] += 1
+                per = out["namespaces"].setdefault(op["ns"], {})
+                per[names[op["op"]]] = per.get(names[op["op"]], 0) + 1
+        return out
