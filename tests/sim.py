@@ -174,7 +174,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "fail every waiting write with NotPrimary ('outcome unknown') on step-down "
              "and whenever the member's term passes the write's term; reset the positions",
              _old_stale_write_concern,
-             ("majority-acknowledged write", "majority-committed point"), (),
+             ("majority-acknowledged write", "majority-committed point"), (142,),
              ("election_not_fenced", "stale_sync_source")),
     KnownBug("election_not_fenced", "raymx/actors/core/election.py ElectionCore.fence/fenced",
              "an election read each member's last GTID and term from heartbeat replies "
@@ -196,7 +196,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "decide on the role, not the write side's flag, and step down a member whose "
              "role is primary while its write side is deposed, at every heartbeat",
              _old_deposed_role_stuck, ("role=primary shard_primary=False",),
-             ("primary_cut_from_coordinator",), ("stale_sync_source",)),
+             (138,), ("stale_sync_source",)),
     KnownBug("stale_sync_source", "raymx/actors/core/producer.py ProducerCore.current",
              "after a member learned a new term, its producer kept pulling from the sync "
              "source it was given for the old term and accepted the entries: the old "
@@ -204,7 +204,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "a producer pulls, and takes entries, only while its follow() term is the "
              "member's term (Raft: entries only from the leader of your current term)",
              _old_stale_sync_source,
-             ("majority-acknowledged write", "majority-committed point"), (),
+             ("majority-acknowledged write", "majority-committed point"), (142,),
              ("election_not_fenced", "stale_write_concern")),
     KnownBug("producer_thread_dies", "raymx/actors/core/producer.py ProducerCore.on_failure "
              "+ raymx/actors/member.py Producer._run",
@@ -1819,8 +1819,9 @@ class Sim:
         for m in self.members():
             last, h = m.engine.last()
             lines.append(f"  m{m.id}: role={m.role} shard_primary={m.primary} term={m.engine.term} "
-                         f"last={last} h={h:016x} following={m.following} "
-                         f"source={m.sync_source} paused={m.paused} producer_dead={m.p_dead} "
+                         f"last={last} h={h:016x} following={m.core.following} "
+                         f"source={m.producer.source} paused={m.producer.paused} "
+                         f"producer_dead={m.p_dead} "
                          f"unapplied_from={rep.min_unapplied(m.engine)} "
                          f"resync={m.engine.get_meta('needs_resync')}")
         return "\n".join(lines)
