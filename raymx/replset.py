@@ -140,7 +140,7 @@ class ReplicaSet:
                          else {"max_bytes": limits.oplog_bytes_max})
         ray = _ensure_ray()
         from raymx.actors.coordinator import Coordinator
-        from raymx.actors.member import actor_name
+        from raymx.actors.process import actor_name
         try:
             ray.get_actor(f"{name}/coordinator", namespace=NAMESPACE)
             raise errors.ConfigError(f"replica set {name!r} is already running: "
@@ -660,7 +660,10 @@ def _start_member(name: str, m: dict, secret: str, limits: Limits, votes: dict,
     """
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from raymx.actors.member import Applier, OplogShard, Producer, actor_name
+    from raymx.actors.applier import Applier
+    from raymx.actors.member import OplogShard
+    from raymx.actors.process import actor_name
+    from raymx.actors.producer import Producer
     opts = dict(namespace=NAMESPACE, lifetime="detached", max_restarts=-1, num_cpus=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=m["node_id"],
                                                                    soft=False))

@@ -307,6 +307,10 @@ class Options:
     # shells stop the process (stop_process: never retry a failed fsync) and
     # what the sync covered may be gone: a machine crash, then a restart
     fsync_fail_p: float = 0.0
+    # per member per fault tick: its machine's clock jumps (forward or back, by
+    # 0.1-5 s). Safety must not depend on clocks; they only time failure
+    # detection, write-concern timeouts and trimming by age
+    clock_jump_p: float = 0.0
     # scripted faults (scenarios): (at_ms, "partition", groups) | (at_ms, "heal")
     # | (at_ms, "crash", member, machine) | (at_ms, "restart", member)
     # | (at_ms, "crash_c") | (at_ms, "restart_c") | (at_ms, "drop_p", p)
@@ -348,7 +352,8 @@ class Options:
             heartbeat_timeout_ms=r.choice((300, 600, 1000)), pull_wait_ms=r.choice((100, 500)),
             reconfig_p=random.Random(seed * 104729 + 3).choice((0.0, 0.0, 0.01, 0.03)),
             reads_p=random.Random(seed * 15485863 + 5).choice((0.0, 0.0, 0.1, 0.3)),
-            fsync_fail_p=random.Random(seed * 32452843 + 9).choice((0.0, 0.0, 0.0, 0.01)))
+            fsync_fail_p=random.Random(seed * 32452843 + 9).choice((0.0, 0.0, 0.0, 0.01)),
+            clock_jump_p=random.Random(seed * 49979687 + 13).choice((0.0, 0.0, 0.005, 0.02)))
 
 
 # Named scenarios (TigerBeetle's replica_test style): a quiet cluster and a
@@ -539,7 +544,7 @@ class SimMember:
         self.sim, self.id, self.store = sim, mid, store
         self.name = f"m{mid}"
         self.limits = sim.limits
-        self.engine = Engine(store, sim.limits, now_ms=lambda: sim.sched.now)
+        self.engine = Engine(store, sim.limits, now_ms=self.now)
         self.engine.sync()  # what survived a crash is now the durable, recovered state
         self.engine.put_meta("member_id", mid)
         self.verified: tuple = (ZERO, 0)  # the checker's verified oplog prefix (last, hash)
@@ -596,7 +601,8 @@ class SimMember:
         self.sim.sched.at(delay_ms, fire)
 
     def now(self) -> int:
-        return self.sim.sched.now
+        """This member's machine clock (``clock_jump_p`` moves it)."""
+        return self.sim.sched.now + self.sim.clock_offsets.get(self.id, 0)
 
     def trace(self, what: str) -> None:
         self.sim.trace(self.name, what)
@@ -1579,6 +1585,8 @@ class Sim:
         self.rng = random.Random(seed)
         self.read_rng = random.Random(seed * 31 + 7)  # reads' own draws (seeds without reads replay as before)
         self.disk_rng = random.Random(seed * 37 + 11)  # failed fsyncs' own draws
+        self.clock_rng = random.Random(seed * 41 + 13)  # clock jumps' own draws
+        self.clock_offsets: dict[int, int] = {}  # member -> its clock minus simulated time
         self.sched = Scheduler(self.rng)
         o = self.opts
         self.limits = Limits().with_(heartbeat_interval_ms=o.heartbeat_interval_ms,
@@ -1712,6 +1720,11 @@ class Sim:
             if name in self._nodes and rng.random() < o.crash_p:
                 self.crash_member(m, rng.random() < o.machine_crash_p)
                 self.sched.at(rng.randint(50, 2000), self._restart_member, m)
+        for m in self.member_ids:
+            if o.clock_jump_p and self.clock_rng.random() < o.clock_jump_p:
+                jump = self.clock_rng.choice((-1, 1)) * self.clock_rng.randint(100, 5_000)
+                self.clock_offsets[m] = self.clock_offsets.get(m, 0) + jump
+                self.trace(f"m{m}", f"clock jumps {jump:+} ms")
         if o.reconfig_p and "c" in self._nodes and rng.random() < o.reconfig_p:
             c = self._nodes["c"]
             m = rng.choice(c.config)

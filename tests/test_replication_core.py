@@ -279,7 +279,7 @@ def test_feeder_lingers_on_news_of_the_majority_alone():
     import threading
     import time
 
-    from raymx.actors.member import FeederService
+    from raymx.actors.feeder import FeederService
     p = primary_with(3)
     f = FeederService(p, Limits(majority_linger_ms=2000), 0, lambda durable, heard: None,
                       votes={0: 1, 1: 1, 2: 1})

@@ -107,7 +107,7 @@ def test_launch_refuses_a_running_name_and_bad_specs(replset):
 
 
 def test_gtid_manager_actor(ray_session):
-    from raymx.actors.member import GTIDManagerActor
+    from raymx.actors.applier import GTIDManagerActor
     ray = ray_session
     m = GTIDManagerActor.remote(3, 10)
     a, b, c = ray.get([m.allocate.remote() for _ in range(3)])

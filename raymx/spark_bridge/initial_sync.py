@@ -77,7 +77,7 @@ def open_source(rs, source: int, rows_per_part: int | None = None):
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from raymx.actors.member import SnapshotSource
+    from raymx.actors.applier import SnapshotSource
     cfg = rs.config()
     m = next((x for x in cfg["members"] if x["id"] == source), None)
     if m is None:

@@ -1,7 +1,7 @@
 """The producer's decisions: when to pull, what a pull's answer means (pure).
 
 A secondary's producer pulls from its sync source, checks each batch and
-writes it unapplied; the shell (``raymx.actors.member.Producer``: a thread
+writes it unapplied; the shell (``raymx.actors.producer.Producer``: a thread
 and Ray calls) and the simulation carry out what ``ProducerCore`` decides:
 
 * ``blocked()``: do not pull now (paused; no source; a resync is due; an
