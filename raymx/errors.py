@@ -6,19 +6,9 @@ user-facing ``raymx`` package above it. This module re-exports every public
 name from there, so ``raymx.errors.X is raymx.storage.errors.X`` for every
 class (``except``, ``isinstance``, pickling and ``from_wire`` see one class,
 whichever name raised it). Use ``raymx.errors`` outside ``raymx.storage``;
-add new errors in raymx/storage/errors.py and list them in both ``__all__``.
+add new errors in raymx/storage/errors.py and list them in its ``__all__``.
 """
 from __future__ import annotations
 
 from raymx.storage.errors import *  # noqa: F401,F403  (the names in __all__)
-
-__all__ = [
-    "RaymxError", "InvalidInput", "InvalidDocument", "DocumentTooLarge", "TransactionTooLarge",
-    "InvalidName", "InvalidFilter", "InvalidUpdate", "InvalidOperation", "DuplicateKey",
-    "SchemaMismatch", "CollectionNotFound", "IndexNotFound", "ProtocolError",
-    "AuthenticationFailed", "CorruptEntry", "BatchRefused", "NotPrimary",
-    "NotPrimaryOrSecondary", "PrimaryUnavailable", "WriteConcernTimeout", "ReadConcernTimeout",
-    "StaleRead", "Diverged", "TooStale", "OplogTrimmed", "StaleTerm", "IrreversibleOp",
-    "ShutDown", "ConnectionLost", "RequestTimeout", "TransactionAborted", "DiskFailed",
-    "ConfigError", "from_wire",
-]
+from raymx.storage.errors import __all__  # noqa: F401  (one list, kept there)
