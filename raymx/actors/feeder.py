@@ -3,7 +3,6 @@
 ``raymx.actors.core.replication.FeederCore``."""
 from __future__ import annotations
 
-import logging
 import threading
 import time
 
@@ -12,8 +11,6 @@ from raymx.actors.process import now_ms
 from raymx.storage.engine import Engine
 from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.limits import Limits
-
-log = logging.getLogger("raymx.member")
 
 
 class FeederService:

@@ -32,8 +32,8 @@ from raymx.actors import doorbell
 from raymx.actors.core import replication as rep
 from raymx.actors.core.member import MemberCore
 from raymx.actors.feeder import FeederService
-from raymx.actors.process import (NAMESPACE, PULL_REQUEST_BYTES_MAX, _get, lock_member,
-                                  now_ms, open_member, serve_at_normal_priority, stop_process)
+from raymx.actors.process import (NAMESPACE, _get, lock_member, now_ms, open_member,
+                                  serve_at_normal_priority, stop_process)
 from raymx.actors.server import ClientPort, boot_id
 from raymx.actors.shard import ShardService, gtid_out
 from raymx.storage import codec, replay, snapshot
@@ -42,6 +42,7 @@ from raymx.storage.keys import prefix_end
 from raymx.storage.limits import Limits
 
 log = logging.getLogger("raymx.member")
+PULL_REQUEST_BYTES_MAX = 1 << 20  # positions of every member: far below this
 
 
 @ray.remote(max_concurrency=16,

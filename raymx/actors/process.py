@@ -129,9 +129,6 @@ class Notifier:
 _reniced_at = [0.0]
 
 
-PULL_REQUEST_BYTES_MAX = 1 << 20  # positions of every member: far below this
-
-
 def serve_at_normal_priority(every_s: float = 0.0) -> None:
     """Ray starts workers at nice 15; a member's processes serve clients (and,
     for w > 1, replicate for them) at nice 0 when allowed. Measured: ~17-20%

@@ -249,6 +249,17 @@ def index_keys(doc: Any, path: str) -> list[bytes]:
     return sorted(set(_fanned(reach(doc, path))[1]))
 
 
+def field_conditions(flt: dict):
+    """(field, condition) of a filter's top level, through nested ``$and``s
+    (what every matching document must satisfy; ``$or``/``$nor`` are left out)."""
+    for k, cond in flt.items():
+        if k == "$and":
+            for c in cond:
+                yield from field_conditions(c)
+        elif not k.startswith("$"):
+            yield k, cond
+
+
 def extract_bounds(flt: dict | None, *,
                    multikey: bool | Container[str] = True) -> dict[str, Bounds]:
     """Per path, bounds implied by the top-level conjunction of ``flt`` (index selection).
@@ -289,15 +300,8 @@ def extract_bounds(flt: dict | None, *,
             elif op in ("$lt", "$lte") and scalar(arg):
                 highs.append((arg, op == "$lte"))
 
-    def walk(f: dict) -> None:
-        for k, cond in f.items():
-            if k == "$and":
-                for c in cond:
-                    walk(c)
-            elif not k.startswith("$"):
-                add(k, cond)
-
-    walk(flt or {})
+    for k, cond in field_conditions(flt or {}):
+        add(k, cond)
     out = {}
     for path, (points, lows, highs) in acc.items():
         if points:

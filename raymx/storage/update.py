@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from raymx.storage.errors import InvalidDocument, InvalidFilter, InvalidUpdate
 from raymx.storage.keys import encode_key
-from raymx.storage.query import MISSING, compile_filter
+from raymx.storage.query import MISSING, compile_filter, field_conditions
 
 _ARRAY = (list, tuple)
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1  # what codec stores
@@ -365,19 +365,12 @@ def upsert_seed(flt: dict | None) -> dict:
             raise InvalidUpdate(f"upsert: {path!r} conflicts with another equality", field=path)
         node[last] = v
 
-    def walk(f: dict) -> None:
-        for k, cond in f.items():
-            if k == "$and":
-                for c in cond:
-                    walk(c)
-            elif not k.startswith("$"):
-                first = next(iter(cond), None) if isinstance(cond, dict) else None
-                if not (isinstance(first, str) and first.startswith("$")):
-                    put(k, cond)
-                elif "$eq" in cond:
-                    put(k, cond["$eq"])
-
-    walk(flt or {})
+    for k, cond in field_conditions(flt or {}):
+        first = next(iter(cond), None) if isinstance(cond, dict) else None
+        if not (isinstance(first, str) and first.startswith("$")):
+            put(k, cond)
+        elif "$eq" in cond:
+            put(k, cond["$eq"])
     return seed
 
 

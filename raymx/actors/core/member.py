@@ -60,19 +60,18 @@ class MemberCore:
         down = self.learn_term(term, serving, lead_term)
         return down or (self.role == "primary" and (not serving or self.e.term > lead_term))
 
-    def follow(self, term: int, source: int | None, serving: bool, lead_term: int) -> bool:
-        """Be a secondary of ``term`` pulling from ``source``; True if it must
-        step down first. The shell then points its producer at ``source`` and
-        calls ``following_now``."""
+    def step_down(self, term: int, serving: bool, lead_term: int) -> bool:
+        """``step_down`` or ``follow`` from the coordinator: learn ``term``; True
+        if this member must step down first (a follower then points its
+        producer at the source and calls ``following_now``)."""
         self.learn_term(term, serving, lead_term)
         return self.is_primary(serving)
+
+    def follow(self, term: int, source: int | None, serving: bool, lead_term: int) -> bool:
+        return self.step_down(term, serving, lead_term)
 
     def following_now(self, source: int, term: int) -> None:
         self.following = [source, term]
-
-    def step_down(self, term: int, serving: bool, lead_term: int) -> bool:
-        self.learn_term(term, serving, lead_term)
-        return self.is_primary(serving)
 
     def became_primary(self, last: GTID) -> None:
         self.role = "primary"
