@@ -130,6 +130,26 @@ def _old_stale_sync_source() -> list:
     return [(pc.ProducerCore, "current", lambda self: True)]
 
 
+def _old_majority_of_old_terms() -> list:
+    from raymx.actors.core import primary
+    orig = MemberCore.became_primary
+
+    def old(point, term):
+        return point  # any point durable on a majority
+    return [(rep, "committed", old), (primary, "committed", old),
+            (MemberCore, "became_primary", lambda self, last: orig(self, last) and False)]
+
+
+def _old_catch_up_outlives_adoption() -> list:
+    orig = ElectionCore._adopt
+
+    def _adopt(self):
+        was = self.catching_up
+        orig(self)
+        self.catching_up = was  # kept: no member was told to follow again
+    return [(ElectionCore, "_adopt", _adopt)]
+
+
 def _old_producer_thread_dies() -> list:
     orig = pc.ProducerCore.on_failure
 
@@ -174,7 +194,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "fail every waiting write with NotPrimary ('outcome unknown') on step-down "
              "and whenever the member's term passes the write's term; reset the positions",
              _old_stale_write_concern,
-             ("majority-acknowledged write", "majority-committed point"), (142,),
+             ("majority-acknowledged write", "majority-committed point"), (17,),
              ("election_not_fenced", "stale_sync_source")),
     KnownBug("election_not_fenced", "raymx/actors/core/election.py ElectionCore.fence/fenced",
              "an election read each member's last GTID and term from heartbeat replies "
@@ -196,7 +216,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "decide on the role, not the write side's flag, and step down a member whose "
              "role is primary while its write side is deposed, at every heartbeat",
              _old_deposed_role_stuck, ("role=primary shard_primary=False",),
-             (138,), ("stale_sync_source",)),
+             (940,), ("stale_sync_source",)),
     KnownBug("stale_sync_source", "raymx/actors/core/producer.py ProducerCore.current",
              "after a member learned a new term, its producer kept pulling from the sync "
              "source it was given for the old term and accepted the entries: the old "
@@ -204,7 +224,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "a producer pulls, and takes entries, only while its follow() term is the "
              "member's term (Raft: entries only from the leader of your current term)",
              _old_stale_sync_source,
-             ("majority-acknowledged write", "majority-committed point"), (142,),
+             ("majority-acknowledged write", "majority-committed point"), (17,),
              ("election_not_fenced", "stale_write_concern")),
     KnownBug("producer_thread_dies", "raymx/actors/core/producer.py ProducerCore.on_failure "
              "+ raymx/actors/member.py Producer._run",
@@ -213,6 +233,23 @@ KNOWN_BUGS = {b.name: b for b in (
              "the member never replicated again",
              "every failed step goes through ProducerCore.on_failure: wait, pull again",
              _old_producer_thread_dies, ("producer_dead=True",), ("lossy_rollback",)),
+    KnownBug("majority_of_old_terms", "raymx/actors/core/replication.py committed "
+             "(WriteConcernCore.majority_point, FeederCore.majority)",
+             "a primary called majority-committed any entry durable on a majority, "
+             "entries of earlier terms included (Raft's figure 8): a member that never "
+             "held such an entry won the next election and rolled it back, after a "
+             "majority read had returned it",
+             "a primary's majority point is only ever an entry of its own term; a new "
+             "primary writes a no-op at once so the point moves with no client write",
+             _old_majority_of_old_terms, ("majority-committed point", "majority read"),
+             (2697,)),
+    KnownBug("catch_up_outlives_adoption", "raymx/actors/core/election.py ElectionCore._adopt",
+             "the coordinator started catching an eligible member up for an election, then "
+             "adopted the old primary when it answered again; the catch-up mark stayed "
+             "set, and while it is set no member is told to follow: a member that had "
+             "restarted meanwhile never replicated again",
+             "adopting a primary ends any catch-up",
+             _old_catch_up_outlives_adoption, ("no convergence",), (2592,)),
 )}
 
 
@@ -680,9 +717,11 @@ class SimMember:
         self.wc.reset(self.id, last)
         self.heard_ms = {m: self.now() for m in self.votes}  # grace period
         self.primary = True
-        self.core.became_primary(last)
+        noop = self.core.became_primary(last)
         self._on_durable()
         self.sim.checker.on_elected(self, term)
+        if noop:
+            self._write_noop()
         self.trace(f"primary term={term} last={last}")
         done({"term": term, "last": list(last)})
 
@@ -716,7 +755,7 @@ class SimMember:
     def on_positions(self, durable: dict, heard: dict) -> None:
         self.set_positions({int(m): None if g is None else GTID(*g) for m, g in durable.items()},
                            {int(m): at for m, at in heard.items()})
-        mp = self.wc.majority_point() if self.primary else None
+        mp = self.wc.majority_point(self.engine.term) if self.primary else None
         self._note_majority(mp)
         if self.majority_known is not None and self.now() - self._majority_at >= 1000:
             self._majority_at = self.now()
@@ -810,7 +849,7 @@ class SimMember:
     def _wc_update(self, member: int, g: GTID | None) -> None:
         if self.wc.update(member, g):
             if self.primary:  # before the acknowledgements, as the shell does
-                self._note_majority(self.wc.majority_point())
+                self._note_majority(self.wc.majority_point(self.engine.term))
             self._wc_check()
 
     def _wc_wait(self, g, h, w, wtimeout_ms, out, respond) -> None:
@@ -869,6 +908,11 @@ class SimMember:
         if level != "linearizable":
             return respond(out)
         # confirm_primary: a no-op entry under this term, acknowledged by a majority
+        g, h = self._write_noop()
+        self._wc_wait(g, h, "majority", WTIMEOUT_MS, out, respond)
+
+    def _write_noop(self) -> tuple[GTID, int]:
+        """ShardService._own_noop: an n entry under this term, synced soon."""
         g = self.gm.allocate()
         try:
             self.engine.write_noop(g)
@@ -878,7 +922,7 @@ class SimMember:
         h = self.engine.last()[1]
         self.sim.checker.on_commit(self, g, h)
         self._note_commit(g)
-        self._wc_wait(g, h, "majority", WTIMEOUT_MS, out, respond)
+        return g, h
 
     # -- Feeder: FeederService.pull over FeederCore ---------------------------
     def _feeder_reset(self, primary: bool | None = None) -> None:

@@ -146,6 +146,24 @@ def test_a_voter_more_advanced_than_every_candidate_blocks_the_election():
     assert c.choose_winner([c.members[1], c.members[2]]) is None
 
 
+def test_a_primary_adopted_during_a_catch_up_ends_it_and_members_follow_again():
+    """Seed 2592 of the simulation: a catch-up began (the primary looked
+    failed), the primary answered again and was adopted; the catch-up mark
+    must go, or no member is ever told to follow again."""
+    c = core3({2: {"priority": 0}})
+    beat(c, 0, 0, last=(1, 5))
+    beat(c, 1, 0, last=(1, 6))
+    beat(c, 2, 0, last=(1, 9))
+    assert [a.kind for a in c.tick(0)] == ["catch_up"]
+    beat(c, 2, 50, last=(1, 9), role="primary", term=1)  # it was the primary after all
+    beat(c, 0, 50, last=(1, 5))
+    beat(c, 1, 50, last=(1, 6))
+    acts = c.tick(50)
+    assert c.primary == 2 and c.catching_up is None
+    assert sorted((a.kind, a.member, a.source) for a in acts) == \
+        [("follow", 0, 2), ("follow", 1, 2)]
+
+
 def test_a_restarted_coordinator_adopts_the_primary_of_the_highest_term():
     c = core3()
     beat(c, 0, 0, last=(2, 9), term=2, role="primary")

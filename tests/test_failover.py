@@ -123,7 +123,10 @@ def test_planned_step_down_loses_nothing(ray_session, tmp_path):
         assert out["old"] == old and out["new"] != old
         assert coll.count_documents({}) == 50  # the driver followed the new primary
         r = coll.insert_one({"_id": "after"}, w="majority")
-        assert r.gtid.term == out["term"] and r.gtid.seq == gs[-1].seq + 1
+        # the new primary's first entry is its no-op (its majority point moves on it)
+        assert r.gtid.term == out["term"] and r.gtid.seq == gs[-1].seq + 2
+        first = next(iter(rs.oplog(after=gs[-1], limit=1)))
+        assert first.gtid.term == out["term"] and [op["op"] for op in first.ops] == ["n"]
         wait_until(lambda: converged(ray_session, rs, [0, 1, 2]))
     finally:
         rs.shutdown()

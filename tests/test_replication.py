@@ -155,7 +155,7 @@ def test_killed_secondary_applies_every_entry_exactly_once(ray_session, tmp_path
         ds = wait_until(lambda: converged(ray, rs, [0, 1]), timeout_s=60)
         sec = rs.client(read_preference="secondary")["k"]["ctr"]
         assert sec.find_one({"_id": "n"})["n"] == 1500
-        assert len(ds[0]["oplog"]) == 1501  # one insert, 1,500 updates
+        assert len(ds[0]["oplog"]) == 1502  # the first primary's no-op, one insert, 1,500 updates
     finally:
         rs.shutdown()
 

@@ -225,6 +225,19 @@ def test_majority_point():
     assert rep.majority_point(d, votes) is None
 
 
+def test_a_primary_commits_only_entries_of_its_own_term():
+    """Raft's figure 8 (seed 2697 of the simulation): an entry of an earlier
+    term durable on a majority can still be rolled back, so a primary of term
+    3 calls nothing committed until an entry of term 3 is on a majority."""
+    votes = {0: 1, 1: 1, 2: 1}
+    d = {0: GTID(3, 6), 1: GTID(1, 5), 2: GTID(1, 5)}
+    assert rep.majority_point(d, votes) == GTID(1, 5)
+    assert rep.committed(rep.majority_point(d, votes), 3) is None
+    d[1] = GTID(3, 6)
+    assert rep.committed(rep.majority_point(d, votes), 3) == GTID(3, 6)
+    assert rep.committed(None, 3) is None
+
+
 def test_rollback_undoes_divergent_entries_and_rejoins():
     p = primary_with(10)
     old = Engine(MemoryStore())

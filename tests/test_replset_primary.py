@@ -91,7 +91,8 @@ def test_durable_writes_and_restart_recovers_under_a_new_term(ray_session, tmp_p
         c = rs.client()
         assert c["a"]["b"].count_documents({}) == 101
         r = c["a"]["b"].insert_one({"_id": "after"})
-        assert r.gtid.term == term1 + 1 and r.gtid.seq == g.seq + 2  # seq continues
+        assert r.gtid.term == term1 + 1 and r.gtid.seq == g.seq + 3  # seq continues
+        # ("last", then the new primary's no-op)
         entries = list(rs.oplog())
         assert [e.gtid.seq for e in entries] == list(range(1, len(entries) + 1))
         assert raymx.connect("restart1").status()["members"][0]["term"] == term1 + 1

@@ -177,7 +177,8 @@ class OplogShard:
             self.feeder.set_primary(True)
             self.service.become_primary(term)
             last, _ = self.engine.last()  # synced by become_primary
-            self.core.became_primary(last)
+            if self.core.became_primary(last):
+                self.service.on_writer(self.service._own_noop)  # not waited for
             self._on_durable(last)
             log.info("member %s/%d is primary in term %d at %s", self.rs_name,
                      self.member_id, term, last)

@@ -268,7 +268,7 @@ class WriteConcernWaiters:
         with self._cond:
             if not self.core.update(member, g):
                 return
-            mp = self.core.majority_point() if self._svc.primary else None
+            mp = self.core.majority_point(self._svc.e.term) if self._svc.primary else None
             done = self._sweep() if self.core.waiting else []
         if mp is not None:  # before the acknowledgements: a majority read then sees them
             self._svc.note_majority(mp)
@@ -284,8 +284,9 @@ class WriteConcernWaiters:
         self._answer(done)
 
     def majority_point(self) -> GTID | None:
+        term = self._svc.e.term
         with self._cond:
-            return self.core.majority_point()
+            return self.core.majority_point(term)
 
     def wait(self, g: GTID, w, wtimeout_ms, ok, fail) -> None:
         deadline = None if not wtimeout_ms else _mono_ms() + int(wtimeout_ms)
@@ -1053,29 +1054,33 @@ class ShardService:
                 f"member {self.member_id} cannot reach the set's coordinator now: "
                 f"{type(e).__name__}"))
 
+    def _own_noop(self) -> GTID:
+        """On the writer: an n entry under this primary's term, synced now.
+        A new primary writes one at once (``MemberCore.became_primary``); a
+        linearizable read writes one to confirm its primacy."""
+        err = self._deposed()
+        if err is not None:
+            raise err
+        if not self._settle_unwritten([]):
+            raise errors.NotPrimary(f"member {self.member_id} cannot write its oplog")
+        g = self.gm.allocate()
+        try:
+            self.e.write_noop(g)
+        except BaseException:
+            self._unwritten.append(g)  # written before the next write takes a GTID
+            raise
+        self.gm.done(g)
+        self.group.note_commit(g, wake=False)
+        self.group.sync_now()
+        return g
+
     def confirm_primary(self, timeout_ms: int) -> None:
         """A linearizable read's last step: write a no-op entry under this term
         and wait until a majority of voters hold it durably. A deposed primary
         (even one that does not know it yet) never gets that, since members
         that know a newer term acknowledge nothing of an older one; and every
         entry before the no-op (all the read saw) is then majority-committed."""
-        def noop() -> GTID:
-            err = self._deposed()
-            if err is not None:
-                raise err
-            if not self._settle_unwritten([]):
-                raise errors.NotPrimary(f"member {self.member_id} cannot write its oplog")
-            g = self.gm.allocate()
-            try:
-                self.e.write_noop(g)
-            except BaseException:
-                self._unwritten.append(g)  # written before the next write takes a GTID
-                raise
-            self.gm.done(g)
-            self.group.note_commit(g, wake=False)
-            self.group.sync_now()
-            return g
-        g = self.on_writer(noop).result(timeout_ms / 1000)
+        g = self.on_writer(self._own_noop).result(timeout_ms / 1000)
         done, out = threading.Event(), {}
         self.wc.wait(g, "majority", timeout_ms, done.set,
                      lambda e: (out.update(err=e), done.set()))

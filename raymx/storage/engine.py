@@ -156,7 +156,8 @@ class Engine:
         self._tail = (gtid, h)
 
     def write_noop(self, gtid: GTID | None = None, ts_ms: int | None = None) -> GTID:
-        """Write an ``n`` entry: a GTID taken by a transaction that then failed."""
+        """Write an ``n`` entry: a GTID taken by a transaction that then failed,
+        a new primary's first entry, or a linearizable read's confirmation."""
         tx = self.begin(autocommit=True)
         tx._log(codec.pack({"op": "n"}))
         return tx.commit(gtid, ts_ms)

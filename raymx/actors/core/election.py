@@ -249,6 +249,7 @@ class ElectionCore:
         if len(p) == 1 and sum(1 for v in up if v.votes > 0) >= self.majority():
             self.primary = p[0].id
             self.term = top
+            self.catching_up = None  # a catch-up for an election that is not needed now
             self.adoptions += 1
             self.log.append(("adopted", p[0].id, top))
 

@@ -73,10 +73,16 @@ class MemberCore:
     def following_now(self, source: int, term: int) -> None:
         self.following = [source, term]
 
-    def became_primary(self, last: GTID) -> None:
+    def became_primary(self, last: GTID) -> bool:
+        """The member took its term's writes, its oplog ending at ``last``.
+        True: write a no-op entry under the new term now. A primary calls
+        majority-committed only entries of its own term (``committed``), so
+        without one its majority point (majority reads, change streams,
+        trimming) would wait for the first client write."""
         self.role = "primary"
         self.following = None
         self.fence = last  # every committed entry is at most this
+        return True
 
     def became_secondary(self) -> None:
         self.following = None

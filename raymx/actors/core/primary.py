@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from raymx import errors
-from raymx.actors.core.replication import acknowledged, majority, majority_point
+from raymx.actors.core.replication import acknowledged, committed, majority, majority_point
 from raymx.storage.gtid import GTID
 
 
@@ -56,8 +56,9 @@ class WriteConcernCore:
         self.durable[member] = g
         return True
 
-    def majority_point(self) -> GTID | None:
-        return majority_point(self.durable, self.votes)
+    def majority_point(self, term: int) -> GTID | None:
+        """The majority-committed point of a primary of ``term`` (``committed``)."""
+        return committed(majority_point(self.durable, self.votes), term)
 
     def reset(self, member: int | None = None, last: GTID | None = None) -> None:
         """Forget every position (a change of role); a new primary knows its own."""

@@ -102,7 +102,7 @@ class FeederCore:
         if primary and self.votes:
             pos = {m: g for m, g in self.validated.items() if g <= self.limit}
             pos[self_id] = self.limit  # the limit is durable here
-            own = majority_point(pos, self.votes)
+            own = committed(majority_point(pos, self.votes), self.e.term)
             if own is not None and (mp is None or own > mp):
                 mp = own
         return mp
@@ -420,6 +420,19 @@ def majority_point(durable: dict[int, GTID | None], votes: dict[int, int]) -> GT
     pts = sorted((d for m, d in durable.items() if d is not None and votes.get(m, 0) > 0),
                  reverse=True)
     return pts[need - 1] if len(pts) >= need else None
+
+
+def committed(point: GTID | None, term: int) -> GTID | None:
+    """What a primary of ``term`` may call majority-committed, given the newest
+    point durable on a majority: that point only if it is an entry of ``term``
+    itself (Raft's commitment rule, section 5.4.2 and figure 8 of the paper).
+    An entry of an earlier term can be durable on a majority and still be
+    rolled back: a member that never held it can win the next election (its
+    last entry has a newer term) and overwrite it. An entry of the primary's
+    own term on a majority cannot be (no member without it can win), and it
+    commits everything before it; a new primary writes one at once (a no-op)
+    so its point moves without client writes."""
+    return point if point is not None and point.term == term else None
 
 
 def acknowledged(gtid: GTID, w, durable: dict[int, GTID | None], votes: dict[int, int]) -> bool:
