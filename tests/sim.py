@@ -21,7 +21,9 @@ pull's fencing, which reported positions count, the majority point),
 configuration changes), ``GTIDManager``, the batch checks, the applier and
 rollback, over ``Engine`` on a ``MemoryStore``. What is simulated is what the
 Ray shells own: processes, threads, timers, Ray calls and the disk.
-``SimMember`` carries out, as events, what ``OplogShard``, ``ShardService``,
+``SimMember`` runs the shipped ``ShardService`` (the primary's write path:
+its writer's turn, write groups, group commit, write-concern waiters) with
+timers for its threads, and carries out, as events, what ``OplogShard``,
 ``FeederService``, ``Producer`` and ``Applier`` carry out with threads;
 ``SimCoordinator`` the coordinator's heartbeat loop. Where a shell blocks a
 thread (a pull's long poll, a write waiting for its write concern,
@@ -67,6 +69,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import heapq
+import logging
 import random
 import sys
 import time
@@ -80,12 +83,11 @@ from raymx.actors.core import replication as rep
 from raymx.actors.core.election import (Action, ElectionCore, change_blockers,
                                         check_config_change)
 from raymx.actors.core import producer as pc
-from raymx.actors.core.gtid_manager import GTIDManager
 from raymx.actors.core.member import MemberCore
-from raymx.actors.core.primary import WriteConcernCore, deposed, sees_majority
-from raymx.actors.shard import result_out, run_statement
+from raymx.actors.core.primary import WriteConcernCore, deposed
+from raymx.actors.shard import ShardService
 from raymx.storage import codec, oplog
-from raymx.storage.engine import Engine, WriteResult
+from raymx.storage.engine import Engine
 from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.limits import Limits
 from raymx.storage.store import MemoryStore
@@ -194,7 +196,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "fail every waiting write with NotPrimary ('outcome unknown') on step-down "
              "and whenever the member's term passes the write's term; reset the positions",
              _old_stale_write_concern,
-             ("majority-acknowledged write", "majority-committed point"), (17,),
+             ("majority-acknowledged write", "majority-committed point"), (138,),
              ("election_not_fenced", "stale_sync_source")),
     KnownBug("election_not_fenced", "raymx/actors/core/election.py ElectionCore.fence/fenced",
              "an election read each member's last GTID and term from heartbeat replies "
@@ -216,7 +218,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "decide on the role, not the write side's flag, and step down a member whose "
              "role is primary while its write side is deposed, at every heartbeat",
              _old_deposed_role_stuck, ("role=primary shard_primary=False",),
-             (940,), ("stale_sync_source",)),
+             (142,), ("stale_sync_source",)),
     KnownBug("stale_sync_source", "raymx/actors/core/producer.py ProducerCore.current",
              "after a member learned a new term, its producer kept pulling from the sync "
              "source it was given for the old term and accepted the entries: the old "
@@ -224,7 +226,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "a producer pulls, and takes entries, only while its follow() term is the "
              "member's term (Raft: entries only from the leader of your current term)",
              _old_stale_sync_source,
-             ("majority-acknowledged write", "majority-committed point"), (17,),
+             ("majority-acknowledged write", "majority-committed point"), (138,),
              ("election_not_fenced", "stale_write_concern")),
     KnownBug("producer_thread_dies", "raymx/actors/core/producer.py ProducerCore.on_failure "
              "+ raymx/actors/member.py Producer._run",
@@ -232,7 +234,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "off mid-rollback) raised out of the producer's step and ended its thread; "
              "the member never replicated again",
              "every failed step goes through ProducerCore.on_failure: wait, pull again",
-             _old_producer_thread_dies, ("producer_dead=True",), ("lossy_rollback",)),
+             _old_producer_thread_dies, ("producer_dead=True",), (13,)),
     KnownBug("majority_of_old_terms", "raymx/actors/core/replication.py committed "
              "(WriteConcernCore.majority_point, FeederCore.majority)",
              "a primary called majority-committed any entry durable on a majority, "
@@ -249,23 +251,37 @@ KNOWN_BUGS = {b.name: b for b in (
              "set, and while it is set no member is told to follow: a member that had "
              "restarted meanwhile never replicated again",
              "adopting a primary ends any catch-up",
-             _old_catch_up_outlives_adoption, ("no convergence",), (2592,)),
+             _old_catch_up_outlives_adoption, ("no convergence",), (2456,)),
 )}
 
 
-class regressed:
-    """Put known bugs back into the shipped cores for a run (``--regress``)."""
+def _planted_ack_before_durable() -> list:
+    def _answer_when(self, g, out, req, reply):
+        reply(ok=out)  # acknowledged before it is durable anywhere
+        return False
+    return [(ShardService, "_answer_when", _answer_when)]
 
-    def __init__(self, names=()):
+
+# planted bugs that live in shipped code: patched in for the run, as known bugs are
+PLANTED = {"ack_before_durable": _planted_ack_before_durable}
+
+
+class regressed:
+    """Put known bugs back into the shipped cores for a run (``--regress``),
+    and a planted bug that lives in shipped code (``PLANTED``)."""
+
+    def __init__(self, names=(), broken: str | None = None):
         unknown = [n for n in names if n not in KNOWN_BUGS]
         if unknown:
             raise ValueError(f"unknown bugs {unknown} (known: {', '.join(KNOWN_BUGS)})")
         self.names = tuple(n for n in KNOWN_BUGS if n in names)
+        self._patches = [KNOWN_BUGS[n].old for n in self.names] + \
+            ([PLANTED[broken]] if broken in PLANTED else [])
         self._saved: list = []
 
     def __enter__(self):
-        for n in self.names:
-            for obj, attr, fn in KNOWN_BUGS[n].old():
+        for old in self._patches:
+            for obj, attr, fn in old():
                 self._saved.append((obj, attr, obj.__dict__[attr]))
                 setattr(obj, attr, fn)
         return self
@@ -545,7 +561,10 @@ class Rpc:
             if sim.node(dst) is not node:
                 return  # crashed before it could answer
             sim.net.send(dst, src, lambda: self._reply(rid, result, err), f"re:{method}#{rid}")
-        getattr(node, "on_" + method)(respond, *args)
+        try:
+            getattr(node, "on_" + method)(respond, *args)
+        except errors.DiskFailed as e:  # a sync in the call failed: the Ray call raises
+            respond(err=e)
 
     def _reply(self, rid, result, err) -> None:
         p = self.pending.pop(rid, None)
@@ -568,14 +587,17 @@ class Rpc:
 
 # --- a member: the shells' glue over the shipped cores ------------------------
 class SimMember:
-    """One member's four actors over one store: what ``OplogShard``,
-    ``ShardService``, ``FeederService``, ``Producer`` and ``Applier`` do with
-    their threads, here as events. Every decision is the shipped cores':
-    ``MemberCore`` (terms, roles, configuration), ``ProducerCore`` (when to
-    pull, what an answer means), ``FeederCore.admit``/``answer`` (fencing,
-    which positions count), ``WriteConcernCore`` (acknowledgements, deposed
-    waiters), ``deposed``/``sees_majority``. Volatile state is rebuilt on
-    restart exactly as the shells' constructors rebuild it."""
+    """One member's four actors over one store. The primary's write path is
+    the shipped ``ShardService`` itself (``handle``, the writer's turn, write
+    groups, n entries of failed commits, ``GroupCommit``, the write-concern
+    waiters, step-down), built with this member's timers and clock instead
+    of its threads. What ``OplogShard``, ``FeederService``, ``Producer`` and
+    ``Applier`` do with their threads is here as events, and every decision
+    in them is the shipped cores': ``MemberCore`` (terms, roles,
+    configuration), ``ProducerCore`` (when to pull, what an answer means),
+    ``FeederCore.admit``/``answer`` (fencing, which positions count),
+    ``WriteConcernCore``, ``deposed``. Volatile state is rebuilt on restart
+    exactly as the shells' constructors rebuild it."""
 
     def __init__(self, sim: "Sim", mid: int, store: MemoryStore):
         self.sim, self.id, self.store = sim, mid, store
@@ -591,18 +613,16 @@ class SimMember:
         self._majority_at = -10**9
         self._control: deque = deque()  # the role lock: one control call at a time
         self._control_busy = False
-        # ShardService
+        # ShardService: the shipped one (writes, group commit, write concern),
+        # its threads replaced by this member's timers and clock
+        self.engine.sync = self._sync_engine  # the fsync, with injected failures
+        self._sync_failed: Exception | None = None
         cfg = self.engine.get_meta("rs_config") or {"version": 0, "members": sim.specs}
-        self.votes = {s["id"]: s.get("votes", 1) for s in cfg["members"]}
-        self.heard_ms: dict[int, int] = {}
-        self.primary = False
-        last, _ = self.engine.last()
-        self.gm = GTIDManager(self.engine.term, last.seq + 1)
-        self.committed: GTID | None = last if last.seq else None  # GroupCommit
-        self.durable: GTID | None = self.committed
-        self._sync_queued = False
-        self.wc = WriteConcernCore(self.votes)
-        self.majority_known: GTID | None = self.engine.range().majority
+        self.svc = ShardService(self.engine, sim.limits, primary=False, on_commit=self._committed,
+                                on_durable=self._on_durable, member_id=mid,
+                                votes={s["id"]: s.get("votes", 1) for s in cfg["members"]},
+                                on_fatal=self._fatal, timer=self._svc_timer, clock_ms=self.now)
+        self._hashes: dict[GTID, int] = {}  # each commit's hash, for the checker
         # Feeder
         self.feeder = rep.FeederCore(self.engine, sim.limits)
         self.feeder.votes = dict(self.votes)
@@ -627,6 +647,12 @@ class SimMember:
     def role(self) -> str:
         return self.core.role
 
+    # the ShardService's state, under the names the shell reads it by
+    primary = property(lambda self: self.svc.primary)
+    gm = property(lambda self: self.svc.gm)
+    votes = property(lambda self: self.svc.votes)
+    majority_known = property(lambda self: self.svc.majority_known)
+
     # -- helpers ---------------------------------------------------------
     def later(self, delay_ms: int, fn: Callable, *args) -> None:
         """A timer of this incarnation: it does not fire after a crash."""
@@ -634,7 +660,10 @@ class SimMember:
 
         def fire():
             if self.sim.node(self.name) is self and self.sim.epoch(self.name) == ep:
-                fn(*args)
+                try:
+                    fn(*args)
+                except errors.DiskFailed as e:  # a thread's sync failed: it stops the process
+                    self._fatal(e)
         self.sim.sched.at(delay_ms, fire)
 
     def now(self) -> int:
@@ -675,10 +704,9 @@ class SimMember:
 
     def on_set_config(self, respond, config: dict) -> None:
         if self.core.set_config(config, self.primary):
-            self.votes = {s["id"]: s.get("votes", 1) for s in config["members"]}
-            self.wc.votes = self.votes          # ShardService.set_votes
+            self.svc.set_votes({s["id"]: s.get("votes", 1) for s in config["members"]})
             self.feeder.votes = dict(self.votes)  # FeederService.set_votes
-            self._wc_check()
+            self.svc.wc.tick()
         respond(None)
 
     def on_commit_state(self, respond) -> None:
@@ -686,7 +714,8 @@ class SimMember:
         fence = self.core.fence
         respond({"primary": self.primary and self.role == "primary", "term": self.engine.term,
                  "last": list(last), "fence": None if fence is None else list(fence),
-                 "durable": {m: list(g) for m, g in self.wc.durable.items() if g is not None}})
+                 "durable": {m: list(g) for m, g in self.svc.wc.positions().items()
+                             if g is not None}})
 
     def on_become_primary(self, respond, term: int) -> None:
         self._control_call(self._become_primary, respond, term)
@@ -709,26 +738,25 @@ class SimMember:
             self.trace(f"become_primary term={term} refused: {e}")
             return done(err=e)
         self._feeder_reset(primary=True)  # feeder.set_primary(True)
-        # ShardService.become_primary
+        try:
+            self.svc.become_primary(term)
+        except errors.DiskFailed as e:  # its sync failed: the next sync stops the member
+            return done(err=e)
         last, _ = self.engine.last()
-        self.gm = GTIDManager(term, last.seq + 1)
-        self.engine.sync()
-        self.durable = last if last != ZERO else None
-        self.wc.reset(self.id, last)
-        self.heard_ms = {m: self.now() for m in self.votes}  # grace period
-        self.primary = True
         noop = self.core.became_primary(last)
         self._on_durable()
         self.sim.checker.on_elected(self, term)
-        if noop:
-            self._write_noop()
         self.trace(f"primary term={term} last={last}")
+        if noop:
+            try:
+                self._own_noop()
+            except errors.RaymxError as e:  # the shell queues it and does not wait
+                self.trace(f"no-op of term {term} refused: {e}")
         done({"term": term, "last": list(last)})
 
     def _become_secondary(self) -> None:
         self.core.became_secondary()
-        self.primary = False  # ShardService.step_down
-        self._wc_answer(self.wc.step_down(self.id))
+        self.svc.step_down()
         self._feeder_reset(primary=False)  # feeder.set_primary(False)
         self.trace("secondary")
 
@@ -755,131 +783,79 @@ class SimMember:
     def on_positions(self, durable: dict, heard: dict) -> None:
         self.set_positions({int(m): None if g is None else GTID(*g) for m, g in durable.items()},
                            {int(m): at for m, at in heard.items()})
-        mp = self.wc.majority_point(self.engine.term) if self.primary else None
-        self._note_majority(mp)
+        mp = self.svc.wc.majority_point() if self.primary else None
+        self.svc.note_majority(mp)
         if self.majority_known is not None and self.now() - self._majority_at >= 1000:
             self._majority_at = self.now()
             self.engine.set_majority(self.majority_known)  # a restart point, not a gate
 
-    # -- ShardService --------------------------------------------------------
     def set_positions(self, durable: dict, heard_ms: dict) -> None:
-        for m, g in durable.items():
-            if m != self.id:
-                self._wc_update(m, g)
-        for m, at in heard_ms.items():
-            if at > self.heard_ms.get(m, 0):
-                self.heard_ms[m] = at
+        self.svc.set_positions(durable, heard_ms)
 
+    # -- ShardService: the shipped one; its threads are these events --------
     def on_write(self, respond, req: dict) -> None:
-        if not self.primary:
-            return respond(err=errors.NotPrimary(f"member {self.id} is not the primary"))
-        if not sees_majority(self.votes, self.heard_ms, self.id, self.now(),
-                             self.limits.heartbeat_timeout_ms):
-            return respond(err=errors.NotPrimary(f"member {self.id} cannot reach a majority"))
-        tx = self.engine.begin(autocommit=True)
-        try:
-            res = run_statement(tx, req)
-        except errors.RaymxError as e:
-            tx.abort()
-            return respond(err=e)
-        self._commit(tx, res, req, respond)
+        """ShardService.handle, then the writer's turn (its thread's loop body)."""
+        def reply(ok=None, err=None):
+            if err is not None:
+                return respond(err=err)
+            if req.get("w", 1) not in (0, 1, None) and ok.get("gtid"):
+                g = GTID(*ok["gtid"])
+                self.sim.checker.on_majority_ack(self, g, self._hashes[g])
+            respond(ok)
+        self.svc.handle(req, reply, {})
+        self.svc.run_queued()
+        self.oplog_dirty = True
 
-    def _commit(self, tx, res, req: dict, respond) -> None:
-        if tx.nops == 0:
-            tx.commit()
-            return respond(result_out(res))
-        if deposed(self.primary, self.engine.term, self.gm.term):  # ShardService._deposed
-            tx.abort()
-            self.primary = False
-            self._wc_check()  # the waiters' thread fails what waits on a deposed primary
-            return respond(err=errors.NotPrimary(f"member {self.id} was deposed"))
-        g = self.gm.allocate()
-        try:
-            try:
-                tx.commit(g)
-            except Exception:
-                self.engine.write_noop(g)
-                raise
-        finally:
-            self.gm.done(g)
-            self.oplog_dirty = True
-        h = self.engine.last()[1]
-        w = req.get("w", 1)
-        self.trace(f"commit {g} {req['op']} {req['ns']} w={w}")
+    def _committed(self, g: GTID) -> None:
+        """ShardService's on_commit: ``g`` is in the oplog (not yet durable)."""
+        with self.engine.store.read() as t:
+            h = codec.unpack(t.get("oplog", g.to_bytes()), "oplog entry")["h"]
+        self._hashes[g] = h
+        self.trace(f"commit {g}")
         self.sim.checker.on_commit(self, g, h)
-        if isinstance(res, WriteResult):
-            res.gtid = g
-        out = result_out(res)
-        self._note_commit(g)
-        if w in (0, 1, None):
-            return respond(out)
-        if self.sim.broken == "ack_before_durable":
-            return self._wc_ack((g, h, out, respond))
-        self._wc_wait(g, h, w, req.get("wtimeout_ms"), out, respond)
 
-    # GroupCommit (eager: several members): one sync covers every commit before it
-    def _note_commit(self, g: GTID) -> None:
-        if self.committed is None or g > self.committed:
-            self.committed = g
-        if not self._sync_queued:
-            self._sync_queued = True
-            self.later(self.sim.rng.randint(0, self.sim.opts.disk_ms_max), self._group_sync)
+    def _own_noop(self) -> GTID:
+        """ShardService._own_noop (run here, not queued: this is the writer's turn)."""
+        g = self.svc._own_noop()
+        self.oplog_dirty = True
+        self._committed(g)
+        return g
 
-    def _group_sync(self) -> None:
-        self._sync_queued = False
-        target = self.committed
-        if target is None or target == self.durable:
-            return
-        rec = self.gm.before_sync()
-        if self._fsync_fails():
-            return
-        self.engine.sync()
-        self.gm.after_sync(rec)
-        self.durable = target
-        self._wc_update(self.id, target)  # ShardService._durable_hook
-        self._on_durable()
+    def _svc_timer(self, delay_ms: int, fn: Callable) -> None:
+        """The ShardService's timers (its syncer's, its waiters' deadlines); the
+        disk takes a while."""
+        self.later(delay_ms + self.sim.rng.randint(0, self.sim.opts.disk_ms_max), fn)
 
-    def _on_durable(self) -> None:
+    def _sync_engine(self) -> None:
+        """Engine.sync with the injected failures (``fsync_fail_p``). A failure
+        is final, as LMDBStore's is: every later sync fails too."""
+        o = self.sim.opts
+        if self._sync_failed is None and o.fsync_fail_p and self.sim.net.faults \
+                and self.sim.disk_rng.random() < o.fsync_fail_p:
+            if self.sim.broken == "fsync_retry":
+                # planted bug (PostgreSQL's old way): the kernel dropped the dirty
+                # pages and cleared the error; the retry "succeeds" over them
+                self.trace("fsync failed: retried")
+                self.store.crash()
+            else:
+                self._sync_failed = errors.DiskFailed(f"m{self.id}: injected fsync failure")
+        if self._sync_failed is not None:
+            raise self._sync_failed
+        Engine.sync(self.engine)
+
+    def _fatal(self, e: Exception) -> None:
+        """process.stop_process: a failed fsync stops the member's processes;
+        Ray restarts them."""
+        self.trace(f"fsync failed: the process stops ({e})")
+        self.sim.crash_member(self.id, machine=True)
+        self.sim.sched.at(self.sim.disk_rng.randint(50, 2000), self.sim._restart_member, self.id)
+
+    def _on_durable(self, g: GTID | None = None) -> None:
+        """OplogShard._on_durable: the feeder ships what is durable."""
         if not self.primary:
             return
         rp = self.gm.replicatable()
         self.feeder_on_limit(GTID(rp.term, rp.seq - 1) if rp.seq > 1 else ZERO)
-
-    # WriteConcernWaiters: the shell's lock and thread around WriteConcernCore
-    def _wc_update(self, member: int, g: GTID | None) -> None:
-        if self.wc.update(member, g):
-            if self.primary:  # before the acknowledgements, as the shell does
-                self._note_majority(self.wc.majority_point(self.engine.term))
-            self._wc_check()
-
-    def _wc_wait(self, g, h, w, wtimeout_ms, out, respond) -> None:
-        deadline = None if not wtimeout_ms else self.now() + wtimeout_ms
-        err = self.wc.wait(g, w, deadline, (g, h, out, respond))
-        if err is not None:
-            return respond(err=err)
-        if deadline is not None:
-            self.later(wtimeout_ms, self._wc_check)
-        self._wc_check()
-
-    def _wc_check(self) -> None:
-        self._wc_answer(self.wc.sweep(self.now(), self.engine.term, self.primary))
-
-    def _wc_answer(self, decided: list) -> None:
-        for token, err in decided:
-            if err is None:
-                self._wc_ack(token)
-            else:
-                token[3](err=err)
-
-    def _wc_ack(self, token) -> None:
-        g, h, out, respond = token
-        self.sim.checker.on_majority_ack(self, g, h)
-        respond(out)
-
-    def _note_majority(self, g: GTID | None) -> None:
-        """ShardService.note_majority."""
-        if g is not None and (self.majority_known is None or g > self.majority_known):
-            self.majority_known = g
 
     def on_read(self, respond, level: str) -> None:
         """ShardService._read of the counter document at read concern ``level``."""
@@ -908,21 +884,15 @@ class SimMember:
         if level != "linearizable":
             return respond(out)
         # confirm_primary: a no-op entry under this term, acknowledged by a majority
-        g, h = self._write_noop()
-        self._wc_wait(g, h, "majority", WTIMEOUT_MS, out, respond)
-
-    def _write_noop(self) -> tuple[GTID, int]:
-        """ShardService._own_noop: an n entry under this term, synced soon."""
-        g = self.gm.allocate()
         try:
-            self.engine.write_noop(g)
-        finally:
-            self.gm.done(g)
-            self.oplog_dirty = True
-        h = self.engine.last()[1]
-        self.sim.checker.on_commit(self, g, h)
-        self._note_commit(g)
-        return g, h
+            g = self._own_noop()
+        except errors.RaymxError as e:
+            return respond(err=e)
+
+        def ok():
+            self.sim.checker.on_majority_ack(self, g, self._hashes[g])
+            respond(out)
+        self.svc.wc.wait(g, "majority", WTIMEOUT_MS, ok, lambda e: respond(err=e))
 
     # -- Feeder: FeederService.pull over FeederCore ---------------------------
     def _feeder_reset(self, primary: bool | None = None) -> None:
@@ -961,7 +931,7 @@ class SimMember:
     def on_pull(self, respond, req: dict) -> None:
         stale = self.feeder.admit(req["term"], self.id)
         if stale is not None:
-            self._wc_check()  # a deposed primary's waiters fail now
+            self.svc.wc.tick()  # a deposed primary's waiters fail now
             return respond(stale)
         w = {"req": req, "term": self.engine.term, "respond": respond, "done": False,
              "caller": {"durable": req["durable"], "applied": req["applied"],
@@ -995,6 +965,8 @@ class SimMember:
             fn(*args)
         except (Violation, AssertionError):
             raise
+        except errors.DiskFailed as e:  # Producer._run: the process stops
+            self._fatal(e)
         except Exception as e:
             self.trace(f"producer thread dies: {type(e).__name__}: {e}")
             self.p_dead = True
@@ -1027,7 +999,7 @@ class SimMember:
     def _handle(self, out: dict, src: int, last: GTID, last_h: int) -> None:
         step, learned = self.producer.on_answer(out, last)
         if learned is not None:  # by doorbell to OplogShard._note_majority
-            self._note_majority(learned)
+            self.svc.note_majority(learned)
             fm = self.feeder.upstream_majority  # FeederService.on_majority
             if fm is None or learned > fm:
                 self.feeder.upstream_majority = learned
@@ -1048,28 +1020,11 @@ class SimMember:
         self.p_locked = True
         self.later(self.sim.rng.randint(0, self.sim.opts.disk_ms_max), self._batch_synced, g)
 
-    def _fsync_fails(self) -> bool:
-        """A failed fsync (``fsync_fail_p``): GroupCommit/Producer call
-        stop_process; nothing the sync covered is acknowledged or reported."""
-        o = self.sim.opts
-        if not (o.fsync_fail_p and self.sim.net.faults
-                and self.sim.disk_rng.random() < o.fsync_fail_p):
-            return False
-        if self.sim.broken == "fsync_retry":
-            # planted bug (PostgreSQL's old way): the kernel dropped the dirty
-            # pages and cleared the error; the retry "succeeds" over them
-            self.trace("fsync failed: retried")
-            self.store.crash()
-            return False
-        self.trace("fsync failed: the process stops")
-        self.sim.crash_member(self.id, machine=True)
-        self.sim.sched.at(self.sim.disk_rng.randint(50, 2000), self.sim._restart_member, self.id)
-        return True
-
     def _batch_synced(self, g: GTID) -> None:
-        if self._fsync_fails():
-            return
-        self.engine.sync()  # durable before the next pull reports it upstream
+        try:
+            self.engine.sync()  # durable before the next pull reports it upstream
+        except errors.DiskFailed as e:  # the Producer shell stops the process
+            return self._fatal(e)
         self.p_locked = False
         self._kick_applier()
         self.feeder_on_limit(g)
@@ -1900,8 +1855,13 @@ class Sim:
 def run(seed: int = 0, broken: str | None = None, trace: bool = False, regress=(),
         scenario: str | None = None) -> Result:
     """One run; ``regress``: known bugs put back into the shipped cores for it."""
-    with regressed(regress):
-        return Sim(seed, broken, trace, regress, scenario).run()
+    log = logging.getLogger("raymx")  # the shipped code's logs: the trace tells it here
+    level, log.level = log.level, logging.CRITICAL + 1
+    try:
+        with regressed(regress, broken):
+            return Sim(seed, broken, trace, regress, scenario).run()
+    finally:
+        log.setLevel(level)
 
 
 def main(argv=None) -> int:

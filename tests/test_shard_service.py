@@ -101,7 +101,7 @@ def test_a_failed_group_commit_with_a_failed_n_entry_keeps_the_writer(member, fa
     failing_disk["n"] = 2  # the group's commit and the first n entry
     blocker.set()
     assert all(ev.wait(5) for ev in evs) and all(o["err"] for o in outs)
-    assert svc._writer.is_alive()
+    assert all(t.is_alive() for t in svc._threads)  # the writer (and the trimmer)
     blocker = busy_writer(svc)  # the writer thread still runs writes, after the n entries
     ev, out = threading.Event(), {}
     svc.handle({"op": "insert", "ns": "a.b", "docs": [{"_id": 4}]},

@@ -108,6 +108,8 @@ class Producer:
                     continue  # paused while pulling: write nothing more
                 try:
                     self._handle(out, src, last, last_h)
+                except errors.DiskFailed as e:  # a sync of a rollback: never carry on
+                    stop_process(e)
                 except Exception as e:  # a failed step (find_common): report and retry
                     log.exception("member %d: producer step failed", self.member_id)
                     src = None

@@ -112,7 +112,8 @@ class GroupCommit:
 
     def __init__(self, engine: Engine, gm: GTIDManager, interval_ms: int,
                  on_durable: Callable[[GTID], None] | None = None,
-                 on_fatal: Callable[[Exception], None] | None = None):
+                 on_fatal: Callable[[Exception], None] | None = None,
+                 timer: Callable[[int, Callable[[], None]], None] | None = None):
         self._e = engine
         self._gm = gm
         self._interval = interval_ms / 1000
@@ -128,8 +129,12 @@ class GroupCommit:
         self.durable: GTID | None = None    # last commit covered by a finished sync
         self.syncs = 0
         self._stop = False
-        self._t = threading.Thread(target=self._run, name="raymx-syncer", daemon=True)
-        self._t.start()
+        # ``timer(delay_ms, fn)`` instead of the syncer thread (the simulation)
+        self._timer, self._timed = timer, False
+        self._t = None
+        if timer is None:
+            self._t = threading.Thread(target=self._run, name="raymx-syncer", daemon=True)
+            self._t.start()
 
     def note_commit(self, g: GTID, wake: bool = True) -> None:
         """``g`` committed. With ``wake=False`` the caller flushes itself
@@ -137,8 +142,17 @@ class GroupCommit:
         with self._cond:
             if self.committed is None or g > self.committed:
                 self.committed = g
-            if self.eager and wake:
+            if self._timer is not None:
+                if wake and not self._timed:
+                    self._timed = True
+                    self._timer(0 if self.eager else int(self._interval * 1000), self._on_timer)
+            elif self.eager and wake:
                 self._cond.notify()
+
+    def _on_timer(self) -> None:
+        self._timed = False
+        if self.failed is None:
+            self.sync_now()
 
     def reset(self, last: GTID | None) -> None:
         """Everything up to ``last`` is committed and durable (a store just
@@ -233,7 +247,8 @@ class GroupCommit:
         with self._cond:
             self._stop = True
             self._cond.notify()
-        self._t.join(10)
+        if self._t is not None:
+            self._t.join(10)
 
 
 class WriteConcernWaiters:
@@ -250,8 +265,8 @@ class WriteConcernWaiters:
         self._svc = svc
         self._cond = threading.Condition()
         self.core = WriteConcernCore(svc.votes)
-        self._t = threading.Thread(target=self._run, name="raymx-wc", daemon=True)
-        self._t.start()
+        if svc.timer is None:  # else a timer per deadline (the simulation)
+            threading.Thread(target=self._run, name="raymx-wc", daemon=True).start()
 
     def positions(self) -> dict[int, GTID | None]:
         with self._cond:
@@ -289,23 +304,33 @@ class WriteConcernWaiters:
             return self.core.majority_point(term)
 
     def wait(self, g: GTID, w, wtimeout_ms, ok, fail) -> None:
-        deadline = None if not wtimeout_ms else _mono_ms() + int(wtimeout_ms)
+        deadline = None if not wtimeout_ms else self._svc.mono_ms() + int(wtimeout_ms)
         with self._cond:
             err = self.core.wait(g, w, deadline, (ok, fail))
             self._cond.notify()
         if err is not None:
-            fail(err)
+            return fail(err)
+        if self._svc.timer is not None:  # what the thread does when notified
+            if deadline is not None:
+                self._svc.timer(int(wtimeout_ms), self.tick)
+            self.tick()
 
     def _run(self):
         while True:
             with self._cond:
                 d = self.core.next_deadline()
-                self._cond.wait(min(1.0, max(0.0, (d - _mono_ms()) / 1000)) if d else 1.0)
-                done = self._sweep()
-            self._answer(done)
+                self._cond.wait(min(1.0, max(0.0, (d - self._svc.mono_ms()) / 1000))
+                                if d else 1.0)
+            self.tick()
+
+    def tick(self) -> None:
+        """Answer every waiter that can be (acknowledged, timed out, deposed)."""
+        with self._cond:
+            done = self._sweep()
+        self._answer(done)
 
     def _sweep(self) -> list:
-        return self.core.sweep(_mono_ms(), self._svc.e.term, self._svc.primary)
+        return self.core.sweep(self._svc.mono_ms(), self._svc.e.term, self._svc.primary)
 
     @staticmethod
     def _answer(done: list) -> None:
@@ -369,8 +394,17 @@ class ShardService:
                  on_commit: Callable[[GTID], None] | None = None,
                  on_durable: Callable[[GTID], None] | None = None,
                  member_id: int = 0, votes: dict[int, int] | None = None,
-                 on_fatal: Callable[[Exception], None] | None = None):
+                 on_fatal: Callable[[Exception], None] | None = None,
+                 timer: Callable[[int, Callable[[], None]], None] | None = None,
+                 clock_ms: Callable[[], int] | None = None):
+        """``timer(delay_ms, fn)`` and ``clock_ms()`` are the simulation's: with a
+        timer no thread is started (the syncer, the write-concern waiters', the
+        writer and the trimmer); the caller runs queued writes (``run_queued``)
+        and the timers."""
         self.e = engine
+        self.timer = timer
+        self.wall_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.mono_ms = clock_ms or _mono_ms
         self.limits = limits
         self.primary = primary
         self.member_id = member_id
@@ -393,7 +427,7 @@ class ShardService:
         last, _ = engine.last()
         self.gm = GTIDManager(engine.term, last.seq + 1, lock=threading.Lock())
         self.group = GroupCommit(engine, self.gm, limits.sync_interval_ms,
-                                 self._durable_hook(on_durable), on_fatal)
+                                 self._durable_hook(on_durable), on_fatal, timer)
         self.group.reset(last if last.seq else None)
         self.group.eager = len(self.votes) > 1
         self._q: queue.Queue = queue.Queue()
@@ -418,10 +452,11 @@ class ShardService:
                      "held_by": None, "bound": None, "last_error": None}
         self._stopping = threading.Event()
         self._trim_wake = threading.Event()
-        self._writer = threading.Thread(target=self._write_loop, name="raymx-writer", daemon=True)
-        self._writer.start()
-        self._trimmer = threading.Thread(target=self._trim_loop, name="raymx-trimmer", daemon=True)
-        self._trimmer.start()
+        self._threads = [] if timer is not None else [
+            threading.Thread(target=fn, name=name, daemon=True)
+            for fn, name in ((self._trim_loop, "raymx-trimmer"), (self._write_loop, "raymx-writer"))]
+        for t in self._threads:
+            t.start()
 
     def _durable_hook(self, on_durable):
         def hook(g):
@@ -473,7 +508,7 @@ class ShardService:
         if not max_bytes and not age_s:
             self.trim["held_by"] = None
             return self.trim
-        now = int(time.time() * 1000) if now_ms is None else now_ms
+        now = self.wall_ms() if now_ms is None else now_ms
         durable = self.wc.positions()
         bound, why = trim_bound(self.majority_known, applied_point(self.e), durable,
                                 dict(self.heard_ms), now, self.limits.heartbeat_timeout_ms,
@@ -519,7 +554,7 @@ class ShardService:
         self.wc.set_votes(self.votes)
         self.group.eager = len(self.votes) > 1
         for m in votes:
-            self.heard_ms.setdefault(m, int(time.time() * 1000))
+            self.heard_ms.setdefault(m, self.wall_ms())
 
     def sees_majority(self, now_ms: int) -> bool:
         """Can this primary still reach a majority of voting members (itself included)?"""
@@ -536,7 +571,7 @@ class ShardService:
         self._unwritten.clear()  # n entries a past term owed: the oplog moved on without them
         # its own position is known now (synced above), not at its next write
         self.wc.reset(self.member_id, last)
-        self.heard_ms = {m: int(time.time() * 1000) for m in self.votes}  # grace period
+        self.heard_ms = {m: self.wall_ms() for m in self.votes}  # grace period
         self.handing_over = False
         self.primary = True
 
@@ -587,7 +622,7 @@ class ShardService:
                     f"member {self.member_id} is not the primary" + (
                         " (it is handing the role over)" if self.primary else ""),
                     member=self.member_id))
-            if not self.sees_majority(int(time.time() * 1000)):
+            if not self.sees_majority(self.wall_ms()):
                 # A primary cut off from the majority stops taking writes within
                 # the heartbeat timeout; the majority side elects a new one.
                 return reply(err=errors.NotPrimary(
@@ -721,25 +756,39 @@ class ShardService:
 
     def _write_loop(self):
         q, held = self._q, []
-        while True:
-            item = held.pop() if held else q.get()
-            if item is None:
-                return
-            items = [item]
-            if item[0] == "write":  # the writes queued at this moment share one LMDB commit
-                while len(items) < self.limits.write_group_max:
-                    try:
-                        nxt = q.get_nowait()
-                    except queue.Empty:
-                        break
-                    if nxt is None or nxt[0] != "write":
-                        held.append(nxt)
-                        break
-                    items.append(nxt)
-            with self._wlock:
-                self._run_safely(items)
-            for _ in items:
-                q.task_done()
+        while self._write_step(q.get, held):
+            pass
+
+    def run_queued(self) -> None:
+        """Run every queued write now, on the calling thread (no writer thread:
+        the simulation)."""
+        held: list = []
+        while held or not self._q.empty():
+            self._write_step(self._q.get_nowait, held)
+
+    def _write_step(self, get, held: list) -> bool:
+        """One turn of the writer: the next item, with the writes queued behind
+        it as one group. False at the stop mark."""
+        q = self._q
+        item = held.pop() if held else get()
+        if item is None:
+            return False
+        items = [item]
+        if item[0] == "write":  # the writes queued at this moment share one LMDB commit
+            while len(items) < self.limits.write_group_max:
+                try:
+                    nxt = q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None or nxt[0] != "write":
+                    held.append(nxt)
+                    break
+                items.append(nxt)
+        with self._wlock:
+            self._run_safely(items)
+        for _ in items:
+            q.task_done()
+        return True
 
     def _run_safely(self, items: list) -> None:
         """``_run_items``; an error that escapes it is a bug: logged, and the
@@ -1297,12 +1346,12 @@ class ShardService:
     def close(self) -> None:
         self._stopping.set()
         self._trim_wake.set()
-        self._trimmer.join(10)
         with self.majority_cond:
             self.majority_cond.notify_all()
         self.watchers.shutdown(wait=False, cancel_futures=True)
         self._q.put(None)
-        self._writer.join(10)
+        for t in self._threads:  # the trimmer, then the writer (after the stop mark)
+            t.join(10)
         self.group.stop()
         self.readers.shutdown(wait=True)
         for cid in list(self._cursors):
