@@ -441,9 +441,8 @@ def test_a_large_insert_many_goes_in_parts_as_one_statement(port, monkeypatch):
     decoded on arrival: one GTID for all, beyond one frame's size too; a bad
     document in a later part is named by its place in the whole batch and
     nothing is stored; a document the driver cannot pack cancels the parts sent."""
-    from raymx import client as driver
-    from raymx.client import INSERT_PART_DOCS
-    monkeypatch.setattr(driver, "INSERT_PART_BYTES", 100_000)  # a part is several frames
+    from raymx.client import INSERT_PART_DOCS, collection
+    monkeypatch.setattr(collection, "INSERT_PART_BYTES", 100_000)  # a part is several frames
     p, svc = port
     cl = _client(p)
     coll = cl["big"]["c"]
