@@ -38,7 +38,7 @@ class ChangeStream:
         self._rp = rp
         self._wait_s = (wait_ms or DEFAULT_LIMITS.watch_wait_ms) / 1000
         self._conn: Connection | None = None
-        self._buf: list = []
+        self._events: list = []  # the last batch's events not yet returned, last first
         self._batch_resume = None
         self.member: int | None = None  # the member serving this stream now
         self.closed = False
@@ -93,17 +93,17 @@ class ChangeStream:
         resume token may still have moved: the high-water mark)."""
         if self.closed:
             raise errors.InvalidOperation("the change stream is closed")
-        if not self._buf:
+        if not self._events:
             r = self._fetch()
-            self._buf = list(reversed(r["events"]))
+            self._events = list(reversed(r["events"]))
             self._batch_resume = r["resume"]
-            if not self._buf:
+            if not self._events:
                 self.resume_token = self._batch_resume
                 return None
-        ev = self._buf.pop()
+        ev = self._events.pop()
         ev["gtid"] = GTID(*ev["gtid"])
         # after the last event of a batch, the batch's own token (it may be higher)
-        self.resume_token = ev["token"] if self._buf else self._batch_resume
+        self.resume_token = ev["token"] if self._events else self._batch_resume
         return ev
 
     def __iter__(self) -> Iterator[dict]:

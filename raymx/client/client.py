@@ -11,7 +11,7 @@ from raymx import errors
 from raymx.client.change_stream import ChangeStream
 from raymx.client.collection import Collection, Database
 from raymx.client.connection import Connection, connect_member
-from raymx.client.options import ReadConcern, ReadPreference, WriteConcern, _wc
+from raymx.client.options import ReadConcern, ReadPreference, WriteConcern, _wc_fields
 from raymx.client.results import _gtid
 from raymx.storage.gtid import GTID
 
@@ -207,7 +207,7 @@ class Client:
         return ChangeStream(self, after, namespaces, ops, majority, rp, batch, wait_ms)
 
     def transaction(self, **wc) -> "ClientTransaction":
-        return ClientTransaction(self, _wc(self.write_concern, wc))
+        return ClientTransaction(self, _wc_fields(self.write_concern, wc))
 
     def _no_open_transaction(self, what: str) -> None:
         """A transaction holds the member's writer until it ends: ``what`` on
@@ -241,7 +241,7 @@ class ClientTransaction:
 
     def __init__(self, client: Client, wc: dict):
         self.client = client
-        self._wc = wc
+        self._wc_fields = wc
         self._conn: Connection | None = None
         self._id = None
         self.gtid: GTID | None = None
@@ -272,7 +272,7 @@ class ClientTransaction:
 
     def commit(self):
         try:
-            r = self._call({"op": "txnCommit", **self._wc})
+            r = self._call({"op": "txnCommit", **self._wc_fields})
         finally:
             self._ended()
         self.gtid = _gtid(r.get("gtid"))

@@ -5,7 +5,7 @@ import functools
 from typing import TYPE_CHECKING, Iterator
 
 from raymx import errors
-from raymx.client.options import ReadConcern, ReadPreference, WriteConcern, _wc
+from raymx.client.options import ReadConcern, ReadPreference, WriteConcern, _wc_fields
 from raymx.client.results import (DeleteResult, InsertManyResult, InsertOneResult,
                                   UpdateResult, _gtid)
 from raymx.storage import codec
@@ -103,12 +103,12 @@ class Collection:
             return self._txn._call(req)
         return self.client._read_call(self.read_preference, req)[0]
 
-    def _write(self, req: dict, wc: dict, parts=None):
+    def _write(self, req: dict, wc_fields: dict, parts=None):
         req["ns"] = self.full_name
         if self._txn is not None:
             return self._txn._call(req, parts)
         self.client._no_open_transaction("a write outside it")
-        req.update(wc)
+        req.update(wc_fields)
         return self.client._call(req, parts=parts)
 
     # writes
@@ -116,7 +116,8 @@ class Collection:
     # member decodes them to check them and stores these bytes, never packing
     # them again. What msgpack cannot encode fails here, before it is sent.
     def insert_one(self, doc: dict, **wc) -> InsertOneResult:
-        r = self._write({"op": "insert", "packed": _pack([doc])}, _wc(self.write_concern, wc))
+        r = self._write({"op": "insert", "packed": _pack([doc])},
+                        _wc_fields(self.write_concern, wc))
         return InsertOneResult(r["inserted_ids"][0], _gtid(r["gtid"]))
 
     # A large insert goes in parts of INSERT_PART_DOCS documents (a frame each,
@@ -124,18 +125,18 @@ class Collection:
     # decodes each part while the next is packed here, and the whole may
     # exceed one frame (up to the member's transaction_bytes_max).
     def insert_many(self, docs, **wc) -> InsertManyResult:
-        docs, wc = list(docs), _wc(self.write_concern, wc)
+        docs, wc_fields = list(docs), _wc_fields(self.write_concern, wc)
         if len(docs) <= INSERT_PART_DOCS:
-            r = self._write({"op": "insert", "packed": _pack(docs)}, wc)
+            r = self._write({"op": "insert", "packed": _pack(docs)}, wc_fields)
         else:
             parts = [functools.partial(_packed_part, docs[i:i + INSERT_PART_DOCS])
                      for i in range(0, len(docs), INSERT_PART_DOCS)]
-            r = self._write({"op": "insert"}, wc, parts)
+            r = self._write({"op": "insert"}, wc_fields, parts)
         return InsertManyResult(r["inserted_ids"], _gtid(r["gtid"]))
 
     def _update(self, flt, update, multi, upsert, replace, wc) -> UpdateResult:
         r = self._write({"op": "update", "filter": flt, "update": update, "multi": multi,
-                         "upsert": upsert, "replace": replace}, _wc(self.write_concern, wc))
+                         "upsert": upsert, "replace": replace}, _wc_fields(self.write_concern, wc))
         return UpdateResult(r["matched"], r["modified"], r["upserted_id"], _gtid(r["gtid"]))
 
     def update_one(self, flt, update, upsert=False, **wc) -> UpdateResult:
@@ -148,24 +149,26 @@ class Collection:
         return self._update(flt, replacement, False, upsert, True, wc)
 
     def delete_one(self, flt, **wc) -> DeleteResult:
-        r = self._write({"op": "delete", "filter": flt, "multi": False}, _wc(self.write_concern, wc))
+        r = self._write({"op": "delete", "filter": flt, "multi": False},
+                        _wc_fields(self.write_concern, wc))
         return DeleteResult(r["deleted"], _gtid(r["gtid"]))
 
     def delete_many(self, flt, **wc) -> DeleteResult:
-        r = self._write({"op": "delete", "filter": flt, "multi": True}, _wc(self.write_concern, wc))
+        r = self._write({"op": "delete", "filter": flt, "multi": True},
+                        _wc_fields(self.write_concern, wc))
         return DeleteResult(r["deleted"], _gtid(r["gtid"]))
 
     def create_index(self, keys, unique: bool = False, name: str | None = None, **wc) -> str:
         if isinstance(keys, list):
             keys = [list(k) if isinstance(k, tuple) else k for k in keys]
         return self._write({"op": "createIndex", "key": keys, "unique": unique, "name": name},
-                           _wc(self.write_concern, wc))["value"]
+                           _wc_fields(self.write_concern, wc))["value"]
 
     def drop_index(self, name: str, **wc) -> None:
-        self._write({"op": "dropIndex", "name": name}, _wc(self.write_concern, wc))
+        self._write({"op": "dropIndex", "name": name}, _wc_fields(self.write_concern, wc))
 
     def drop(self, **wc) -> bool:
-        return self._write({"op": "dropCollection"}, _wc(self.write_concern, wc))["value"]
+        return self._write({"op": "dropCollection"}, _wc_fields(self.write_concern, wc))["value"]
 
     def list_indexes(self) -> list[dict]:
         return self.client._call({"op": "listIndexes", "ns": self.full_name})["value"]

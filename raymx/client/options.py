@@ -94,7 +94,7 @@ class ReadConcern:
         return {} if self.level == "local" else {"readConcern": self.level}
 
 
-def _wc(base: WriteConcern, kw: dict) -> dict:
+def _wc_fields(base: WriteConcern, kw: dict) -> dict:
     """The write concern fields of one call: ``base`` overridden by ``kw``
     (read only: the result may be ``base``'s own)."""
     if not kw:
