@@ -127,3 +127,25 @@ def test_engine_still_exports_what_its_importers_use():
     for n in engine.__all__:
         homes = [m for m in (catalog, reader, transaction, engine) if n in vars(m)]
         assert homes and all(vars(m)[n] is getattr(engine, n) for m in homes), n
+
+
+def test_client_still_exports_what_its_importers_use():
+    """raymx/client.py became the package raymx.client; every name it had
+    (bar the private ones) is still importable from raymx.client, as the same
+    object as in its new module, and raymx's lazy names come from there."""
+    import raymx.client as client
+    from raymx.client import (change_stream, collection, connection, options, results,
+                              url)
+    from raymx.client import client as client_module
+    used = {"Client", "ClientTransaction", "Database", "Collection", "Cursor", "ChangeStream",
+            "Connection", "connect_member", "parse_url", "URLTopology", "connect_url",
+            "WriteConcern", "ReadPreference", "ReadConcern", "InsertOneResult",
+            "InsertManyResult", "UpdateResult", "DeleteResult", "INSERT_PART_DOCS",
+            "INSERT_PART_BYTES"}
+    assert used == set(client.__all__)
+    homes = (change_stream, client_module, collection, connection, options, results, url)
+    for n in client.__all__:
+        found = [m for m in homes if n in vars(m)]
+        assert found and all(vars(m)[n] is getattr(client, n) for m in found), n
+    for n in ("WriteConcern", "ReadPreference", "ReadConcern", "connect_url"):
+        assert getattr(raymx, n) is getattr(client, n), n

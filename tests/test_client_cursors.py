@@ -1,0 +1,106 @@
+"""Cursors through the client port: getMore, killCursors, idle expiry, a
+client that leaves, and batches cut to fit a frame."""
+import threading
+import time
+
+import pytest
+
+from raymx import errors
+from raymx.client import Connection
+from raymx.storage.limits import Limits
+from tests.port_helpers import SECRET, client_of, frame, raw_after_hello, serving, wait_for
+from tests.port_helpers import port  # noqa: F401 (the fixture)
+
+
+def test_a_find_still_running_when_its_client_leaves_keeps_no_cursor(port):
+    """The find waits (read after a GTID not yet written) while its connection
+    closes; when it runs, its cursor is closed at once (it holds an LMDB
+    snapshot, and nobody can ask for more)."""
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    c.request({"op": "insert", "ns": "k.c", "docs": [{"_id": i} for i in range(50)]})
+    last, _ = svc.e.last()
+    s = raw_after_hello(p)
+    s.sendall(frame({"id": 2, "op": "find", "ns": "k.c", "batch": 1,
+                     "after": [last.term, last.seq + 1], "after_timeout_ms": 5000}))
+    time.sleep(0.2)
+    s.close()
+    wait_for(lambda: p.connections == 1)
+    c.request({"op": "insert", "ns": "k.c", "docs": [{"_id": 99}]})  # the find runs now
+    time.sleep(0.3)
+    assert svc.status()["open_cursors"] == 0
+    # a live client's cursors: open while it reads, forgotten when exhausted
+    out = c.request({"op": "find", "ns": "k.c", "batch": 20})
+    assert out["cursor"] and svc.status()["open_cursors"] == 1
+    while out["cursor"]:
+        cid = out["cursor"]
+        out = c.request({"op": "getMore", "cursor": cid, "batch": 20})
+    assert svc.status()["open_cursors"] == 0
+    c.close()
+
+
+def test_idle_cursors_expire(tmp_path):
+    lim = Limits(cursor_idle_ms=300, sync_interval_ms=20)
+    with serving(tmp_path, lim) as (p, svc):
+        c = Connection("127.0.0.1", p.port, SECRET)
+        c.request({"op": "insert", "ns": "i.c", "docs": [{"_id": i} for i in range(100)]})
+        idle = c.request({"op": "find", "ns": "i.c", "batch": 2})["cursor"]
+        busy = c.request({"op": "find", "ns": "i.c", "batch": 2})["cursor"]
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:  # one is used, the other left alone
+            assert len(c.request({"op": "getMore", "cursor": busy, "batch": 1})["docs"]) == 1
+            time.sleep(0.1)
+        c.request({"op": "find", "ns": "i.c", "batch": 2})  # a cursor opens: the sweep runs
+        with pytest.raises(errors.InvalidOperation, match="not found"):
+            c.request({"op": "getMore", "cursor": idle})
+        assert c.request({"op": "getMore", "cursor": busy, "batch": 1})["docs"]
+        assert svc.status()["open_cursors"] == 2
+        c.close()
+
+
+def test_a_cursor_killed_during_its_get_more_is_closed_when_that_ends(port):
+    """killCursors (or the client leaving) while a getMore holds the cursor:
+    the cursor is closed when the getMore ends, not put back until idle expiry."""
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    c.request({"op": "insert", "ns": "gk.c", "docs": [{"_id": i} for i in range(20)]})
+    cid = c.request({"op": "find", "ns": "gk.c", "batch": 2})["cursor"]
+    cur, inside, go = svc._cursors[cid], threading.Event(), threading.Event()
+    rest = cur.it
+
+    def slow():
+        inside.set()
+        go.wait(5)
+        yield from rest
+    cur.it = slow()
+    f = c.submit({"op": "getMore", "cursor": cid, "batch": 2})
+    assert inside.wait(5)
+    assert c.request({"op": "killCursors", "cursors": [cid]}, timeout_s=5) == {}
+    go.set()
+    out = f.result(5)
+    assert len(out["docs"]) == 2 and out["cursor"] == 0  # its batch, and no more
+    assert svc.status()["open_cursors"] == 0
+    with pytest.raises(errors.InvalidOperation, match="not found"):
+        c.request({"op": "getMore", "cursor": cid}, timeout_s=5)
+    c.close()
+
+
+def test_large_documents_come_back_in_batches_that_fit_a_frame(port):
+    """Batches are cut by the documents' encoded size, so whatever was stored
+    can be read (here 40 documents of 200 KB through a 1 MiB frame limit); a
+    find in a transaction that cannot fit one answer says so and the
+    connection stays."""
+    p, svc = port
+    c = client_of(p)
+    coll = c["big"]["c"]
+    for k in range(0, 40, 4):  # 800 KB per insert (a frame of this port holds 1 MiB)
+        coll.insert_many([{"_id": i, "s": "x" * 200_000} for i in range(k, k + 4)])
+    got = [d["_id"] for d in coll.find()]
+    assert got == list(range(40))
+    assert [d["_id"] for d in coll.find(batch_size=3)] == list(range(40))
+    with c.transaction() as tx:
+        with pytest.raises(errors.InvalidOperation, match="inside a transaction"):
+            list(tx["big"]["c"].find())
+        assert len(list(tx["big"]["c"].find({"_id": {"$lt": 3}}))) == 3
+    assert coll.count_documents({}) == 40
+    c.close()
