@@ -12,6 +12,7 @@ from raymx.storage.engine import Engine
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import Limits
 from raymx.storage.lmdb_store import LMDBStore
+from tests.port_helpers import busy_writer
 
 
 @pytest.fixture
@@ -40,13 +41,6 @@ def ask(svc, req, timeout=10):
     svc.handle(req, reply, {})
     assert ev.wait(timeout), f"no answer to {req}"
     return out
-
-
-def busy_writer(svc):
-    blocker, inside = threading.Event(), threading.Event()
-    svc.on_writer(lambda: (inside.set(), blocker.wait()))
-    assert inside.wait(5)
-    return blocker
 
 
 @pytest.fixture

@@ -316,7 +316,7 @@ class WriteConcernWaiters:
             self.tick()
 
     def _run(self):
-        while True:
+        while not self._svc._stopping.is_set():
             with self._cond:
                 d = self.core.next_deadline()
                 self._cond.wait(min(1.0, max(0.0, (d - self._svc.mono_ms()) / 1000))
@@ -1346,6 +1346,8 @@ class ShardService:
     def close(self) -> None:
         self._stopping.set()
         self._trim_wake.set()
+        with self.wc._cond:  # its thread ends
+            self.wc._cond.notify()
         with self.majority_cond:
             self.majority_cond.notify_all()
         self.watchers.shutdown(wait=False, cancel_futures=True)
