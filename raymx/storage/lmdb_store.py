@@ -7,9 +7,22 @@ crash loses nothing committed (the pages are in the OS's cache). A machine
 crash loses the unsynced tail, and LMDB documents that without the sync it
 keeps its integrity only on file systems that write pages in the order they
 were written (MDB_NOSYNC; ARCHITECTURE.md, "Known limits").
+
+No room (``errors.DiskFull``): every write-side call (put, put_many,
+put_sorted, put_new, delete, nested, commit and the callables ``putter``
+returns) turns LMDB's "map full" (``lmdb.MapFullError``) and "disk full"
+(``lmdb.DiskError``, ENOSPC; or EIO from a short write while the file system
+is nearly full: LMDB reports a short write as EIO) into ``DiskFull``, and a
+transaction with too many dirty pages (``lmdb.TxnFullError``) into
+``TransactionTooLarge``. LMDB then allows only an abort of that transaction;
+nothing of it reaches the file's committed state (a commit writes the new
+pages first and the meta page last, over pages no snapshot uses), so what was
+stored is intact and the store stays usable. The map grows where that is safe:
+see ``LMDBStore``.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import threading
@@ -21,8 +34,112 @@ from raymx.storage.store import DBS, _TxnBase
 
 # LMDB refuses to open one path twice in a process, so environments are shared
 # per path (with a reference count) by every store object in the process.
-_ENVS: dict[str, list] = {}
+_ENVS: dict[str, "_Env"] = {}
 _ENVS_LOCK = threading.Lock()
+
+MiB = 1 << 20
+# The map opens at twice the data file's size when the file already uses more
+# than this fraction of the requested map.
+GROW_AT_OPEN_FRACTION = 0.75
+# An EIO from a commit while the file system has less than this free is a
+# short write of a full disk (LMDB reports those as EIO), so DiskFull.
+SHORT_WRITE_FREE_BYTES = 64 * MiB
+MAP_BYTES_MAX = 4 << 40  # 4 TiB of address space: the default ceiling of growth
+
+
+class _Env:
+    """One LMDB environment in this process, shared by its store objects: the
+    open transactions are counted (``live``, under ``lock``) because LMDB may
+    resize the map only while this process has none open."""
+
+    __slots__ = ("env", "dbs", "refs", "lock", "live", "grow_wanted", "map_bytes_max")
+
+    def __init__(self, env, dbs, map_bytes_max):
+        self.env, self.dbs, self.refs = env, dbs, 0
+        self.lock = threading.Lock()
+        self.live = 0
+        self.grow_wanted = False  # a map-full refusal happened: grow when idle
+        self.map_bytes_max = map_bytes_max
+
+    def map_bytes(self) -> int:
+        return self.env.info()["map_size"]
+
+    def used_bytes(self) -> int:
+        return (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+
+    def begin(self, **kw):
+        """A transaction, counted; adopts a map another process grew (LMDB's
+        MDB_MAP_RESIZED) and grows after a map-full when none is open."""
+        with self.lock:
+            if self.grow_wanted and self.live == 0:
+                self._grow()
+            self.live += 1
+        try:
+            try:
+                return self.env.begin(**kw)
+            except lmdb.MapResizedError:
+                with self.lock:
+                    if self.live != 1:  # only this attempt: no transaction is open
+                        raise
+                    self.env.set_mapsize(0)  # adopt the size recorded in the file
+                return self.env.begin(**kw)
+        except BaseException:
+            self.end()
+            raise
+
+    def end(self):
+        with self.lock:
+            self.live -= 1
+
+    def _grow(self):  # with lock held and no transaction open in this process
+        self.grow_wanted = False
+        cur = self.map_bytes()
+        new = min(max(2 * cur, 2 * self.used_bytes()), self.map_bytes_max)
+        if new > cur:
+            self.env.set_mapsize(new)
+
+
+def _free_bytes(path: str) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _refusal(store: "LMDBStore", e: Exception, where: str) -> Exception:
+    """The raymx error for an LMDB write error, or ``e`` itself."""
+    if isinstance(e, lmdb.MapFullError):
+        ent = store._ent
+        ent.grow_wanted = ent.map_bytes() < ent.map_bytes_max
+        m = ent.map_bytes()
+        grow = ("the map grows before this process's next transaction if none of its "
+                "transactions is open then (else a restart of the member with a larger "
+                "Limits.map_bytes makes room)" if ent.grow_wanted else
+                f"the map is at its ceiling (map_bytes_max {ent.map_bytes_max} bytes): "
+                "restart the member with a larger Limits.map_bytes, or delete data")
+        return errors.DiskFull(
+            f"{store.path}: the LMDB map is full ({m} bytes) at {where}; nothing was "
+            f"written, what was stored is intact and reads go on; {grow}",
+            path=store.path, full="map", map_bytes=m)
+    if isinstance(e, lmdb.TxnFullError):
+        return errors.TransactionTooLarge(
+            f"{store.path}: the transaction dirtied more pages than LMDB can hold in one "
+            f"transaction ({where}: {e}); nothing was written: split it into smaller ones")
+    free = None
+    if isinstance(e, lmdb.DiskError) or (
+            type(e) is lmdb.Error and os.strerror(errno.EIO) in str(e)
+            and (free := _free_bytes(store.path)) is not None
+            and free < SHORT_WRITE_FREE_BYTES):
+        if free is None:
+            free = _free_bytes(store.path)
+        return errors.DiskFull(
+            f"{store.path}: the disk is full ({where}: {e}; {free} bytes free); nothing "
+            "was written, what was stored is intact and reads go on; free space on its "
+            "file system (drop or trim data, remove other files, grow the file system) "
+            "and writes go on", path=store.path, full="disk", free_bytes=free)
+    return e
+
 
 
 def make_private_dir(path: str) -> str:
@@ -33,11 +150,25 @@ def make_private_dir(path: str) -> str:
 
 
 class _Txn(_TxnBase):
+    """A transaction. A top-level one is counted in its environment's ``live``
+    until it commits, aborts or is dropped."""
+
     def __init__(self, store: "LMDBStore", txn, write: bool, parent=None):
         self._s = store
         self._t = txn
         self._write = write
         self._parent = parent
+        self._counted = parent is None
+
+    def _ended(self):
+        if self._counted:
+            self._counted = False
+            self._s._ent.end()
+
+    def __del__(self):  # dropped unfinished: py-lmdb aborts it; stop counting it
+        if self._counted:
+            self._counted = False
+            self._s._ent.end()
 
     def get(self, db, key):
         return self._t.get(bytes(key), db=self._s._dbs[db])
@@ -88,18 +219,39 @@ class _Txn(_TxnBase):
                     return
                 yield k
 
+    # Write side: LMDB's "no room" errors become DiskFull (see _refusal)
     def put(self, db, key, value, overwrite=True):
-        return self._t.put(key, value, db=self._s._dbs[db], overwrite=overwrite)
+        try:
+            return self._t.put(key, value, db=self._s._dbs[db], overwrite=overwrite)
+        except lmdb.Error as e:
+            raise _refusal(self._s, e, "put") from e
 
     def putter(self, db, overwrite=True):
-        return functools.partial(self._t.put, db=self._s._dbs[db], overwrite=overwrite)
+        put = functools.partial(self._t.put, db=self._s._dbs[db], overwrite=overwrite)
+        store = self._s
+
+        def put_row(key, value):
+            try:
+                return put(key, value)
+            except lmdb.Error as e:
+                raise _refusal(store, e, "put") from e
+        return put_row
 
     def put_many(self, db, rows):
         if rows:
-            with self._t.cursor(db=self._s._dbs[db]) as c:
-                c.putmulti(rows)
+            try:
+                with self._t.cursor(db=self._s._dbs[db]) as c:
+                    c.putmulti(rows)
+            except lmdb.Error as e:
+                raise _refusal(self._s, e, "put_many") from e
 
     def put_sorted(self, db, rows):
+        try:
+            return self._put_sorted(db, rows)
+        except lmdb.Error as e:
+            raise _refusal(self._s, e, "put_sorted") from e
+
+    def _put_sorted(self, db, rows):
         if not rows:
             return 0
         d = self._s._dbs[db]
@@ -115,6 +267,12 @@ class _Txn(_TxnBase):
         return added
 
     def put_new(self, db, rows):
+        try:
+            return self._put_new(db, rows)
+        except lmdb.Error as e:
+            raise _refusal(self._s, e, "put_new") from e
+
+    def _put_new(self, db, rows):
         if not rows:
             return True
         d, env = self._s._dbs[db], self._s._env
@@ -140,20 +298,63 @@ class _Txn(_TxnBase):
         return False
 
     def delete(self, db, key):
-        return self._t.delete(key, db=self._s._dbs[db])
+        try:
+            return self._t.delete(key, db=self._s._dbs[db])
+        except lmdb.Error as e:
+            raise _refusal(self._s, e, "delete") from e
 
     def nested(self):
-        return _Txn(self._s, self._s._env.begin(write=True, parent=self._t), True, self)
+        try:
+            return _Txn(self._s, self._s._env.begin(write=True, parent=self._t), True, self)
+        except lmdb.Error as e:
+            raise _refusal(self._s, e, "nested") from e
 
     def commit(self):
-        self._t.commit()
+        """Commit; on an error LMDB has aborted the transaction (nothing of it is
+        stored), and ``abort`` after it is harmless."""
+        try:
+            self._t.commit()
+        except lmdb.Error as e:
+            self._t.abort()
+            raise _refusal(self._s, e, "commit") from e
+        finally:
+            self._ended()
 
     def abort(self):
         self._t.abort()
+        self._ended()
 
 
 class LMDBStore:
-    def __init__(self, path: str, map_bytes: int = 64 << 30):
+    """A member's LMDB environment.
+
+    The map (``map_bytes``: address space the data file may grow into, not
+    disk) grows by itself in two cases, the only ones where LMDB allows a
+    resize (no transaction of this process open on the environment):
+
+    - at open, by the first store object of the path in this process: if the
+      data file already uses more than ``GROW_AT_OPEN_FRACTION`` (3/4) of
+      ``map_bytes``, the map is twice the file's used size;
+    - after a map-full refusal (``errors.DiskFull``, ``full="map"``): the next
+      transaction (read or write) this process begins first doubles the map
+      (at least twice the used size), if no transaction of this process is
+      open at that moment; if one is, the transaction goes ahead at the old
+      size (a write may be refused again) and the grow is tried again at the
+      next begin. A member that keeps a read transaction open at all times
+      (an idle cursor holds one for up to ``Limits.cursor_idle_ms``) grows
+      only once they all end.
+
+    Neither grows past ``map_bytes_max`` (default: the larger of
+    ``map_bytes`` and 4 TiB); ``map_bytes_max=map_bytes`` turns growth off.
+    Another process of the member that has the same environment open adopts a
+    grown map when it next begins a transaction with none of its own open
+    (LMDB's MDB_MAP_RESIZED); while one is open, that begin raises
+    ``lmdb.MapResizedError`` (as it did before). A grow lasts while the
+    environment is open; a reopen with a smaller ``map_bytes`` starts from
+    that (and from the rule at open).
+    """
+
+    def __init__(self, path: str, map_bytes: int = 64 << 30, map_bytes_max: int | None = None):
         self.path = make_private_dir(path)
         with _ENVS_LOCK:
             ent = _ENVS.get(self.path)
@@ -161,18 +362,24 @@ class LMDBStore:
                 env = lmdb.open(self.path, map_size=map_bytes, max_dbs=len(DBS) + 2,
                                 subdir=True, sync=False, metasync=False, mode=0o600,
                                 max_readers=1024, readahead=False)
-                dbs = {name: env.open_db(name.encode()) for name in DBS}
-                ent = _ENVS[self.path] = [env, dbs, 0]
-            ent[2] += 1
-        self._env, self._dbs = ent[0], ent[1]
+                ent = _Env(env, None, max(map_bytes, MAP_BYTES_MAX if map_bytes_max is None
+                                          else map_bytes_max))
+                used = ent.used_bytes()
+                if used > GROW_AT_OPEN_FRACTION * map_bytes:  # no transaction is open yet
+                    env.set_mapsize(min(max(2 * used, map_bytes), ent.map_bytes_max))
+                ent.dbs = {name: env.open_db(name.encode()) for name in DBS}
+                _ENVS[self.path] = ent
+            ent.refs += 1
+        self._ent = ent
+        self._env, self._dbs = ent.env, ent.dbs
         self._closed = False
         self.failed: str | None = None  # a sync failed: see sync()
 
     def read(self):
-        return _Txn(self, self._env.begin(write=False, buffers=False), False)
+        return _Txn(self, self._ent.begin(write=False, buffers=False), False)
 
     def write(self):
-        return _Txn(self, self._env.begin(write=True), True)
+        return _Txn(self, self._ent.begin(write=True), True)
 
     def sync(self):
         """fdatasync the data file. A failure is final for this store: every later
@@ -195,8 +402,9 @@ class LMDBStore:
 
     def stat(self) -> dict:
         info = self._env.info()
-        return {"map_bytes": info["map_size"], "last_page": info["last_pgno"],
-                "page_bytes": self._env.stat()["psize"]}
+        return {"map_bytes": info["map_size"], "map_bytes_max": self._ent.map_bytes_max,
+                "last_page": info["last_pgno"], "page_bytes": self._env.stat()["psize"],
+                "free_bytes": _free_bytes(self.path)}
 
     def close(self):
         if self._closed:
@@ -205,7 +413,7 @@ class LMDBStore:
         with _ENVS_LOCK:
             ent = _ENVS.get(self.path)
             if ent is not None:
-                ent[2] -= 1
-                if ent[2] == 0:
-                    ent[0].close()
+                ent.refs -= 1
+                if ent.refs == 0:
+                    ent.env.close()
                     del _ENVS[self.path]
