@@ -75,7 +75,7 @@ def test_map_full_refuses_the_statement_keeps_data_and_reads(tmp_path):
     for _ in range(3):
         with pytest.raises(errors.DiskFull):
             e.insert_many("t.c", [{"_id": n + i, "k": 1, "pad": PAD} for i in range(200)])
-    assert e.last() == last and s._ent.live == 0
+    assert e.last() == last and s._ent.live() == 0
     check_engine(e, "t.c", n)
     # a transaction whose second statement does not fit: the first one stands
     with e.begin() as tx:
@@ -323,3 +323,43 @@ def test_enospc_on_a_full_tmpfs(tmp_path):
     assert out["n"] > 1000 and out["count"] == out["n"] and out["ids_ok"]
     assert out["verify"] == out["last"]
     assert out["after"] == out["n"] + 20 and out["verify_after"] == out["last_after"]
+
+
+def test_grows_under_concurrent_short_readers(tmp_path):
+    """Readers on other threads begin and end transactions all the time; the
+    map grows only in a moment when none is open (a remap under an open one
+    would crash the process), and every read sees whole documents."""
+    import threading
+    s = small(tmp_path, map_mib=1, max_mib=64)
+    e = Engine(s)
+    e.insert_many("t.c", [{"_id": -1, "pad": PAD}])
+    stop, seen, bad = threading.Event(), [], []
+
+    def reader():
+        while not stop.is_set():
+            try:
+                docs = e.find("t.c", {"_id": {"$lt": 5}})
+                seen.append(len(docs))
+                if any(d["pad"] != PAD for d in docs):
+                    bad.append(docs)
+            except Exception as err:  # noqa: BLE001 - reported below
+                bad.append(repr(err))
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    n, grown = 0, 0
+    try:
+        while s.stat()["map_bytes"] < 4 * MiB and n < 200_000:
+            try:
+                e.insert_many("t.c", [{"_id": n + j, "pad": PAD} for j in range(50)])
+                n += 50
+            except errors.DiskFull:
+                grown += 1
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert not bad and seen
+    assert s.stat()["map_bytes"] >= 4 * MiB and grown >= 2
+    assert e.count("t.c") == n + 1 and e.verify_oplog() == e.last()[0].seq
+    s.close()

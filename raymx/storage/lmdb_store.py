@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import os
 import threading
+import time
 
 import lmdb
 
@@ -45,21 +47,36 @@ GROW_AT_OPEN_FRACTION = 0.75
 # short write of a full disk (LMDB reports those as EIO), so DiskFull.
 SHORT_WRITE_FREE_BYTES = 64 * MiB
 MAP_BYTES_MAX = 4 << 40  # 4 TiB of address space: the default ceiling of growth
+# A resize holds new transactions of this process back for at most this long
+# while it waits for the open ones to end (once per map-full refusal).
+RESIZE_WAIT_S = 0.1
 
 
 class _Env:
-    """One LMDB environment in this process, shared by its store objects: the
-    open transactions are counted (``live``, under ``lock``) because LMDB may
-    resize the map only while this process has none open."""
+    """One LMDB environment in this process, shared by its store objects.
 
-    __slots__ = ("env", "dbs", "refs", "lock", "live", "grow_wanted", "map_bytes_max")
+    LMDB may resize the map only while this process has no transaction open
+    on it, so transactions are counted: ``begun`` and ``ended`` are C-level
+    counters (no lock on the hot path). A resize takes ``lock``, sets
+    ``resizing``, then reads the counts; a begin counts itself first and then
+    looks at ``resizing`` (waiting for the lock if set), so no transaction
+    begins unseen while the map is remapped."""
+
+    __slots__ = ("env", "dbs", "refs", "lock", "_begun", "_ended", "begun", "ended",
+                 "resizing", "grow_wanted", "map_bytes_max")
 
     def __init__(self, env, dbs, map_bytes_max):
         self.env, self.dbs, self.refs = env, dbs, 0
         self.lock = threading.Lock()
-        self.live = 0
+        self._begun, self._ended = itertools.count(), itertools.count()
+        self.begun, self.ended = self._begun.__next__, self._ended.__next__
+        self.resizing = False
         self.grow_wanted = False  # a map-full refusal happened: grow when idle
         self.map_bytes_max = map_bytes_max
+
+    def live(self) -> int:
+        """Transactions of this process open now (exact under the resize protocol)."""
+        return _count_of(self._begun) - _count_of(self._ended)
 
     def map_bytes(self) -> int:
         return self.env.info()["map_size"]
@@ -67,36 +84,67 @@ class _Env:
     def used_bytes(self) -> int:
         return (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
 
-    def begin(self, **kw):
-        """A transaction, counted; adopts a map another process grew (LMDB's
-        MDB_MAP_RESIZED) and grows after a map-full when none is open."""
-        with self.lock:
-            if self.grow_wanted and self.live == 0:
-                self._grow()
-            self.live += 1
+    def begin_slow(self, **kw):
+        """``begin`` after ``begun()`` when a resize is running or wanted, or
+        LMDB said MDB_MAP_RESIZED: grows the map after a map-full, and adopts
+        a map another process grew past ours, each once this process has no
+        other transaction open (see ``_resize``); if that does not come, the
+        grow waits for the next refusal, and the begin that met
+        MDB_MAP_RESIZED raises ``lmdb.MapResizedError``."""
         try:
+            while True:
+                if self.grow_wanted and self.lock.acquire(blocking=False):
+                    try:
+                        if self.grow_wanted:
+                            self.grow_wanted = False  # one try per refusal
+                            self._resize(self._grow)
+                    finally:
+                        self.lock.release()
+                if not self.resizing:
+                    break
+                self.ended()  # another thread resizes: wait for it uncounted
+                with self.lock:
+                    pass
+                self.begun()
             try:
                 return self.env.begin(**kw)
             except lmdb.MapResizedError:
+                self.ended()  # uncounted while waiting for another resize
                 with self.lock:
-                    if self.live != 1:  # only this attempt: no transaction is open
-                        raise
-                    self.env.set_mapsize(0)  # adopt the size recorded in the file
+                    self.begun()
+                    self._resize(self._adopt)
                 return self.env.begin(**kw)
         except BaseException:
-            self.end()
+            self.ended()
             raise
 
-    def end(self):
-        with self.lock:
-            self.live -= 1
+    def _resize(self, fn):
+        """Run ``fn`` (with ``lock`` held) once the caller's begin is the only
+        transaction of this process: new begins wait meanwhile (``resizing``),
+        open ones are given ``RESIZE_WAIT_S`` to end; else nothing is done."""
+        self.resizing = True
+        try:
+            deadline = time.monotonic() + RESIZE_WAIT_S
+            while self.live() != 1:
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(0.0005)
+            fn()
+        finally:
+            self.resizing = False
 
-    def _grow(self):  # with lock held and no transaction open in this process
-        self.grow_wanted = False
+    def _grow(self):
         cur = self.map_bytes()
         new = min(max(2 * cur, 2 * self.used_bytes()), self.map_bytes_max)
         if new > cur:
             self.env.set_mapsize(new)
+
+    def _adopt(self):
+        self.env.set_mapsize(0)  # the size the other process recorded in the file
+
+
+def _count_of(counter) -> int:
+    return int(repr(counter)[6:-1])  # "count(n)": the next value, unconsumed
 
 
 def _free_bytes(path: str) -> int | None:
@@ -158,17 +206,19 @@ class _Txn(_TxnBase):
         self._t = txn
         self._write = write
         self._parent = parent
-        self._counted = parent is None
+        self._end = store._ent.ended if parent is None else None
 
     def _ended(self):
-        if self._counted:
-            self._counted = False
-            self._s._ent.end()
+        end = self._end
+        if end is not None:
+            self._end = None
+            end()
 
     def __del__(self):  # dropped unfinished: py-lmdb aborts it; stop counting it
-        if self._counted:
-            self._counted = False
-            self._s._ent.end()
+        end = self._end
+        if end is not None:
+            self._end = None
+            end()
 
     def get(self, db, key):
         return self._t.get(bytes(key), db=self._s._dbs[db])
@@ -322,7 +372,10 @@ class _Txn(_TxnBase):
 
     def abort(self):
         self._t.abort()
-        self._ended()
+        end = self._end
+        if end is not None:
+            self._end = None
+            end()
 
 
 class LMDBStore:
@@ -375,11 +428,33 @@ class LMDBStore:
         self._closed = False
         self.failed: str | None = None  # a sync failed: see sync()
 
+    # A transaction is counted (``_Env``) from before its begin to its end
+    # (``_Txn._end``); the common case is inline: no resize, no MAP_RESIZED.
     def read(self):
-        return _Txn(self, self._ent.begin(write=False, buffers=False), False)
+        ent = self._ent
+        ent.begun()
+        if not (ent.resizing or ent.grow_wanted):
+            try:
+                return _Txn(self, self._env.begin(write=False, buffers=False), False)
+            except lmdb.MapResizedError:
+                pass
+            except BaseException:
+                ent.ended()
+                raise
+        return _Txn(self, ent.begin_slow(write=False, buffers=False), False)
 
     def write(self):
-        return _Txn(self, self._ent.begin(write=True), True)
+        ent = self._ent
+        ent.begun()
+        if not (ent.resizing or ent.grow_wanted):
+            try:
+                return _Txn(self, self._env.begin(write=True), True)
+            except lmdb.MapResizedError:
+                pass
+            except BaseException:
+                ent.ended()
+                raise
+        return _Txn(self, ent.begin_slow(write=True), True)
 
     def sync(self):
         """fdatasync the data file. A failure is final for this store: every later
