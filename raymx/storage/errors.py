@@ -215,15 +215,16 @@ class DiskFull(RaymxError):
     grow the file system) or, for the map, restart the member with a larger
     ``Limits.map_bytes``.
 
-    The map grows by itself (``LMDBStore``): (1) when a store is opened and
-    its data file already uses over 3/4 of the map, the map is opened at
-    twice the data file's size; (2) after a map-full refusal, the next
-    transaction this process begins doubles the map first, if no transaction
-    of this process is open on it then (LMDB may only resize a map with
-    none). Neither goes past ``map_bytes_max`` (``LMDBStore``). A grown
-    map is adopted by the member's other processes when they next begin a
-    transaction with none of theirs open. Not retried automatically: the
-    caller decides (a retry after a map grew may succeed)."""
+    The map grows by itself (``LMDBStore``; ARCHITECTURE.md, "Disk full and
+    map full"): (1) when a store is opened and its data file already uses
+    over 3/4 of the map, the map is opened at twice the file's used size;
+    (2) after a map-full refusal, the next transaction this process begins
+    doubles the map first, once no other transaction of this process is open
+    (LMDB may only resize a map with none; open ones get 0.1 s to end, else
+    the next refusal tries again). Neither goes past ``map_bytes_max``
+    (default 4 TiB of address space). The member's other processes adopt a
+    grown map at their next transaction the same way. Not retried
+    automatically: the caller decides (a retry after a map grew may succeed)."""
 
 
 class ConfigError(RaymxError):

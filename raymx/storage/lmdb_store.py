@@ -161,8 +161,8 @@ def _refusal(store: "LMDBStore", e: Exception, where: str) -> Exception:
         ent = store._ent
         ent.grow_wanted = ent.map_bytes() < ent.map_bytes_max
         m = ent.map_bytes()
-        grow = ("the map grows before this process's next transaction if none of its "
-                "transactions is open then (else a restart of the member with a larger "
+        grow = ("the map grows at this process's next transaction once none of its "
+                "transactions is open (else a restart of the member with a larger "
                 "Limits.map_bytes makes room)" if ent.grow_wanted else
                 f"the map is at its ceiling (map_bytes_max {ent.map_bytes_max} bytes): "
                 "restart the member with a larger Limits.map_bytes, or delete data")
@@ -390,19 +390,19 @@ class LMDBStore:
       ``map_bytes``, the map is twice the file's used size;
     - after a map-full refusal (``errors.DiskFull``, ``full="map"``): the next
       transaction (read or write) this process begins first doubles the map
-      (at least twice the used size), if no transaction of this process is
-      open at that moment; if one is, the transaction goes ahead at the old
-      size (a write may be refused again) and the grow is tried again at the
-      next begin. A member that keeps a read transaction open at all times
-      (an idle cursor holds one for up to ``Limits.cursor_idle_ms``) grows
-      only once they all end.
+      (at least twice the used size), once no other transaction of this
+      process is open: new begins wait, open ones get ``RESIZE_WAIT_S``
+      (0.1 s) to end; if one is still open (an idle cursor holds a read
+      transaction for up to ``Limits.cursor_idle_ms``) nothing grows, and the
+      next refusal tries again.
 
     Neither grows past ``map_bytes_max`` (default: the larger of
     ``map_bytes`` and 4 TiB); ``map_bytes_max=map_bytes`` turns growth off.
     Another process of the member that has the same environment open adopts a
-    grown map when it next begins a transaction with none of its own open
-    (LMDB's MDB_MAP_RESIZED); while one is open, that begin raises
-    ``lmdb.MapResizedError`` (as it did before). A grow lasts while the
+    grown map past its own when it next begins a transaction (LMDB's
+    MDB_MAP_RESIZED), under the same rule; if one of its transactions stays
+    open, that begin raises ``lmdb.MapResizedError`` and the next one tries
+    again. A grow lasts while the
     environment is open; a reopen with a smaller ``map_bytes`` starts from
     that (and from the rule at open).
     """
