@@ -221,7 +221,7 @@ class DiskFull(RaymxError):
     (2) after a map-full refusal, the next transaction this process begins
     doubles the map first, once no other transaction of this process is open
     (LMDB may only resize a map with none; open ones get 0.1 s to end, else
-    the next refusal tries again). Neither goes past ``map_bytes_max``
+    a begin a second later tries again). Neither goes past ``map_bytes_max``
     (default 4 TiB of address space). The member's other processes adopt a
     grown map at their next transaction the same way. Not retried
     automatically: the caller decides (a retry after a map grew may succeed)."""

@@ -48,8 +48,10 @@ GROW_AT_OPEN_FRACTION = 0.75
 SHORT_WRITE_FREE_BYTES = 64 * MiB
 MAP_BYTES_MAX = 4 << 40  # 4 TiB of address space: the default ceiling of growth
 # A resize holds new transactions of this process back for at most this long
-# while it waits for the open ones to end (once per map-full refusal).
+# while it waits for the open ones to end; a grow that could not wait them out
+# is tried again at a begin this much later (or later).
 RESIZE_WAIT_S = 0.1
+GROW_RETRY_S = 1.0
 
 
 class _Env:
@@ -63,7 +65,7 @@ class _Env:
     begins unseen while the map is remapped."""
 
     __slots__ = ("env", "dbs", "refs", "lock", "_begun", "_ended", "begun", "ended",
-                 "resizing", "grow_wanted", "map_bytes_max")
+                 "resizing", "grow_wanted", "grow_retry_at", "map_bytes_max")
 
     def __init__(self, env, dbs, map_bytes_max):
         self.env, self.dbs, self.refs = env, dbs, 0
@@ -72,6 +74,7 @@ class _Env:
         self.begun, self.ended = self._begun.__next__, self._ended.__next__
         self.resizing = False
         self.grow_wanted = False  # a map-full refusal happened: grow when idle
+        self.grow_retry_at = 0.0  # after a try that found a transaction open
         self.map_bytes_max = map_bytes_max
 
     def live(self) -> int:
@@ -93,11 +96,11 @@ class _Env:
         MDB_MAP_RESIZED raises ``lmdb.MapResizedError``."""
         try:
             while True:
-                if self.grow_wanted and self.lock.acquire(blocking=False):
+                if self.grow_wanted and time.monotonic() >= self.grow_retry_at \
+                        and self.lock.acquire(blocking=False):
                     try:
-                        if self.grow_wanted:
-                            self.grow_wanted = False  # one try per refusal
-                            self._resize(self._grow)
+                        if self.grow_wanted and not self._resize(self._grow):
+                            self.grow_retry_at = time.monotonic() + GROW_RETRY_S
                     finally:
                         self.lock.release()
                 if not self.resizing:
@@ -118,22 +121,25 @@ class _Env:
             self.ended()
             raise
 
-    def _resize(self, fn):
+    def _resize(self, fn) -> bool:
         """Run ``fn`` (with ``lock`` held) once the caller's begin is the only
         transaction of this process: new begins wait meanwhile (``resizing``),
-        open ones are given ``RESIZE_WAIT_S`` to end; else nothing is done."""
+        open ones are given ``RESIZE_WAIT_S`` to end; else nothing is done
+        (False)."""
         self.resizing = True
         try:
             deadline = time.monotonic() + RESIZE_WAIT_S
             while self.live() != 1:
                 if time.monotonic() >= deadline:
-                    return
+                    return False
                 time.sleep(0.0005)
             fn()
+            return True
         finally:
             self.resizing = False
 
     def _grow(self):
+        self.grow_wanted = False
         cur = self.map_bytes()
         new = min(max(2 * cur, 2 * self.used_bytes()), self.map_bytes_max)
         if new > cur:
@@ -165,7 +171,8 @@ def _refusal(store: "LMDBStore", e: Exception, where: str) -> Exception:
                 "transactions is open (else a restart of the member with a larger "
                 "Limits.map_bytes makes room)" if ent.grow_wanted else
                 f"the map is at its ceiling (map_bytes_max {ent.map_bytes_max} bytes): "
-                "restart the member with a larger Limits.map_bytes, or delete data")
+                "restart the member with a larger Limits.map_bytes, or drop data (in a map "
+                "full to its last page a delete may be refused too)")
         return errors.DiskFull(
             f"{store.path}: the LMDB map is full ({m} bytes) at {where}; nothing was "
             f"written, what was stored is intact and reads go on; {grow}",
@@ -187,7 +194,6 @@ def _refusal(store: "LMDBStore", e: Exception, where: str) -> Exception:
             "file system (drop or trim data, remove other files, grow the file system) "
             "and writes go on", path=store.path, full="disk", free_bytes=free)
     return e
-
 
 
 def make_private_dir(path: str) -> str:
@@ -393,8 +399,9 @@ class LMDBStore:
       (at least twice the used size), once no other transaction of this
       process is open: new begins wait, open ones get ``RESIZE_WAIT_S``
       (0.1 s) to end; if one is still open (an idle cursor holds a read
-      transaction for up to ``Limits.cursor_idle_ms``) nothing grows, and the
-      next refusal tries again.
+      transaction for up to ``Limits.cursor_idle_ms``) nothing grows, and a
+      begin at least ``GROW_RETRY_S`` (1 s) later tries again (so new
+      transactions wait at most 0.1 s in every second meanwhile).
 
     Neither grows past ``map_bytes_max`` (default: the larger of
     ``map_bytes`` and 4 TiB); ``map_bytes_max=map_bytes`` turns growth off.
@@ -472,13 +479,19 @@ class LMDBStore:
 
     def copy_to(self, dest: str) -> None:
         """A consistent hot copy of the environment into the folder ``dest``
-        (LMDB's copy runs in one read transaction; writers go on)."""
-        self._env.copy(make_private_dir(dest), compact=True)
+        (LMDB's copy runs in one read transaction; writers go on). A counted
+        read transaction is held meanwhile: no resize remaps the map under it."""
+        t = self.read()
+        try:
+            self._env.copy(make_private_dir(dest), compact=True)
+        finally:
+            t.abort()
 
     def stat(self) -> dict:
-        info = self._env.info()
+        with self.read():  # LMDB reads these from the map: no resize meanwhile
+            info, psize = self._env.info(), self._env.stat()["psize"]
         return {"map_bytes": info["map_size"], "map_bytes_max": self._ent.map_bytes_max,
-                "last_page": info["last_pgno"], "page_bytes": self._env.stat()["psize"],
+                "last_page": info["last_pgno"], "page_bytes": psize,
                 "free_bytes": _free_bytes(self.path)}
 
     def close(self):
