@@ -92,8 +92,8 @@ class _Env:
         LMDB said MDB_MAP_RESIZED: grows the map after a map-full, and adopts
         a map another process grew past ours, each once this process has no
         other transaction open (see ``_resize``); if that does not come, the
-        grow waits for the next refusal, and the begin that met
-        MDB_MAP_RESIZED raises ``lmdb.MapResizedError``."""
+        grow is tried again at a begin ``GROW_RETRY_S`` later, and the begin
+        that met MDB_MAP_RESIZED raises ``lmdb.MapResizedError``."""
         try:
             while True:
                 if self.grow_wanted and time.monotonic() >= self.grow_retry_at \
@@ -409,9 +409,8 @@ class LMDBStore:
     grown map past its own when it next begins a transaction (LMDB's
     MDB_MAP_RESIZED), under the same rule; if one of its transactions stays
     open, that begin raises ``lmdb.MapResizedError`` and the next one tries
-    again. A grow lasts while the
-    environment is open; a reopen with a smaller ``map_bytes`` starts from
-    that (and from the rule at open).
+    again. A grow lasts while the environment is open; a reopen with a smaller
+    ``map_bytes`` starts from that (and from the rule at open).
     """
 
     def __init__(self, path: str, map_bytes: int = 64 << 30, map_bytes_max: int | None = None):
