@@ -374,3 +374,27 @@ def test_grows_under_concurrent_short_readers(tmp_path):
     assert s.stat()["map_bytes"] >= 4 * MiB and grown >= 2
     assert e.count("t.c") == n + 1 and e.verify_oplog() == e.last()[0].seq
     s.close()
+
+
+def test_adopting_waits_for_this_process_open_transaction(tmp_path, monkeypatch):
+    """A map grown by another process past ours is adopted only with none of
+    this process's transactions open: until then a begin raises
+    MapResizedError (one try a GROW_RETRY_S waits RESIZE_WAIT_S), and the
+    open transaction keeps reading its snapshot."""
+    monkeypatch.setattr(lmdb_store, "GROW_RETRY_S", 0.05)
+    s = small(tmp_path, map_mib=2)
+    e = Engine(s)
+    e.insert_many("t.c", [{"_id": i} for i in range(10)])
+    old = s.read()
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", GROWER, s.path], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    with pytest.raises(lmdb.MapResizedError):
+        s.read()
+    assert len(list(old.scan("docs"))) == 10  # its snapshot, inside the old map
+    old.abort()
+    time.sleep(0.06)
+    assert e.count("t.c") == 2010 and s._ent.map_bytes() == 32 * MiB
+    assert s._ent.live() == 0
+    s.close()

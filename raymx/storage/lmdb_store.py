@@ -65,7 +65,8 @@ class _Env:
     begins unseen while the map is remapped."""
 
     __slots__ = ("env", "dbs", "refs", "lock", "_begun", "_ended", "begun", "ended",
-                 "resizing", "grow_wanted", "grow_retry_at", "map_bytes_max")
+                 "resizing", "grow_wanted", "grow_retry_at", "adopt_retry_at",
+                 "map_bytes_max")
 
     def __init__(self, env, dbs, map_bytes_max):
         self.env, self.dbs, self.refs = env, dbs, 0
@@ -75,6 +76,7 @@ class _Env:
         self.resizing = False
         self.grow_wanted = False  # a map-full refusal happened: grow when idle
         self.grow_retry_at = 0.0  # after a try that found a transaction open
+        self.adopt_retry_at = 0.0  # the same for adopting another process's grow
         self.map_bytes_max = map_bytes_max
 
     def live(self) -> int:
@@ -93,7 +95,8 @@ class _Env:
         a map another process grew past ours, each once this process has no
         other transaction open (see ``_resize``); if that does not come, the
         grow is tried again at a begin ``GROW_RETRY_S`` later, and the begin
-        that met MDB_MAP_RESIZED raises ``lmdb.MapResizedError``."""
+        that met MDB_MAP_RESIZED raises ``lmdb.MapResizedError`` (as do the
+        ones after it, at once, until ``GROW_RETRY_S`` has passed)."""
         try:
             while True:
                 if self.grow_wanted and time.monotonic() >= self.grow_retry_at \
@@ -112,10 +115,13 @@ class _Env:
             try:
                 return self.env.begin(**kw)
             except lmdb.MapResizedError:
+                if time.monotonic() < self.adopt_retry_at:
+                    raise  # a try found a transaction open just now
                 self.ended()  # uncounted while waiting for another resize
                 with self.lock:
                     self.begun()
-                    self._resize(self._adopt)
+                    if not self._resize(self._adopt):
+                        self.adopt_retry_at = time.monotonic() + GROW_RETRY_S
                 return self.env.begin(**kw)
         except BaseException:
             self.ended()
