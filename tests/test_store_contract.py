@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from raymx.storage import errors
 from raymx.storage.lmdb_store import LMDBStore
 from raymx.storage.store import MemoryStore
 
@@ -167,3 +168,64 @@ def test_put_new_writes_every_row_or_none(store):
     with store.read() as t:
         assert [(k[0], v) for k, v in t.scan("docs")] == [
             (0, b"c"), (1, b"a1"), (2, b"a2"), (3, b"a3"), (9, b"b")]
+
+
+@pytest.fixture(params=["lmdb", "memory"])
+def full_store(request, tmp_path):
+    """(store, fill, make_room): ``fill`` commits rows until a write is refused
+    with DiskFull (LMDB: a 1 MiB map that does not grow; memory: after 20
+    transactions its fault switch is set) and returns the rows committed."""
+    opened = []
+    if request.param == "lmdb":
+        s = LMDBStore(str(tmp_path / "db"), map_bytes=1 << 20, map_bytes_max=1 << 20)
+
+        def make_room():  # a bigger map (in a map full to its last page even a
+            s.close()     # delete is refused: copy-on-write needs pages first)
+            opened.append(LMDBStore(s.path, map_bytes=4 << 20))
+            return opened[-1]
+    else:
+        s = MemoryStore("mem")
+
+        def make_room():
+            s.full = False
+            return s
+
+    def fill():
+        rows, i = [], 0
+        while True:
+            if request.param == "memory" and i == 20:
+                s.full = True
+            batch = [(b"%08d" % (i * 50 + j), b"v" * 100) for j in range(50)]
+            t = s.write()
+            try:
+                for k, v in batch:
+                    t.put("docs", k, v)
+                t.commit()
+            except errors.DiskFull as e:
+                t.abort()
+                return rows, e
+            rows += [k for k, _ in batch]
+            i += 1
+    yield s, fill, make_room
+    for x in [s] + opened:
+        x.close()
+
+
+def test_a_write_without_room_is_refused_whole_and_the_store_stays_usable(full_store):
+    s, fill, make_room = full_store
+    rows, err = fill()
+    assert rows and err.info["full"] in ("map", "disk") and s.path in str(err)
+    assert "nothing was written" in str(err)
+    with s.read() as r:  # reads go on: every committed row, none of the refused one
+        assert [k for k, _ in r.scan("docs")] == rows
+    for call in (lambda t: t.put_many("docs", [(b"z%d" % i, b"v" * 3000) for i in range(400)]),
+                 lambda t: t.put_new("docs", [(b"y%d" % i, b"v" * 3000) for i in range(400)]),
+                 lambda t: t.put_sorted("docs", [(b"x%04d" % i, b"v" * 3000) for i in range(400)])):
+        with pytest.raises(errors.DiskFull):
+            with s.write() as t:
+                call(t)
+    s = make_room()
+    with s.write() as t:  # room again: writes go on
+        t.put("docs", b"new", b"v")
+    with s.read() as r:
+        assert [k for k, _ in r.scan("docs")] == rows + [b"new"]

@@ -24,7 +24,7 @@ __all__ = [
     "NotPrimaryOrSecondary", "PrimaryUnavailable", "WriteConcernTimeout", "ReadConcernTimeout",
     "StaleRead", "Diverged", "TooStale", "OplogTrimmed", "StaleTerm", "IrreversibleOp",
     "ShutDown", "ConnectionLost", "RequestTimeout", "TransactionAborted", "DiskFailed",
-    "ConfigError", "from_wire",
+    "DiskFull", "ConfigError", "from_wire",
 ]
 
 
@@ -199,6 +199,32 @@ class DiskFailed(RaymxError):
     on disk, and a retry could report success over lost pages (PostgreSQL's
     "fsyncgate"), so the member stops instead: nothing after it is
     acknowledged as durable; a restart recovers from what reached the disk."""
+
+
+class DiskFull(RaymxError):
+    """A write was refused because there is no room for it; nothing of it was
+    written, and what was stored before is intact.
+
+    ``info["full"]`` says what is full: ``"disk"`` (the file system holding
+    the member's folder: ENOSPC, or a short write of the data file while the
+    file system has under 64 MiB free) or ``"map"`` (the LMDB map, the largest
+    size the data file may reach in this process; ``info["map_bytes"]``).
+    ``info["path"]`` is the member's folder. The write transaction was
+    aborted; reads go on, and writes work again once there is room, with no
+    restart: free space on the disk (drop or trim data, delete other files,
+    grow the file system) or, for the map, restart the member with a larger
+    ``Limits.map_bytes``.
+
+    The map grows by itself (``LMDBStore``; ARCHITECTURE.md, "Disk full and
+    map full"): (1) when a store is opened and its data file already uses
+    over 3/4 of the map, the map is opened at twice the file's used size;
+    (2) after a map-full refusal, the next transaction this process begins
+    doubles the map first, once no other transaction of this process is open
+    (LMDB may only resize a map with none; open ones get 0.1 s to end, else
+    a begin a second later tries again). Neither goes past ``map_bytes_max``
+    (default 4 TiB of address space). The member's other processes adopt a
+    grown map at their next transaction the same way. Not retried
+    automatically: the caller decides (a retry after a map grew may succeed)."""
 
 
 class ConfigError(RaymxError):

@@ -20,6 +20,8 @@ class Limits:
     spill_bytes: int = 1 * MiB
     name_chars_max: int = 120
     # LMDB map: virtual address space, not disk; raise it for big data sets.
+    # It grows by itself where that is safe (LMDBStore; a full one refuses
+    # writes with DiskFull).
     map_bytes: int = 64 * GiB
     # Client port: one frame never exceeds this (a document plus overhead).
     frame_bytes_max: int = 48 * MiB

@@ -7,12 +7,27 @@ crash loses nothing committed (the pages are in the OS's cache). A machine
 crash loses the unsynced tail, and LMDB documents that without the sync it
 keeps its integrity only on file systems that write pages in the order they
 were written (MDB_NOSYNC; ARCHITECTURE.md, "Known limits").
+
+No room (``errors.DiskFull``): every write-side call (put, put_many,
+put_sorted, put_new, delete, nested, commit and the callables ``putter``
+returns) turns LMDB's "map full" (``lmdb.MapFullError``) and "disk full"
+(``lmdb.DiskError``, ENOSPC; or EIO from a short write while the file system
+is nearly full: LMDB reports a short write as EIO) into ``DiskFull``, and a
+transaction with too many dirty pages (``lmdb.TxnFullError``) into
+``TransactionTooLarge``. LMDB then allows only an abort of that transaction;
+nothing of it reaches the file's committed state (a commit writes the new
+pages first and the meta page last, over pages no snapshot uses), so what was
+stored is intact and the store stays usable. The map grows where that is safe:
+see ``LMDBStore``.
 """
 from __future__ import annotations
 
+import errno
 import functools
+import itertools
 import os
 import threading
+import time
 
 import lmdb
 
@@ -21,8 +36,170 @@ from raymx.storage.store import DBS, _TxnBase
 
 # LMDB refuses to open one path twice in a process, so environments are shared
 # per path (with a reference count) by every store object in the process.
-_ENVS: dict[str, list] = {}
+_ENVS: dict[str, "_Env"] = {}
 _ENVS_LOCK = threading.Lock()
+
+MiB = 1 << 20
+# The map opens at twice the data file's size when the file already uses more
+# than this fraction of the requested map.
+GROW_AT_OPEN_FRACTION = 0.75
+# An EIO from a commit while the file system has less than this free is a
+# short write of a full disk (LMDB reports those as EIO), so DiskFull.
+SHORT_WRITE_FREE_BYTES = 64 * MiB
+MAP_BYTES_MAX = 4 << 40  # 4 TiB of address space: the default ceiling of growth
+# A resize holds new transactions of this process back for at most this long
+# while it waits for the open ones to end; a grow that could not wait them out
+# is tried again at a begin this much later (or later).
+RESIZE_WAIT_S = 0.1
+GROW_RETRY_S = 1.0
+
+
+class _Env:
+    """One LMDB environment in this process, shared by its store objects.
+
+    LMDB may resize the map only while this process has no transaction open
+    on it, so transactions are counted: ``begun`` and ``ended`` are C-level
+    counters (no lock on the hot path). A resize takes ``lock``, sets
+    ``resizing``, then reads the counts; a begin counts itself first and then
+    looks at ``resizing`` (waiting for the lock if set), so no transaction
+    begins unseen while the map is remapped."""
+
+    __slots__ = ("env", "dbs", "refs", "lock", "_begun", "_ended", "begun", "ended",
+                 "resizing", "grow_wanted", "grow_retry_at", "adopt_retry_at",
+                 "map_bytes_max")
+
+    def __init__(self, env, dbs, map_bytes_max):
+        self.env, self.dbs, self.refs = env, dbs, 0
+        self.lock = threading.Lock()
+        self._begun, self._ended = itertools.count(), itertools.count()
+        self.begun, self.ended = self._begun.__next__, self._ended.__next__
+        self.resizing = False
+        self.grow_wanted = False  # a map-full refusal happened: grow when idle
+        self.grow_retry_at = 0.0  # after a try that found a transaction open
+        self.adopt_retry_at = 0.0  # the same for adopting another process's grow
+        self.map_bytes_max = map_bytes_max
+
+    def live(self) -> int:
+        """Transactions of this process open now (exact under the resize protocol)."""
+        return _count_of(self._begun) - _count_of(self._ended)
+
+    def map_bytes(self) -> int:
+        return self.env.info()["map_size"]
+
+    def used_bytes(self) -> int:
+        return (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+
+    def begin_slow(self, **kw):
+        """``begin`` after ``begun()`` when a resize is running or wanted, or
+        LMDB said MDB_MAP_RESIZED: grows the map after a map-full, and adopts
+        a map another process grew past ours, each once this process has no
+        other transaction open (see ``_resize``); if that does not come, the
+        grow is tried again at a begin ``GROW_RETRY_S`` later, and the begin
+        that met MDB_MAP_RESIZED raises ``lmdb.MapResizedError`` (as do the
+        ones after it, at once, until ``GROW_RETRY_S`` has passed)."""
+        try:
+            while True:
+                if self.grow_wanted and time.monotonic() >= self.grow_retry_at \
+                        and self.lock.acquire(blocking=False):
+                    try:
+                        if self.grow_wanted and not self._resize(self._grow):
+                            self.grow_retry_at = time.monotonic() + GROW_RETRY_S
+                    finally:
+                        self.lock.release()
+                if not self.resizing:
+                    break
+                self.ended()  # another thread resizes: wait for it uncounted
+                with self.lock:
+                    pass
+                self.begun()
+            try:
+                return self.env.begin(**kw)
+            except lmdb.MapResizedError:
+                if time.monotonic() < self.adopt_retry_at:
+                    raise  # a try found a transaction open just now
+                self.ended()  # uncounted while waiting for another resize
+                with self.lock:
+                    self.begun()
+                    if not self._resize(self._adopt):
+                        self.adopt_retry_at = time.monotonic() + GROW_RETRY_S
+                return self.env.begin(**kw)
+        except BaseException:
+            self.ended()
+            raise
+
+    def _resize(self, fn) -> bool:
+        """Run ``fn`` (with ``lock`` held) once the caller's begin is the only
+        transaction of this process: new begins wait meanwhile (``resizing``),
+        open ones are given ``RESIZE_WAIT_S`` to end; else nothing is done
+        (False)."""
+        self.resizing = True
+        try:
+            deadline = time.monotonic() + RESIZE_WAIT_S
+            while self.live() != 1:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.0005)
+            fn()
+            return True
+        finally:
+            self.resizing = False
+
+    def _grow(self):
+        self.grow_wanted = False
+        cur = self.map_bytes()
+        new = min(max(2 * cur, 2 * self.used_bytes()), self.map_bytes_max)
+        if new > cur:
+            self.env.set_mapsize(new)
+
+    def _adopt(self):
+        self.env.set_mapsize(0)  # the size the other process recorded in the file
+
+
+def _count_of(counter) -> int:
+    return int(repr(counter)[6:-1])  # "count(n)": the next value, unconsumed
+
+
+def _free_bytes(path: str) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _refusal(store: "LMDBStore", e: Exception, where: str) -> Exception:
+    """The raymx error for an LMDB write error, or ``e`` itself."""
+    if isinstance(e, lmdb.MapFullError):
+        ent = store._ent
+        ent.grow_wanted = ent.map_bytes() < ent.map_bytes_max
+        m = ent.map_bytes()
+        grow = ("the map grows at this process's next transaction once none of its "
+                "transactions is open (else a restart of the member with a larger "
+                "Limits.map_bytes makes room)" if ent.grow_wanted else
+                f"the map is at its ceiling (map_bytes_max {ent.map_bytes_max} bytes): "
+                "restart the member with a larger Limits.map_bytes, or drop data (in a map "
+                "full to its last page a delete may be refused too)")
+        return errors.DiskFull(
+            f"{store.path}: the LMDB map is full ({m} bytes) at {where}; nothing was "
+            f"written, what was stored is intact and reads go on; {grow}",
+            path=store.path, full="map", map_bytes=m)
+    if isinstance(e, lmdb.TxnFullError):
+        return errors.TransactionTooLarge(
+            f"{store.path}: the transaction dirtied more pages than LMDB can hold in one "
+            f"transaction ({where}: {e}); nothing was written: split it into smaller ones")
+    free = None
+    if isinstance(e, lmdb.DiskError) or (
+            type(e) is lmdb.Error and os.strerror(errno.EIO) in str(e)
+            and (free := _free_bytes(store.path)) is not None
+            and free < SHORT_WRITE_FREE_BYTES):
+        if free is None:
+            free = _free_bytes(store.path)
+        return errors.DiskFull(
+            f"{store.path}: the disk is full ({where}: {e}; {free} bytes free); nothing "
+            "was written, what was stored is intact and reads go on; free space on its "
+            "file system (drop or trim data, remove other files, grow the file system) "
+            "and writes go on", path=store.path, full="disk", free_bytes=free)
+    return e
 
 
 def make_private_dir(path: str) -> str:
@@ -33,11 +210,27 @@ def make_private_dir(path: str) -> str:
 
 
 class _Txn(_TxnBase):
+    """A transaction. A top-level one is counted in its environment's ``live``
+    until it commits, aborts or is dropped."""
+
     def __init__(self, store: "LMDBStore", txn, write: bool, parent=None):
         self._s = store
         self._t = txn
         self._write = write
         self._parent = parent
+        self._end = store._ent.ended if parent is None else None
+
+    def _ended(self):
+        end = self._end
+        if end is not None:
+            self._end = None
+            end()
+
+    def __del__(self):  # dropped unfinished: py-lmdb aborts it; stop counting it
+        end = self._end
+        if end is not None:
+            self._end = None
+            end()
 
     def get(self, db, key):
         return self._t.get(bytes(key), db=self._s._dbs[db])
@@ -88,18 +281,39 @@ class _Txn(_TxnBase):
                     return
                 yield k
 
+    # Write side: LMDB's "no room" errors become DiskFull (see _refusal)
     def put(self, db, key, value, overwrite=True):
-        return self._t.put(key, value, db=self._s._dbs[db], overwrite=overwrite)
+        try:
+            return self._t.put(key, value, db=self._s._dbs[db], overwrite=overwrite)
+        except lmdb.Error as e:
+            raise _refusal(self._s, e, "put") from e
 
     def putter(self, db, overwrite=True):
-        return functools.partial(self._t.put, db=self._s._dbs[db], overwrite=overwrite)
+        put = functools.partial(self._t.put, db=self._s._dbs[db], overwrite=overwrite)
+        store = self._s
+
+        def put_row(key, value):
+            try:
+                return put(key, value)
+            except lmdb.Error as e:
+                raise _refusal(store, e, "put") from e
+        return put_row
 
     def put_many(self, db, rows):
         if rows:
-            with self._t.cursor(db=self._s._dbs[db]) as c:
-                c.putmulti(rows)
+            try:
+                with self._t.cursor(db=self._s._dbs[db]) as c:
+                    c.putmulti(rows)
+            except lmdb.Error as e:
+                raise _refusal(self._s, e, "put_many") from e
 
     def put_sorted(self, db, rows):
+        try:
+            return self._put_sorted(db, rows)
+        except lmdb.Error as e:
+            raise _refusal(self._s, e, "put_sorted") from e
+
+    def _put_sorted(self, db, rows):
         if not rows:
             return 0
         d = self._s._dbs[db]
@@ -115,6 +329,12 @@ class _Txn(_TxnBase):
         return added
 
     def put_new(self, db, rows):
+        try:
+            return self._put_new(db, rows)
+        except lmdb.Error as e:
+            raise _refusal(self._s, e, "put_new") from e
+
+    def _put_new(self, db, rows):
         if not rows:
             return True
         d, env = self._s._dbs[db], self._s._env
@@ -140,20 +360,66 @@ class _Txn(_TxnBase):
         return False
 
     def delete(self, db, key):
-        return self._t.delete(key, db=self._s._dbs[db])
+        try:
+            return self._t.delete(key, db=self._s._dbs[db])
+        except lmdb.Error as e:
+            raise _refusal(self._s, e, "delete") from e
 
     def nested(self):
-        return _Txn(self._s, self._s._env.begin(write=True, parent=self._t), True, self)
+        try:
+            return _Txn(self._s, self._s._env.begin(write=True, parent=self._t), True, self)
+        except lmdb.Error as e:
+            raise _refusal(self._s, e, "nested") from e
 
     def commit(self):
-        self._t.commit()
+        """Commit; on an error LMDB has aborted the transaction (nothing of it is
+        stored), and ``abort`` after it is harmless."""
+        try:
+            self._t.commit()
+        except lmdb.Error as e:
+            self._t.abort()
+            raise _refusal(self._s, e, "commit") from e
+        finally:
+            self._ended()
 
     def abort(self):
         self._t.abort()
+        end = self._end
+        if end is not None:
+            self._end = None
+            end()
 
 
 class LMDBStore:
-    def __init__(self, path: str, map_bytes: int = 64 << 30):
+    """A member's LMDB environment.
+
+    The map (``map_bytes``: address space the data file may grow into, not
+    disk) grows by itself in two cases, the only ones where LMDB allows a
+    resize (no transaction of this process open on the environment):
+
+    - at open, by the first store object of the path in this process: if the
+      data file already uses more than ``GROW_AT_OPEN_FRACTION`` (3/4) of
+      ``map_bytes``, the map is twice the file's used size;
+    - after a map-full refusal (``errors.DiskFull``, ``full="map"``): the next
+      transaction (read or write) this process begins first doubles the map
+      (at least twice the used size), once no other transaction of this
+      process is open: new begins wait, open ones get ``RESIZE_WAIT_S``
+      (0.1 s) to end; if one is still open (an idle cursor holds a read
+      transaction for up to ``Limits.cursor_idle_ms``) nothing grows, and a
+      begin at least ``GROW_RETRY_S`` (1 s) later tries again (so new
+      transactions wait at most 0.1 s in every second meanwhile).
+
+    Neither grows past ``map_bytes_max`` (default: the larger of
+    ``map_bytes`` and 4 TiB); ``map_bytes_max=map_bytes`` turns growth off.
+    Another process of the member that has the same environment open adopts a
+    grown map past its own when it next begins a transaction (LMDB's
+    MDB_MAP_RESIZED), under the same rule; if one of its transactions stays
+    open, that begin raises ``lmdb.MapResizedError`` and the next one tries
+    again. A grow lasts while the environment is open; a reopen with a smaller
+    ``map_bytes`` starts from that (and from the rule at open).
+    """
+
+    def __init__(self, path: str, map_bytes: int = 64 << 30, map_bytes_max: int | None = None):
         self.path = make_private_dir(path)
         with _ENVS_LOCK:
             ent = _ENVS.get(self.path)
@@ -161,18 +427,46 @@ class LMDBStore:
                 env = lmdb.open(self.path, map_size=map_bytes, max_dbs=len(DBS) + 2,
                                 subdir=True, sync=False, metasync=False, mode=0o600,
                                 max_readers=1024, readahead=False)
-                dbs = {name: env.open_db(name.encode()) for name in DBS}
-                ent = _ENVS[self.path] = [env, dbs, 0]
-            ent[2] += 1
-        self._env, self._dbs = ent[0], ent[1]
+                ent = _Env(env, None, max(map_bytes, MAP_BYTES_MAX if map_bytes_max is None
+                                          else map_bytes_max))
+                used = ent.used_bytes()
+                if used > GROW_AT_OPEN_FRACTION * map_bytes:  # no transaction is open yet
+                    env.set_mapsize(min(max(2 * used, map_bytes), ent.map_bytes_max))
+                ent.dbs = {name: env.open_db(name.encode()) for name in DBS}
+                _ENVS[self.path] = ent
+            ent.refs += 1
+        self._ent = ent
+        self._env, self._dbs = ent.env, ent.dbs
         self._closed = False
         self.failed: str | None = None  # a sync failed: see sync()
 
+    # A transaction is counted (``_Env``) from before its begin to its end
+    # (``_Txn._end``); the common case is inline: no resize, no MAP_RESIZED.
     def read(self):
-        return _Txn(self, self._env.begin(write=False, buffers=False), False)
+        ent = self._ent
+        ent.begun()
+        if not (ent.resizing or ent.grow_wanted):
+            try:
+                return _Txn(self, self._env.begin(write=False, buffers=False), False)
+            except lmdb.MapResizedError:
+                pass
+            except BaseException:
+                ent.ended()
+                raise
+        return _Txn(self, ent.begin_slow(write=False, buffers=False), False)
 
     def write(self):
-        return _Txn(self, self._env.begin(write=True), True)
+        ent = self._ent
+        ent.begun()
+        if not (ent.resizing or ent.grow_wanted):
+            try:
+                return _Txn(self, self._env.begin(write=True), True)
+            except lmdb.MapResizedError:
+                pass
+            except BaseException:
+                ent.ended()
+                raise
+        return _Txn(self, ent.begin_slow(write=True), True)
 
     def sync(self):
         """fdatasync the data file. A failure is final for this store: every later
@@ -190,13 +484,20 @@ class LMDBStore:
 
     def copy_to(self, dest: str) -> None:
         """A consistent hot copy of the environment into the folder ``dest``
-        (LMDB's copy runs in one read transaction; writers go on)."""
-        self._env.copy(make_private_dir(dest), compact=True)
+        (LMDB's copy runs in one read transaction; writers go on). A counted
+        read transaction is held meanwhile: no resize remaps the map under it."""
+        t = self.read()
+        try:
+            self._env.copy(make_private_dir(dest), compact=True)
+        finally:
+            t.abort()
 
     def stat(self) -> dict:
-        info = self._env.info()
-        return {"map_bytes": info["map_size"], "last_page": info["last_pgno"],
-                "page_bytes": self._env.stat()["psize"]}
+        with self.read():  # LMDB reads these from the map: no resize meanwhile
+            info, psize = self._env.info(), self._env.stat()["psize"]
+        return {"map_bytes": info["map_size"], "map_bytes_max": self._ent.map_bytes_max,
+                "last_page": info["last_pgno"], "page_bytes": psize,
+                "free_bytes": _free_bytes(self.path)}
 
     def close(self):
         if self._closed:
@@ -205,7 +506,7 @@ class LMDBStore:
         with _ENVS_LOCK:
             ent = _ENVS.get(self.path)
             if ent is not None:
-                ent[2] -= 1
-                if ent[2] == 0:
-                    ent[0].close()
+                ent.refs -= 1
+                if ent.refs == 0:
+                    ent.env.close()
                     del _ENVS[self.path]

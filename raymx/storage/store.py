@@ -4,14 +4,19 @@ A store is a set of named sorted byte-key sub-databases (``DBS``) with
 transactions: any number of readers, each a consistent snapshot, and one writer
 at a time. Writes become visible at commit, in submission order, and durable at
 ``sync()``; ``MemoryStore.crash()`` drops whatever was not synced, as a machine
-crash would drop LMDB's unsynced commits. The contract tests in
-tests/test_store_contract.py run against both stores.
+crash would drop LMDB's unsynced commits. A write that finds no room raises
+``errors.DiskFull`` from the put or the commit; the transaction may then only
+be aborted, nothing of it is stored, and the store stays usable (reads at
+once, writes once there is room): ``MemoryStore.full`` simulates that. The
+contract tests in tests/test_store_contract.py run against both stores.
 """
 from __future__ import annotations
 
 import bisect
 import threading
 from typing import Callable, Iterator, Protocol
+
+from raymx.storage import errors
 
 # The fixed layout (DESIGN section 3). Keys inside each are described in
 # raymx.storage.engine.
@@ -177,8 +182,22 @@ class _MemWrite(_TxnBase):
             if v is not None:
                 yield k, v
 
+    def _room(self):
+        """DiskFull while the store is full (every write-side call, as LMDB's
+        page allocations can fail at any put or delete)."""
+        s = self._store_of()
+        if s.full:
+            raise s._full_error()
+
+    def _store_of(self) -> "MemoryStore":
+        t = self
+        while t._store is None:
+            t = t._parent
+        return t._store
+
     def put(self, db, key, value, overwrite=True):
         self._check(db)
+        self._room()
         key = bytes(key)
         if not overwrite and self._lookup(db, key) is not None:
             return False
@@ -191,6 +210,7 @@ class _MemWrite(_TxnBase):
 
     def put_sorted(self, db, rows):
         self._check(db)
+        self._room()
         prev = None
         for k, v in rows:
             if prev is not None and k <= prev:
@@ -201,6 +221,7 @@ class _MemWrite(_TxnBase):
 
     def put_new(self, db, rows):
         self._check(db)
+        self._room()
         keys = [bytes(k) for k, _ in rows]
         if len(set(keys)) != len(keys) or any(self._lookup(db, k) is not None for k in keys):
             return False
@@ -211,6 +232,7 @@ class _MemWrite(_TxnBase):
 
     def delete(self, db, key):
         self._check(db)
+        self._room()
         key = bytes(key)
         existed = self._lookup(db, key) is not None
         if existed:
@@ -228,6 +250,9 @@ class _MemWrite(_TxnBase):
     def commit(self):
         if not self._open:
             raise RuntimeError("transaction is finished")
+        if self._store is not None and self._store.full:  # as LMDB: aborted, nothing stored
+            self.abort()
+            raise self._store._full_error()
         self._open = False
         if self._store is None:
             p = self._parent
@@ -253,6 +278,11 @@ class MemoryStore:
 
     def __init__(self, path: str = "<memory>"):
         self.path = path
+        # The fault switch: while True, every write-side call (put, put_many,
+        # put_sorted, put_new, delete, putter's callables) and every top-level
+        # commit raises errors.DiskFull; the transaction is then aborted,
+        # nothing of it stored. Reads go on; clear it and writes work again.
+        self.full = False
         self._tables = {db: _Table() for db in DBS}
         self._durable = self._tables
         self._writer = threading.Lock()
@@ -285,6 +315,12 @@ class MemoryStore:
 
     def _release(self):
         self._writer.release()
+
+    def _full_error(self) -> errors.DiskFull:
+        return errors.DiskFull(
+            f"{self.path}: the disk is full (simulated: MemoryStore.full); nothing was "
+            "written, what was stored is intact and reads go on; clear the switch and "
+            "writes go on", path=self.path, full="disk")
 
     def sync(self):
         self._alive()
