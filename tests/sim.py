@@ -364,6 +364,8 @@ class Options:
     # 0.1-5 s). Safety must not depend on clocks; they only time failure
     # detection, write-concern timeouts and trimming by age
     clock_jump_p: float = 0.0
+    # a member's disk (or LMDB map) fills up for 0.1-3 s (MemoryStore.full)
+    disk_full_p: float = 0.0
     # scripted faults (scenarios): (at_ms, "partition", groups) | (at_ms, "heal")
     # | (at_ms, "crash", member, machine) | (at_ms, "restart", member)
     # | (at_ms, "crash_c") | (at_ms, "restart_c") | (at_ms, "drop_p", p)
@@ -406,7 +408,8 @@ class Options:
             reconfig_p=random.Random(seed * 104729 + 3).choice((0.0, 0.0, 0.01, 0.03)),
             reads_p=random.Random(seed * 15485863 + 5).choice((0.0, 0.0, 0.1, 0.3)),
             fsync_fail_p=random.Random(seed * 32452843 + 9).choice((0.0, 0.0, 0.0, 0.01)),
-            clock_jump_p=random.Random(seed * 49979687 + 13).choice((0.0, 0.0, 0.005, 0.02)))
+            clock_jump_p=random.Random(seed * 49979687 + 13).choice((0.0, 0.0, 0.005, 0.02)),
+            disk_full_p=random.Random(seed * 86028121 + 17).choice((0.0, 0.0, 0.005, 0.02)))
 
 
 # Named scenarios (TigerBeetle's replica_test style): a quiet cluster and a
@@ -563,7 +566,7 @@ class Rpc:
             sim.net.send(dst, src, lambda: self._reply(rid, result, err), f"re:{method}#{rid}")
         try:
             getattr(node, "on_" + method)(respond, *args)
-        except errors.DiskFailed as e:  # a sync in the call failed: the Ray call raises
+        except (errors.DiskFailed, errors.DiskFull) as e:  # the Ray call raises it
             respond(err=e)
 
     def _reply(self, rid, result, err) -> None:
@@ -730,6 +733,12 @@ class SimMember:
         self.later(self.sim.rng.randint(0, 30), self._become_primary_2, done, term)
 
     def _become_primary_2(self, done, term: int) -> None:
+        try:
+            self._become_primary_3(done, term)
+        except errors.DiskFull as e:  # OplogShard.become_primary raises it to the caller
+            done(err=e)
+
+    def _become_primary_3(self, done, term: int) -> None:
         while rep.min_unapplied(self.engine) is not None:
             rep.apply_batch(self.engine, self.limits, self.now())
         try:
@@ -740,8 +749,8 @@ class SimMember:
         self._feeder_reset(primary=True)  # feeder.set_primary(True)
         try:
             self.svc.become_primary(term)
-        except errors.DiskFailed as e:  # its sync failed: the next sync stops the member
-            return done(err=e)
+        except errors.DiskFailed as e:  # its sync failed: OplogShard stops the process
+            return self._fatal(e)
         last, _ = self.engine.last()
         noop = self.core.became_primary(last)
         self._on_durable()
@@ -967,6 +976,9 @@ class SimMember:
             raise
         except errors.DiskFailed as e:  # Producer._run: the process stops
             self._fatal(e)
+        except errors.DiskFull as e:  # Producer._run: a failed step, tried again
+            self.p_locked = self.p_inflight = False
+            self._kick_producer(self.producer.on_failure(f"DiskFull: {e}"))
         except Exception as e:
             self.trace(f"producer thread dies: {type(e).__name__}: {e}")
             self.p_dead = True
@@ -1093,7 +1105,11 @@ class SimMember:
         self._apply_queued = False
         if self.apply_held:
             return self._kick_applier()
-        n, _, _ = rep.apply_batch(self.engine, self.apply_limits, self.now())
+        try:
+            n, _, _ = rep.apply_batch(self.engine, self.apply_limits, self.now())
+        except errors.DiskFull:  # Applier._run: logged, tried again in a second
+            self._apply_queued = True
+            return self.later(1000, self._apply)
         if n:
             self._kick_applier()
 
@@ -1146,6 +1162,8 @@ class SimCoordinator:
             for r in replies:
                 if isinstance(r, ActorUnavailable):  # died or restarting: down now
                     self.core.on_heartbeat(mid, None, now, dead=True)
+                elif isinstance(r, Exception):  # the call raised (its disk is full): no answer
+                    self.core.on_heartbeat(mid, None, now)
                 else:
                     self.core.on_heartbeat(mid, r, now)
             if not replies:
@@ -1585,6 +1603,7 @@ class Sim:
         self.read_rng = random.Random(seed * 31 + 7)  # reads' own draws (seeds without reads replay as before)
         self.disk_rng = random.Random(seed * 37 + 11)  # failed fsyncs' own draws
         self.clock_rng = random.Random(seed * 41 + 13)  # clock jumps' own draws
+        self.full_rng = random.Random(seed * 43 + 17)  # full disks' own draws
         self.clock_offsets: dict[int, int] = {}  # member -> its clock minus simulated time
         self.sched = Scheduler(self.rng)
         o = self.opts
@@ -1724,6 +1743,11 @@ class Sim:
                 jump = self.clock_rng.choice((-1, 1)) * self.clock_rng.randint(100, 5_000)
                 self.clock_offsets[m] = self.clock_offsets.get(m, 0) + jump
                 self.trace(f"m{m}", f"clock jumps {jump:+} ms")
+            store = self.stores[m]
+            if o.disk_full_p and not store.full and self.full_rng.random() < o.disk_full_p:
+                store.full = True  # writes are refused with DiskFull; reads go on
+                self.trace(f"m{m}", "disk full")
+                self.sched.at(self.full_rng.randint(100, 3_000), self._disk_freed, m)
         if o.reconfig_p and "c" in self._nodes and rng.random() < o.reconfig_p:
             c = self._nodes["c"]
             m = rng.choice(c.config)
@@ -1733,9 +1757,18 @@ class Sim:
             self.sched.at(rng.randint(50, 2000), self._restart_coordinator)
         self.sched.at(100, self._faults)
 
+    def _disk_freed(self, m: int) -> None:
+        if self.stores[m].full:
+            self.stores[m].full = False
+            self.trace(f"m{m}", "disk has room again")
+
     def _restart_member(self, m: int) -> None:
         if f"m{m}" not in self._nodes:
-            self.start_member(m)
+            try:
+                self.start_member(m)
+            except errors.DiskFull:  # its constructor writes: Ray tries again later
+                self.trace(f"m{m}", "start failed: disk full")
+                self.sched.at(500, self._restart_member, m)
 
     def _restart_coordinator(self) -> None:
         if "c" not in self._nodes:
@@ -1769,6 +1802,8 @@ class Sim:
         self.trace("sim", "liveness phase: faults off, network healed")
         self.net.faults = False
         self.net.heal()
+        for m in self.member_ids:
+            self._disk_freed(m)
         for c in self.clients:
             c.active = False
         for m in self.member_ids:

@@ -175,7 +175,10 @@ class OplogShard:
             # the feeder leaves "ship the written oplog" mode before any write
             # under the new term can commit (unsynced entries must not ship)
             self.feeder.set_primary(True)
-            self.service.become_primary(term)
+            try:
+                self.service.become_primary(term)
+            except errors.DiskFailed as e:  # its sync failed: never elected again as is
+                stop_process(e)
             last, _ = self.engine.last()  # synced by become_primary
             if self.core.became_primary(last):
                 self.service.on_writer(self.service._own_noop)  # not waited for

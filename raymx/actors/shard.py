@@ -850,8 +850,8 @@ class ShardService:
                 self.gm.done(self._unwritten.pop(0))
             return True
         except Exception as e:
-            err = errors.RaymxError(f"the oplog cannot be written ({type(e).__name__}: {e}); "
-                                    "nothing was written")
+            err = e if isinstance(e, errors.DiskFull) else errors.RaymxError(
+                f"the oplog cannot be written ({type(e).__name__}: {e}); nothing was written")
         for kind, sess, req, reply in items:
             if kind == "call":
                 reply.set_exception(err)
