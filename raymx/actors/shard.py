@@ -27,31 +27,21 @@ from typing import Callable
 
 from raymx import errors
 from raymx.actors.core.gtid_manager import GTIDManager
-from raymx.actors.core.primary import WriteConcernCore, deposed, sees_majority
+from raymx.actors.commit import GroupCommit, WriteConcernWaiters, _mono_ms
+from raymx.actors.core.primary import deposed, sees_majority
 from raymx.storage import codec
-from raymx.storage.engine import Engine, Reader, Transaction, WriteResult, split_ns
+from raymx.actors.reads import ReadPath, Reply, _Cursor, _gtid_in, gtid_out  # noqa: F401
+from raymx.storage.engine import Engine, Transaction, WriteResult
 from raymx.storage.gtid import GTID
-from raymx.storage.limits import READ_CONCERNS, Limits, write_concern_problem
+from raymx.storage.limits import Limits, write_concern_problem
 
 log = logging.getLogger("raymx.shard")
-Reply = Callable[..., None]
 
 WRITE_OPS = {"insert", "update", "delete", "createIndex", "dropIndex", "dropCollection",
              "createCollection", "revertTo"}
 READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes",
             "revertPlan"}
 TXN_OPS = {"txnBegin", "txnCommit", "txnAbort"}
-
-
-def gtid_out(g: GTID | None):
-    return None if g is None else [g.term, g.seq]
-
-
-def _gtid_in(v, what: str) -> GTID:
-    try:
-        return GTID.parse(v)
-    except (ValueError, TypeError):
-        raise errors.InvalidOperation(f"{what} must be a GTID [term, seq], got {v!r:.60}") from None
 
 
 def result_out(r) -> dict:
@@ -107,245 +97,6 @@ def _runs_on_port(item: tuple, insert_docs_max: int) -> bool:
 _ID_POINT = frozenset((int, str, float, bytes))  # an _id equality the engine looks up
 
 
-class GroupCommit:
-    """One LMDB sync covers every commit before it (the syncer thread)."""
-
-    def __init__(self, engine: Engine, gm: GTIDManager, interval_ms: int,
-                 on_durable: Callable[[GTID], None] | None = None,
-                 on_fatal: Callable[[Exception], None] | None = None,
-                 timer: Callable[[int, Callable[[], None]], None] | None = None):
-        self._e = engine
-        self._gm = gm
-        self._interval = interval_ms / 1000
-        self._on_durable = on_durable
-        self._on_fatal = on_fatal
-        self.failed: Exception | None = None  # a sync failed: nothing more is durable
-        # eager: sync as soon as anything is committed (members wait downstream),
-        # else every interval_ms unless a j=True writer waits
-        self.eager = False
-        self._cond = threading.Condition()
-        self._waiters: list[tuple] = []  # (GTID, ok(), fail(error))
-        self.committed: GTID | None = None  # last commit (not yet necessarily durable)
-        self.durable: GTID | None = None    # last commit covered by a finished sync
-        self.syncs = 0
-        self._stop = False
-        # ``timer(delay_ms, fn)`` instead of the syncer thread (the simulation)
-        self._timer, self._timed = timer, False
-        self._t = None
-        if timer is None:
-            self._t = threading.Thread(target=self._run, name="raymx-syncer", daemon=True)
-            self._t.start()
-
-    def note_commit(self, g: GTID, wake: bool = True) -> None:
-        """``g`` committed. With ``wake=False`` the caller flushes itself
-        (``sync_now``); else the syncer does, at once if ``eager``."""
-        with self._cond:
-            if self.committed is None or g > self.committed:
-                self.committed = g
-            if self._timer is not None:
-                if wake and not self._timed:
-                    self._timed = True
-                    self._timer(0 if self.eager else int(self._interval * 1000), self._on_timer)
-            elif self.eager and wake:
-                self._cond.notify()
-
-    def _on_timer(self) -> None:
-        self._timed = False
-        if self.failed is None:
-            self.sync_now()
-
-    def reset(self, last: GTID | None) -> None:
-        """Everything up to ``last`` is committed and durable (a store just
-        opened and synced, a member becoming primary)."""
-        with self._cond:
-            self.committed = self.durable = last
-
-    def when_durable(self, g: GTID, cb: Callable[[], None],
-                     fail: Callable[[Exception], None] = lambda e: None) -> bool:
-        """``cb`` once a flush covers ``g``: now if one did; else it waits (the
-        caller flushes, ``sync_now``) and this returns True. ``fail(error)``
-        instead if the disk failed first."""
-        with self._cond:
-            if self.failed is not None:
-                fail(self.failed)
-                return False
-            if self.durable is None or g > self.durable:
-                self._waiters.append((g, cb, fail))
-                return True
-        cb()
-        return False
-
-    def _behind(self) -> bool:
-        """Something is committed that no finished sync covers (lock held)."""
-        return self.committed is not None and (self.durable is None
-                                               or self.committed > self.durable)
-
-    def _run(self):
-        while True:
-            with self._cond:
-                if not self._waiters and not self._stop and not (self.eager and self._behind()):
-                    self._cond.wait(self._interval)
-                if self.failed is not None or (
-                        self._stop and not self._waiters and not self._behind()):
-                    return
-                if not self._behind():
-                    continue
-                target = self.committed
-            if not self._sync(target):
-                time.sleep(self._interval)
-
-    def sync_now(self) -> None:
-        """Flush on the calling thread (the writer thread, or the port's for the
-        groups it runs), when durable writers wait on what it just committed:
-        no hand-off to the syncer on their path. Writes arriving meanwhile wait
-        in the socket buffers and share the next group and sync."""
-        with self._cond:
-            target = self.committed
-            if target is None or (self.durable is not None and target <= self.durable):
-                return
-        self._sync(target)
-
-    def _sync(self, target: GTID) -> bool:
-        # durability gate: record min_live before the flush, publish after it
-        gm = self._gm  # become_primary may swap it meanwhile: record and publish on one
-        rec = gm.before_sync()
-        try:
-            if self.failed is not None:
-                raise self.failed
-            self._e.sync()
-        except Exception as e:
-            # the disk failed: what the sync covered may not be on disk and a
-            # retry may "succeed" over lost pages. Never sync again, nothing
-            # waiting is acknowledged; the shell stops the member
-            first = self.failed is None
-            with self._cond:
-                self.failed = e if isinstance(e, errors.DiskFailed) else errors.DiskFailed(
-                    f"sync failed: {type(e).__name__}: {e}")
-                failed, self._waiters = self._waiters, []
-            if first:
-                log.critical("LMDB sync failed; this member stops: %s", e)
-                if self._on_fatal is not None:
-                    self._on_fatal(self.failed)
-            for _, _, fail in failed:
-                fail(self.failed)
-            return False
-        gm.after_sync(rec)
-        with self._cond:
-            if self.durable is not None and target <= self.durable:
-                return True  # another thread's flush covered it and released its writers
-            self.durable = target
-            self.syncs += 1
-            done = [cb for g, cb, _ in self._waiters if g <= target]
-            self._waiters = [w for w in self._waiters if w[0] > target]
-        for cb in done:
-            cb()
-        if self._on_durable is not None:
-            self._on_durable(target)
-        return True
-
-    def stop(self):
-        with self._cond:
-            self._stop = True
-            self._cond.notify()
-        if self._t is not None:
-            self._t.join(10)
-
-
-class WriteConcernWaiters:
-    """Writes waiting until enough members hold their entry durably: the
-    decisions are ``WriteConcernCore``'s; this shell adds a lock and a thread.
-
-    A position that moves releases the writes it acknowledges at once, on the
-    thread that reported it (a pull, the syncer): no hand-off to another
-    thread on the acknowledgement path. The waiters' own thread handles
-    timeouts and deposed primaries.
-    """
-
-    def __init__(self, svc: "ShardService"):
-        self._svc = svc
-        self._cond = threading.Condition()
-        self.core = WriteConcernCore(svc.votes)
-        if svc.timer is None:  # else a timer per deadline (the simulation)
-            threading.Thread(target=self._run, name="raymx-wc", daemon=True).start()
-
-    def positions(self) -> dict[int, GTID | None]:
-        with self._cond:
-            return dict(self.core.durable)
-
-    def waiting(self) -> int:
-        return len(self.core.waiting)
-
-    def set_votes(self, votes: dict) -> None:
-        with self._cond:
-            self.core.votes = votes
-
-    def update(self, member: int, g: GTID | None) -> None:
-        with self._cond:
-            if not self.core.update(member, g):
-                return
-            mp = self.core.majority_point(self._svc.e.term) if self._svc.primary else None
-            done = self._sweep() if self.core.waiting else []
-        if mp is not None:  # before the acknowledgements: a majority read then sees them
-            self._svc.note_majority(mp)
-        self._answer(done)
-
-    def reset(self, member: int | None = None, last: GTID | None = None) -> None:
-        with self._cond:
-            self.core.reset(member, last)
-
-    def step_down(self, member: int) -> None:
-        with self._cond:
-            done = self.core.step_down(member)
-        self._answer(done)
-
-    def majority_point(self) -> GTID | None:
-        term = self._svc.e.term
-        with self._cond:
-            return self.core.majority_point(term)
-
-    def wait(self, g: GTID, w, wtimeout_ms, ok, fail) -> None:
-        deadline = None if not wtimeout_ms else self._svc.mono_ms() + int(wtimeout_ms)
-        with self._cond:
-            err = self.core.wait(g, w, deadline, (ok, fail))
-            self._cond.notify()
-        if err is not None:
-            return fail(err)
-        if self._svc.timer is not None:  # what the thread does when notified
-            if deadline is not None:
-                self._svc.timer(int(wtimeout_ms), self.tick)
-            self.tick()
-
-    def _run(self):
-        while not self._svc._stopping.is_set():
-            with self._cond:
-                d = self.core.next_deadline()
-                self._cond.wait(min(1.0, max(0.0, (d - self._svc.mono_ms()) / 1000))
-                                if d else 1.0)
-            self.tick()
-
-    def tick(self) -> None:
-        """Answer every waiter that can be (acknowledged, timed out, deposed)."""
-        with self._cond:
-            done = self._sweep()
-        self._answer(done)
-
-    def _sweep(self) -> list:
-        return self.core.sweep(self._svc.mono_ms(), self._svc.e.term, self._svc.primary)
-
-    @staticmethod
-    def _answer(done: list) -> None:
-        """Outside the lock: the callbacks answer clients."""
-        for (ok, fail), err in done:
-            if err is None:
-                ok()
-            else:
-                fail(err)
-
-
-def _mono_ms() -> int:
-    return int(time.monotonic() * 1000)
-
-
 class _Session:
     """An interactive transaction: its statements run on the writer thread."""
 
@@ -374,21 +125,9 @@ class _Session:
             reply(err=errors.TransactionAborted(f"transaction {self.id} is no longer open"))
 
 
-class _Cursor:
-    def __init__(self, cid: int, reader: Reader, it):
-        self.id = cid
-        self.reader = reader
-        self.it = it
-        self.used = time.monotonic()
-        self.head = None     # a document taken from ``it`` that the next batch starts with
-        self.killed = False  # killed while a getMore held it: closed when that ends
-
-    def close(self):
-        self.reader.t.abort()
-
-
-class ShardService:
-    """Writes through one writer thread with group commit; reads on snapshots."""
+class ShardService(ReadPath):
+    """Writes through one writer thread with group commit; reads on snapshots
+    (``ReadPath``, raymx/actors/reads.py)."""
 
     def __init__(self, engine: Engine, limits: Limits, primary: bool = True,
                  on_commit: Callable[[GTID], None] | None = None,
@@ -1036,73 +775,7 @@ class ShardService:
                 tx.abort()
                 return sreply(err=errors.TransactionAborted(f"internal error: {e}"))
 
-    # --- reads -----------------------------------------------------------
-    def _read(self, req: dict, reply: Reply, conn: dict) -> None:
-        try:
-            op = req["op"]
-            if req.get("after") is not None:
-                self.wait_applied(GTID(*req["after"]), req.get("after_timeout_ms") or 10_000)
-            if op == "getMore":
-                out = self._get_more(req.get("cursor"), req.get("batch"))
-                if not out["cursor"]:
-                    self._forget_cursors(conn, [req.get("cursor")])
-                return reply(ok=out)
-            if op == "killCursors":
-                cids = req.get("cursors", ())
-                self._forget_cursors(conn, cids)
-                for cid in cids:
-                    self._close_cursor(cid)
-                return reply(ok={})
-            rc = req.get("readConcern", "local")
-            if rc not in READ_CONCERNS:
-                raise errors.InvalidOperation(f"readConcern {rc!r}: one of "
-                                              f"{', '.join(READ_CONCERNS)}")
-            if rc == "linearizable" and not self.primary:
-                raise errors.NotPrimary(f"member {self.member_id} is not the primary (a "
-                                        "linearizable read)", member=self.member_id)
-            r = self.e.reader()
-            if rc in ("majority", "snapshot"):
-                # as of the majority-committed point this member knows
-                r.at(self.majority_known or GTID(0, 0))
-            keep = False
-            try:
-                out = self._find(r, req) if op == "find" else self._read_in(r, req, conn)
-                cid = out["cursor"] if op == "find" else None
-                if rc == "linearizable" and op in ("find", "count"):
-                    try:  # after reading: a deposed primary never answers
-                        self.confirm_primary(req.get("read_timeout_ms") or 10_000)
-                    except BaseException:
-                        if cid:
-                            self._close_cursor(cid)
-                        raise
-                if cid:
-                    with self._cursors_lock:
-                        if conn.get("closed"):  # its client left: nobody can ask for more
-                            self._cursors.pop(cid, None)
-                        else:
-                            keep = True
-                            conn.setdefault("cursors", set()).add(cid)
-                reply(ok=out)
-            finally:
-                if not keep:
-                    r.t.abort()
-        except errors.RaymxError as e:
-            reply(err=e)
-        except Exception as e:
-            log.exception("read failed")
-            reply(err=errors.RaymxError(f"internal error: {type(e).__name__}: {e}"))
-
-    def _topology(self, reply: Reply) -> None:
-        try:
-            topo = self.topology_source()
-            reply(ok={k: v for k, v in topo.items() if k != "secret"})
-        except errors.RaymxError as e:
-            reply(err=e)
-        except Exception as e:  # the coordinator is restarting: the client asks again
-            reply(err=errors.PrimaryUnavailable(
-                f"member {self.member_id} cannot reach the set's coordinator now: "
-                f"{type(e).__name__}"))
-
+    # --- the primary's own no-ops (a new term; a linearizable read) -------
     def _own_noop(self) -> GTID:
         """On the writer: an n entry under this primary's term, synced now.
         A new primary writes one at once (``MemberCore.became_primary``); a
@@ -1142,194 +815,6 @@ class ShardService:
                 f"{timeout_ms} ms that it is still the primary: the linearizable read is "
                 "not answered", gtid=list(g))
 
-    def _forget_cursors(self, conn: dict, cids) -> None:
-        with self._cursors_lock:
-            mine = conn.get("cursors")
-            if mine:
-                mine.difference_update(cids)
-
-    def _read_in(self, r: Reader, req: dict, conn: dict):
-        op = req["op"]
-        if op == "count":
-            return {"value": r.count(req["ns"], req.get("filter"))}
-        if op == "find":  # inside a transaction: one batch, no cursor
-            docs, size = [], 0
-            for d in r.find(req["ns"], req.get("filter"), req.get("projection"), req.get("sort"),
-                            req.get("skip") or 0, req.get("limit") or 0):
-                size += len(codec.pack(d))
-                if size > self._batch_bytes() and docs:
-                    raise errors.InvalidOperation(
-                        f"a find inside a transaction answers in one batch, and this one "
-                        f"exceeds {self._batch_bytes()} bytes: narrow it (filter, "
-                        "projection, limit) or read outside the transaction")
-                docs.append(d)
-            return {"cursor": 0, "docs": docs}
-        if op == "listCollections":
-            return {"value": r.list_collections()}
-        if op == "revertPlan":
-            return {"value": r.revert_plan(_gtid_in(req.get("target"), "target"))}
-        if op == "listIndexes":
-            split_ns(req["ns"])
-            c = r.coll(req["ns"])
-            ixs = [{"name": "_id_", "key": [["_id", 1]], "unique": True}]
-            if c is not None:
-                ixs += [{"name": n, **i.spec()} for n, i in c.indexes.items()]
-            return {"value": ixs}
-        raise errors.InvalidOperation(f"unknown read operation {op!r}")
-
-    def _find(self, r: Reader, req: dict) -> dict:
-        it = r.find(req["ns"], req.get("filter"), req.get("projection"), req.get("sort"),
-                    req.get("skip") or 0, req.get("limit") or 0)
-        c = _Cursor(next(self._ids), r, it)
-        out = self._batch(c, req.get("batch"))
-        if out["cursor"]:
-            with self._cursors_lock:
-                self._cursors[c.id] = c
-            self._expire_cursors(c.used)
-        return out
-
-    def _expire_cursors(self, now: float) -> None:
-        """Close the cursors idle past ``cursor_idle_ms`` (looked at most once a
-        second, when a cursor opens). One in a getMore is not in the table."""
-        if now < self._cursors_swept + 1.0:
-            return
-        self._cursors_swept = now
-        idle_before = now - self.limits.cursor_idle_ms / 1000
-        with self._cursors_lock:
-            old = [cid for cid, c in self._cursors.items() if c.used < idle_before]
-        for cid in old:
-            log.info("cursor %d closed after %d ms idle", cid, self.limits.cursor_idle_ms)
-            self._close_cursor(cid)
-
-    def _batch_bytes(self) -> int:
-        """The documents of one answer, encoded, at most: ``cursor_batch_bytes``,
-        and room for the frame's other fields under ``frame_bytes_max``."""
-        return min(self.limits.cursor_batch_bytes, self.limits.frame_bytes_max - 64 * 1024)
-
-    def _batch(self, c: _Cursor, batch) -> dict:
-        """The next batch: up to ``batch`` (or ``cursor_batch_docs``) documents
-        and ``cursor_batch_bytes`` of them encoded, but always one (a document
-        fits a frame). Sizes are exact: packing a document costs about 1/25
-        of reading it."""
-        n_max = min(int(batch or self.limits.cursor_batch_docs), self.limits.cursor_batch_docs)
-        cap = self._batch_bytes()
-        docs, size = [], 0
-        it = c.it if c.head is None else itertools.chain((c.head,), c.it)
-        c.head = None
-        for d in it:
-            size += len(codec.pack(d))
-            if docs and size > cap:
-                c.head = d
-                break
-            docs.append(d)
-            if len(docs) >= n_max:
-                break
-        else:
-            return {"cursor": 0, "docs": docs}
-        c.used = time.monotonic()
-        return {"cursor": c.id, "docs": docs}
-
-    def _get_more(self, cid, batch) -> dict:
-        with self._cursors_lock:  # out of the table while in use: not expired, not shared
-            c = self._cursors.pop(cid, None)
-            if c is not None:
-                self._cursors_busy[cid] = c
-        if c is None:
-            raise errors.InvalidOperation(f"cursor {cid} not found (exhausted, killed, "
-                                          "expired or in use by another getMore)")
-        out = None
-        try:
-            out = self._batch(c, batch)
-        finally:
-            with self._cursors_lock:
-                del self._cursors_busy[cid]
-                keep = out is not None and out["cursor"] and not c.killed
-                if keep:
-                    self._cursors[cid] = c
-            if not keep:
-                c.close()
-                if out is not None:
-                    out["cursor"] = 0  # exhausted, or killed meanwhile: the client stops
-        return out
-
-    def _close_cursor(self, cid) -> None:
-        """Close cursor ``cid``; one in a getMore is closed when that ends."""
-        with self._cursors_lock:
-            c = self._cursors.pop(cid, None)
-            if c is None and cid in self._cursors_busy:
-                self._cursors_busy[cid].killed = True
-        if c is not None:
-            c.close()
-
-    # --- change streams ---------------------------------------------------
-    def _watch(self, req: dict, reply: Reply) -> None:
-        try:
-            reply(ok=self.watch(req))
-        except errors.RaymxError as e:
-            reply(err=e)
-        except Exception as e:
-            log.exception("watch failed")
-            reply(err=errors.RaymxError(f"internal error: {type(e).__name__}: {e}"))
-
-    def watch_gate(self, majority: bool) -> GTID | None:
-        """The newest entry a change stream may deliver here: the majority point
-        (capped at this member's oplog end), or with ``majority=False`` what is
-        durable here (the primary) or written (a secondary)."""
-        last, _ = self.e.last()
-        if not majority:
-            d = self.group.durable if self.primary else last
-            return d if d is not None and d != GTID(0, 0) else None
-        mk = self.majority_known
-        return None if mk is None else min(mk, last)
-
-    def watch(self, req: dict) -> dict:
-        """One change-stream batch (long-poll): events after the resume token, up
-        to the gate, and the token to resume from (a high-water mark on a
-        quiet stream). See ``raymx.storage.changes`` for the format."""
-        from raymx.storage import changes
-        majority = req.get("majority", True) is not False
-        flt = changes.Filter(req.get("namespaces"), req.get("ops"))
-        n_max = min(int(req.get("batch") or self.limits.watch_batch_max),
-                    self.limits.watch_batch_max)
-        wait_ms = min(int(req.get("wait_ms") or self.limits.watch_wait_ms), 60_000)
-        after = req.get("after")
-        if after is None:
-            gate = self.watch_gate(majority)
-            after = [0, 0] if gate is None else list(gate)  # from now on
-        token = changes.parse_token(after)
-        if req.get("after") is None:  # opening a stream: its start token, at once
-            return {"events": [], "resume": list(token)}
-        deadline = time.monotonic() + wait_ms / 1000
-        self._watching += 1
-        try:
-            while True:
-                gate = self.watch_gate(majority)
-                out = changes.scan(self.e, token, gate, flt, n_max, self.member_id)
-                if out["events"] or out["resume"] != list(token) or self._stopping.is_set():
-                    return out
-                with self.majority_cond:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return out
-                    if self.watch_gate(majority) == gate:
-                        self.majority_cond.wait(min(left, 0.05 if not self.primary
-                                                    and not majority else left))
-        finally:
-            self._watching -= 1
-
-    def wait_applied(self, g: GTID, timeout_ms: int) -> None:
-        """Read-after-GTID: block until this member has applied ``g``."""
-        from raymx.actors.core.replication import applied_point
-        deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            cur = applied_point(self.e)
-            if cur >= g:
-                return
-            if time.monotonic() >= deadline:
-                raise errors.ReadConcernTimeout(
-                    f"member {self.member_id} has applied up to {cur}, not {g}, after "
-                    f"{timeout_ms} ms", applied=list(cur), wanted=list(g))
-            time.sleep(0.002)
 
     # --- state -----------------------------------------------------------
     def status(self) -> dict:
@@ -1346,8 +831,7 @@ class ShardService:
     def close(self) -> None:
         self._stopping.set()
         self._trim_wake.set()
-        with self.wc._cond:  # its thread ends
-            self.wc._cond.notify()
+        self.wc.stop()
         with self.majority_cond:
             self.majority_cond.notify_all()
         self.watchers.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,301 @@
+"""The read half of ``ShardService``: queries on LMDB snapshots (the reader
+pool), cursors and getMore, change streams, and waits for an applied
+point. Readers never wait for the writer.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Callable
+
+from raymx import errors
+from raymx.storage import codec
+from raymx.storage.engine import Reader, split_ns
+from raymx.storage.gtid import GTID
+from raymx.storage.limits import READ_CONCERNS
+
+log = logging.getLogger("raymx.shard")
+Reply = Callable[..., None]
+
+
+def gtid_out(g: GTID | None):
+    return None if g is None else [g.term, g.seq]
+
+
+def _gtid_in(v, what: str) -> GTID:
+    try:
+        return GTID.parse(v)
+    except (ValueError, TypeError):
+        raise errors.InvalidOperation(f"{what} must be a GTID [term, seq], got {v!r:.60}") from None
+
+
+class _Cursor:
+    def __init__(self, cid: int, reader: Reader, it):
+        self.id = cid
+        self.reader = reader
+        self.it = it
+        self.used = time.monotonic()
+        self.head = None     # a document taken from ``it`` that the next batch starts with
+        self.killed = False  # killed while a getMore held it: closed when that ends
+
+    def close(self):
+        self.reader.t.abort()
+
+
+class ReadPath:
+    """Mixed into ``ShardService``: every read request it serves."""
+
+    def _read(self, req: dict, reply: Reply, conn: dict) -> None:
+        try:
+            op = req["op"]
+            if req.get("after") is not None:
+                self.wait_applied(GTID(*req["after"]), req.get("after_timeout_ms") or 10_000)
+            if op == "getMore":
+                out = self._get_more(req.get("cursor"), req.get("batch"))
+                if not out["cursor"]:
+                    self._forget_cursors(conn, [req.get("cursor")])
+                return reply(ok=out)
+            if op == "killCursors":
+                cids = req.get("cursors", ())
+                self._forget_cursors(conn, cids)
+                for cid in cids:
+                    self._close_cursor(cid)
+                return reply(ok={})
+            rc = req.get("readConcern", "local")
+            if rc not in READ_CONCERNS:
+                raise errors.InvalidOperation(f"readConcern {rc!r}: one of "
+                                              f"{', '.join(READ_CONCERNS)}")
+            if rc == "linearizable" and not self.primary:
+                raise errors.NotPrimary(f"member {self.member_id} is not the primary (a "
+                                        "linearizable read)", member=self.member_id)
+            r = self.e.reader()
+            if rc in ("majority", "snapshot"):
+                # as of the majority-committed point this member knows
+                r.at(self.majority_known or GTID(0, 0))
+            keep = False
+            try:
+                out = self._find(r, req) if op == "find" else self._read_in(r, req, conn)
+                cid = out["cursor"] if op == "find" else None
+                if rc == "linearizable" and op in ("find", "count"):
+                    try:  # after reading: a deposed primary never answers
+                        self.confirm_primary(req.get("read_timeout_ms") or 10_000)
+                    except BaseException:
+                        if cid:
+                            self._close_cursor(cid)
+                        raise
+                if cid:
+                    with self._cursors_lock:
+                        if conn.get("closed"):  # its client left: nobody can ask for more
+                            self._cursors.pop(cid, None)
+                        else:
+                            keep = True
+                            conn.setdefault("cursors", set()).add(cid)
+                reply(ok=out)
+            finally:
+                if not keep:
+                    r.t.abort()
+        except errors.RaymxError as e:
+            reply(err=e)
+        except Exception as e:
+            log.exception("read failed")
+            reply(err=errors.RaymxError(f"internal error: {type(e).__name__}: {e}"))
+
+    def _topology(self, reply: Reply) -> None:
+        try:
+            topo = self.topology_source()
+            reply(ok={k: v for k, v in topo.items() if k != "secret"})
+        except errors.RaymxError as e:
+            reply(err=e)
+        except Exception as e:  # the coordinator is restarting: the client asks again
+            reply(err=errors.PrimaryUnavailable(
+                f"member {self.member_id} cannot reach the set's coordinator now: "
+                f"{type(e).__name__}"))
+
+    def _forget_cursors(self, conn: dict, cids) -> None:
+        with self._cursors_lock:
+            mine = conn.get("cursors")
+            if mine:
+                mine.difference_update(cids)
+
+    def _read_in(self, r: Reader, req: dict, conn: dict):
+        op = req["op"]
+        if op == "count":
+            return {"value": r.count(req["ns"], req.get("filter"))}
+        if op == "find":  # inside a transaction: one batch, no cursor
+            docs, size = [], 0
+            for d in r.find(req["ns"], req.get("filter"), req.get("projection"), req.get("sort"),
+                            req.get("skip") or 0, req.get("limit") or 0):
+                size += len(codec.pack(d))
+                if size > self._batch_bytes() and docs:
+                    raise errors.InvalidOperation(
+                        f"a find inside a transaction answers in one batch, and this one "
+                        f"exceeds {self._batch_bytes()} bytes: narrow it (filter, "
+                        "projection, limit) or read outside the transaction")
+                docs.append(d)
+            return {"cursor": 0, "docs": docs}
+        if op == "listCollections":
+            return {"value": r.list_collections()}
+        if op == "revertPlan":
+            return {"value": r.revert_plan(_gtid_in(req.get("target"), "target"))}
+        if op == "listIndexes":
+            split_ns(req["ns"])
+            c = r.coll(req["ns"])
+            ixs = [{"name": "_id_", "key": [["_id", 1]], "unique": True}]
+            if c is not None:
+                ixs += [{"name": n, **i.spec()} for n, i in c.indexes.items()]
+            return {"value": ixs}
+        raise errors.InvalidOperation(f"unknown read operation {op!r}")
+
+    def _find(self, r: Reader, req: dict) -> dict:
+        it = r.find(req["ns"], req.get("filter"), req.get("projection"), req.get("sort"),
+                    req.get("skip") or 0, req.get("limit") or 0)
+        c = _Cursor(next(self._ids), r, it)
+        out = self._batch(c, req.get("batch"))
+        if out["cursor"]:
+            with self._cursors_lock:
+                self._cursors[c.id] = c
+            self._expire_cursors(c.used)
+        return out
+
+    def _expire_cursors(self, now: float) -> None:
+        """Close the cursors idle past ``cursor_idle_ms`` (looked at most once a
+        second, when a cursor opens). One in a getMore is not in the table."""
+        if now < self._cursors_swept + 1.0:
+            return
+        self._cursors_swept = now
+        idle_before = now - self.limits.cursor_idle_ms / 1000
+        with self._cursors_lock:
+            old = [cid for cid, c in self._cursors.items() if c.used < idle_before]
+        for cid in old:
+            log.info("cursor %d closed after %d ms idle", cid, self.limits.cursor_idle_ms)
+            self._close_cursor(cid)
+
+    def _batch_bytes(self) -> int:
+        """The documents of one answer, encoded, at most: ``cursor_batch_bytes``,
+        and room for the frame's other fields under ``frame_bytes_max``."""
+        return min(self.limits.cursor_batch_bytes, self.limits.frame_bytes_max - 64 * 1024)
+
+    def _batch(self, c: _Cursor, batch) -> dict:
+        """The next batch: up to ``batch`` (or ``cursor_batch_docs``) documents
+        and ``cursor_batch_bytes`` of them encoded, but always one (a document
+        fits a frame). Sizes are exact: packing a document costs about 1/25
+        of reading it."""
+        n_max = min(int(batch or self.limits.cursor_batch_docs), self.limits.cursor_batch_docs)
+        cap = self._batch_bytes()
+        docs, size = [], 0
+        it = c.it if c.head is None else itertools.chain((c.head,), c.it)
+        c.head = None
+        for d in it:
+            size += len(codec.pack(d))
+            if docs and size > cap:
+                c.head = d
+                break
+            docs.append(d)
+            if len(docs) >= n_max:
+                break
+        else:
+            return {"cursor": 0, "docs": docs}
+        c.used = time.monotonic()
+        return {"cursor": c.id, "docs": docs}
+
+    def _get_more(self, cid, batch) -> dict:
+        with self._cursors_lock:  # out of the table while in use: not expired, not shared
+            c = self._cursors.pop(cid, None)
+            if c is not None:
+                self._cursors_busy[cid] = c
+        if c is None:
+            raise errors.InvalidOperation(f"cursor {cid} not found (exhausted, killed, "
+                                          "expired or in use by another getMore)")
+        out = None
+        try:
+            out = self._batch(c, batch)
+        finally:
+            with self._cursors_lock:
+                del self._cursors_busy[cid]
+                keep = out is not None and out["cursor"] and not c.killed
+                if keep:
+                    self._cursors[cid] = c
+            if not keep:
+                c.close()
+                if out is not None:
+                    out["cursor"] = 0  # exhausted, or killed meanwhile: the client stops
+        return out
+
+    def _close_cursor(self, cid) -> None:
+        """Close cursor ``cid``; one in a getMore is closed when that ends."""
+        with self._cursors_lock:
+            c = self._cursors.pop(cid, None)
+            if c is None and cid in self._cursors_busy:
+                self._cursors_busy[cid].killed = True
+        if c is not None:
+            c.close()
+
+    def _watch(self, req: dict, reply: Reply) -> None:
+        try:
+            reply(ok=self.watch(req))
+        except errors.RaymxError as e:
+            reply(err=e)
+        except Exception as e:
+            log.exception("watch failed")
+            reply(err=errors.RaymxError(f"internal error: {type(e).__name__}: {e}"))
+
+    def watch_gate(self, majority: bool) -> GTID | None:
+        """The newest entry a change stream may deliver here: the majority point
+        (capped at this member's oplog end), or with ``majority=False`` what is
+        durable here (the primary) or written (a secondary)."""
+        last, _ = self.e.last()
+        if not majority:
+            d = self.group.durable if self.primary else last
+            return d if d is not None and d != GTID(0, 0) else None
+        mk = self.majority_known
+        return None if mk is None else min(mk, last)
+
+    def watch(self, req: dict) -> dict:
+        """One change-stream batch (long-poll): events after the resume token, up
+        to the gate, and the token to resume from (a high-water mark on a
+        quiet stream). See ``raymx.storage.changes`` for the format."""
+        from raymx.storage import changes
+        majority = req.get("majority", True) is not False
+        flt = changes.Filter(req.get("namespaces"), req.get("ops"))
+        n_max = min(int(req.get("batch") or self.limits.watch_batch_max),
+                    self.limits.watch_batch_max)
+        wait_ms = min(int(req.get("wait_ms") or self.limits.watch_wait_ms), 60_000)
+        after = req.get("after")
+        if after is None:
+            gate = self.watch_gate(majority)
+            after = [0, 0] if gate is None else list(gate)  # from now on
+        token = changes.parse_token(after)
+        if req.get("after") is None:  # opening a stream: its start token, at once
+            return {"events": [], "resume": list(token)}
+        deadline = time.monotonic() + wait_ms / 1000
+        self._watching += 1
+        try:
+            while True:
+                gate = self.watch_gate(majority)
+                out = changes.scan(self.e, token, gate, flt, n_max, self.member_id)
+                if out["events"] or out["resume"] != list(token) or self._stopping.is_set():
+                    return out
+                with self.majority_cond:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return out
+                    if self.watch_gate(majority) == gate:
+                        self.majority_cond.wait(min(left, 0.05 if not self.primary
+                                                    and not majority else left))
+        finally:
+            self._watching -= 1
+
+    def wait_applied(self, g: GTID, timeout_ms: int) -> None:
+        """Read-after-GTID: block until this member has applied ``g``."""
+        from raymx.actors.core.replication import applied_point
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            cur = applied_point(self.e)
+            if cur >= g:
+                return
+            if time.monotonic() >= deadline:
+                raise errors.ReadConcernTimeout(
+                    f"member {self.member_id} has applied up to {cur}, not {g}, after "
+                    f"{timeout_ms} ms", applied=list(cur), wanted=list(g))
+            time.sleep(0.002)
