@@ -1,0 +1,215 @@
+"""The protocol bugs the simulation found, as regressions of the shipped
+code (``KNOWN_BUGS``, ``--regress``), and the planted bugs (``BROKEN``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from raymx.actors.core import replication as rep
+from raymx.actors.core.election import ElectionCore
+from raymx.actors.core import producer as pc
+from raymx.actors.core.member import MemberCore
+from raymx.actors.core.primary import WriteConcernCore
+from raymx.actors.shard import ShardService
+from raymx.storage.gtid import GTID
+
+
+BROKEN = ("ack_before_durable", "reuse_term", "unsafe_reconfig", "dirty_reads", "fsync_retry")
+
+
+# --- the protocol bugs the simulation found, as regressions of the shipped cores
+def _old_too_stale_by_term() -> list:
+    orig = rep.FeederCore.pull
+
+    def pull(self, after, after_h, max_entries, max_bytes):
+        out = orig(self, after, after_h, max_entries, max_bytes)
+        if out["status"] == "diverged" and after is not None:
+            with self.e.store.read() as t:
+                first = t.first("oplog")
+            if first is not None and GTID(*after) < GTID.from_bytes(first[0]):
+                return {"status": "too_stale", "first": list(GTID.from_bytes(first[0]))}
+        return out
+    return [(rep.FeederCore, "pull", pull)]
+
+
+def _old_stale_write_concern() -> list:
+    orig = WriteConcernCore.sweep
+    return [(WriteConcernCore, "sweep",
+             lambda self, now_ms, term, primary: orig(self, now_ms, 0, True)),
+            (WriteConcernCore, "step_down", lambda self, member: [])]
+
+
+def _old_election_not_fenced() -> list:
+    return [(ElectionCore, "fence", lambda self, a: []),
+            (ElectionCore, "fenced", lambda self, a, answers, now_ms: a.member)]
+
+
+def _old_deposed_role_stuck() -> list:
+    return [(MemberCore, "is_primary", lambda self, serving: serving),
+            (MemberCore, "heartbeat", lambda self, term, serving, lead_term:
+             self.learn_term(term, serving, lead_term))]
+
+
+def _old_stale_sync_source() -> list:
+    return [(pc.ProducerCore, "current", lambda self: True)]
+
+
+def _old_majority_of_old_terms() -> list:
+    from raymx.actors.core import primary
+    orig = MemberCore.became_primary
+
+    def old(point, term):
+        return point  # any point durable on a majority
+    return [(rep, "committed", old), (primary, "committed", old),
+            (MemberCore, "became_primary", lambda self, last: orig(self, last) and False)]
+
+
+def _old_catch_up_outlives_adoption() -> list:
+    orig = ElectionCore._adopt
+
+    def _adopt(self):
+        was = self.catching_up
+        orig(self)
+        self.catching_up = was  # kept: no member was told to follow again
+    return [(ElectionCore, "_adopt", _adopt)]
+
+
+def _old_producer_thread_dies() -> list:
+    orig = pc.ProducerCore.on_failure
+
+    def on_failure(self, what):
+        if "find_common" in what:
+            raise RuntimeError(what)  # was outside the loop's try: the thread ended
+        return orig(self, what)
+    return [(pc.ProducerCore, "on_failure", on_failure)]
+
+
+@dataclass(frozen=True)
+class KnownBug:
+    """A protocol bug the simulation found, fixed in the shipped cores.
+    ``old()`` returns the monkeypatches that put the old behaviour back into
+    the code path the shells and the simulation both run (``--regress NAME``);
+    tests/test_simulation.py shows that the sweep catches it then."""
+
+    name: str
+    where: str
+    what: str
+    fix: str
+    old: Callable[[], list]
+    symptoms: tuple         # what the failure message says when it bites (any of)
+    repro: tuple            # scenario names and/or seeds that fail with it put back
+    also: tuple = ()        # other bugs it needs back to show (they would mask it)
+
+
+KNOWN_BUGS = {b.name: b for b in (
+    KnownBug("too_stale_by_term", "raymx/actors/core/replication.py FeederCore.pull",
+             "'after < first' compared GTIDs, term first: a member whose last entry is "
+             "(1, 1) pulling from a source whose oplog starts at (2, 1) (another branch "
+             "from seq 1) was told too_stale, not diverged, and marked itself needs_resync "
+             "forever although nothing was trimmed",
+             "compare seqs: too_stale only if after.seq < first.seq (seqs are dense "
+             "across terms); otherwise answer diverged", _old_too_stale_by_term,
+             ("resync=sync source trimmed past",), ("isolated_first_primary",)),
+    KnownBug("stale_write_concern", "raymx/actors/core/primary.py WriteConcernCore",
+             "write-concern waiters survived step-down and a newer term: a deposed primary "
+             "rolled its write back and still acknowledged it w='majority' later, when "
+             "members reported durable positions >= g (from their old copy or another "
+             "branch)",
+             "fail every waiting write with NotPrimary ('outcome unknown') on step-down "
+             "and whenever the member's term passes the write's term; reset the positions",
+             _old_stale_write_concern,
+             ("majority-acknowledged write", "majority-committed point"), (138,),
+             ("election_not_fenced", "stale_sync_source")),
+    KnownBug("election_not_fenced", "raymx/actors/core/election.py ElectionCore.fence/fenced",
+             "an election read each member's last GTID and term from heartbeat replies "
+             "sent up to a round earlier, and the new term was durable only on the winner "
+             "before it took writes: a restarted coordinator could hand the same term to a "
+             "second member (two primaries in one term), and the old primary kept getting "
+             "w='majority' acknowledgements from members that did not know the new term",
+             "fence first, as Raft's vote does: send the new term to every member that "
+             "answers, wait for their last GTID as of after recording it, and choose the "
+             "winner among those answers only; never reuse a term once sent",
+             _old_election_not_fenced,
+             ("two primaries accepted writes", "majority-acknowledged write"),
+             ("coordinator_dies_mid_election",)),
+    KnownBug("deposed_role_stuck", "raymx/actors/core/member.py MemberCore.is_primary/heartbeat",
+             "a primary that learned a higher term through a pull had its write side "
+             "(ShardService.primary) cleared by its next commit, but its role stayed "
+             "'primary'; step_down/follow/_learn_term acted only on the write side's flag, "
+             "so the member never stepped down and never converged",
+             "decide on the role, not the write side's flag, and step down a member whose "
+             "role is primary while its write side is deposed, at every heartbeat",
+             _old_deposed_role_stuck, ("role=primary shard_primary=False",),
+             (142,), ("stale_sync_source",)),
+    KnownBug("stale_sync_source", "raymx/actors/core/producer.py ProducerCore.current",
+             "after a member learned a new term, its producer kept pulling from the sync "
+             "source it was given for the old term and accepted the entries: the old "
+             "primary's branch became 'majority durable' while the new primary lacked it",
+             "a producer pulls, and takes entries, only while its follow() term is the "
+             "member's term (Raft: entries only from the leader of your current term)",
+             _old_stale_sync_source,
+             ("majority-acknowledged write", "majority-committed point"), (138,),
+             ("election_not_fenced", "stale_write_concern")),
+    KnownBug("producer_thread_dies", "raymx/actors/core/producer.py ProducerCore.on_failure "
+             "+ raymx/actors/member.py Producer._run",
+             "a find_common call that failed or timed out (the source crashed or was cut "
+             "off mid-rollback) raised out of the producer's step and ended its thread; "
+             "the member never replicated again",
+             "every failed step goes through ProducerCore.on_failure: wait, pull again",
+             _old_producer_thread_dies, ("producer_dead=True",), (13,)),
+    KnownBug("majority_of_old_terms", "raymx/actors/core/replication.py committed "
+             "(WriteConcernCore.majority_point, FeederCore.majority)",
+             "a primary called majority-committed any entry durable on a majority, "
+             "entries of earlier terms included (Raft's figure 8): a member that never "
+             "held such an entry won the next election and rolled it back, after a "
+             "majority read had returned it",
+             "a primary's majority point is only ever an entry of its own term; a new "
+             "primary writes a no-op at once so the point moves with no client write",
+             _old_majority_of_old_terms, ("majority-committed point", "majority read"),
+             (2697,)),
+    KnownBug("catch_up_outlives_adoption", "raymx/actors/core/election.py ElectionCore._adopt",
+             "the coordinator started catching an eligible member up for an election, then "
+             "adopted the old primary when it answered again; the catch-up mark stayed "
+             "set, and while it is set no member is told to follow: a member that had "
+             "restarted meanwhile never replicated again",
+             "adopting a primary ends any catch-up",
+             _old_catch_up_outlives_adoption, ("no convergence",), (2456,)),
+)}
+
+
+def _planted_ack_before_durable() -> list:
+    def _answer_when(self, g, out, req, reply):
+        reply(ok=out)  # acknowledged before it is durable anywhere
+        return False
+    return [(ShardService, "_answer_when", _answer_when)]
+
+
+# planted bugs that live in shipped code: patched in for the run, as known bugs are
+PLANTED = {"ack_before_durable": _planted_ack_before_durable}
+
+
+class regressed:
+    """Put known bugs back into the shipped cores for a run (``--regress``),
+    and a planted bug that lives in shipped code (``PLANTED``)."""
+
+    def __init__(self, names=(), broken: str | None = None):
+        unknown = [n for n in names if n not in KNOWN_BUGS]
+        if unknown:
+            raise ValueError(f"unknown bugs {unknown} (known: {', '.join(KNOWN_BUGS)})")
+        self.names = tuple(n for n in KNOWN_BUGS if n in names)
+        self._patches = [KNOWN_BUGS[n].old for n in self.names] + \
+            ([PLANTED[broken]] if broken in PLANTED else [])
+        self._saved: list = []
+
+    def __enter__(self):
+        for old in self._patches:
+            for obj, attr, fn in old():
+                self._saved.append((obj, attr, obj.__dict__[attr]))
+                setattr(obj, attr, fn)
+        return self
+
+    def __exit__(self, *exc):
+        for obj, attr, fn in reversed(self._saved):
+            setattr(obj, attr, fn)
+        self._saved.clear()
