@@ -159,7 +159,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "every failed step goes through ProducerCore.on_failure: wait, pull again",
              _old_producer_thread_dies, ("producer_dead=True",), (13,)),
     KnownBug("majority_of_old_terms", "raymx/actors/core/replication.py committed "
-             "(WriteConcernCore.majority_point, FeederCore.majority)",
+             "(WriteConcernCore.majority_point, FeederCore.committed_point)",
              "a primary called majority-committed any entry durable on a majority, "
              "entries of earlier terms included (Raft's figure 8): a member that never "
              "held such an entry won the next election and rolled it back, after a "

@@ -159,11 +159,11 @@ def test_feeder_majority_from_validated_positions(n):
     f = rep.FeederCore(p, LIM)
     f.advance(p.last()[0])
     f.votes = {i: 1 for i in range(n)}
-    assert f.majority(0, True) is None  # nobody proved a position yet
+    assert f.committed_point(0, True) is None  # nobody proved a position yet
     f.validated[1] = GTID(1, 6)
-    assert f.majority(0, True) == GTID(1, 6)
+    assert f.committed_point(0, True) == GTID(1, 6)
     f.validated[2] = GTID(1, 99)  # not on this branch: ignored
-    assert f.majority(0, True) == GTID(1, 6)
-    assert f.majority(0, False) is None  # a secondary vouches only for what it learned
+    assert f.committed_point(0, True) == GTID(1, 6)
+    assert f.committed_point(0, False) is None  # a secondary vouches only for what it learned
     f.upstream_majority = GTID(1, 3)
-    assert f.majority(0, False) == GTID(1, 3) and f.majority(0, True) == GTID(1, 6)
+    assert f.committed_point(0, False) == GTID(1, 3) and f.committed_point(0, True) == GTID(1, 6)

@@ -212,7 +212,7 @@ def test_write_concern_counting():
     assert not rep.acknowledged(g, "majority", d, votes)  # only voting members count
     d[1] = GTID(1, 10)
     assert rep.acknowledged(g, "majority", d, votes)
-    assert rep.majority([1, 1, 1, 0]) == 2 and rep.majority([1, 1, 1, 1, 1]) == 3
+    assert rep.majority_count([1, 1, 1, 0]) == 2 and rep.majority_count([1, 1, 1, 1, 1]) == 3
 
 
 def test_majority_point():

@@ -135,7 +135,7 @@ class ElectionCore:
             self.catching_up = None
 
     # --- decisions -------------------------------------------------------
-    def majority(self) -> int:
+    def majority_count(self) -> int:
         return sum(1 for v in self.members.values() if v.votes > 0) // 2 + 1
 
     def _candidates(self) -> list[View]:
@@ -152,7 +152,7 @@ class ElectionCore:
         if not cands:
             return None
         best = max(cands, key=lambda v: (v.last, v.priority, -v.id))
-        if votes_for(answered, best.last) < self.majority():
+        if votes_for(answered, best.last) < self.majority_count():
             return None
         eligible = [v for v in cands if v.eligible and v.last >= best.last]
         if not eligible:
@@ -246,7 +246,7 @@ class ElectionCore:
         top = max([self.term] + [v.term for v in up])
         p = [v for v in up if v.role == "primary" and v.term == top and v.lead_term == top
              and v.state == "running"]
-        if len(p) == 1 and sum(1 for v in up if v.votes > 0) >= self.majority():
+        if len(p) == 1 and sum(1 for v in up if v.votes > 0) >= self.majority_count():
             self.primary = p[0].id
             self.term = top
             self.catching_up = None  # a catch-up for an election that is not needed now
@@ -259,7 +259,7 @@ class ElectionCore:
             return []
         best = max(cands, key=lambda v: (v.last, v.priority, -v.id))
         up = [v for v in self.members.values() if v.alive]
-        if votes_for(up, best.last) < self.majority():
+        if votes_for(up, best.last) < self.majority_count():
             return []  # no majority: no primary, writes fail with PrimaryUnavailable
         new_term = max([self.term] + [v.term for v in self.members.values()]) + 1
         if best.eligible:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from raymx import errors
-from raymx.actors.core.replication import acknowledged, committed, majority, majority_point
+from raymx.actors.core.replication import acknowledged, committed, majority_count, majority_point
 from raymx.storage.gtid import GTID
 
 
@@ -28,7 +28,7 @@ def sees_majority(votes: dict[int, int], heard_ms: dict[int, int], self_id: int,
         return True
     up = sum(1 for m, v in votes.items() if v > 0 and (
         m == self_id or now_ms - heard_ms.get(m, 0) < timeout_ms))
-    return up >= majority(list(votes.values()))
+    return up >= majority_count(list(votes.values()))
 
 
 class WriteConcernCore:
@@ -69,7 +69,7 @@ class WriteConcernCore:
     def wait(self, g: GTID, w, deadline_ms: int | None, token) -> errors.RaymxError | None:
         """Queue a write committed at ``g``; an error if ``w`` can never hold."""
         n = len(self.votes)
-        need = majority(list(self.votes.values())) if w == "majority" else w
+        need = majority_count(list(self.votes.values())) if w == "majority" else w
         if not isinstance(need, int) or need < 0 or need > n:
             return errors.WriteConcernTimeout(
                 f"w={w!r} cannot be satisfied by {n} members; the write committed "

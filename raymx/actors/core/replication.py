@@ -96,7 +96,7 @@ class FeederCore:
         self.validated.clear()
         self.positions.clear()
 
-    def majority(self, self_id: int, primary: bool) -> GTID | None:
+    def committed_point(self, self_id: int, primary: bool) -> GTID | None:
         """The majority-committed point this feeder can vouch for."""
         mp = self.upstream_majority
         if primary and self.votes:
@@ -171,7 +171,7 @@ class FeederCore:
             for m, p in down.items():
                 self.report(int(m), p.get("durable"), p.get("applied"), p.get("at_ms", now_ms))
             report = dict(self.positions)
-        before = self.majority(self_id, primary)
+        before = self.committed_point(self_id, primary)
         if out["status"] == "diverged":
             self.validated.pop(member, None)
         elif out["status"] == "ok" and after is not None and after_h is not None \
@@ -179,7 +179,7 @@ class FeederCore:
             cur = self.validated.get(member)  # the caller holds ``after`` with our hash
             if cur is None or GTID(*after) > cur:
                 self.validated[member] = GTID(*after)
-        mj = self.majority(self_id, primary)
+        mj = self.committed_point(self_id, primary)
         if mj is not None:
             out["majority"] = list(mj)
         return out, report, mj != before
@@ -406,7 +406,7 @@ def write_repl_info(e: Engine, min_uncommitted: GTID | None) -> None:
               b"" if min_uncommitted is None else min_uncommitted.to_bytes())
 
 
-def majority(votes: list[int]) -> int:
+def majority_count(votes: list[int]) -> int:
     """Acknowledgements a majority needs: more than half of the voting members."""
     voting = sum(1 for v in votes if v > 0)
     return voting // 2 + 1
@@ -416,7 +416,7 @@ def majority_point(durable: dict[int, GTID | None], votes: dict[int, int]) -> GT
     """The newest GTID durable on a majority of voting members (never rolled back).
     Only members of the configuration (``votes``) count: a removed member's
     position, still known, says nothing about the new configuration's majorities."""
-    need = majority(list(votes.values()))
+    need = majority_count(list(votes.values()))
     pts = sorted((d for m, d in durable.items() if d is not None and votes.get(m, 0) > 0),
                  reverse=True)
     return pts[need - 1] if len(pts) >= need else None
@@ -444,7 +444,7 @@ def acknowledged(gtid: GTID, w, durable: dict[int, GTID | None], votes: dict[int
     """
     have = [m for m, d in durable.items() if d is not None and d >= gtid and m in votes]
     if w == "majority":
-        return sum(1 for m in have if votes[m] > 0) >= majority(list(votes.values()))
+        return sum(1 for m in have if votes[m] > 0) >= majority_count(list(votes.values()))
     return len(have) >= int(w)
 
 
