@@ -80,8 +80,8 @@ from raymx import errors
 from raymx.actors.core import replication as rep
 from raymx.storage.limits import Limits
 from raymx.storage.store import MemoryStore
-from tests.sim_base import (CONVERGE_MS_MAX, Network, Options, Rpc, SCENARIOS, Scheduler,
-                            Violation, WTIMEOUT_MS, reproduce_line)
+from tests.sim_base import (CONVERGE_MS_MAX, FAULTS, Network, Options, Rpc, SCENARIOS,
+                            Scheduler, Violation, WTIMEOUT_MS, reproduce_line)
 from tests.sim_bugs import BROKEN, KNOWN_BUGS, regressed
 from tests.sim_member import SimMember  # noqa: F401
 from tests.sim_actors import Checker, SimClient, SimCoordinator  # noqa: F401
@@ -96,6 +96,7 @@ class Result:
     broken: str | None = None
     regress: tuple = ()
     scenario: str | None = None
+    off: tuple = ()
     events: int = 0
     sim_ms: int = 0
     stats: dict = field(default_factory=dict)
@@ -105,7 +106,7 @@ class Result:
 
     @property
     def reproduce(self) -> str:
-        return reproduce_line(self.seed, self.broken, self.regress, self.scenario)
+        return reproduce_line(self.seed, self.broken, self.regress, self.scenario, self.off)
 
     def report(self) -> str:
         lines = [f"SEED={self.seed}" + (f" SCENARIO={self.scenario}" if self.scenario else "")
@@ -124,7 +125,7 @@ class Result:
 
 class Sim:
     def __init__(self, seed: int = 0, broken: str | None = None, trace: bool = False,
-                 regress=(), scenario: str | None = None):
+                 regress=(), scenario: str | None = None, off=()):
         if broken is not None and broken not in BROKEN:
             raise ValueError(f"unknown broken variant {broken!r} (known: {', '.join(BROKEN)})")
         self.seed, self.broken, self.verbose = seed, broken, trace
@@ -137,11 +138,19 @@ class Sim:
             seed = self.seed = self.opts.seed
         else:
             self.opts = Options.swarm(seed)
+        unknown = [n for n in off if n not in FAULTS]
+        if unknown:
+            raise ValueError(f"unknown faults {unknown} (known: {', '.join(FAULTS)})")
+        self.off = tuple(off)
+        for n in off:
+            setattr(self.opts, n, 0.0)
         self.rng = random.Random(seed)
         self.read_rng = random.Random(seed * 31 + 7)  # reads' own draws (seeds without reads replay as before)
         self.disk_rng = random.Random(seed * 37 + 11)  # failed fsyncs' own draws
         self.clock_rng = random.Random(seed * 41 + 13)  # clock jumps' own draws
         self.full_rng = random.Random(seed * 43 + 17)  # full disks' own draws
+        self.zombie_rng = random.Random(seed * 47 + 19)  # zombies' own draws
+        self.zombies: set[str] = set()  # members whose old process runs on
         self.clock_offsets: dict[int, int] = {}  # member -> its clock minus simulated time
         self.sched = Scheduler(self.rng)
         o = self.opts
@@ -220,6 +229,7 @@ class Sim:
     def crash_member(self, m: int, machine: bool) -> None:
         name = f"m{m}"
         self._nodes.pop(name, None)
+        self.zombies.discard(name)
         self._epochs[name] = self.epoch(name) + 1
         if machine:
             self.stores[m].crash()
@@ -286,6 +296,13 @@ class Sim:
                 store.full = True  # writes are refused with DiskFull; reads go on
                 self.trace(f"m{m}", "disk full")
                 self.sched.at(self.full_rng.randint(100, 3_000), self._disk_freed, m)
+            name = f"m{m}"
+            if o.zombie_p and name in self._nodes and name not in self.zombies \
+                    and self.zombie_rng.random() < o.zombie_p:
+                self.zombies.add(name)
+                self.trace(name, "zombie: Ray restarts it while the old process runs on")
+                self.sched.at(300, self._zombie_restart, m)
+                self.sched.at(self.zombie_rng.randint(300, 3_000), self._zombie_dies, m)
         if o.reconfig_p and "c" in self._nodes and rng.random() < o.reconfig_p:
             c = self._nodes["c"]
             m = rng.choice(c.config)
@@ -294,6 +311,18 @@ class Sim:
             self.crash_coordinator()
             self.sched.at(rng.randint(50, 2000), self._restart_coordinator)
         self.sched.at(100, self._faults)
+
+    def _zombie_restart(self, m: int) -> None:
+        """Ray's restart of a member whose old process runs on: refused while
+        the old process holds the folder's lock (ConfigError), tried again."""
+        if f"m{m}" in self.zombies:
+            self.trace(f"m{m}", "new process refused: the folder is locked by the old one")
+            self.sched.at(300, self._zombie_restart, m)
+
+    def _zombie_dies(self, m: int) -> None:
+        if f"m{m}" in self.zombies:
+            self.crash_member(m, machine=False)
+            self._restart_member(m)
 
     def _disk_freed(self, m: int) -> None:
         if self.stores[m].full:
@@ -342,6 +371,7 @@ class Sim:
         self.net.heal()
         for m in self.member_ids:
             self._disk_freed(m)
+            self._zombie_dies(m)
         for c in self.clients:
             c.active = False
         for m in self.member_ids:
@@ -414,7 +444,7 @@ class Sim:
     def _result(self, ok: bool, message: str = "") -> Result:
         ck = self.checker
         return Result(seed=self.seed, ok=ok, message=message, broken=self.broken,
-                      regress=self.regress, scenario=self.scenario,
+                      regress=self.regress, scenario=self.scenario, off=self.off,
                       events=self.sched.events, sim_ms=self.sched.now,
                       stats={"commits": ck.commits, "majority_acks": len(ck.acked),
                              "reads": len(ck.reads),
@@ -426,13 +456,13 @@ class Sim:
 
 
 def run(seed: int = 0, broken: str | None = None, trace: bool = False, regress=(),
-        scenario: str | None = None) -> Result:
+        scenario: str | None = None, off=()) -> Result:
     """One run; ``regress``: known bugs put back into the shipped cores for it."""
     log = logging.getLogger("raymx")  # the shipped code's logs: the trace tells it here
     level, log.level = log.level, logging.CRITICAL + 1
     try:
         with regressed(regress, broken):
-            return Sim(seed, broken, trace, regress, scenario).run()
+            return Sim(seed, broken, trace, regress, scenario, off).run()
     finally:
         log.setLevel(level)
 
@@ -447,6 +477,8 @@ def main(argv=None) -> int:
                     help="put this known bug back into the shipped cores (repeatable)")
     ap.add_argument("--bugs", action="store_true", help="list the known bugs and exit")
     ap.add_argument("--trace", action="store_true", help="print every event")
+    ap.add_argument("--off", action="append", default=[], choices=FAULTS,
+                    help="switch this random fault off (repeatable)")
     a = ap.parse_args(argv)
     if a.bugs:
         for b in KNOWN_BUGS.values():
@@ -456,14 +488,14 @@ def main(argv=None) -> int:
     if a.seed is None and a.seeds is None and a.scenario is None:
         ap.error("give --seed N, --seeds START:STOP or --scenario NAME")
     if a.seed is not None or a.scenario is not None:
-        r = run(a.seed or 0, a.broken, a.trace, fixes, a.scenario)
+        r = run(a.seed or 0, a.broken, a.trace, fixes, a.scenario, a.off)
         print(r.report())
         return 0 if r.ok else 1
     start, stop = (int(x) for x in a.seeds.split(":"))
     failed = []
     t0 = time.monotonic()  # reporting only; never feeds the simulation
     for s in range(start, stop):
-        r = run(s, a.broken, False, fixes)
+        r = run(s, a.broken, False, fixes, off=a.off)
         print(f"seed {s}: {'ok' if r.ok else 'FAILED: ' + r.message.splitlines()[0]} "
               f"({r.events} events, {r.stats})", flush=True)
         if not r.ok:

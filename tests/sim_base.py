@@ -36,14 +36,22 @@ class ActorUnavailable(Exception):
 
 
 def reproduce_line(seed: int, broken: str | None = None, regress=(),
-                   scenario: str | None = None) -> str:
+                   scenario: str | None = None, off=()) -> str:
     """The command that replays a run exactly."""
     out = "python -m tests.sim " + (f"--scenario {scenario}" if scenario else f"--seed {seed}")
     if broken:
         out += f" --broken {broken}"
     for n in regress:
         out += f" --regress {n}"
+    for n in off:
+        out += f" --off {n}"
     return out
+
+
+# the random faults a run can switch off (``--off``): a reproduction found
+# before a fault existed replays with it off
+FAULTS = ("drop_p", "dup_p", "spike_p", "partition_p", "crash_p", "coordinator_crash_p",
+          "reconfig_p", "reads_p", "fsync_fail_p", "clock_jump_p", "disk_full_p", "zombie_p")
 
 
 # --- options (swarm testing: the seed draws the shape and the fault mix) ----
@@ -88,6 +96,11 @@ class Options:
     clock_jump_p: float = 0.0
     # a member's disk (or LMDB map) fills up for 0.1-3 s (MemoryStore.full)
     disk_full_p: float = 0.0
+    # per member per fault tick: Ray takes the member's process for dead and
+    # restarts it while the old one runs on (a zombie) for 0.3-3 s: Ray calls
+    # to it fail, its clients' connections still reach it, and the new process
+    # cannot take the folder's lock until the zombie is gone (process.lock_member)
+    zombie_p: float = 0.0
     # scripted faults (scenarios): (at_ms, "partition", groups) | (at_ms, "heal")
     # | (at_ms, "crash", member, machine) | (at_ms, "restart", member)
     # | (at_ms, "crash_c") | (at_ms, "restart_c") | (at_ms, "drop_p", p)
@@ -131,7 +144,8 @@ class Options:
             reads_p=random.Random(seed * 15485863 + 5).choice((0.0, 0.0, 0.1, 0.3)),
             fsync_fail_p=random.Random(seed * 32452843 + 9).choice((0.0, 0.0, 0.0, 0.01)),
             clock_jump_p=random.Random(seed * 49979687 + 13).choice((0.0, 0.0, 0.005, 0.02)),
-            disk_full_p=random.Random(seed * 86028121 + 17).choice((0.0, 0.0, 0.005, 0.02)))
+            disk_full_p=random.Random(seed * 86028121 + 17).choice((0.0, 0.0, 0.005, 0.02)),
+            zombie_p=random.Random(seed * 15487469 + 19).choice((0.0, 0.0, 0.003, 0.01)))
 
 
 # Named scenarios (TigerBeetle's replica_test style): a quiet cluster and a
@@ -276,7 +290,10 @@ class Rpc:
     def _serve(self, src, dst, dst_epoch, rid, method, args) -> None:
         sim = self.sim
         node = sim.node(dst)
-        if node is None or sim.epoch(dst) != dst_epoch:
+        if node is None or sim.epoch(dst) != dst_epoch or \
+                (dst in sim.zombies and not src.startswith("k")):
+            # (a zombie: Ray routes calls to its new process; only the old
+            # process's open client connections still reach it)
             # Ray knows the actor died: the caller gets an error, not silence
             sim.net.send(dst, src, lambda: self._reply(rid, None, ActorUnavailable(dst)),
                          f"err:{method}#{rid}")

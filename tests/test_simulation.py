@@ -120,10 +120,10 @@ def _known_bug_cases():
             yield pytest.param(b.name, repro, id=f"{b.name}-{repro}")
 
 
-def _run(repro, regress):
+def _run(repro, regress, off=()):
     if isinstance(repro, str):
         return sim.run(scenario=repro, regress=regress)
-    return sim.run(repro, regress=regress)
+    return sim.run(repro, regress=regress, off=off)
 
 
 @pytest.mark.parametrize("name,repro", list(_known_bug_cases()))
@@ -134,12 +134,12 @@ def test_a_known_bug_put_back_into_the_shipped_cores_is_caught(name, repro):
     with only the bugs it needs to show (``also``) put back, the same run
     passes: the failure is this bug's."""
     b = sim.KNOWN_BUGS[name]
-    r = _run(repro, (name,) + b.also)
+    r = _run(repro, (name,) + b.also, b.off)
     assert not r.ok, f"{name} put back, and nothing failed: the sweep is blind to it\n" \
         + r.report()
     assert any(s in r.message for s in b.symptoms), \
         f"{name}: failed, but not as the bug does:\n{r.report()}"
-    r = _run(repro, b.also)
+    r = _run(repro, b.also, b.off)
     assert r.ok, r.report()
 
 
