@@ -40,6 +40,8 @@ import json
 import pyarrow as pa
 
 from raymx import errors
+from raymx.storage import codec
+from raymx.storage.gtid import GTID
 
 _I64_MAX = (1 << 63) - 1
 
@@ -194,7 +196,10 @@ def docs_to_table(docs: list, schema: pa.Schema, strict: bool = True) -> pa.Tabl
     no place for is an error (an inferred schema must hold every document);
     otherwise it is left out (an explicit schema projects)."""
     st = pa.struct(list(schema))
-    if strict:
+    # the common case at C speed: no field outside a schema without documents
+    # inside (the per-document walk below only names what is wrong)
+    if strict and (not all(map(_flat, schema.types))
+                   or not set(schema.names).issuperset(set().union(*map(dict.keys, docs)))):
         for d in docs:
             bad = _extra(d, st, "")
             if bad:
@@ -216,6 +221,15 @@ def docs_to_table(docs: list, schema: pa.Schema, strict: bool = True) -> pa.Tabl
                 f"({_describe(_type_at(st, path) or t)}); pass schema= with a type that "
                 "holds it", field=path)
     raise errors.SchemaMismatch("documents do not fit the schema")  # not reached in practice
+
+
+def _flat(t: pa.DataType) -> bool:
+    """No struct anywhere in ``t``: a document fits it if its top-level fields do."""
+    if pa.types.is_struct(t):
+        return False
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _flat(t.value_type)
+    return True
 
 
 def _type_at(st: pa.DataType, path: str):
@@ -319,3 +333,47 @@ def id_text(v) -> str | None:
     if v is None or type(v) is str:
         return v
     return to_json(v)
+
+
+# --- the change stream as rows --------------------------------------------
+CHANGES_SCHEMA = pa.schema([
+    ("gtid", pa.string()),        # "term:seq"
+    ("term", pa.int64()),
+    ("seq", pa.int64()),          # dense across terms: order by (seq, idx)
+    ("idx", pa.int32()),          # the op's position inside its entry (transaction)
+    # the entry's commit time (ms precision; microseconds: the unit Spark reads)
+    ("ts", pa.timestamp("us", tz="UTC")),
+    ("op", pa.string()),          # i (insert), u (update), d (delete), c (command)
+    ("ns", pa.string()),          # "db.collection"
+    ("_id", pa.string()),         # a string _id as is, any other as its JSON text
+    ("pre", pa.string()),         # JSON of the image before (u, d), else null
+    ("post", pa.string()),        # JSON of the image after (i, u), else null
+    ("cmd", pa.string()),         # JSON of a command op (c), else null
+])
+
+
+def changes_rows(entries, ns_filter=None) -> pa.Table:
+    """Arrow rows for ``[(gtid bytes, ts, packed ops)]``: one per op, no-ops left out."""
+    cols = {f.name: [] for f in CHANGES_SCHEMA}
+    for k, ts, packed in entries:
+        g = GTID.from_bytes(k)
+        for i, op in enumerate(codec.unpack(packed, "oplog ops")):
+            kind = op.get("op")
+            if kind == "n" or (ns_filter is not None and op.get("ns") not in ns_filter):
+                continue
+            pre, post = op.get("pre"), op.get("post")
+            img = post if post is not None else pre
+            cols["gtid"].append(str(g))
+            cols["term"].append(g.term)
+            cols["seq"].append(g.seq)
+            cols["idx"].append(i)
+            cols["ts"].append(ts * 1000)
+            cols["op"].append(kind)
+            cols["ns"].append(op.get("ns"))
+            cols["_id"].append(None if img is None else id_text(img.get("_id")))
+            cols["pre"].append(to_json(pre))
+            cols["post"].append(to_json(post))
+            cols["cmd"].append(to_json({k: v for k, v in op.items()
+                                                if k not in ("op", "ns")})
+                               if kind == "c" else None)
+    return pa.table(cols, schema=CHANGES_SCHEMA)
