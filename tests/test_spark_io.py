@@ -332,31 +332,41 @@ def test_a_filter_that_cannot_be_pushed_down_is_refused_naming_the_operator(spar
 
 
 # --- writes -------------------------------------------------------------------------------
-def _failing_once(spark, df, after_rows: int, always: bool = False):
-    """``df`` whose first partition's first attempt (every attempt: ``always``)
-    fails after handing on ``after_rows`` rows: a Spark task retried after
-    part of its partition was written."""
+def _failing_once(spark, df, after_rows: int, always: bool = False, dup: bool = False):
+    """``df`` whose first partition, on its first attempt (every attempt:
+    ``always``), holds after ``after_rows`` rows one more row that fails the
+    write (a null ``_id``, or with ``dup`` the partition's first ``_id``
+    again), so the writing task fails after part of its partition was
+    written and Spark retries it (the retry has no such row)."""
+    import pyarrow as pa
+
     from raymx.spark_bridge import session
+    arrow = pa.schema([f.with_nullable(True) for f in session.arrow_schema(df.schema)])
 
     def fn(batches):
         from pyspark import TaskContext
         ctx = TaskContext.get()
-        fail = ctx.partitionId() == 0 and (always or ctx.attemptNumber() == 0)
-        sent = 0
+        poison = ctx.partitionId() == 0 and (always or ctx.attemptNumber() == 0)
+        sent, first = 0, None
         for b in batches:
-            if fail and sent + b.num_rows > after_rows:
-                yield b.slice(0, after_rows - sent)
-                raise RuntimeError("injected failure of this task attempt")
+            b = pa.RecordBatch.from_arrays(b.columns, schema=arrow)
+            if first is None and b.num_rows:
+                first = b.column(0)[0].as_py()
+            if poison and sent <= after_rows < sent + b.num_rows:
+                k = after_rows - sent
+                yield b.slice(0, k)
+                yield pa.RecordBatch.from_pylist([{"_id": first if dup else None}],
+                                                 schema=arrow)
+                b = b.slice(k)
             sent += b.num_rows
             yield b
-    schema = session.spark_schema(session.arrow_schema(df.schema))
-    return df.repartition(2).mapInArrow(fn, schema)
+    return df.repartition(2).mapInArrow(fn, session.spark_schema(arrow))
 
 
 def test_upsert_and_update_are_harmless_when_spark_retries_a_task(spark, rs, coll):
     from raymx.spark_bridge import write_dataframe
     c, ns = coll
-    c.insert_many([{"_id": i, "v": -1, "keep": i} for i in range(0, 600, 2)])  # even _ids
+    g0 = c.insert_many([{"_id": i, "v": -1, "keep": i} for i in range(0, 600, 2)]).gtid
     src = spark.range(600).selectExpr("id AS _id", "id * 10 AS v", "'new' AS tag")
     res = write_dataframe(_failing_once(spark, src, 250), rs, ns, mode="upsert", w=1,
                           batch_docs=100)
@@ -364,6 +374,9 @@ def test_upsert_and_update_are_harmless_when_spark_retries_a_task(spark, rs, col
     assert res.written == 600 and res.gtid is not None and res.missing == 0
     assert c.count_documents({}) == 600
     assert c.find_one({"_id": 4}) == {"_id": 4, "v": 40, "tag": "new"}  # replaced whole
+    from raymx.spark_bridge import read_changes
+    ins = read_changes(spark, rs, after=g0, until=res.gtid, ns=ns).filter("op = 'i'").count()
+    assert ins > 600  # the first attempt's batches were written twice
     upd = spark.range(0, 1200, 3).selectExpr("id AS _id", "id AS w", "CAST(NULL AS LONG) AS v")
     res = write_dataframe(_failing_once(spark, upd, 120), rs, ns, mode="update", w="majority",
                           batch_docs=50)
@@ -378,8 +391,10 @@ def test_append_is_not_retry_safe_and_says_so(spark, rs, coll):
     c, ns = coll
     src = spark.range(300).selectExpr("id AS _id", "id AS v")
     with pytest.raises(Exception) as ei:
-        write_dataframe(_failing_once(spark, src, 120), rs, ns, mode="append", w=1,
-                        batch_docs=50)
+        # the first attempt fails on its 121st row (an _id it wrote already); the
+        # retries fail on the rows the first attempt wrote
+        write_dataframe(_failing_once(spark, src, 120, dup=True), rs, ns, mode="append",
+                        w=1, batch_docs=50)
     assert "DuplicateKey" in str(ei.value) or "duplicate" in str(ei.value).lower()
     res = write_dataframe(src, rs, f"{ns}_ok", mode="append", w=1, batch_docs=64)
     assert res.written == 300
@@ -388,7 +403,7 @@ def test_append_is_not_retry_safe_and_says_so(spark, rs, coll):
 def test_overwrite_replaces_the_contents_and_keeps_the_indexes(spark, rs, coll):
     from raymx.spark_bridge import read_collection, write_dataframe
     c, ns = coll
-    c.insert_many([{"_id": i, "old": True} for i in range(1000)])
+    c.insert_many([{"_id": i, "old": True, "v": -1 - i} for i in range(1000)])
     c.create_index("v", unique=True)
     new = spark.range(100, 400).selectExpr("id AS _id", "id AS v")
     res = write_dataframe(new, rs, ns, mode="overwrite", w="majority", batch_docs=64)
@@ -400,7 +415,7 @@ def test_overwrite_replaces_the_contents_and_keeps_the_indexes(spark, rs, coll):
     # a failure leaves what was written so far: the old contents are gone
     bad = _failing_once(spark, spark.range(50).selectExpr("id AS _id", "id AS v"), 10,
                         always=True)
-    with pytest.raises(Exception, match="injected failure"):
+    with pytest.raises(Exception, match="no _id"):
         write_dataframe(bad, rs, ns, mode="overwrite", w=1, batch_docs=5)
     left = sorted(d["_id"] for d in c.find())
     assert set(left) <= set(range(50)) and all(d.get("v") == d["_id"] for d in c.find())

@@ -28,7 +28,7 @@ from raymx import errors
 from raymx.storage import codec, query
 from raymx.storage.engine import Engine, Reader, _applied_in, split_ns
 from raymx.storage.gtid import GTID, ZERO
-from raymx.storage.keys import encode_key, prefix_end
+from raymx.storage.keys import T_ARR, encode_key, prefix_end
 from raymx.storage.reader import _MULTIKEY, _range_bounds
 
 _PK_LEN = 4  # collection id prefix of a docs key
@@ -232,6 +232,15 @@ class SnapshotReader:
         if best is None:
             return "COLLSCAN", "docs", [[c.prefix, prefix_end(c.prefix)]], None
         _, ix, ib = best
+        path = ix.key[0][0]
+        if ib.points is None and "." not in path:
+            # a range on a field that may hold arrays keeps only its low side
+            # (extract_bounds); an index without a single array key (the
+            # whole-array entry every array value has) proves none does here,
+            # so both sides bound the scan
+            arr = ix.prefix + bytes((T_ARR,))
+            if next(iter(self.t.scan_keys("index", arr, prefix_end(arr))), None) is None:
+                ib = query.extract_bounds(flt, multikey=False)[path]
         if ib.points is not None:
             ranges = [[ix.prefix + v, prefix_end(ix.prefix + v)]
                       for v in sorted({encode_key(v) for v in ib.points})]
