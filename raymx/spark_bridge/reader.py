@@ -23,6 +23,8 @@ and expire after an idle time.
 from __future__ import annotations
 
 import time
+from itertools import islice
+from operator import itemgetter
 
 from raymx import errors
 from raymx.storage import codec, query
@@ -276,25 +278,34 @@ class SnapshotReader:
             return out
         name, db, ranges, ix = self._ranges(c, flt)
         ranges = [r for r in ranges if r[1] is None or r[0] < r[1]]
-        n = sum(sum(1 for _ in self.t.scan_keys(db, lo, hi)) for lo, hi in ranges)
+        # one pass over the keys: their count, and an evenly spread subsample
+        # (every `every`-th key, `every` doubling to keep it small) that the
+        # partition bounds and the sample are taken from
+        sparse, every, n = [], 1, 0
+        for ri, (lo, hi) in enumerate(ranges):
+            for k in self.t.scan_keys(db, lo, hi):
+                if n % every == 0:
+                    sparse.append((ri, k))
+                    if len(sparse) >= 8192:
+                        sparse, every = sparse[::2], every * 2
+                n += 1
         n_ov = sum(1 for _, v in ov if v is not None)
         parts = partitions or max(1, -(-(n + n_ov) // rows_per_partition))
-        parts = max(1, min(parts, max(1, n)))
-        step, sstep = max(1, n // parts), max(1, n // max(1, sample_docs))
-        cut, cur, sample_keys, i = [], [], [], 0
-        for lo, hi in ranges:
+        parts = max(1, min(parts, len(sparse)))
+        cuts = [sparse[j * len(sparse) // parts] for j in range(1, parts)]
+        cut, cur, ci = [], [], 0
+        for ri, (lo, hi) in enumerate(ranges):
             start = lo
-            for k in self.t.scan_keys(db, lo, hi):
-                if i and i % step == 0 and len(cut) < parts - 1:
-                    if k > start:
-                        cur.append([start, k])
-                    cut.append(cur)
-                    cur, start = [], k
-                if i % sstep == 0 and len(sample_keys) < sample_docs:
-                    sample_keys.append(k)
-                i += 1
+            while ci < len(cuts) and cuts[ci][0] == ri:
+                k = cuts[ci][1]
+                if k > start:
+                    cur.append([start, k])
+                cut.append(cur)
+                cur, start, ci = [], k, ci + 1
             cur.append([start, hi])
         cut.append(cur)
+        sample_keys = [k for _, k in sparse[::max(1, len(sparse) // max(1, sample_docs))]]
+        sample_keys = sample_keys[:sample_docs]
         if db == "docs":
             sample = [self.t.get("docs", k) for k in sample_keys]
         else:
@@ -329,24 +340,24 @@ class SnapshotReader:
         else:
             src = self._index_in(c, c.indexes[plan["index"]], ranges, plan["ranges"], ov,
                                  part == 0)
+        if match is None:  # the stored bytes of a batch, decoded in one C call
+            while True:
+                chunk = list(islice(src, batch_docs))
+                if not chunk:
+                    return
+                self.examined += len(chunk)
+                yield codec.unpack(codec.array_header(len(chunk)) + b"".join(chunk))
         chunk: list = []
         for b in src:
             self.examined += 1
-            if match is None:
-                chunk.append(b)
+            d = codec.unpack_document(b)
+            if match(d):
+                chunk.append(d)
                 if len(chunk) >= batch_docs:
-                    yield codec.unpack(codec.array_header(len(chunk)) + b"".join(chunk))
+                    yield chunk
                     chunk = []
-            else:
-                d = codec.unpack_document(b)
-                if match(d):
-                    chunk.append(d)
-                    if len(chunk) >= batch_docs:
-                        yield chunk
-                        chunk = []
         if chunk:
-            yield (codec.unpack(codec.array_header(len(chunk)) + b"".join(chunk))
-                   if match is None else chunk)
+            yield chunk
 
     def _docs_in(self, c, ranges: list, ov: dict):
         """Packed documents with docs keys in ``ranges``, the images as of the
@@ -357,6 +368,9 @@ class SnapshotReader:
         for lo, hi in ranges:
             oi = bisect_left(keys, lo)
             end = len(keys) if hi is None else bisect_left(keys, hi)
+            if oi == end:  # nothing changed here since the point: as stored
+                yield from map(itemgetter(1), self.t.scan("docs", lo, hi))
+                continue
             for k, v in self.t.scan("docs", lo, hi):
                 while oi < end and keys[oi] < k:
                     if ovk[oi][1] is not None:  # deleted since: it existed then
