@@ -336,7 +336,12 @@ def to_json(v) -> str | None:
     as JSON5-style tokens Spark's JSON functions accept; None stays None."""
     if v is None:
         return None
-    return json.dumps(v, default=_json_default, separators=(",", ":"), ensure_ascii=False)
+    return _JSON(v)
+
+
+# one encoder for every value (json.dumps with options builds one per call)
+_JSON = json.JSONEncoder(default=_json_default, separators=(",", ":"),
+                         ensure_ascii=False).encode
 
 
 def id_text(v) -> str | None:
@@ -365,27 +370,34 @@ CHANGES_SCHEMA = pa.schema([
 
 
 def changes_rows(entries, ns_filter=None) -> pa.Table:
-    """Arrow rows for ``[(gtid bytes, ts, packed ops)]``: one per op, no-ops left out."""
-    cols = {f.name: [] for f in CHANGES_SCHEMA}
-    for k, ts, packed in entries:
+    """Arrow rows for ``[(gtid bytes, ts, ops)]`` (``ops``: a list, or packed):
+    one per op, no-ops left out; built a column at a time per entry."""
+    gtid, term, seq, idx, tss, kind, nss, ids, pre, post, cmd = ([] for _ in range(11))
+    for k, ts, ops in entries:
+        if type(ops) is not list:
+            ops = codec.unpack(ops, "oplog ops")
+        sel = [(i, op) for i, op in enumerate(ops) if op.get("op") != "n"
+               and (ns_filter is None or op.get("ns") in ns_filter)]
+        n = len(sel)
+        if not n:
+            continue
         g = GTID.from_bytes(k)
-        for i, op in enumerate(codec.unpack(packed, "oplog ops")):
-            kind = op.get("op")
-            if kind == "n" or (ns_filter is not None and op.get("ns") not in ns_filter):
-                continue
-            pre, post = op.get("pre"), op.get("post")
-            img = post if post is not None else pre
-            cols["gtid"].append(str(g))
-            cols["term"].append(g.term)
-            cols["seq"].append(g.seq)
-            cols["idx"].append(i)
-            cols["ts"].append(ts * 1000)
-            cols["op"].append(kind)
-            cols["ns"].append(op.get("ns"))
-            cols["_id"].append(None if img is None else id_text(img.get("_id")))
-            cols["pre"].append(to_json(pre))
-            cols["post"].append(to_json(post))
-            cols["cmd"].append(to_json({k: v for k, v in op.items()
-                                                if k not in ("op", "ns")})
-                               if kind == "c" else None)
-    return pa.table(cols, schema=CHANGES_SCHEMA)
+        gtid += [str(g)] * n
+        term += [g.term] * n
+        seq += [g.seq] * n
+        tss += [ts * 1000] * n
+        idx += [i for i, _ in sel]
+        ops = [op for _, op in sel]
+        kind += [op.get("op") for op in ops]
+        nss += [op.get("ns") for op in ops]
+        pr = [op.get("pre") for op in ops]
+        po = [op.get("post") for op in ops]
+        ids += [None if img is None else id_text(img.get("_id"))
+                for img in (b if b is not None else a for a, b in zip(pr, po))]
+        pre += map(to_json, pr)
+        post += map(to_json, po)
+        cmd += [to_json({x: v for x, v in op.items() if x not in ("op", "ns")})
+                if op.get("op") == "c" else None for op in ops]
+    cols = (gtid, term, seq, idx, tss, kind, nss, ids, pre, post, cmd)
+    return pa.Table.from_arrays([pa.array(c, f.type) for c, f in zip(cols, CHANGES_SCHEMA)],
+                                schema=CHANGES_SCHEMA)

@@ -155,7 +155,7 @@ def collection_dataframe(spark, m: dict, ns: str, plan: dict, flt, schema: pa.Sc
 
 
 # --- reading the change stream -----------------------------------------------------
-def changes_dataframe(spark, m: dict, plan: dict, ns_filter, page_bytes: int = 8 << 20):
+def changes_dataframe(spark, m: dict, plan: dict, ns_filter):
     from raymx.spark_bridge import session
     path, limits, mid = m["path"], m["limits"], m["id"]
     until, h, parts = GTID(*plan["until"]), plan["hash"], plan["parts"]
@@ -169,9 +169,7 @@ def changes_dataframe(spark, m: dict, plan: dict, ns_filter, page_bytes: int = 8
                 r = SnapshotReader(e)
                 try:
                     r.check_point(until, h)
-                    nxt = lo
-                    while nxt is not None:
-                        entries, nxt = r.read_changes(nxt, hi, page_bytes)
+                    for entries in r.iter_changes(lo, hi):
                         yield from convert.changes_rows(entries, ns_filter).to_batches()
                 finally:
                     r.close()

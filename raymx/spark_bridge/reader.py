@@ -452,6 +452,20 @@ class SnapshotReader:
             size += len(b)
         return out, None
 
+    def iter_changes(self, lo: bytes, hi: bytes, max_ops: int = 8192):
+        """Entries with GTID keys in [lo, hi) as lists of ``(gtid bytes, ts,
+        ops)`` (spilled ops resolved), about ``max_ops`` ops a list."""
+        out, n = [], 0
+        for k, v in self.t.scan("oplog", lo, hi):
+            ts, ops = self._ops(v)
+            out.append((k, ts, ops))
+            n += len(ops)
+            if n >= max_ops:
+                yield out
+                out, n = [], 0
+        if out:
+            yield out
+
     def close(self) -> None:
         if self.t is not None:
             self.t.abort()
