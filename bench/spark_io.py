@@ -36,6 +36,11 @@ def timed(fn):
     return time.perf_counter() - t0, out
 
 
+def vs(name, value, base, unit):
+    """A figure and its ratio to the baseline measured in the same run."""
+    row(name, value, unit, f"ratio {value / base:.2f}")
+
+
 def old_read_collection(spark, rs, ns):
     """The previous read path: snapshot actor -> Ray Data blocks -> Spark."""
     from raymx.spark_bridge import session
@@ -198,32 +203,23 @@ def main():
             old_r = n_old / dt
 
         row("driver insert_many, 1,000/call (baseline)", base_w, "docs/s")
-        row("write_dataframe append", spark_w, "docs/s", f"ratio {spark_w / base_w:.2f}")
-        row("write_dataframe upsert (replace by _id)", spark_u, "docs/s",
-            f"ratio {spark_u / base_w:.2f}")
-        row("write_dataframe update ($set by _id)", spark_upd, "docs/s",
-            f"ratio {spark_upd / base_w:.2f}")
-        row("  ceiling: DataFrame -> Python mapInArrow, counted", ceil_out, "rows/s",
-            f"ratio {ceil_out / base_w:.2f}")
+        vs("write_dataframe append", spark_w, base_w, "docs/s")
+        vs("write_dataframe upsert (replace by _id)", spark_u, base_w, "docs/s")
+        vs("write_dataframe update ($set by _id)", spark_upd, base_w, "docs/s")
+        vs("  ceiling: DataFrame -> Python mapInArrow, counted", ceil_out, base_w, "rows/s")
         row("driver find, whole collection (baseline)", base_r, "docs/s")
-        row("read_collection -> Spark count()", spark_r, "docs/s",
-            f"ratio {spark_r / base_r:.2f}")
+        vs("read_collection -> Spark count()", spark_r, base_r, "docs/s")
         if old_r is not None:
-            row("  previous path (Ray Data blocks -> Spark)", old_r, "docs/s",
-                f"ratio {old_r / base_r:.2f}")
-        row("  raymx side alone (plan+read+convert, 1 process)", side_r, "docs/s",
-            f"ratio {side_r / base_r:.2f}")
-        row("  ceiling: mapInArrow of in-memory batches", ceil_feed, "rows/s",
-            f"ratio {ceil_feed / base_r:.2f}")
-        row("  ceiling: spark.range(N).count()", ceil_range, "rows/s",
-            f"ratio {ceil_range / base_r:.2f}")
+            vs("  previous path (Ray Data blocks -> Spark)", old_r, base_r, "docs/s")
+        vs("  raymx side alone (plan+read+convert, 1 process)", side_r, base_r, "docs/s")
+        vs("  ceiling: mapInArrow of in-memory batches", ceil_feed, base_r, "rows/s")
+        vs("  ceiling: spark.range(N).count()", ceil_range, base_r, "rows/s")
         row("  ceiling: mapInArrow yielding nothing", ceil_empty * 1000, "ms")
         row(f"read_collection filter age<10 ({plan_f['plan']}, {plan_f['keys']:,} keys)",
             n_f / dt_f, "matching docs/s", f"{dt_f:.2f} s")
         row("  same filter in Spark over a full read", n_sf / dt_sf, "matching docs/s",
             f"{dt_sf:.2f} s, pushdown {dt_sf / dt_f:.1f}x faster")
-        row("read_changes -> Spark count() (one op per insert)", changes_r, "ops/s",
-            f"ratio {changes_r / base_r:.2f}")
+        vs("read_changes -> Spark count() (one op per insert)", changes_r, base_r, "ops/s")
         row("first row of a 1,000-doc read (warm)", dt_first * 1000, "ms",
             f"cold {dt_first_cold * 1000:,.0f} ms")
         print(f"checks: read {n2:,}, filter {n_f:,}={n_sf:,}, changes {n3:,}, written "

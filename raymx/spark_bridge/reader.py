@@ -106,41 +106,20 @@ class SnapshotReader:
         array of up to ``sample_docs`` documents spread over the collection}``.
         ``lo``/``hi`` are docs keys (collection prefix included), ``hi`` exclusive.
         """
-        split_ns(ns, self.e.limits)
-        at = self.gtid if at is None else GTID.parse(at)
-        overrides: list | None = []
-        if at != self.gtid:
-            self._check_in_oplog(at, "at")
-            overrides = self._reader.overrides(ns, at, self.gtid)
-        c = self._reader.coll(ns)
-        if c is None or overrides is None:
-            # not there at `at`: not now and no drop since (refused above), or
-            # created after `at`
+        p = self.plan_ranges(ns, at, None, partitions, rows_per_partition, sample_docs)
+        c, ov = self._planned
+        if c is None or ov is None:
+            # not there at `at`: not now and no drop since (refused by plan_ranges),
+            # or created after `at`
             self._plans[ns] = {"prefix": None, "overrides": []}
             # one empty partition, so a reader still gets an (empty) block in the schema
-            return {"gtid": list(at), "count": 0, "parts": [[b"", b"", 0]],
-                    "sample": codec.array_header(0)}
-        prefix, end = c.prefix, prefix_end(c.prefix)
-        overrides = [(prefix + pk, v) for pk, v in overrides]
-        self._plans[ns] = {"prefix": prefix, "overrides": overrides}
-        n = sum(1 for _ in self.t.scan_keys("docs", prefix, end))
-        n_est = n + sum(1 for _, v in overrides if v is not None)
-        parts = partitions or max(1, -(-n_est // rows_per_partition))
-        parts = max(1, min(parts, max(1, n)))
-        step = max(1, n // parts)
-        sstep = max(1, n // max(1, sample_docs))
-        bounds, sample_keys = [prefix], []
-        for i, k in enumerate(self.t.scan_keys("docs", prefix, end)):
-            if i and i % step == 0 and len(bounds) < parts:
-                bounds.append(k)
-            if i % sstep == 0 and len(sample_keys) < sample_docs:
-                sample_keys.append(k)
-        bounds.append(end)
-        sample = [self.t.get("docs", k) for k in sample_keys]
-        sample += [v for _, v in overrides[:sample_docs] if v is not None]
-        out = [[bounds[i], bounds[i + 1], n_est // parts] for i in range(len(bounds) - 1)]
-        return {"gtid": list(at), "count": n_est, "parts": out,
-                "sample": codec.array_header(len(sample)) + b"".join(sample)}
+            return {"gtid": p["gtid"], "count": 0, "parts": [[b"", b"", 0]],
+                    "sample": p["sample"]}
+        self._plans[ns] = {"prefix": c.prefix, "overrides": [(c.prefix + pk, v) for pk, v in ov]}
+        n_est = p["keys"] - sum(1 for _, v in ov if v is None)
+        # one key range per partition over the whole collection (COLLSCAN)
+        return {"gtid": p["gtid"], "count": n_est, "sample": p["sample"],
+                "parts": [[r[0][0], r[0][1], n_est // len(p["parts"])] for r in p["parts"]]}
 
     def read(self, ns: str, lo: bytes, hi: bytes, max_bytes: int = 8 << 20,
              keys: bool = False) -> tuple[bytes, list | None, bytes | None]:
@@ -274,6 +253,7 @@ class SnapshotReader:
                "index": None, "ranges": [], "parts": [[]], "keys": 0,
                "sample": codec.array_header(0)}
         c = self._reader.coll(ns)
+        self._planned = (c, ov)  # for plan()
         if c is None or ov is None:
             return out
         name, db, ranges, ix = self._ranges(c, flt)
