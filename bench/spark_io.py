@@ -120,7 +120,8 @@ def main():
         batch = pa.RecordBatch.from_pylist(
             [{"_id": i, "name": f"user{i:08d}", "age": i % 100, "city": "Oslo",
               "score": 0.5, "bio": "x" * 140} for i in range(8192)], schema=schema)
-        parts = max(1, -(-N // 100_000))
+        # as many Spark tasks as read_collection plans by default
+        parts = max(sc.defaultParallelism, -(-N // 1_000_000))
 
         def empty(batches):
             for _ in batches:
@@ -169,7 +170,7 @@ def main():
         # the same shape, generated inside Spark, so the timing is the write path
         # contiguous _id ranges per partition, ascending like the baseline's
         # inserts (interleaved _ids would measure the B-tree's random inserts instead)
-        df = spark.range(0, N, 1, max(1, -(-N // 100_000))).selectExpr(
+        df = spark.range(0, N, 1, parts).selectExpr(
             "id AS _id", "format_string('user%08d', id) AS name", "CAST(id % 100 AS LONG) AS age",
             "element_at(array('Oslo','Lima','Pune','Kyiv'), CAST(id % 4 AS INT) + 1) AS city",
             "rand(7) AS score", "repeat('x', 140) AS bio")

@@ -37,7 +37,7 @@ def read_collection(spark, rs, ns: str, at=None, member=None, schema=None,
                     partitions: int | None = None, sample_docs: int = 1000,
                     read_concern: str = "local", filter: dict | None = None,
                     columns: list[str] | None = None, hold_s: float = direct.HOLD_S,
-                    rows_per_partition: int = 100_000):
+                    rows_per_partition: int = 1_000_000):
     """The collection ``ns`` as a DataFrame, exactly as of one GTID.
 
     ``at``: the GTID to read as of (default: the newest the member has
@@ -62,6 +62,11 @@ def read_collection(spark, rs, ns: str, at=None, member=None, schema=None,
     out. Without either, the schema is inferred from ``sample_docs`` documents
     spread over the range read, and every document must fit it
     (SchemaMismatch names the field otherwise).
+
+    ``partitions``: how many Spark tasks read (default: one per
+    ``rows_per_partition`` documents, at least Spark's default parallelism;
+    each task costs a fixed ~0.1-0.3 s here, so few large partitions suit a
+    small executor).
 
     ``df.snapshot_gtid`` is the GTID the data is exactly as of: every partition,
     every Spark action on the DataFrame and every retried task reads the
@@ -98,6 +103,7 @@ def read_collection(spark, rs, ns: str, at=None, member=None, schema=None,
     plan = direct.plan_read(m, "collection", ns=ns, at=None if at is None else list(at),
                             flt=filter, partitions=partitions,
                             rows_per_partition=rows_per_partition, sample_docs=sample_docs,
+                            min_partitions=spark.sparkContext.defaultParallelism,
                             wait_for=None if at is None else list(at))
     g = GTID(*plan["gtid"])
     direct.hold(rs, m["id"], g, hold_s, key)

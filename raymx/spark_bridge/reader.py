@@ -231,9 +231,10 @@ class SnapshotReader:
 
     def plan_ranges(self, ns: str, at: GTID | None = None, flt: dict | None = None,
                     partitions: int | None = None, rows_per_partition: int = 100_000,
-                    sample_docs: int = 1000) -> dict:
+                    sample_docs: int = 1000, min_partitions: int = 1) -> dict:
         """Partitions of the documents of ``ns`` matching ``flt`` as of ``at``,
-        for readers with their own transactions (``read_part``).
+        for readers with their own transactions (``read_part``): ``partitions``,
+        or one per ``rows_per_partition`` but at least ``min_partitions``.
 
         Returns ``{"gtid", "hash", "plan", "db", "index", "ranges", "parts",
         "keys", "sample"}``: ``parts`` is one list of ``[lo, hi)`` key ranges of
@@ -270,7 +271,7 @@ class SnapshotReader:
                         sparse, every = sparse[::2], every * 2
                 n += 1
         n_ov = sum(1 for _, v in ov if v is not None)
-        parts = partitions or max(1, -(-(n + n_ov) // rows_per_partition))
+        parts = partitions or max(min_partitions, -(-(n + n_ov) // rows_per_partition))
         parts = max(1, min(parts, len(sparse)))
         cuts = [sparse[j * len(sparse) // parts] for j in range(1, parts)]
         cut, cur, ci = [], [], 0
