@@ -118,12 +118,25 @@ def plan_read(m: dict, kind: str, wait_s: float = 30.0, **args) -> dict:
     return _unwrap(lambda: ray.get(ref, timeout=wait_s + 120))
 
 
+_HOLDS: dict[tuple, float] = {}  # (set, member, key) -> when this process's hold expires
+
+
 def hold(rs, member_id: int, gtid, hold_s: float, key: int | None = None) -> int:
     """Keep ``gtid`` and every later entry in member ``member_id``'s oplog for
-    ``hold_s`` (a trim hold under a negative key no member has); returns the key."""
+    ``hold_s`` (a trim hold under a negative key no member has); returns the
+    key. Holds this process placed that have expired are lifted on the way
+    (the member ignores them, but would keep them listed)."""
+    import time
+
     import ray
     key = key if key is not None else -random.randrange(1, 1 << 31)
-    ray.get(rs.member(member_id).hold_trim.remote(key, list(gtid), hold_s), timeout=30)
+    m = rs.member(member_id)
+    now = time.monotonic()
+    for k in [k for k, until in _HOLDS.items() if until < now and k[:2] == (rs.name, member_id)]:
+        del _HOLDS[k]
+        m.hold_trim.remote(k[2], None, 0)
+    ray.get(m.hold_trim.remote(key, list(gtid), hold_s), timeout=30)
+    _HOLDS[(rs.name, member_id, key)] = now + hold_s
     return key
 
 
