@@ -470,3 +470,23 @@ def test_every_partition_and_every_action_reads_one_gtid_under_concurrent_writes
         th.join()
     assert sum(b for _, b in first) == 100_000
     assert again == first == third and at.snapshot_gtid == g
+
+
+def test_read_arguments_and_the_members_files_are_checked(spark, rs, coll):
+    from raymx.spark_bridge import direct, read_changes, read_collection
+    c, ns = coll
+    g = c.insert_one({"_id": 1}).gtid
+    with pytest.raises(errors.InvalidFilter, match="dict"):
+        read_collection(spark, rs, ns, filter=[("a", 1)])
+    with pytest.raises(errors.InvalidInput, match="columns"):
+        read_collection(spark, rs, ns, columns="a")
+    with pytest.raises(errors.InvalidInput, match="hold_s"):
+        read_collection(spark, rs, ns, hold_s=0)
+    with pytest.raises(errors.InvalidInput, match="partitions"):
+        read_changes(spark, rs, after=g, partitions=0)
+    # a Spark worker never reads another folder than the member's own
+    m = rs.config()["members"][0]
+    with pytest.raises(errors.ConfigError, match="not on this host"):
+        direct.local_engine(m["path"] + "-elsewhere", rs.config()["limits"], m["id"])
+    with pytest.raises(errors.ConfigError, match=f"holds member {m['id']}'s data"):
+        direct.local_engine(m["path"], rs.config()["limits"], m["id"] + 7)

@@ -28,6 +28,11 @@ def _gtid_arg(g, what: str):
         raise errors.InvalidInput(f"{what}: {e}") from None
 
 
+def _hold_s(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise errors.InvalidInput(f"hold_s must be a positive number of seconds, got {v!r}")
+
+
 def _positive(v, what: str):
     if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
         raise errors.InvalidInput(f"{what} must be a positive integer, got {v!r}")
@@ -85,6 +90,7 @@ def read_collection(spark, rs, ns: str, at=None, member=None, schema=None,
     at = _gtid_arg(at, "at")
     _positive(partitions, "partitions")
     _positive(rows_per_partition, "rows_per_partition")
+    _hold_s(hold_s)
     if filter is not None and not isinstance(filter, dict):
         raise errors.InvalidFilter(f"filter must be a filter document (a dict), got "
                                    f"{type(filter).__name__}")
@@ -159,6 +165,7 @@ def read_changes(spark, rs, after, until=None, member=None, ns=None,
     if until is not None and until.seq < after.seq:
         raise errors.InvalidInput(f"until {until} is before after {after}")
     _positive(partitions, "partitions")
+    _hold_s(hold_s)
     if isinstance(ns, str):
         ns = [ns]
     for n in ns or ():

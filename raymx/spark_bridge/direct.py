@@ -57,23 +57,31 @@ def local_engine(path: str, limits, member_id: int):
     """A reading ``Engine`` over member ``member_id``'s LMDB folder ``path``
     on this node (opened once per process). Never creates anything: a folder
     without the member's data is an error naming it and this host."""
+    try:
+        st = os.stat(os.path.join(path, "data.mdb"))
+    except OSError:
+        raise errors.ConfigError(
+            f"member {member_id}'s data ({path}) is not on this host "
+            f"({socket.gethostname()}): Spark reads a member's files directly, so its "
+            "executors must run on the member's node") from None
     with _ENGINES_LOCK:
         e = _ENGINES.get(path)
-        if e is not None:
+        if e is not None and e._file == (st.st_dev, st.st_ino):
             return e
-        if not os.path.isfile(os.path.join(path, "data.mdb")):
-            raise errors.ConfigError(
-                f"member {member_id}'s data ({path}) is not on this host "
-                f"({socket.gethostname()}): Spark reads a member's files directly, so its "
-                "executors must run on the member's node")
+        if e is not None:  # the folder was emptied and loaded again (a resync)
+            del _ENGINES[path]
+            e.store.close()
         from raymx.storage.engine import Engine
         from raymx.storage.lmdb_store import LMDBStore
         store = LMDBStore(path, map_bytes=limits.map_bytes)
+        # read slots left by processes that died mid-read (a killed Spark
+        # worker) would keep the member's freed pages from being reused
+        store._env.reader_check()
         # Engine() would open a write transaction to initialise an empty store:
         # a reader of a running member's files must never take its writer lock
         e = Engine.__new__(Engine)
         e.store, e.limits, e._tail, e._catalog_cache = store, limits, None, {}
-        e._now_ms = None
+        e._now_ms, e._file = None, (st.st_dev, st.st_ino)
         owner = e.get_meta("member_id")
         if owner != member_id:
             store.close()
