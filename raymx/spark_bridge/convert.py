@@ -339,9 +339,19 @@ def to_json(v) -> str | None:
     return _JSON(v)
 
 
-# one encoder for every value (json.dumps with options builds one per call)
-_JSON = json.JSONEncoder(default=_json_default, separators=(",", ":"),
-                         ensure_ascii=False).encode
+def _json_encoder():
+    """One encoder for every value: ``json.dumps`` with options builds an
+    encoder per call, and ``JSONEncoder.encode`` the C one per call."""
+    from json import encoder as E
+    if E.c_make_encoder is not None:
+        c = E.c_make_encoder(None, _json_default, E.c_encode_basestring, None, ":", ",",
+                             False, False, True)  # no circularity check: documents are trees
+        return lambda v: "".join(c(v, 0))
+    return json.JSONEncoder(default=_json_default, separators=(",", ":"),
+                            ensure_ascii=False).encode
+
+
+_JSON = _json_encoder()
 
 
 def id_text(v) -> str | None:
@@ -349,6 +359,8 @@ def id_text(v) -> str | None:
     as its JSON text (so ``5`` -> ``"5"``: cast a long ``_id`` to string to join)."""
     if v is None or type(v) is str:
         return v
+    if type(v) is int:
+        return str(v)  # its JSON text
     return to_json(v)
 
 
