@@ -490,3 +490,28 @@ def test_read_arguments_and_the_members_files_are_checked(spark, rs, coll):
         direct.local_engine(m["path"] + "-elsewhere", rs.config()["limits"], m["id"])
     with pytest.raises(errors.ConfigError, match=f"holds member {m['id']}'s data"):
         direct.local_engine(m["path"], rs.config()["limits"], m["id"] + 7)
+
+
+def test_a_worker_without_the_members_files_reads_through_a_task_on_its_node(rs, coll):
+    """A Spark worker on another node than the member streams its partition
+    from a Ray task pinned to the member's node: the same batches."""
+    import pyarrow as pa
+
+    from raymx.spark_bridge import convert, direct
+    c, ns = coll
+    c.insert_many(nested_docs(300))
+    m = direct.member_for_spark(rs, None)
+    plan = direct.plan_read(m, "collection", ns=ns, at=None, flt={"n": {"$gte": 100}},
+                            partitions=2, rows_per_partition=1000, sample_docs=1000,
+                            wait_for=None)
+    schema = convert.infer_schema(codec.unpack(plan["sample"]))
+    rows = 0
+    for i in range(2):
+        args = (i, ns, plan, {"n": {"$gte": 100}}, schema, True)
+        here = pa.Table.from_batches(list(direct.part_batches(m, direct.collection_part, *args,
+                                                              local=True)), schema)
+        there = pa.Table.from_batches(list(direct.part_batches(
+            m, direct.collection_part, *args, local=False)), schema)
+        assert there.equals(here)
+        rows += there.num_rows
+    assert rows == 200

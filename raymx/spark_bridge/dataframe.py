@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from raymx import errors
 from raymx.spark_bridge import convert, direct, session
-from raymx.spark_bridge.datasource import WriteSummary, _member_of, majority_point
+from raymx.spark_bridge.datasource import WriteSummary, majority_point
 from raymx.storage import codec
 from raymx.storage.engine import split_ns
 from raymx.storage.gtid import GTID
@@ -76,7 +76,8 @@ def read_collection(spark, rs, ns: str, at=None, member=None, schema=None,
     ``df.snapshot_gtid`` is the GTID the data is exactly as of: every partition,
     every Spark action on the DataFrame and every retried task reads the
     collection as of it. The DataFrame is lazy: Spark tasks read the member's
-    files when an action runs (an executor must run on the member's node).
+    files when an action runs (a worker on another node streams its
+    partition from a Ray task on the member's node).
     The member keeps the oplog entries after ``snapshot_gtid`` (which
     reconstruct it) for ``hold_s`` seconds; an action after that may fail
     with TooStale if they were trimmed (``cache()`` the DataFrame to keep the
@@ -104,7 +105,7 @@ def read_collection(spark, rs, ns: str, at=None, member=None, schema=None,
             raise errors.ConfigError("at= and read_concern='majority' each name the point to "
                                      "read as of: give one")
         at = majority_point(rs, member)
-    m = _member_of(rs, member)
+    m = direct.member_for_spark(rs, member)
     key = None if at is None else direct.hold(rs, m["id"], at, hold_s)
     plan = direct.plan_read(m, "collection", ns=ns, at=None if at is None else list(at),
                             flt=filter, partitions=partitions,
@@ -170,7 +171,7 @@ def read_changes(spark, rs, after, until=None, member=None, ns=None,
         ns = [ns]
     for n in ns or ():
         split_ns(n)
-    m = _member_of(rs, member)
+    m = direct.member_for_spark(rs, member)
     direct.hold(rs, m["id"], after, hold_s)
     plan = direct.plan_read(m, "changes", after=list(after),
                             until=None if until is None else list(until),

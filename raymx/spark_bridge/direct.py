@@ -22,8 +22,10 @@ Reading (``read_collection``, ``read_changes``):
 
 So every partition is exactly as of ``df.snapshot_gtid``, each Spark action
 (and a retried task) reads the same rows again, and nothing is materialized
-in Ray's object store. A Spark executor must run on the member's node (this
-is checked: a clear error names the member, the path and the host).
+in Ray's object store. A Spark worker on another node than the member (no
+``data.mdb`` at the member's path there) joins the Ray cluster and streams
+its partition from a Ray task pinned to the member's node instead (the same
+code, its batches through the object store: slower, never wrong).
 
 Writing (``write_dataframe``): each Spark partition writes through a raymx
 client of its own (``connect_url(rs.url())``, no Ray in the Spark worker),
@@ -62,8 +64,7 @@ def local_engine(path: str, limits, member_id: int):
     except OSError:
         raise errors.ConfigError(
             f"member {member_id}'s data ({path}) is not on this host "
-            f"({socket.gethostname()}): Spark reads a member's files directly, so its "
-            "executors must run on the member's node") from None
+            f"({socket.gethostname()})") from None
     with _ENGINES_LOCK:
         e = _ENGINES.get(path)
         if e is not None and e._file == (st.st_dev, st.st_ino):
@@ -148,54 +149,106 @@ def hold(rs, member_id: int, gtid, hold_s: float, key: int | None = None) -> int
     return key
 
 
+def member_for_spark(rs, member) -> dict:
+    """The member's config (``datasource._member_of``) and the Ray cluster a
+    Spark worker joins to read it from another node (``ray``)."""
+    import ray
+
+    from raymx.spark_bridge.datasource import _member_of
+    m = _member_of(rs, member)
+    ctx = ray.get_runtime_context()
+    return dict(m, ray=(ctx.gcs_address, ctx.namespace))
+
+
 def _parts_df(spark, n: int):
     """A DataFrame of ``n`` rows ``id`` 0..n-1, one per partition (one Spark task each)."""
     return spark.range(0, n, 1, n)
 
 
-# --- reading a collection ----------------------------------------------------------
+# --- reading partitions, on this host or on the member's -------------------------
+def collection_part(m: dict, i: int, ns: str, plan: dict, flt, schema: pa.Schema,
+                    strict: bool, batch_docs: int = BATCH_DOCS):
+    """Arrow batches of partition ``i`` of a planned collection read, as of its GTID."""
+    from raymx.spark_bridge.reader import SnapshotReader
+    r = SnapshotReader(local_engine(m["path"], m["limits"], m["id"]))
+    try:
+        for docs in r.read_part(ns, plan, i, flt, batch_docs):
+            # (no `yield from` over a list: a Ray streaming task sends values in)
+            for b in convert.docs_to_table(docs, schema, strict).to_batches():
+                yield b
+    finally:
+        r.close()
+
+
+def changes_part(m: dict, i: int, plan: dict, ns_filter):
+    """Arrow batches (``CHANGES_SCHEMA``) of partition ``i`` of a planned change read."""
+    from raymx.spark_bridge.reader import SnapshotReader
+    lo, hi, _ = plan["parts"][i]
+    r = SnapshotReader(local_engine(m["path"], m["limits"], m["id"]))
+    try:
+        r.check_point(GTID(*plan["until"]), plan["hash"])
+        for entries in r.iter_changes(lo, hi):
+            for b in convert.changes_rows(entries, ns_filter).to_batches():
+                yield b
+    finally:
+        r.close()
+
+
+_remote_parts: dict = {}
+
+
+def part_batches(m: dict, fn, *args, local: bool | None = None):
+    """``fn(m, *args)``'s batches: read here when this host has the member's
+    files (``local=None``: when its ``data.mdb`` is here), else by a Ray task
+    on the member's node streaming them back (the Spark worker joins the Ray
+    cluster ``m["ray"]`` names for that, once)."""
+    if local is None:
+        local = os.path.isfile(os.path.join(m["path"], "data.mdb"))
+    if local:
+        yield from fn(m, *args)
+        return
+    import logging
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from raymx.spark_bridge.datasource import _unwrap
+    if not ray.is_initialized():
+        address, namespace = m["ray"]
+        ray.init(address=address, namespace=namespace, logging_level=logging.WARNING,
+                 log_to_driver=False)
+    remote = _remote_parts.get(fn.__name__)
+    if remote is None:
+        remote = _remote_parts[fn.__name__] = ray.remote(num_cpus=0, max_retries=0)(fn)
+    gen = remote.options(num_returns="streaming", scheduling_strategy=(
+        NodeAffinitySchedulingStrategy(m["node_id"], soft=False))).remote(m, *args)
+    for ref in gen:
+        yield _unwrap(lambda: ray.get(ref))
+
+
+def _mapped(spark, m: dict, n: int, schema: pa.Schema, fn, *args):
+    """``spark.range(n).mapInArrow``: task ``i`` yields ``part_batches(m, fn, i, *args)``."""
+    from raymx.spark_bridge import session
+
+    def run(batches):
+        for b in batches:
+            for i in b.column(0).to_pylist():
+                yield from part_batches(m, fn, i, *args)
+    return _parts_df(spark, n).mapInArrow(run, session.spark_schema(schema))
+
+
 def collection_dataframe(spark, m: dict, ns: str, plan: dict, flt, schema: pa.Schema,
-                         strict: bool, batch_docs: int = BATCH_DOCS):
+                         strict: bool):
     """The DataFrame whose Spark tasks read the partitions of ``plan``."""
-    from raymx.spark_bridge import session
-    path, limits, mid = m["path"], m["limits"], m["id"]
     plan = {k: v for k, v in plan.items() if k != "sample"}
-
-    def run(batches):
-        from raymx.spark_bridge.reader import SnapshotReader
-        e = local_engine(path, limits, mid)
-        for b in batches:
-            for i in b.column(0).to_pylist():
-                r = SnapshotReader(e)
-                try:
-                    for docs in r.read_part(ns, plan, i, flt, batch_docs):
-                        yield from convert.docs_to_table(docs, schema, strict).to_batches()
-                finally:
-                    r.close()
-    return _parts_df(spark, len(plan["parts"])).mapInArrow(run, session.spark_schema(schema))
+    return _mapped(spark, m, len(plan["parts"]), schema, collection_part, ns, plan, flt,
+                   schema, strict)
 
 
-# --- reading the change stream -----------------------------------------------------
 def changes_dataframe(spark, m: dict, plan: dict, ns_filter):
-    from raymx.spark_bridge import session
-    path, limits, mid = m["path"], m["limits"], m["id"]
-    until, h, parts = GTID(*plan["until"]), plan["hash"], plan["parts"]
-
-    def run(batches):
-        from raymx.spark_bridge.reader import SnapshotReader
-        e = local_engine(path, limits, mid)
-        for b in batches:
-            for i in b.column(0).to_pylist():
-                lo, hi, _ = parts[i]
-                r = SnapshotReader(e)
-                try:
-                    r.check_point(until, h)
-                    for entries in r.iter_changes(lo, hi):
-                        yield from convert.changes_rows(entries, ns_filter).to_batches()
-                finally:
-                    r.close()
-    return _parts_df(spark, len(parts)).mapInArrow(run, session.spark_schema(
-        convert.CHANGES_SCHEMA))
+    """The DataFrame whose Spark tasks read the GTID ranges of ``plan``."""
+    return _mapped(spark, m, len(plan["parts"]), convert.CHANGES_SCHEMA, changes_part,
+                   plan, ns_filter)
 
 
 # --- writing -------------------------------------------------------------------------
