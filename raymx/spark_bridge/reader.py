@@ -191,17 +191,18 @@ class SnapshotReader:
             f"the read was planned as of {at}, which this member no longer holds as "
             f"planned (it rolled back, applied only through {self.gtid}): read again")
 
-    def _ranges(self, c, flt) -> tuple[str, str, list, str | None]:
-        """(plan name, sub-database, [[lo, hi)] key ranges, index name) a
+    def _ranges(self, c, flt) -> tuple[str, str, list, str | None, bool]:
+        """(plan name, sub-database, [[lo, hi)] key ranges, index name, whether
+        a document holds an array in the index) a
         filter's top-level bounds allow: ``_id`` points or range over the docs,
         else the most selective one-field index, else the whole collection."""
         bounds = query.extract_bounds(flt, multikey=_MULTIKEY) if flt else {}
         b = bounds.get("_id")
         if b is not None and b.points is not None:
             ks = sorted({c.prefix + encode_key(v) for v in b.points})
-            return "IDHACK", "docs", [[k, k + b"\x00"] for k in ks], None
+            return "IDHACK", "docs", [[k, k + b"\x00"] for k in ks], None, False
         if b is not None:
-            return "IXSCAN _id_", "docs", [list(_range_bounds(c.prefix, b))], None
+            return "IXSCAN _id_", "docs", [list(_range_bounds(c.prefix, b))], None, False
         best = None
         for ix in c.indexes.values():
             ib = bounds.get(ix.key[0][0])
@@ -211,23 +212,25 @@ class SnapshotReader:
             if best is None or score > best[0]:
                 best = (score, ix, ib)
         if best is None:
-            return "COLLSCAN", "docs", [[c.prefix, prefix_end(c.prefix)]], None
+            return "COLLSCAN", "docs", [[c.prefix, prefix_end(c.prefix)]], None, False
         _, ix, ib = best
         path = ix.key[0][0]
-        if ib.points is None and "." not in path:
+        # an index without a single array key (the whole-array entry every
+        # array value has) proves no document holds an array there (through
+        # a dotted path, arrays of subdocuments fan out without one)
+        arr = ix.prefix + bytes((T_ARR,))
+        multikey = "." in path or next(iter(self.t.scan_keys(
+            "index", arr, prefix_end(arr))), None) is not None
+        if ib.points is None and not multikey:
             # a range on a field that may hold arrays keeps only its low side
-            # (extract_bounds); an index without a single array key (the
-            # whole-array entry every array value has) proves none does here,
-            # so both sides bound the scan
-            arr = ix.prefix + bytes((T_ARR,))
-            if next(iter(self.t.scan_keys("index", arr, prefix_end(arr))), None) is None:
-                ib = query.extract_bounds(flt, multikey=False)[path]
+            # (extract_bounds): here both sides bound the scan
+            ib = query.extract_bounds(flt, multikey=False)[path]
         if ib.points is not None:
             ranges = [[ix.prefix + v, prefix_end(ix.prefix + v)]
                       for v in sorted({encode_key(v) for v in ib.points})]
         else:
             ranges = [list(_range_bounds(ix.prefix, ib))]
-        return f"IXSCAN {ix.name}", "index", ranges, ix.name
+        return f"IXSCAN {ix.name}", "index", ranges, ix.name, multikey
 
     def plan_ranges(self, ns: str, at: GTID | None = None, flt: dict | None = None,
                     partitions: int | None = None, rows_per_partition: int = 100_000,
@@ -257,7 +260,7 @@ class SnapshotReader:
         self._planned = (c, ov)  # for plan()
         if c is None or ov is None:
             return out
-        name, db, ranges, ix = self._ranges(c, flt)
+        name, db, ranges, ix, multikey = self._ranges(c, flt)
         ranges = [r for r in ranges if r[1] is None or r[0] < r[1]]
         # one pass over the keys: their count, and an evenly spread subsample
         # (every `every`-th key, `every` doubling to keep it small) that the
@@ -292,7 +295,8 @@ class SnapshotReader:
         else:
             sample = [self.t.get("docs", c.prefix + self.t.get("index", k)) for k in sample_keys]
         sample += [v for _, v in ov[:sample_docs] if v is not None]
-        out.update(plan=name, db=db, index=ix, ranges=ranges, parts=cut, keys=n + len(ov),
+        out.update(plan=name, db=db, index=ix, multikey=multikey, ranges=ranges, parts=cut,
+                   keys=n + len(ov),
                    sample=codec.array_header(len(sample)) + b"".join(sample))
         return out
 
@@ -320,7 +324,7 @@ class SnapshotReader:
             src = self._docs_in(c, ranges, ov)
         else:
             src = self._index_in(c, c.indexes[plan["index"]], ranges, plan["ranges"], ov,
-                                 part == 0)
+                                 part == 0, plan["multikey"])
         if match is None:  # the stored bytes of a batch, decoded in one C call
             while True:
                 chunk = list(islice(src, batch_docs))
@@ -366,7 +370,8 @@ class SnapshotReader:
                 if ovk[j][1] is not None:
                     yield ovk[j][1]
 
-    def _index_in(self, c, ix, ranges: list, every: list, ov: dict, first: bool):
+    def _index_in(self, c, ix, ranges: list, every: list, ov: dict, first: bool,
+                  multikey: bool = True):
         """Packed documents through the index entries in ``ranges``. A document
         with several entries in ``every`` (the plan's ranges: an array value) is
         read through its smallest one only, so no partition repeats another's;
@@ -383,10 +388,10 @@ class SnapshotReader:
                 v = self.t.get("docs", c.prefix + pk)
                 if v is None:
                     continue
-                # one entry per document unless it holds an array there
-                ents = [full for _, full in _index_entries(ix, codec.unpack_document(v), pk)]
-                if len(ents) > 1 and min(e for e in ents if inside(e)) != k:
-                    continue
+                if multikey:  # one entry per document unless it holds an array there
+                    ents = [f for _, f in _index_entries(ix, codec.unpack_document(v), pk)]
+                    if len(ents) > 1 and min(e for e in ents if inside(e)) != k:
+                        continue
                 yield v
         if first:
             for pk, v in sorted(ov.items()):
