@@ -107,11 +107,16 @@ def read_collection(spark, rs, ns: str, at=None, member=None, schema=None,
         at = majority_point(rs, member)
     m = direct.member_for_spark(rs, member)
     key = None if at is None else direct.hold(rs, m["id"], at, hold_s)
-    plan = direct.plan_read(m, "collection", ns=ns, at=None if at is None else list(at),
-                            flt=filter, partitions=partitions,
-                            rows_per_partition=rows_per_partition, sample_docs=sample_docs,
-                            min_partitions=spark.sparkContext.defaultParallelism,
-                            wait_for=None if at is None else list(at))
+    try:
+        plan = direct.plan_read(m, "collection", ns=ns, at=None if at is None else list(at),
+                                flt=filter, partitions=partitions,
+                                rows_per_partition=rows_per_partition, sample_docs=sample_docs,
+                                min_partitions=spark.sparkContext.defaultParallelism,
+                                wait_for=None if at is None else list(at))
+    except BaseException:
+        if key is not None:
+            direct.release(rs, m["id"], key)
+        raise
     g = GTID(*plan["gtid"])
     direct.hold(rs, m["id"], g, hold_s, key)
     arrow, strict = None, False
@@ -172,11 +177,16 @@ def read_changes(spark, rs, after, until=None, member=None, ns=None,
     for n in ns or ():
         split_ns(n)
     m = direct.member_for_spark(rs, member)
-    direct.hold(rs, m["id"], after, hold_s)
-    plan = direct.plan_read(m, "changes", after=list(after),
-                            until=None if until is None else list(until),
-                            partitions=partitions, entries_per_partition=entries_per_partition,
-                            wait_for=None if until is None else list(until))
+    key = direct.hold(rs, m["id"], after, hold_s)
+    try:
+        plan = direct.plan_read(m, "changes", after=list(after),
+                                until=None if until is None else list(until),
+                                partitions=partitions,
+                                entries_per_partition=entries_per_partition,
+                                wait_for=None if until is None else list(until))
+    except BaseException:
+        direct.release(rs, m["id"], key)
+        raise
     df = direct.changes_dataframe(spark, m, plan, None if ns is None else frozenset(ns))
     df.snapshot_gtid = GTID(*plan["until"])
     return df

@@ -149,6 +149,15 @@ def hold(rs, member_id: int, gtid, hold_s: float, key: int | None = None) -> int
     return key
 
 
+def release(rs, member_id: int, key: int) -> None:
+    """Lift the hold ``key`` (a read that failed before it returned)."""
+    _HOLDS.pop((rs.name, member_id, key), None)
+    try:
+        rs.member(member_id).hold_trim.remote(key, None, 0)
+    except Exception:
+        pass  # it expires anyway
+
+
 def member_for_spark(rs, member) -> dict:
     """The member's config (``datasource._member_of``) and the Ray cluster a
     Spark worker joins to read it from another node (``ray``)."""
