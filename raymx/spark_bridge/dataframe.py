@@ -13,6 +13,8 @@ column per top-level field, nested documents as structs, ``_id`` first);
 """
 from __future__ import annotations
 
+import pyarrow as pa
+
 from raymx import errors
 from raymx.spark_bridge import convert, direct, session
 from raymx.spark_bridge.datasource import WriteSummary, majority_point
@@ -127,12 +129,12 @@ def read_collection(spark, rs, ns: str, at=None, member=None, schema=None,
             missing = [c for c in columns if c not in arrow.names]
             if missing:
                 raise errors.InvalidInput(f"columns {missing} are not in the schema")
-            arrow = __import__("pyarrow").schema([arrow.field(c) for c in columns])
+            arrow = pa.schema([arrow.field(c) for c in columns])
         else:
             sample = [{c: d[c] for c in columns if c in d}
                       for d in codec.unpack(plan["sample"], "sample")]
             inferred = convert.infer_schema(sample)
-            arrow = __import__("pyarrow").schema(
+            arrow = pa.schema(
                 [inferred.field(c) if c in inferred.names else (c, "string") for c in columns])
     if arrow is None:
         sample = codec.unpack(plan["sample"], "sample")
