@@ -242,6 +242,8 @@ def test_dataframe_bad_input_is_refused_before_writing(spark, rs, coll):
     with pytest.raises(errors.InvalidInput, match="_id"):
         write_dataframe(df, rs, ns, mode="upsert")
     with pytest.raises(errors.InvalidInput, match="mode"):
+        write_dataframe(df, rs, ns, mode="merge")
+    with pytest.raises(errors.InvalidInput, match="_id"):
         write_dataframe(df, rs, ns, mode="overwrite")
     assert c.count_documents({}) == 0
     c.insert_many([{"_id": 1, "a": "x"}, {"_id": 2, "a": 5}])
@@ -264,3 +266,252 @@ def test_read_collection_at_the_majority_point(spark, rs, coll):
         read_collection(spark, rs, ns, at=g, read_concern="majority")
     with pytest.raises(errors.ConfigError, match="read_concern"):
         read_collection(spark, rs, ns, read_concern="linearizable")
+
+
+# --- pushdown -------------------------------------------------------------------------
+def test_an_indexed_filter_is_read_over_its_index_range_only(spark, rs, coll):
+    from raymx.spark_bridge import read_collection
+    c, ns = coll
+    c.insert_many([{"_id": i, "n": i % 100, "s": f"s{i}", "tags": [i % 7, 100 + i % 3]}
+                   for i in range(2000)])
+    c.create_index("n")
+    c.create_index("tags")
+
+    def ids(df):
+        return sorted(r["_id"] for r in df.select("_id").collect())
+
+    df = read_collection(spark, rs, ns, filter={"n": {"$gte": 10, "$lt": 15}}, partitions=3)
+    # only the 100 index entries of n in [10, 15) are examined, not the 2,000 documents
+    assert df.read_plan["plan"] == "IXSCAN n_1" and df.read_plan["keys"] == 100
+    assert df.read_plan["parts"] == 3
+    assert ids(df) == sorted(d["_id"] for d in c.find({"n": {"$gte": 10, "$lt": 15}}))
+    df = read_collection(spark, rs, ns, filter={"_id": {"$in": [3, 5, 99999]}})
+    assert (df.read_plan["plan"], df.read_plan["keys"]) == ("IDHACK", 2) and ids(df) == [3, 5]
+    df = read_collection(spark, rs, ns, filter={"_id": {"$gte": 1990}, "s": {"$ne": "s1995"}})
+    assert (df.read_plan["plan"], df.read_plan["keys"]) == ("IXSCAN _id_", 10)
+    assert ids(df) == [i for i in range(1990, 2000) if i != 1995]
+    # an array field: each matching document once, though it has several entries in range
+    flt = {"tags": {"$in": [3, 101]}}
+    df = read_collection(spark, rs, ns, filter=flt, partitions=4)
+    assert df.read_plan["plan"] == "IXSCAN tags_1"
+    assert ids(df) == sorted(d["_id"] for d in c.find(flt))
+    # no index on s: the whole collection is examined, the filter still applied there
+    df = read_collection(spark, rs, ns, filter={"s": "s7"})
+    assert (df.read_plan["plan"], df.read_plan["keys"]) == ("COLLSCAN", 2000) and ids(df) == [7]
+
+
+def test_columns_converts_only_the_named_fields(spark, rs, coll):
+    from raymx.spark_bridge import read_collection
+    c, ns = coll
+    c.insert_many(nested_docs(50))
+    df = read_collection(spark, rs, ns, columns=["_id", "sub", "nowhere"],
+                         filter={"n": {"$lt": 3}})
+    assert df.columns == ["_id", "sub", "nowhere"]
+    rows = sorted((r.asDict(recursive=True) for r in df.collect()), key=lambda r: r["_id"])
+    assert [r["_id"] for r in rows] == ["k00000", "k00001", "k00002"]
+    assert rows[1]["sub"] == {"name": "n1", "deep": {"v": [1, 2]}, "opt": 1}
+    assert all(r["nowhere"] is None for r in rows)
+    df = read_collection(spark, rs, ns, schema="_id string, n long, x double", columns=["n"])
+    assert df.columns == ["n"] and sorted(r["n"] for r in df.collect()) == list(range(50))
+    with pytest.raises(errors.InvalidInput, match="not in the schema"):
+        read_collection(spark, rs, ns, schema="_id string", columns=["n"])
+
+
+@pytest.mark.parametrize("flt, op", [({"s": {"$regex": "^a"}}, "$regex"),
+                                     ({"$where": "this.a > 1"}, "$where"),
+                                     ({"a": {"$elemMatch": {"b": 1}}}, "$elemMatch"),
+                                     ({"$or": [{"a": 1}, {"b": {"$size": 2}}]}, "$size")])
+def test_a_filter_that_cannot_be_pushed_down_is_refused_naming_the_operator(spark, rs, coll,
+                                                                            flt, op):
+    from raymx.spark_bridge import read_collection
+    c, ns = coll
+    c.insert_one({"_id": 1, "s": "abc"})
+    with pytest.raises(errors.InvalidFilter) as ei:
+        read_collection(spark, rs, ns, filter=flt)
+    assert op in str(ei.value)
+
+
+# --- writes -------------------------------------------------------------------------------
+def _failing_once(spark, df, after_rows: int, always: bool = False, dup: bool = False):
+    """``df`` whose first partition, on its first attempt (every attempt:
+    ``always``), holds after ``after_rows`` rows one more row that fails the
+    write (a null ``_id``, or with ``dup`` the partition's first ``_id``
+    again), so the writing task fails after part of its partition was
+    written and Spark retries it (the retry has no such row)."""
+    import pyarrow as pa
+
+    from raymx.spark_bridge import session
+    arrow = pa.schema([f.with_nullable(True) for f in session.arrow_schema(df.schema)])
+
+    def fn(batches):
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        poison = ctx.partitionId() == 0 and (always or ctx.attemptNumber() == 0)
+        sent, first = 0, None
+        for b in batches:
+            b = pa.RecordBatch.from_arrays(b.columns, schema=arrow)
+            if first is None and b.num_rows:
+                first = b.column(0)[0].as_py()
+            if poison and sent <= after_rows < sent + b.num_rows:
+                k = after_rows - sent
+                yield b.slice(0, k)
+                yield pa.RecordBatch.from_pylist([{"_id": first if dup else None}],
+                                                 schema=arrow)
+                b = b.slice(k)
+            sent += b.num_rows
+            yield b
+    return df.repartition(2).mapInArrow(fn, session.spark_schema(arrow))
+
+
+def test_upsert_and_update_are_harmless_when_spark_retries_a_task(spark, rs, coll):
+    from raymx.spark_bridge import write_dataframe
+    c, ns = coll
+    g0 = c.insert_many([{"_id": i, "v": -1, "keep": i} for i in range(0, 600, 2)]).gtid
+    src = spark.range(600).selectExpr("id AS _id", "id * 10 AS v", "'new' AS tag")
+    res = write_dataframe(_failing_once(spark, src, 250), rs, ns, mode="upsert", w=1,
+                          batch_docs=100)
+    # the failed attempt's batches were written, then written again by the retry
+    assert res.written == 600 and res.gtid is not None and res.missing == 0
+    assert c.count_documents({}) == 600
+    assert c.find_one({"_id": 4}) == {"_id": 4, "v": 40, "tag": "new"}  # replaced whole
+    from raymx.spark_bridge import read_changes
+    ins = read_changes(spark, rs, after=g0, until=res.gtid, ns=ns).filter("op = 'i'").count()
+    assert ins > 600  # the first attempt's batches were written twice
+    upd = spark.range(0, 1200, 3).selectExpr("id AS _id", "id AS w", "CAST(NULL AS LONG) AS v")
+    res = write_dataframe(_failing_once(spark, upd, 120), rs, ns, mode="update", w="majority",
+                          batch_docs=50)
+    # _ids 600.. have no document: counted as missing, never inserted
+    assert res.written == 200 and res.missing == 200 and c.count_documents({}) == 600
+    assert c.find_one({"_id": 3}) == {"_id": 3, "v": 30, "tag": "new", "w": 3}  # v kept
+    assert "w" not in c.find_one({"_id": 4})  # not in the update
+
+
+def test_append_is_not_retry_safe_and_says_so(spark, rs, coll):
+    from raymx.spark_bridge import write_dataframe
+    c, ns = coll
+    src = spark.range(300).selectExpr("id AS _id", "id AS v")
+    with pytest.raises(Exception) as ei:
+        # the first attempt fails on its 121st row (an _id it wrote already); the
+        # retries fail on the rows the first attempt wrote
+        write_dataframe(_failing_once(spark, src, 120, dup=True), rs, ns, mode="append",
+                        w=1, batch_docs=50)
+    assert "DuplicateKey" in str(ei.value) or "duplicate" in str(ei.value).lower()
+    res = write_dataframe(src, rs, f"{ns}_ok", mode="append", w=1, batch_docs=64)
+    assert res.written == 300
+
+
+def test_overwrite_replaces_the_contents_and_keeps_the_indexes(spark, rs, coll):
+    from raymx.spark_bridge import read_collection, write_dataframe
+    c, ns = coll
+    c.insert_many([{"_id": i, "old": True, "v": -1 - i} for i in range(1000)])
+    c.create_index("v", unique=True)
+    new = spark.range(100, 400).selectExpr("id AS _id", "id AS v")
+    res = write_dataframe(new, rs, ns, mode="overwrite", w="majority", batch_docs=64)
+    assert res.written == 300
+    assert c.count_documents({}) == 300 and c.count_documents({"old": True}) == 0
+    assert [ix["name"] for ix in c.list_indexes()] == ["_id_", "v_1"]
+    df = read_collection(spark, rs, ns, at=res.gtid, filter={"v": {"$gte": 390}})
+    assert df.read_plan["plan"] == "IXSCAN v_1" and df.count() == 10
+    # a failure leaves what was written so far: the old contents are gone
+    bad = _failing_once(spark, spark.range(50).selectExpr("id AS _id", "id AS v"), 10,
+                        always=True)
+    with pytest.raises(Exception, match="no _id"):
+        write_dataframe(bad, rs, ns, mode="overwrite", w=1, batch_docs=5)
+    left = sorted(d["_id"] for d in c.find())
+    assert set(left) <= set(range(50)) and all(d.get("v") == d["_id"] for d in c.find())
+
+
+# --- one GTID under concurrent writes --------------------------------------------------
+def test_every_partition_and_every_action_reads_one_gtid_under_concurrent_writes(
+        spark, replset):
+    """Transfers between documents keep the total at 100,000 in every committed
+    state; a read whose partitions came from different states would see
+    another total. The oplog is trimmed meanwhile, to the read's hold."""
+    import threading
+
+    import ray
+
+    from raymx.spark_bridge import read_collection
+    rs = replset
+    c = rs.client()
+    coll = c["bank"]["acct"]
+    coll.insert_many([{"_id": f"a{i:04d}", "bal": 100} for i in range(1000)])
+    stop = threading.Event()
+
+    def transfer():
+        import random
+        rnd = random.Random(1)
+        while not stop.is_set():
+            a, b = (f"a{i:04d}" for i in rnd.sample(range(1000), 2))
+            with c.transaction() as tx:
+                t = tx["bank"]["acct"]
+                t.update_one({"_id": a}, {"$inc": {"bal": -1}})
+                t.update_one({"_id": b}, {"$inc": {"bal": 1}})
+            if rnd.random() < 0.05:
+                coll.insert_one({"_id": f"z{rnd.random()}", "bal": 0})
+    th = threading.Thread(target=transfer, daemon=True)
+    th.start()
+    try:
+        time.sleep(0.5)
+        df = read_collection(spark, rs, "bank.acct", partitions=4, schema="_id string, bal long")
+        first = sorted((r["_id"], r["bal"]) for r in df.collect())
+        time.sleep(0.5)
+        # the oplog is cut to its minimum: trimming stops at the read's GTID
+        ray.get(rs.member(0).set_oplog_cap.remote({"max_bytes": 1}))
+        st = ray.get(rs.member(0).trim_now.remote())
+        assert st["held_by"] and str(df.snapshot_gtid) in st["held_by"]
+        again = sorted((r["_id"], r["bal"]) for r in df.collect())
+        g = df.snapshot_gtid
+        at = read_collection(spark, rs, "bank.acct", at=g, partitions=3,
+                             schema="_id string, bal long")
+        third = sorted((r["_id"], r["bal"]) for r in at.collect())
+    finally:
+        stop.set()
+        th.join()
+    assert sum(b for _, b in first) == 100_000
+    assert again == first == third and at.snapshot_gtid == g
+
+
+def test_read_arguments_and_the_members_files_are_checked(spark, rs, coll):
+    from raymx.spark_bridge import direct, read_changes, read_collection
+    c, ns = coll
+    g = c.insert_one({"_id": 1}).gtid
+    with pytest.raises(errors.InvalidFilter, match="dict"):
+        read_collection(spark, rs, ns, filter=[("a", 1)])
+    with pytest.raises(errors.InvalidInput, match="columns"):
+        read_collection(spark, rs, ns, columns="a")
+    with pytest.raises(errors.InvalidInput, match="hold_s"):
+        read_collection(spark, rs, ns, hold_s=0)
+    with pytest.raises(errors.InvalidInput, match="partitions"):
+        read_changes(spark, rs, after=g, partitions=0)
+    # a Spark worker never reads another folder than the member's own
+    m = rs.config()["members"][0]
+    with pytest.raises(errors.ConfigError, match="not on this host"):
+        direct.local_engine(m["path"] + "-elsewhere", rs.config()["limits"], m["id"])
+    with pytest.raises(errors.ConfigError, match=f"holds member {m['id']}'s data"):
+        direct.local_engine(m["path"], rs.config()["limits"], m["id"] + 7)
+
+
+def test_a_worker_without_the_members_files_reads_through_a_task_on_its_node(rs, coll):
+    """A Spark worker on another node than the member streams its partition
+    from a Ray task pinned to the member's node: the same batches."""
+    import pyarrow as pa
+
+    from raymx.spark_bridge import convert, direct
+    c, ns = coll
+    c.insert_many(nested_docs(300))
+    m = direct.member_for_spark(rs, None)
+    plan = direct.plan_read(m, "collection", ns=ns, at=None, flt={"n": {"$gte": 100}},
+                            partitions=2, rows_per_partition=1000, sample_docs=1000,
+                            wait_for=None)
+    schema = convert.infer_schema(codec.unpack(plan["sample"]))
+    rows = 0
+    for i in range(2):
+        args = (i, ns, plan, {"n": {"$gte": 100}}, schema, True)
+        here = pa.Table.from_batches(list(direct.part_batches(m, direct.collection_part, *args,
+                                                              local=True)), schema)
+        there = pa.Table.from_batches(list(direct.part_batches(
+            m, direct.collection_part, *args, local=False)), schema)
+        assert there.equals(here)
+        rows += there.num_rows
+    assert rows == 200

@@ -176,3 +176,57 @@ def test_json_and_id_text():
         '{"_id":1,"b":{"$binary":"AQ=="},"s":"é"}'
     assert convert.id_text("abc") == "abc" and convert.id_text(5) == "5"
     assert convert.id_text({"a": 1}) == '{"a":1}' and convert.to_json(None) is None
+
+
+# --- planned reads: each partition from its own transaction ----------------------------
+@pytest.mark.parametrize("flt, plan", [
+    (None, "COLLSCAN"), ({"n": 7}, "IXSCAN n_1"), ({"n": {"$gte": 10, "$lt": 20}}, "IXSCAN n_1"),
+    ({"_id": {"$in": [3, 4, 5000]}}, "IDHACK"), ({"_id": {"$gte": 890}}, "IXSCAN _id_"),
+    ({"arr": {"$gte": 500}}, "IXSCAN arr_1"), ({"arr": {"$in": [5, 1005, 6]}}, "IXSCAN arr_1"),
+    ({"n": {"$in": [1, 2]}, "arr": {"$lt": 100}}, "IXSCAN n_1"), ({"s": "x"}, "COLLSCAN")])
+def test_planned_partitions_read_from_later_transactions_equal_the_point(engine, flt, plan):
+    """Partitions planned in one transaction and read from others, opened
+    after more writes, hold exactly the documents matching the filter as of
+    the planned GTID: once each, through the index's range when it has one."""
+    engine.insert_many(NS, [{"_id": i, "n": i % 100, "arr": [i, i + 1000]} for i in range(1000)])
+    engine.run(lambda tx: tx.create_index(NS, "n"))
+    engine.run(lambda tx: tx.create_index(NS, "arr"))
+    r = SnapshotReader(engine)
+    g = r.gtid
+    r.close()
+    engine.run(lambda tx: tx.update(NS, {"_id": {"$lt": 50}}, {"$set": {"n": -5}}, multi=True))
+    engine.run(lambda tx: tx.delete(NS, {"_id": {"$gte": 900}}, multi=True))
+    engine.insert_many(NS, [{"_id": 5000 + i, "n": 7, "arr": [1]} for i in range(10)])
+    for at in (g, None):
+        want = sorted(engine.reader().at(at).find(NS, flt), key=lambda d: d["_id"])
+        for parts in (1, 3, 7):
+            p0 = SnapshotReader(engine)
+            p = p0.plan_ranges(NS, at=at, flt=flt, partitions=parts)
+            p0.close()
+            assert p["plan"] == plan
+            got = []
+            for i in range(len(p["parts"])):
+                ri = SnapshotReader(engine)
+                for chunk in ri.read_part(NS, p, i, flt, batch_docs=7):
+                    got += chunk
+                ri.close()
+            assert sorted(got, key=lambda d: d["_id"]) == want, (at, parts)
+            assert len(got) == len(want)
+        if plan == "IXSCAN n_1" and at is None and flt == {"n": 7}:
+            # the index entries for n = 7 (107..807 and the 10 new), not the collection
+            assert p["keys"] == 8 + 10
+
+
+def test_a_planned_read_refuses_a_changed_history(engine):
+    engine.insert_many(NS, [{"_id": i} for i in range(10)])
+    r = SnapshotReader(engine)
+    p = r.plan_ranges(NS)
+    r.close()
+    bad = dict(p, hash=p["hash"] + 1)  # as if the entry were another (a rollback)
+    r = SnapshotReader(engine)
+    with pytest.raises(errors.Diverged, match="read again"):
+        list(r.read_part(NS, bad, 0))
+    assert sum(len(c) for c in r.read_part(NS, p, 0)) == 10
+    r.close()
+    with pytest.raises(errors.InvalidFilter, match=r"\$regex"):
+        SnapshotReader(engine).plan_ranges(NS, flt={"a": {"$regex": "x"}})

@@ -2,12 +2,13 @@
 
 ``spark_session()`` / ``stop_spark()`` start and stop Spark with the flags Java
 17 needs. ``read_collection``, ``read_changes`` and ``write_dataframe`` move
-collections and the change stream to and from DataFrames; underneath,
-``CollectionDatasource``, ``ChangesDatasource`` and ``CollectionDatasink`` do
-the same for ``ray.data`` (``read_dataset``, ``read_changes_dataset``,
-``write_dataset``), over one consistent snapshot of a member
-(``open_snapshot``). Imports are lazy so that ``import raymx.spark_bridge`` does not
-start a JVM or import pyspark.
+collections and the change stream to and from DataFrames: Spark tasks read
+the member's LMDB files as of one GTID and write straight to the primary
+(``direct``). ``CollectionDatasource``, ``ChangesDatasource`` and
+``CollectionDatasink`` do the same for ``ray.data`` (``read_dataset``,
+``read_changes_dataset``, ``write_dataset``), over one consistent snapshot of
+a member (``open_snapshot``). Imports are lazy so that ``import
+raymx.spark_bridge`` does not start a JVM or import pyspark.
 """
 from __future__ import annotations
 

@@ -40,6 +40,8 @@ import json
 import pyarrow as pa
 
 from raymx import errors
+from raymx.storage import codec
+from raymx.storage.gtid import GTID
 
 _I64_MAX = (1 << 63) - 1
 
@@ -194,7 +196,10 @@ def docs_to_table(docs: list, schema: pa.Schema, strict: bool = True) -> pa.Tabl
     no place for is an error (an inferred schema must hold every document);
     otherwise it is left out (an explicit schema projects)."""
     st = pa.struct(list(schema))
-    if strict:
+    # the common case at C speed: no field outside a schema without documents
+    # inside (the per-document walk below only names what is wrong)
+    if strict and (not all(map(_flat, schema.types))
+                   or not set(schema.names).issuperset(set().union(*map(dict.keys, docs)))):
         for d in docs:
             bad = _extra(d, st, "")
             if bad:
@@ -202,7 +207,10 @@ def docs_to_table(docs: list, schema: pa.Schema, strict: bool = True) -> pa.Tabl
                     f"{_doc_path(d)}: field {bad} is not in the schema (inferred from a "
                     "sample of the collection); pass schema= to read it", field=bad)
     try:
-        return pa.Table.from_pylist(docs, schema=schema)
+        # one C++ pass over the dicts (Table.from_pylist walks them in Python,
+        # ~4x slower); fields outside the struct are not read
+        return pa.Table.from_batches([pa.RecordBatch.from_struct_array(pa.array(docs, st))],
+                                     schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
         pass
     for d in docs:  # the slow path only to name what failed
@@ -216,6 +224,15 @@ def docs_to_table(docs: list, schema: pa.Schema, strict: bool = True) -> pa.Tabl
                 f"({_describe(_type_at(st, path) or t)}); pass schema= with a type that "
                 "holds it", field=path)
     raise errors.SchemaMismatch("documents do not fit the schema")  # not reached in practice
+
+
+def _flat(t: pa.DataType) -> bool:
+    """No struct anywhere in ``t``: a document fits it if its top-level fields do."""
+    if pa.types.is_struct(t):
+        return False
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _flat(t.value_type)
+    return True
 
 
 def _type_at(st: pa.DataType, path: str):
@@ -285,7 +302,16 @@ def table_to_docs(table: pa.Table, keep_nulls: bool = False) -> list[dict]:
     """Documents for Arrow rows (null fields left out unless ``keep_nulls``)."""
     check_writable(table.schema)
     maps = any(_has_map(f.type) for f in table.schema)
-    return [_clean(r, keep_nulls, maps) for r in table.to_pylist()]
+    if not table.num_columns:
+        return [{} for _ in range(table.num_rows)]
+    # one C++ pass building the dicts (Table.to_pylist builds them in Python)
+    rows = pa.StructArray.from_arrays([c.combine_chunks() for c in table.columns],
+                                      fields=list(table.schema)).to_pylist()
+    if not maps and all(map(_flat, table.schema.types)):
+        if keep_nulls or not any(c.null_count for c in table.columns):
+            return rows  # nothing to clean
+        return [{k: v for k, v in r.items() if v is not None} for r in rows]
+    return [_clean(r, keep_nulls, maps) for r in rows]
 
 
 def _has_map(t) -> bool:
@@ -310,7 +336,22 @@ def to_json(v) -> str | None:
     as JSON5-style tokens Spark's JSON functions accept; None stays None."""
     if v is None:
         return None
-    return json.dumps(v, default=_json_default, separators=(",", ":"), ensure_ascii=False)
+    return _JSON(v)
+
+
+def _json_encoder():
+    """One encoder for every value: ``json.dumps`` with options builds an
+    encoder per call, and ``JSONEncoder.encode`` the C one per call."""
+    from json import encoder as E
+    if E.c_make_encoder is not None:
+        c = E.c_make_encoder(None, _json_default, E.c_encode_basestring, None, ":", ",",
+                             False, False, True)  # no circularity check: documents are trees
+        return lambda v: "".join(c(v, 0))
+    return json.JSONEncoder(default=_json_default, separators=(",", ":"),
+                            ensure_ascii=False).encode
+
+
+_JSON = _json_encoder()
 
 
 def id_text(v) -> str | None:
@@ -318,4 +359,57 @@ def id_text(v) -> str | None:
     as its JSON text (so ``5`` -> ``"5"``: cast a long ``_id`` to string to join)."""
     if v is None or type(v) is str:
         return v
+    if type(v) is int:
+        return str(v)  # its JSON text
     return to_json(v)
+
+
+# --- the change stream as rows --------------------------------------------
+CHANGES_SCHEMA = pa.schema([
+    ("gtid", pa.string()),        # "term:seq"
+    ("term", pa.int64()),
+    ("seq", pa.int64()),          # dense across terms: order by (seq, idx)
+    ("idx", pa.int32()),          # the op's position inside its entry (transaction)
+    # the entry's commit time (ms precision; microseconds: the unit Spark reads)
+    ("ts", pa.timestamp("us", tz="UTC")),
+    ("op", pa.string()),          # i (insert), u (update), d (delete), c (command)
+    ("ns", pa.string()),          # "db.collection"
+    ("_id", pa.string()),         # a string _id as is, any other as its JSON text
+    ("pre", pa.string()),         # JSON of the image before (u, d), else null
+    ("post", pa.string()),        # JSON of the image after (i, u), else null
+    ("cmd", pa.string()),         # JSON of a command op (c), else null
+])
+
+
+def changes_rows(entries, ns_filter=None) -> pa.Table:
+    """Arrow rows for ``[(gtid bytes, ts, ops)]`` (``ops``: a list, or packed):
+    one per op, no-ops left out; built a column at a time per entry."""
+    gtid, term, seq, idx, tss, kind, nss, ids, pre, post, cmd = ([] for _ in range(11))
+    for k, ts, ops in entries:
+        if type(ops) is not list:
+            ops = codec.unpack(ops, "oplog ops")
+        sel = [(i, op) for i, op in enumerate(ops) if op.get("op") != "n"
+               and (ns_filter is None or op.get("ns") in ns_filter)]
+        n = len(sel)
+        if not n:
+            continue
+        g = GTID.from_bytes(k)
+        gtid += [str(g)] * n
+        term += [g.term] * n
+        seq += [g.seq] * n
+        tss += [ts * 1000] * n
+        idx += [i for i, _ in sel]
+        ops = [op for _, op in sel]
+        kind += [op.get("op") for op in ops]
+        nss += [op.get("ns") for op in ops]
+        pr = [op.get("pre") for op in ops]
+        po = [op.get("post") for op in ops]
+        ids += [None if img is None else id_text(img.get("_id"))
+                for img in (b if b is not None else a for a, b in zip(pr, po))]
+        pre += map(to_json, pr)
+        post += map(to_json, po)
+        cmd += [to_json({x: v for x, v in op.items() if x not in ("op", "ns")})
+                if op.get("op") == "c" else None for op in ops]
+    cols = (gtid, term, seq, idx, tss, kind, nss, ids, pre, post, cmd)
+    return pa.Table.from_arrays([pa.array(c, f.type) for c, f in zip(cols, CHANGES_SCHEMA)],
+                                schema=CHANGES_SCHEMA)

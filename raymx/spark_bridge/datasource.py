@@ -325,47 +325,7 @@ class CollectionDatasource(Datasource):
 
 
 # --- reading the change stream -----------------------------------------------
-CHANGES_SCHEMA = pa.schema([
-    ("gtid", pa.string()),        # "term:seq"
-    ("term", pa.int64()),
-    ("seq", pa.int64()),          # dense across terms: order by (seq, idx)
-    ("idx", pa.int32()),          # the op's position inside its entry (transaction)
-    # the entry's commit time (ms precision; microseconds: the unit Spark reads)
-    ("ts", pa.timestamp("us", tz="UTC")),
-    ("op", pa.string()),          # i (insert), u (update), d (delete), c (command)
-    ("ns", pa.string()),          # "db.collection"
-    ("_id", pa.string()),         # a string _id as is, any other as its JSON text
-    ("pre", pa.string()),         # JSON of the image before (u, d), else null
-    ("post", pa.string()),        # JSON of the image after (i, u), else null
-    ("cmd", pa.string()),         # JSON of a command op (c), else null
-])
-
-
-def changes_rows(entries, ns_filter=None) -> pa.Table:
-    """Arrow rows for ``[(gtid bytes, ts, packed ops)]``: one per op, no-ops left out."""
-    cols = {f.name: [] for f in CHANGES_SCHEMA}
-    for k, ts, packed in entries:
-        g = GTID.from_bytes(k)
-        for i, op in enumerate(codec.unpack(packed, "oplog ops")):
-            kind = op.get("op")
-            if kind == "n" or (ns_filter is not None and op.get("ns") not in ns_filter):
-                continue
-            pre, post = op.get("pre"), op.get("post")
-            img = post if post is not None else pre
-            cols["gtid"].append(str(g))
-            cols["term"].append(g.term)
-            cols["seq"].append(g.seq)
-            cols["idx"].append(i)
-            cols["ts"].append(ts * 1000)
-            cols["op"].append(kind)
-            cols["ns"].append(op.get("ns"))
-            cols["_id"].append(None if img is None else convert.id_text(img.get("_id")))
-            cols["pre"].append(convert.to_json(pre))
-            cols["post"].append(convert.to_json(post))
-            cols["cmd"].append(convert.to_json({k: v for k, v in op.items()
-                                                if k not in ("op", "ns")})
-                               if kind == "c" else None)
-    return pa.table(cols, schema=CHANGES_SCHEMA)
+CHANGES_SCHEMA, changes_rows = convert.CHANGES_SCHEMA, convert.changes_rows
 
 
 class ChangesDatasource(Datasource):
@@ -443,11 +403,13 @@ class ChangesDatasource(Datasource):
 # --- writing -----------------------------------------------------------------------
 @dataclass
 class WriteSummary:
-    """What a write did: documents written and the newest GTID among its writes
-    (read at or after it to see them all)."""
+    """What a write did: documents written, the newest GTID among its writes
+    (read at or after it to see them all), and rows an ``update`` found no
+    document for (``missing``, nothing written for them)."""
 
     written: int = 0
     gtid: GTID | None = None
+    missing: int = 0
 
 
 class CollectionDatasink(Datasink):
