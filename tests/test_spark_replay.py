@@ -5,7 +5,7 @@ import pytest
 
 import raymx
 from raymx.actors.core import replication as rep
-from raymx.spark_bridge import replay as spark_replay
+from raymx.spark_bridge import spark_replay
 from raymx.storage import replay
 from raymx.storage.engine import Engine
 from raymx.storage.limits import Limits

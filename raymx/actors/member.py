@@ -465,7 +465,7 @@ class OplogShard:
         self.feeder.reset()  # its oplog starts here now
         return list(g)
 
-    # --- parallel replay driven by a Spark job (raymx.spark_bridge.replay) ----------
+    # --- parallel replay driven by a Spark job (raymx.spark_bridge.spark_replay) ----------
     @ray.method(concurrency_group="load")
     def replay_prepare(self, max_entries: int | None, per_part: int) -> dict | None:
         """Hold the applier and cut the unapplied range into GTID key ranges."""

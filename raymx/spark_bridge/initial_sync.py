@@ -216,7 +216,7 @@ def catch_up_with_spark(spark, rs, member: int, goal: GTID, timeout_s: float) ->
     The applier is released either way."""
     import ray
 
-    from raymx.spark_bridge.replay import spark_replay
+    from raymx.spark_bridge.spark_replay import spark_replay
     h = rs.member(member)
     try:
         deadline = time.monotonic() + timeout_s

@@ -10,7 +10,7 @@ holds the document ops between command ``k-1`` and command ``k``, and command
 ``k`` runs alone right after segment ``k`` is written.
 
 The steps are pure and row-shaped, so Spark can run the first two
-(``raymx.spark_bridge.replay``) and a member the last:
+(``raymx.spark_bridge.spark_replay``) and a member the last:
 
 * ``explode_entry`` turns one entry into rows ``(seq, i, kind, ns, pk, post)``;
   ``kind`` is ``w`` (write ``post``), ``d`` (delete) or ``c`` (a command,
