@@ -17,7 +17,7 @@ _EXPORTS = {
     "read_collection": "dataframe", "read_changes": "dataframe", "write_dataframe": "dataframe",
     "CollectionDatasource": "datasource", "ChangesDatasource": "datasource",
     "CollectionDatasink": "datasource", "CHANGES_SCHEMA": "datasource",
-    "WriteSummary": "datasource", "open_snapshot": "datasource", "Snapshot": "datasource",
+    "WriteSummary": "datasource", "open_snapshot": "datasource", "SnapshotHandle": "datasource",
     "read_dataset": "datasource", "read_changes_dataset": "datasource",
     "write_dataset": "datasource",
 }

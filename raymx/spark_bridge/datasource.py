@@ -130,7 +130,7 @@ class MemberSnapshot:
 
 
 @dataclass
-class Snapshot:
+class SnapshotHandle:
     """A driver-side handle on a ``MemberSnapshot``: ``gtid`` is what it has
     applied through; ``close()`` releases the read transaction."""
 
@@ -199,7 +199,7 @@ def majority_point(rs, member=None) -> GTID:
 
 
 def open_snapshot(rs, member=None, wait_for=None, wait_s: float = 30.0,
-                  idle_s: float = IDLE_S) -> Snapshot:
+                  idle_s: float = IDLE_S) -> SnapshotHandle:
     """Open one consistent read snapshot of a member (default: the primary) on
     its node; with ``wait_for``, once the member has applied that GTID."""
     m = _member_of(rs, member)
@@ -212,7 +212,7 @@ def open_snapshot(rs, member=None, wait_for=None, wait_s: float = 30.0,
     except BaseException:
         ray.kill(actor, no_restart=True)
         raise
-    return Snapshot(actor, m["id"], info["node_id"], GTID(*info["gtid"]))
+    return SnapshotHandle(actor, m["id"], info["node_id"], GTID(*info["gtid"]))
 
 
 def _unwrap(fn):
@@ -248,7 +248,7 @@ class CollectionDatasource(Datasource):
     def __init__(self, rs, ns: str, at=None, member=None, schema: pa.Schema | None = None,
                  format: str = "arrow", partitions: int | None = None,
                  rows_per_partition: int = 100_000, sample_docs: int = 1000,
-                 snapshot: Snapshot | None = None, page_bytes: int = PAGE_BYTES):
+                 snapshot: SnapshotHandle | None = None, page_bytes: int = PAGE_BYTES):
         split_ns(ns)
         if format not in ("arrow", "msgpack"):
             raise errors.InvalidInput(f"format {format!r}: 'arrow' or 'msgpack'")
@@ -338,7 +338,7 @@ class ChangesDatasource(Datasource):
 
     def __init__(self, rs, after, until=None, member=None, ns=None,
                  partitions: int | None = None, entries_per_partition: int = 50_000,
-                 snapshot: Snapshot | None = None, page_bytes: int = PAGE_BYTES):
+                 snapshot: SnapshotHandle | None = None, page_bytes: int = PAGE_BYTES):
         if after is None:
             raise errors.InvalidInput("after is required: a GTID ('term:seq'; '0:0' for the "
                                       "beginning)")
