@@ -74,7 +74,6 @@ def choose_source(status: dict, exclude: int | None = None) -> int:
 
 def open_source(rs, source: int, rows_per_part: int | None = None):
     """A ``SnapshotSource`` actor on member ``source``'s node, holding one snapshot."""
-    import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from raymx.actors.applier import SnapshotSource
