@@ -62,6 +62,7 @@ def main(argv=None) -> int:
         print(format_status(rs.status()))
         _failover(rs, client, format_status)
         _snapshot_member(rs, client, format_status)
+        _spark_pipeline(rs, client, format_status)
     finally:
         rs.shutdown()
         ray.shutdown()
@@ -109,17 +110,21 @@ def _failover(rs, client, format_status) -> None:
     print(format_status(rs.status()))
 
 
+def _clear_next_member_folder(rs) -> None:
+    """The folder the next added member gets, left by an interrupted earlier run."""
+    import shutil
+    cfg = rs.config()
+    shutil.rmtree(os.path.join(os.path.dirname(cfg["members"][0]["path"]),
+                               f"m{max(m['id'] for m in cfg['members']) + 1}"), ignore_errors=True)
+
+
 def _snapshot_member(rs, client, format_status) -> None:
     """A fourth member created from a snapshot while a writer keeps committing."""
     import threading
     orders = client["shop"]["orders"]
     n0 = 20_000
     print(f"== a new member from a snapshot: {n0:,} more orders first, then a writer keeps going")
-    import shutil
-    cfg = rs.config()
-    stale = os.path.join(os.path.dirname(cfg["members"][0]["path"]),
-                         f"m{max(m['id'] for m in cfg['members']) + 1}")
-    shutil.rmtree(stale, ignore_errors=True)  # left by an interrupted earlier demo run
+    _clear_next_member_folder(rs)
     for i in range(0, n0, 1000):
         orders.insert_many([{"_id": f"snap{i + k}", "qty": k, "sku": f"s{k % 3}"}
                             for k in range(1000)])
@@ -152,6 +157,59 @@ def _snapshot_member(rs, client, format_status) -> None:
     import shutil
     rs.remove_member(mid)
     shutil.rmtree(st[mid]["path"], ignore_errors=True)
+
+
+def _spark_pipeline(rs, client, format_status) -> None:
+    """The data pipeline on Spark (RayDP, on the same Ray cluster): a DataFrame
+    written into the set, that write's changes read back, a read with a filter
+    pushed down to an index, and a member created through Spark."""
+    import shutil
+
+    from raymx.spark_bridge import (read_changes, read_collection, spark_session, stop_spark,
+                                    write_dataframe)
+    print("== Spark on the same Ray cluster (RayDP): starting it")
+    t0 = time.time()
+    spark = spark_session(rs)
+    print(f"   up in {time.time() - t0:.1f}s")
+    try:
+        events = client["shop"]["events"]
+        events.drop()
+        events.create_index("kind")
+        mark = events.insert_one({"_id": -1, "kind": "start"}, w="majority").gtid
+        n = 100_000
+        df = spark.range(n).selectExpr("id as _id", "concat('k', id % 10) as kind",
+                                       "id * 3 as amount")
+        t0 = time.time()
+        out = write_dataframe(df, rs, "shop.events", mode="append", w=1)
+        took = time.time() - t0
+        print(f"== a Spark job wrote {out.written:,} documents in {took:.2f}s "
+              f"({out.written / took:,.0f}/s; every task straight to the primary), newest at "
+              f"{out.gtid}")
+        t0 = time.time()
+        changes = read_changes(spark, rs, after=mark, until=out.gtid, ns="shop.events")
+        ops = changes.groupBy("op").count().collect()
+        print(f"   its changes as a DataFrame: {dict((r['op'], r['count']) for r in ops)} "
+              f"in {time.time() - t0:.2f}s (a streaming source over them is not built yet)")
+        t0 = time.time()
+        k3 = read_collection(spark, rs, "shop.events", filter={"kind": "k3"},
+                             columns=["_id", "amount"])
+        total = k3.groupBy().sum("amount").collect()[0][0]
+        plan = k3.read_plan
+        print(f"== a Spark read with the filter pushed down: kind = 'k3' read "
+              f"{plan['keys']:,} keys ({plan['plan']}) in {time.time() - t0:.2f}s; "
+              f"sum(amount) = {total:,} as of {k3.snapshot_gtid}")
+        print("== a new member created through Spark (snapshot copy by a Spark job)")
+        _clear_next_member_folder(rs)
+        t0 = time.time()
+        mid = rs.add_member(initial_sync="snapshot", spark=spark)
+        st = {m["id"]: m for m in rs.status()["members"]}
+        print(f"   member {mid} copied and caught up in {time.time() - t0:.1f}s; now "
+              f"{st[mid]['state']}")
+        print(format_status(rs.status()))
+        rs.remove_member(mid)  # the demo runs again over the same folder
+        shutil.rmtree(st[mid]["path"], ignore_errors=True)
+    finally:
+        stop_spark()
 
 
 if __name__ == "__main__":

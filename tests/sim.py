@@ -69,8 +69,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import os
 import random
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 from collections import deque
@@ -79,6 +82,7 @@ from dataclasses import asdict, dataclass, field
 from raymx import errors
 from raymx.actors.core import replication as rep
 from raymx.storage.limits import Limits
+from raymx.storage.lmdb_store import LMDBStore
 from raymx.storage.store import MemoryStore
 from tests.sim_base import (CONVERGE_MS_MAX, FAULTS, Network, Options, Rpc, SCENARIOS,
                             Scheduler, Violation, WTIMEOUT_MS, reproduce_line)
@@ -166,7 +170,17 @@ class Sim:
         self.member_ids = list(range(1, self.opts.members + 1))
         self.specs = [{"id": m, "priority": 0 if m in self.opts.priority0 else 1}
                       for m in self.member_ids]
-        self.stores = {m: MemoryStore(f"m{m}") for m in self.member_ids}
+        # the LMDB store in every seed whose faults it can carry (a machine
+        # crash, a failed fsync and a full disk need the in-memory store's
+        # switches), the in-memory one elsewhere: one contract, both checked
+        self._dir = None
+        if scenario is None and not (o.machine_crash_p or o.fsync_fail_p or o.disk_full_p):
+            self._dir = tempfile.mkdtemp(prefix="raymx-sim-", dir="/dev/shm"
+                                         if os.path.isdir("/dev/shm") else None)
+            self.stores = {m: LMDBStore(os.path.join(self._dir, f"m{m}"), map_bytes=256 << 20)
+                           for m in self.member_ids}
+        else:
+            self.stores = {m: MemoryStore(f"m{m}") for m in self.member_ids}
         self._nodes: dict[str, object] = {}
         self._epochs: dict[str, int] = {}
         self.crashes = 0
@@ -325,7 +339,7 @@ class Sim:
             self._restart_member(m)
 
     def _disk_freed(self, m: int) -> None:
-        if self.stores[m].full:
+        if getattr(self.stores[m], "full", False):  # (LMDB seeds never fill their disk)
             self.stores[m].full = False
             self.trace(f"m{m}", "disk has room again")
 
@@ -350,6 +364,15 @@ class Sim:
                 self.checker.check_tail(m)
 
     def run(self) -> Result:
+        try:
+            return self._run()
+        finally:
+            if self._dir is not None:
+                for s in self.stores.values():
+                    s.close()
+                shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _run(self) -> Result:
         try:
             self.sched.at(100, self._faults)
             while self.sched.now < self.opts.safety_ms:
@@ -451,7 +474,8 @@ class Sim:
                              "elections": ck.elections, "crashes": self.crashes,
                              "rollbacks": ck.rollbacks,
                              "rolled_back_entries": ck.rolled_back_entries},
-                      trace_tail=list(self.trail), options=asdict(self.opts),
+                      trace_tail=list(self.trail),
+                      options=dict(asdict(self.opts), store="lmdb" if self._dir else "memory"),
                       digest=self._digest.hexdigest())
 
 
