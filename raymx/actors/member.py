@@ -28,7 +28,7 @@ import time
 import ray
 
 from raymx import errors
-from raymx.actors import doorbell
+from raymx.actors import doorbell, metrics
 from raymx.actors.core import replication as rep
 from raymx.actors.core.member import MemberCore
 from raymx.actors.feeder import FeederService
@@ -99,6 +99,7 @@ class OplogShard:
                                     on_fatal=stop_process)
         cfg = self.engine.get_meta("rs_config") or {}
         self.service.read_refusal = self.core.read_refusal
+        self.service.latency = metrics.CommitLatency(rs_name, self.member_id)
         self.service.topology_source = lambda: ray.get(ray.get_actor(
             f"{rs_name}/coordinator", namespace=NAMESPACE).topology.remote(), timeout=5)
         cap = cfg.get("oplog_cap") or oplog_cap

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 log = logging.getLogger("raymx.metrics")
 
@@ -100,3 +101,143 @@ def member_values(s: dict) -> dict:
             "oplog_bytes": ol.get("bytes"), "oplog_window_seconds": ol.get("window_s"),
             "commits": s.get("commits"), "syncs": s.get("syncs"),
             "trimmed_entries": s.get("trimmed")}
+
+
+# --- latency histograms (recorded in the members' processes) ---------------
+# Bucket bounds in milliseconds. Few buckets and one small label keep the
+# series count tiny: (set, member) and, for commits, the write concern class.
+COMMIT_BOUNDS_MS = [0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10000]
+REPLICATION_BOUNDS_MS = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10000, 60000]
+FLUSH_S = 1.0
+PENDING_MAX = 100_000  # values waiting for the flush thread; past it the oldest are dropped
+
+
+class Latencies:
+    """A ``ray.util.metrics.Histogram`` fed in batch: ``add`` on a hot path
+    only appends to a deque (thread-safe under the GIL, no lock, no Ray call);
+    a daemon thread observes what accumulated every ``FLUSH_S``. If that thread
+    falls behind by more than ``PENDING_MAX`` values the oldest are dropped
+    (counted in ``dropped``), never the writer slowed."""
+
+    def __init__(self, name: str, description: str, bounds_ms: list, rs: str, member: int,
+                 label: str | None = None):
+        import collections
+
+        from ray.util.metrics import Histogram
+        keys = ("set", "member") + ((label,) if label else ())
+        self._h = Histogram(f"raymx_{name}", description=description, boundaries=bounds_ms,
+                            tag_keys=keys)
+        self._base = {"set": rs, "member": str(member)}
+        self._label = label
+        self._tags: dict = {}
+        self.pending: collections.deque = collections.deque(maxlen=PENDING_MAX)
+        self.observed = 0
+        self._stop = threading.Event()
+        run_every(FLUSH_S, self.flush, self._stop, name)
+
+    def add(self, ms: float, cls: str | None = None) -> None:
+        self.pending.append((cls, ms))
+
+    def flush(self) -> int:
+        """Observe every pending value (the flush thread; tests call it too)."""
+        pop, n = self.pending.popleft, 0
+        while True:
+            try:
+                cls, ms = pop()
+            except IndexError:
+                break
+            tags = self._tags.get(cls)
+            if tags is None:
+                tags = self._tags[cls] = dict(self._base, **({self._label: cls}
+                                                             if self._label else {}))
+            self._h.observe(ms if ms > 0 else 0.0, tags=tags)
+            n += 1
+        self.observed += n
+        return n
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def wc_class(req: dict) -> str:
+    """A write's write concern class: ``majority`` for any w above 1 (a
+    number or "majority": it waits for other members), ``j`` for a journaled
+    write acknowledged by this member alone, else ``w1``."""
+    w = req.get("w", 1)
+    if w not in (0, 1, None):
+        return "majority"
+    return "j" if req.get("j") else "w1"
+
+
+class CommitLatency(Latencies):
+    """Commit latency on the primary: from a write's arrival at the member's
+    shard service (``ShardService.handle``, after its frame is decoded) to its
+    acknowledgement (the successful reply), per write concern class. A
+    transaction counts once, from its ``txnCommit``; refused and failed writes
+    are not counted."""
+
+    def __init__(self, rs: str, member: int):
+        super().__init__("commit_latency_ms", "write arrival to acknowledgement on the "
+                         "primary, ms, per write concern class (w1, j, majority)",
+                         COMMIT_BOUNDS_MS, rs, member, label="wc")
+
+    def timed(self, op, req: dict, reply):
+        """``reply`` wrapped to record the latency of its success, for a write
+        that commits (an autocommit write or ``txnCommit``); else ``reply``."""
+        if op == "txnBegin" or op == "txnAbort" or ("txn" in req and op != "txnCommit"):
+            return reply
+        t0, cls, add, mono = time.monotonic(), wc_class(req), self.pending.append, time.monotonic
+
+        def timed_reply(ok=None, err=None):
+            if err is None:
+                add((cls, (mono() - t0) * 1000.0))
+            reply(ok=ok, err=err)
+        return timed_reply
+
+
+class ReplicationLatency(Latencies):
+    """Replication latency on a secondary: from an entry's commit on the
+    primary (its ``ts``, the primary's wall clock) to its durable write here
+    (after the producer's sync), against this member's wall clock: clock skew
+    between the nodes adds to it (a negative value counts as 0)."""
+
+    def __init__(self, rs: str, member: int):
+        super().__init__("replication_latency_ms", "entry commit on the primary (its ts) to "
+                         "its durable write on this secondary, ms, by this node's clock",
+                         REPLICATION_BOUNDS_MS, rs, member)
+
+    def entries(self, rows: list, now_ms: float | None = None) -> None:
+        """The pull answer's ``rows`` just synced: keep their first bytes (the
+        ``ts`` is decoded on the flush thread, not here)."""
+        now = time.time() * 1000.0 if now_ms is None else now_ms
+        self.pending.append((now, [r[1][:16] for r in rows]))
+
+    def flush(self) -> int:
+        pop, n, h, tags = self.pending.popleft, 0, self._h, self._base
+        while True:
+            try:
+                now, heads = pop()
+            except IndexError:
+                break
+            for head in heads:
+                ts = entry_ts(head)
+                if ts is not None:
+                    h.observe(max(0.0, now - ts), tags=tags)
+                    n += 1
+        self.observed += n
+        return n
+
+
+_TS_INLINE = b"\x83\xa2ts\xcf"   # {ts: uint64, h, ops}: how the engine writes an entry
+_TS_SPILLED = b"\x84\xa2ts\xcf"  # {ts: uint64, h, ref, chunks}
+
+
+def entry_ts(head: bytes) -> int | None:
+    """The ``ts`` of an oplog entry from its first bytes (None if unreadable)."""
+    if head[:5] in (_TS_INLINE, _TS_SPILLED) and len(head) >= 13:
+        return int.from_bytes(head[5:13], "big")
+    from raymx.storage import codec
+    try:
+        return codec.entry_ts(head)
+    except Exception:
+        return None

@@ -10,7 +10,7 @@ import time
 import ray
 
 from raymx import errors
-from raymx.actors import doorbell
+from raymx.actors import doorbell, metrics
 from raymx.actors.core import producer as pc
 from raymx.actors.core import replication as rep
 from raymx.actors.process import (Notifier, _get, lock_member, open_member,
@@ -39,6 +39,7 @@ class Producer:
         self.engine = open_member(path, limits)
         self.core = pc.ProducerCore(self.engine, member_id, limits)
         self.batches = self.entries = self.rollbacks = self.pulls = 0
+        self.latency = metrics.ReplicationLatency(rs_name, member_id)
         self._stop = threading.Event()
         self._paused = threading.Event()
         self._paused.set()
@@ -181,6 +182,7 @@ class Producer:
             log.error("member %d: %s", self.member_id, self.core.error)
             time.sleep(pc.BATCH_REFUSED_MS / 1000)
             return
+        self.latency.entries(out["rows"])  # durable here now (ts decoded off this thread)
         self.batches += 1
         self.entries += n
         if not self._applier_bell.ring():
