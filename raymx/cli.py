@@ -284,5 +284,94 @@ def oplog(name, after, limit, address):
             click.echo(f"{e.gtid}  {e.ts}  {ops}")
 
 
+def gather_logs(name: str, member: int | None = None, timeout_s: float = 10.0) -> dict:
+    """Every member process's kept warnings and errors (shard, producer,
+    applier; the coordinator's too unless ``member`` is given) and the
+    members' rollbacks: {"rollbacks", "records", "unreachable"}."""
+    import ray
+
+    import raymx
+    from raymx.actors.process import NAMESPACE, actor_name
+    st = raymx.connect(name).status()
+    ids = [m["id"] for m in st["members"]]
+    if member is not None:
+        if member not in ids:
+            raise raymx.errors.ConfigError(
+                f"replica set {name!r} has no member {member} (members: "
+                f"{', '.join(map(str, ids))})")
+        ids = [member]
+    targets = [(m, role, actor_name(name, m, role)) for m in ids
+               for role in ("", "producer", "applier")]
+    if member is None:
+        targets.append(("coordinator", "coordinator", f"{name}/coordinator"))
+    refs, out = {}, {"rollbacks": [], "records": [], "unreachable": []}
+    for m, role, actor in targets:
+        try:
+            refs[(m, role or "shard")] = ray.get_actor(actor, namespace=NAMESPACE).logs.remote()
+        except ValueError:  # no such actor (a member removed, or down for good)
+            out["unreachable"].append((m, role or "shard", "not running"))
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    ready = set(ready)
+    for (m, role), ref in refs.items():
+        if ref not in ready:
+            out["unreachable"].append((m, role, f"no answer in {timeout_s:g}s"))
+            continue
+        try:
+            got = ray.get(ref)
+        except Exception as e:  # the process died meanwhile, or an older member
+            out["unreachable"].append((m, role, type(e).__name__))
+            continue
+        out["records"] += got.get("records", [])
+        out["rollbacks"] += [dict(r, member=m) for r in got.get("rollbacks", [])]
+    out["rollbacks"].sort(key=lambda r: r["ts"])
+    out["records"].sort(key=lambda r: r["ts"])
+    return out
+
+
+def format_logs(name: str, got: dict, limit: int = 50) -> str:
+    from raymx.actors.logbook import fmt_time
+    lines = []
+    if got["rollbacks"]:
+        lines.append(f"rollbacks of {name} (oldest first):")
+        lines += [f"  {fmt_time(r['ts'])}  member {r['member']}: {r['ops']} op(s) undone, "
+                  f"saved in {r['file']}" for r in got["rollbacks"]]
+    else:
+        lines.append(f"no rollbacks in {name}")
+    recs = got["records"][-limit:] if limit else got["records"]
+    if recs:
+        more = len(got["records"]) - len(recs)
+        lines.append("warnings and errors (newest last" + (f"; {more} older not shown"
+                                                            if more else "") + "):")
+        for r in recs:
+            who = "coordinator" if r["member"] == "coordinator" else \
+                f"member {r['member']} {r['role']}"
+            lines.append(f"  {fmt_time(r['ts'])}  {who}  {r['level']}  {r['msg']}")
+    else:
+        lines.append("no warnings or errors since the members' processes started")
+    lines += [f"  ({'coordinator' if m == 'coordinator' else f'member {m} {role}'}: "
+              f"unreachable, {why})" for m, role, why in got["unreachable"]]
+    return "\n".join(lines)
+
+
+@main.command()
+@click.argument("name")
+@click.argument("member", type=int, required=False)
+@click.option("--limit", default=50, show_default=True,
+              help="at most this many warnings and errors (the newest; 0: all)")
+@click.option("--json", "as_json", is_flag=True, help="print them as JSON")
+@ADDRESS
+def logs(name, member, limit, as_json, address):
+    """NAME's rollbacks, then the warnings and errors its members' processes
+    logged (each keeps its last 200; a restarted process starts empty), newest
+    last. With MEMBER: that member's only."""
+    with _one_line_errors():
+        _attach(address)
+        got = gather_logs(name, member)
+    if as_json:
+        click.echo(json.dumps(got, indent=2, default=str))
+    else:
+        click.echo(format_logs(name, got, limit))
+
+
 if __name__ == "__main__":
     main()

@@ -10,7 +10,7 @@ import time
 import ray
 
 from raymx import errors
-from raymx.actors import doorbell, metrics
+from raymx.actors import doorbell, logbook, metrics
 from raymx.actors.core import producer as pc
 from raymx.actors.core import replication as rep
 from raymx.actors.process import (Notifier, _get, lock_member, open_member,
@@ -34,6 +34,7 @@ class Producer:
 
     def __init__(self, rs_name: str, member_id: int, path: str, limits: Limits):
         self.rs_name, self.member_id, self.limits, self.path = rs_name, member_id, limits, path
+        logbook.install(rs_name, member_id, "producer")
         serve_at_normal_priority()
         self._dir_lock = lock_member(path, rs_name, member_id, "producer")
         self.engine = open_member(path, limits)
@@ -246,6 +247,10 @@ class Producer:
                     pass
         else:
             self._paused.clear()
+
+    @ray.method(concurrency_group="control")
+    def logs(self) -> dict:
+        return {"records": logbook.records()}
 
     @ray.method(concurrency_group="control")
     def status(self) -> dict:
