@@ -34,6 +34,62 @@ def _one_line_errors():
         sys.exit(1)
 
 
+def _run_showing_sync(rs, member: int, call, what: str):
+    """Run ``call()`` (work that brings ``member`` of ``rs`` up to date: a
+    snapshot copy, a catch-up) on a thread while this one shows its progress
+    from ``rs.status()``: each phase of a snapshot copy (rows loaded), then
+    the catch-up (entries behind the primary). Returns ``call()``'s result or
+    raises its error."""
+    import threading
+    import time
+
+    from raymx.progress import Progress
+    out: dict = {}
+
+    def run():
+        try:
+            out["ok"] = call()
+        except BaseException as e:  # noqa: B902 (re-raised on the caller's thread)
+            out["err"] = e
+    t = threading.Thread(target=run, name="raymx-cli-work", daemon=True)
+    t.start()
+    bar = Progress(f"{what}: starting", None, unit="rows")
+    phase, base = "starting", None
+    try:
+        while t.is_alive():
+            t.join(0.5)
+            if not t.is_alive():
+                break
+            try:
+                m = next((x for x in rs.status().get("members", []) if x.get("id") == member),
+                         None)
+            except Exception:  # the set is reconfiguring: ask again
+                continue
+            if m is None:
+                continue
+            p = m.get("initial_sync")
+            if p:
+                if p.get("phase") != phase:
+                    phase = p.get("phase")
+                    bar.step(f"{what}: {phase}", p.get("rows"))
+                bar.done = p.get("rows_done") or 0
+                bar.update(0)
+            elif m.get("lag") is not None and phase in ("starting", "copy", "verify",
+                                                         "catch-up", "catching up"):
+                if phase != "catching up":
+                    phase, base = "catching up", max(int(m["lag"]), 1)
+                    bar.step(f"{what}: catching up (entries)", base)
+                bar.done = max(0, base - int(m["lag"]))
+                bar.update(0)
+        if "ok" in out and phase == "catching up":
+            bar.done = bar.total or 0
+    finally:
+        bar.close()
+    if "err" in out:
+        raise out["err"]
+    return out.get("ok")
+
+
 @click.group()
 def main():
     """Operate raymx replica sets running on a Ray cluster."""
@@ -130,7 +186,8 @@ def resync(name, member, address, source, yes):
         if not yes:
             click.confirm(f"Move member {member}'s files aside and copy it again from a "
                           "snapshot?", abort=True)
-        out = rs.resync_member(member, source=source)
+        out = _run_showing_sync(rs, member, lambda: rs.resync_member(
+            member, source=source, progress=False), f"member {member} of {name}")
     except raymx.errors.RaymxError as e:
         click.echo(f"raymx: {e}", err=True)
         sys.exit(1)
@@ -207,15 +264,44 @@ def step_down(name, address):
               show_default=True)
 @click.option("--votes", default=1, show_default=True)
 @click.option("--priority", default=1.0, show_default=True)
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="wait until the new member has caught up with the primary")
 @ADDRESS
-def add_member(name, initial_sync, votes, priority, address):
-    """Add a member to NAME (on the node with the fewest members)."""
+def add_member(name, initial_sync, votes, priority, wait, address):
+    """Add a member to NAME (on the node with the fewest members); shows the
+    snapshot copy's and the catch-up's progress while it waits."""
     import raymx
     with _one_line_errors():
         _attach(address)
-        mid = raymx.connect(name).add_member(priority=priority, votes=votes,
-                                             initial_sync=initial_sync)
-    click.echo(f"member {mid} added to {name}")
+        rs = raymx.connect(name)
+        new = max(m["id"] for m in rs.config()["members"]) + 1  # as add_member numbers it
+
+        def add():
+            mid = rs.add_member(priority=priority, votes=votes, initial_sync=initial_sync,
+                                progress=False, wait=wait)
+            if wait and initial_sync == "oplog":  # configured at once: wait for its catch-up
+                _caught_up(rs, mid)
+            return mid
+        mid = _run_showing_sync(rs, new, add, f"member {new} of {name}") if wait else add()
+    click.echo(f"member {mid} added to {name}" + ("" if wait else " (still catching up)"))
+
+
+def _caught_up(rs, member: int, timeout_s: float = 3600) -> None:
+    """Until ``member`` is running and applied what the primary had when asked."""
+    import time
+
+    import raymx
+    goal = rs.status_of(rs.wait_for_primary())["last"]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = rs.status_of(member)
+        if st.get("state") == "running" and st.get("applied") and \
+                tuple(st["applied"]) >= tuple(goal):
+            return
+        if time.monotonic() > deadline:
+            raise raymx.errors.PrimaryUnavailable(
+                f"member {member} did not catch up to {goal[0]}:{goal[1]} in {timeout_s:g}s")
+        time.sleep(0.1)
 
 
 @main.command(name="remove-member")
@@ -240,11 +326,31 @@ def remove_member(name, member, timeout_s, address):
 @ADDRESS
 def backup(name, member, dest, address):
     """A consistent hot copy of MEMBER's files into DEST (on its node)."""
+    import threading
+
     import raymx
+    from raymx.progress import Progress
     with _one_line_errors():
         _attach(address)
-        g = raymx.connect(name).backup(member, dest)
-    click.echo(f"member {member} of {name} copied to {dest} at {g}")
+        rs = raymx.connect(name)
+        out: dict = {}
+
+        def run():
+            try:
+                out["ok"] = rs.backup(member, dest)
+            except BaseException as e:  # noqa: B902 (re-raised below)
+                out["err"] = e
+        t = threading.Thread(target=run, name="raymx-cli-backup", daemon=True)
+        t.start()
+        # the copy runs on the member's node: seconds elapsed is what shows here
+        with Progress(f"backup of member {member} of {name} (s)", None, unit="s") as bar:
+            while t.is_alive():
+                t.join(1.0)
+                if t.is_alive():
+                    bar.update(1)
+        if "err" in out:
+            raise out["err"]
+    click.echo(f"member {member} of {name} copied to {dest} at {out['ok']}")
 
 
 @main.command()

@@ -1,5 +1,7 @@
 """Prometheus metrics through ray.util.metrics (issue 23, part): a scrape of the
 node's metrics endpoint finds each member's figures and the set's lag."""
+import json
+import os
 import re
 import time
 import urllib.request
@@ -82,6 +84,15 @@ def test_members_and_the_set_export_prometheus_metrics(ray_session, tmp_path):
         text = scrape(ray_session)
         assert re.search(r'ray_raymx_commit_latency_ms_bucket\{[^}]*le="1\.0"', text)
         assert re.search(r'ray_raymx_replication_latency_ms_bucket\{[^}]*le="\+Inf"', text)
+        # every series the shipped Grafana dashboard plots is served
+        board = json.load(open(os.path.join(os.path.dirname(__file__), "..", "clusters",
+                                             "grafana-dashboard.json")))
+        plotted = {n for p in board["panels"] for t in p["targets"]
+                   for n in re.findall(r"ray_raymx_\w+", t["expr"])}
+        assert {"ray_raymx_commit_latency_ms_bucket",
+                "ray_raymx_replication_latency_ms_bucket"} <= plotted
+        served = {x.split("{", 1)[0] for x in text.splitlines() if 'set="metrics"' in x}
+        assert plotted <= served, plotted - served
         sums = [float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
                 if x.startswith("ray_raymx_commit_latency_ms_sum{") and 'set="metrics"' in x]
         assert sums and all(0 < s < 60_000 * 200 for s in sums)
