@@ -53,8 +53,15 @@ def _run_showing_sync(rs, member: int, call, what: str):
             out["err"] = e
     t = threading.Thread(target=run, name="raymx-cli-work", daemon=True)
     t.start()
-    bar = Progress(f"{what}: starting", None, unit="rows")
+    bar = None  # made when the first phase shows (quick work prints no progress)
     phase, base = "starting", None
+
+    def step(label, total):
+        nonlocal bar
+        if bar is None:
+            bar = Progress(label, total, unit="rows")
+        else:
+            bar.step(label, total)
     try:
         while t.is_alive():
             t.join(0.5)
@@ -71,20 +78,21 @@ def _run_showing_sync(rs, member: int, call, what: str):
             if p:
                 if p.get("phase") != phase:
                     phase = p.get("phase")
-                    bar.step(f"{what}: {phase}", p.get("rows"))
+                    step(f"{what}: {phase}", p.get("rows"))
                 bar.done = p.get("rows_done") or 0
                 bar.update(0)
             elif m.get("lag") is not None and phase in ("starting", "copy", "verify",
                                                          "catch-up", "catching up"):
                 if phase != "catching up":
                     phase, base = "catching up", max(int(m["lag"]), 1)
-                    bar.step(f"{what}: catching up (entries)", base)
+                    step(f"{what}: catching up (entries)", base)
                 bar.done = max(0, base - int(m["lag"]))
                 bar.update(0)
-        if "ok" in out and phase == "catching up":
+        if bar is not None and "ok" in out and phase == "catching up":
             bar.done = bar.total or 0
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
     if "err" in out:
         raise out["err"]
     return out.get("ok")
