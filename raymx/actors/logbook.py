@@ -49,6 +49,12 @@ def install(rs: str, member, role: str) -> None:
         if h is None:
             h = _installed["handler"] = _RingHandler(who)
             lg = logging.getLogger("raymx")
+            if not logging.getLogger().handlers and not lg.handlers:
+                # nothing else is configured (Ray's workers): Python printed these
+                # records to stderr (Ray's worker-*.err files) by its last-resort
+                # handler, which a handler of ours would silence; keep doing so
+                lg.addHandler(logging.StreamHandler())
+                lg.handlers[-1].setLevel(logging.WARNING)
             lg.addHandler(h)
             if lg.getEffectiveLevel() > logging.WARNING:
                 lg.setLevel(logging.WARNING)
