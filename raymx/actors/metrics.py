@@ -117,62 +117,68 @@ OBSERVE_MAX = 5_000
 
 
 class Latencies:
-    """A ``ray.util.metrics.Histogram`` fed in batch: ``add`` on a hot path
-    only appends to a deque (thread-safe under the GIL, no lock, no Ray call);
-    a daemon thread observes what accumulated every ``FLUSH_S`` (at most
-    ``OBSERVE_MAX`` values, a uniform sample past that). If that thread falls
-    behind by more than ``PENDING_MAX`` values the oldest are dropped, never
-    the writer slowed."""
+    """A ``ray.util.metrics.Histogram`` fed in batch. ``add`` on a hot path
+    appends a float to a list per label value (no lock, no Ray call; floats
+    are not tracked by the garbage collector, so a second's worth of them
+    costs it nothing); a daemon thread observes what accumulated every
+    ``FLUSH_S``, at most ``OBSERVE_MAX`` values (a uniform sample past that).
+    Values past ``PENDING_MAX`` waiting are dropped, never the writer slowed.
+    The flush takes a list's first n values and deletes them (``del l[:n]``,
+    atomic under the GIL): values appended meanwhile stay for the next one."""
 
     def __init__(self, name: str, description: str, bounds_ms: list, rs: str, member: int,
-                 label: str | None = None):
-        import collections
-
+                 label: str | None = None, values: tuple = (None,)):
         from ray.util.metrics import Histogram
         keys = ("set", "member") + ((label,) if label else ())
         self._h = Histogram(f"raymx_{name}", description=description, boundaries=bounds_ms,
                             tag_keys=keys)
-        self._base = {"set": rs, "member": str(member)}
-        self._label = label
-        self._tags: dict = {}
-        self.pending: collections.deque = collections.deque(maxlen=PENDING_MAX)
+        base = {"set": rs, "member": str(member)}
+        self._tags = {v: dict(base, **({label: v} if label else {})) for v in values}
+        self.pending: dict[str | None, list] = {v: [] for v in values}
         self.observed = 0
-        self.unobserved = 0  # left out of a sample
+        self.unobserved = 0  # left out of a sample, or dropped
         self._stop = threading.Event()
         run_every(FLUSH_S, self.flush, self._stop, name)
 
     def add(self, ms: float, cls: str | None = None) -> None:
-        self.pending.append((cls, ms))
+        vals = self.pending[cls]
+        if len(vals) < PENDING_MAX:
+            vals.append(ms)
+        else:
+            self.unobserved += 1
 
-    def _drain(self) -> list:
-        pop, out = self.pending.popleft, []
-        while True:
-            try:
-                out.append(pop())
-            except IndexError:
-                return out
+    @staticmethod
+    def _take(vals: list) -> list:
+        n = len(vals)
+        out = vals[:n]
+        del vals[:n]
+        return out
 
-    def _sample(self, values: list) -> list:
-        if len(values) <= OBSERVE_MAX:
+    def _sample(self, values: list, most: int) -> list:
+        if len(values) <= most:
             return values
         import random
-        self.unobserved += len(values) - OBSERVE_MAX
-        return random.sample(values, OBSERVE_MAX)
+        self.unobserved += len(values) - most
+        return random.sample(values, most)
 
     def flush(self) -> int:
         """Observe the pending values (the flush thread; tests call it too)."""
-        values = self._sample(self._drain())
-        for cls, ms in values:
-            tags = self._tags.get(cls)
-            if tags is None:
-                tags = self._tags[cls] = dict(self._base, **({self._label: cls}
-                                                             if self._label else {}))
-            self._h.observe(ms if ms > 0 else 0.0, tags=tags)
-        self.observed += len(values)
-        return len(values)
+        taken = {cls: self._take(vals) for cls, vals in self.pending.items()}
+        total = sum(len(v) for v in taken.values()) or 1
+        n = 0
+        for cls, vals in taken.items():  # the sample shared in proportion
+            tags = self._tags[cls]
+            for ms in self._sample(vals, max(1, OBSERVE_MAX * len(vals) // total)):
+                self._h.observe(ms if ms > 0 else 0.0, tags=tags)
+                n += 1
+        self.observed += n
+        return n
 
     def stop(self) -> None:
         self._stop.set()
+
+
+WC_CLASSES = ("w1", "j", "majority")
 
 
 def wc_class(req: dict) -> str:
@@ -195,18 +201,18 @@ class CommitLatency(Latencies):
     def __init__(self, rs: str, member: int):
         super().__init__("commit_latency_ms", "write arrival to acknowledgement on the "
                          "primary, ms, per write concern class (w1, j, majority)",
-                         COMMIT_BOUNDS_MS, rs, member, label="wc")
+                         COMMIT_BOUNDS_MS, rs, member, label="wc", values=WC_CLASSES)
 
     def timed(self, op, req: dict, reply):
         """``reply`` wrapped to record the latency of its success, for a write
         that commits (an autocommit write or ``txnCommit``); else ``reply``."""
         if op == "txnBegin" or op == "txnAbort" or ("txn" in req and op != "txnCommit"):
             return reply
-        t0, cls, add, mono = time.monotonic(), wc_class(req), self.pending.append, time.monotonic
+        t0, vals, mono = time.monotonic(), self.pending[wc_class(req)], time.monotonic
 
         def timed_reply(ok=None, err=None):
-            if err is None:
-                add((cls, (mono() - t0) * 1000.0))
+            if err is None and len(vals) < PENDING_MAX:
+                vals.append((mono() - t0) * 1000.0)
             reply(ok=ok, err=err)
         return timed_reply
 
@@ -223,33 +229,30 @@ class ReplicationLatency(Latencies):
                          REPLICATION_BOUNDS_MS, rs, member)
 
     def entries(self, rows: list, now_ms: float | None = None) -> None:
-        """The pull answer's ``rows`` just synced: keep their first bytes (the
-        ``ts`` is decoded on the flush thread, not here)."""
+        """The pull answer's ``rows`` just synced: their latencies, from each
+        entry's ``ts`` read in its first bytes (not decoded)."""
         now = time.time() * 1000.0 if now_ms is None else now_ms
-        self.pending.append((now, [r[1][:16] for r in rows]))
-
-    def flush(self) -> int:
-        values = self._sample([(now, head) for now, heads in self._drain() for head in heads])
-        h, tags, n = self._h, self._base, 0
-        for now, head in values:
-            ts = entry_ts(head)
+        vals = self.pending[None]
+        if len(vals) + len(rows) > PENDING_MAX:
+            self.unobserved += len(rows)
+            return
+        for r in rows:
+            ts = entry_ts(r[1])
             if ts is not None:
-                h.observe(max(0.0, now - ts), tags=tags)
-                n += 1
-        self.observed += n
-        return n
+                vals.append(now - ts)
 
 
 _TS_INLINE = b"\x83\xa2ts\xcf"   # {ts: uint64, h, ops}: how the engine writes an entry
 _TS_SPILLED = b"\x84\xa2ts\xcf"  # {ts: uint64, h, ref, chunks}
 
 
-def entry_ts(head: bytes) -> int | None:
-    """The ``ts`` of an oplog entry from its first bytes (None if unreadable)."""
-    if head[:5] in (_TS_INLINE, _TS_SPILLED) and len(head) >= 13:
-        return int.from_bytes(head[5:13], "big")
+def entry_ts(entry: bytes) -> int | None:
+    """The ``ts`` of a stored oplog entry from its first bytes (None if unreadable)."""
+    head = entry[:5]
+    if (head == _TS_INLINE or head == _TS_SPILLED) and len(entry) >= 13:
+        return int.from_bytes(entry[5:13], "big")
     from raymx.storage import codec
     try:
-        return codec.entry_ts(head)
+        return codec.entry_ts(entry)
     except Exception:
         return None

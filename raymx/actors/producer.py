@@ -183,7 +183,7 @@ class Producer:
             log.error("member %d: %s", self.member_id, self.core.error)
             time.sleep(pc.BATCH_REFUSED_MS / 1000)
             return
-        self.latency.entries(out["rows"])  # durable here now (ts decoded off this thread)
+        self.latency.entries(out["rows"])  # durable here now: each entry's ts to now
         self.batches += 1
         self.entries += n
         if not self._applier_bell.ring():
