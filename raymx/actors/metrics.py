@@ -113,7 +113,7 @@ PENDING_MAX = 100_000  # values waiting for the flush thread; past it the oldest
 # ``Histogram.observe`` costs ~3-4 us (measured in a Ray worker here); past this
 # many values in one flush, a uniform sample of this many is observed (the
 # quantiles hold, ``_count`` then counts the sample: raymx_commits_total counts all)
-OBSERVE_MAX = 5_000
+OBSERVE_MAX = 2_000
 
 
 class Latencies:
