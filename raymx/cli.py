@@ -34,6 +34,70 @@ def _one_line_errors():
         sys.exit(1)
 
 
+def _run_showing_sync(rs, member: int, call, what: str):
+    """Run ``call()`` (work that brings ``member`` of ``rs`` up to date: a
+    snapshot copy, a catch-up) on a thread while this one shows its progress
+    from ``rs.status()``: each phase of a snapshot copy (rows loaded), then
+    the catch-up (entries behind the primary). Returns ``call()``'s result or
+    raises its error."""
+    import threading
+    import time
+
+    from raymx.progress import Progress
+    out: dict = {}
+
+    def run():
+        try:
+            out["ok"] = call()
+        except BaseException as e:  # noqa: B902 (re-raised on the caller's thread)
+            out["err"] = e
+    t = threading.Thread(target=run, name="raymx-cli-work", daemon=True)
+    t.start()
+    bar = None  # made when the first phase shows (quick work prints no progress)
+    phase, base = "starting", None
+
+    def step(label, total):
+        nonlocal bar
+        if bar is None:
+            bar = Progress(label, total, unit="rows")
+        else:
+            bar.step(label, total)
+    try:
+        while t.is_alive():
+            t.join(0.5)
+            if not t.is_alive():
+                break
+            try:
+                m = next((x for x in rs.status().get("members", []) if x.get("id") == member),
+                         None)
+            except Exception:  # the set is reconfiguring: ask again
+                continue
+            if m is None:
+                continue
+            p = m.get("initial_sync")
+            if p:
+                if p.get("phase") != phase:
+                    phase = p.get("phase")
+                    step(f"{what}: {phase}", p.get("rows"))
+                bar.done = p.get("rows_done") or 0
+                bar.update(0)
+            elif m.get("lag") is not None and phase in ("starting", "copy", "verify",
+                                                         "catch-up", "catching up"):
+                if phase != "catching up":
+                    phase, base = "catching up", max(int(m["lag"]), 1)
+                    step(f"{what}: catching up (entries)", base)
+                bar.done = max(0, base - int(m["lag"]))
+                bar.update(0)
+        if bar is not None and "ok" in out and phase == "catching up":
+            bar.done = bar.total or 0
+    finally:
+        if bar is not None:
+            bar.close()
+    if "err" in out:
+        raise out["err"]
+    return out.get("ok")
+
+
 @click.group()
 def main():
     """Operate raymx replica sets running on a Ray cluster."""
@@ -130,7 +194,8 @@ def resync(name, member, address, source, yes):
         if not yes:
             click.confirm(f"Move member {member}'s files aside and copy it again from a "
                           "snapshot?", abort=True)
-        out = rs.resync_member(member, source=source)
+        out = _run_showing_sync(rs, member, lambda: rs.resync_member(
+            member, source=source, progress=False), f"member {member} of {name}")
     except raymx.errors.RaymxError as e:
         click.echo(f"raymx: {e}", err=True)
         sys.exit(1)
@@ -207,15 +272,44 @@ def step_down(name, address):
               show_default=True)
 @click.option("--votes", default=1, show_default=True)
 @click.option("--priority", default=1.0, show_default=True)
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="wait until the new member has caught up with the primary")
 @ADDRESS
-def add_member(name, initial_sync, votes, priority, address):
-    """Add a member to NAME (on the node with the fewest members)."""
+def add_member(name, initial_sync, votes, priority, wait, address):
+    """Add a member to NAME (on the node with the fewest members); shows the
+    snapshot copy's and the catch-up's progress while it waits."""
     import raymx
     with _one_line_errors():
         _attach(address)
-        mid = raymx.connect(name).add_member(priority=priority, votes=votes,
-                                             initial_sync=initial_sync)
-    click.echo(f"member {mid} added to {name}")
+        rs = raymx.connect(name)
+        new = max(m["id"] for m in rs.config()["members"]) + 1  # as add_member numbers it
+
+        def add():
+            mid = rs.add_member(priority=priority, votes=votes, initial_sync=initial_sync,
+                                progress=False, wait=wait)
+            if wait and initial_sync == "oplog":  # configured at once: wait for its catch-up
+                _caught_up(rs, mid)
+            return mid
+        mid = _run_showing_sync(rs, new, add, f"member {new} of {name}") if wait else add()
+    click.echo(f"member {mid} added to {name}" + ("" if wait else " (still catching up)"))
+
+
+def _caught_up(rs, member: int, timeout_s: float = 3600) -> None:
+    """Until ``member`` is running and applied what the primary had when asked."""
+    import time
+
+    import raymx
+    goal = rs.status_of(rs.wait_for_primary())["last"]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = rs.status_of(member)
+        if st.get("state") == "running" and st.get("applied") and \
+                tuple(st["applied"]) >= tuple(goal):
+            return
+        if time.monotonic() > deadline:
+            raise raymx.errors.PrimaryUnavailable(
+                f"member {member} did not catch up to {goal[0]}:{goal[1]} in {timeout_s:g}s")
+        time.sleep(0.1)
 
 
 @main.command(name="remove-member")
@@ -240,11 +334,31 @@ def remove_member(name, member, timeout_s, address):
 @ADDRESS
 def backup(name, member, dest, address):
     """A consistent hot copy of MEMBER's files into DEST (on its node)."""
+    import threading
+
     import raymx
+    from raymx.progress import Progress
     with _one_line_errors():
         _attach(address)
-        g = raymx.connect(name).backup(member, dest)
-    click.echo(f"member {member} of {name} copied to {dest} at {g}")
+        rs = raymx.connect(name)
+        out: dict = {}
+
+        def run():
+            try:
+                out["ok"] = rs.backup(member, dest)
+            except BaseException as e:  # noqa: B902 (re-raised below)
+                out["err"] = e
+        t = threading.Thread(target=run, name="raymx-cli-backup", daemon=True)
+        t.start()
+        # the copy runs on the member's node: seconds elapsed is what shows here
+        with Progress(f"backup of member {member} of {name} (s)", None, unit="s") as bar:
+            while t.is_alive():
+                t.join(1.0)
+                if t.is_alive():
+                    bar.update(1)
+        if "err" in out:
+            raise out["err"]
+    click.echo(f"member {member} of {name} copied to {dest} at {out['ok']}")
 
 
 @main.command()
@@ -282,6 +396,95 @@ def oplog(name, after, limit, address):
         for e in raymx.connect(name).oplog(after=after, limit=limit):
             ops = ", ".join(f"{op['op']} {op.get('ns', '')}".strip() for op in e.ops)
             click.echo(f"{e.gtid}  {e.ts}  {ops}")
+
+
+def gather_logs(name: str, member: int | None = None, timeout_s: float = 10.0) -> dict:
+    """Every member process's kept warnings and errors (shard, producer,
+    applier; the coordinator's too unless ``member`` is given) and the
+    members' rollbacks: {"rollbacks", "records", "unreachable"}."""
+    import ray
+
+    import raymx
+    from raymx.actors.process import NAMESPACE, actor_name
+    st = raymx.connect(name).status()
+    ids = [m["id"] for m in st["members"]]
+    if member is not None:
+        if member not in ids:
+            raise raymx.errors.ConfigError(
+                f"replica set {name!r} has no member {member} (members: "
+                f"{', '.join(map(str, ids))})")
+        ids = [member]
+    targets = [(m, role, actor_name(name, m, role)) for m in ids
+               for role in ("", "producer", "applier")]
+    if member is None:
+        targets.append(("coordinator", "coordinator", f"{name}/coordinator"))
+    refs, out = {}, {"rollbacks": [], "records": [], "unreachable": []}
+    for m, role, actor in targets:
+        try:
+            refs[(m, role or "shard")] = ray.get_actor(actor, namespace=NAMESPACE).logs.remote()
+        except ValueError:  # no such actor (a member removed, or down for good)
+            out["unreachable"].append((m, role or "shard", "not running"))
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    ready = set(ready)
+    for (m, role), ref in refs.items():
+        if ref not in ready:
+            out["unreachable"].append((m, role, f"no answer in {timeout_s:g}s"))
+            continue
+        try:
+            got = ray.get(ref)
+        except Exception as e:  # the process died meanwhile, or an older member
+            out["unreachable"].append((m, role, type(e).__name__))
+            continue
+        out["records"] += got.get("records", [])
+        out["rollbacks"] += [dict(r, member=m) for r in got.get("rollbacks", [])]
+    out["rollbacks"].sort(key=lambda r: r["ts"])
+    out["records"].sort(key=lambda r: r["ts"])
+    return out
+
+
+def format_logs(name: str, got: dict, limit: int = 50) -> str:
+    from raymx.actors.logbook import fmt_time
+    lines = []
+    if got["rollbacks"]:
+        lines.append(f"rollbacks of {name} (oldest first):")
+        lines += [f"  {fmt_time(r['ts'])}  member {r['member']}: {r['ops']} op(s) undone, "
+                  f"saved in {r['file']}" for r in got["rollbacks"]]
+    else:
+        lines.append(f"no rollbacks in {name}")
+    recs = got["records"][-limit:] if limit else got["records"]
+    if recs:
+        more = len(got["records"]) - len(recs)
+        lines.append("warnings and errors (newest last" + (f"; {more} older not shown"
+                                                            if more else "") + "):")
+        for r in recs:
+            who = "coordinator" if r["member"] == "coordinator" else \
+                f"member {r['member']} {r['role']}"
+            lines.append(f"  {fmt_time(r['ts'])}  {who}  {r['level']}  {r['msg']}")
+    else:
+        lines.append("no warnings or errors since the members' processes started")
+    lines += [f"  ({'coordinator' if m == 'coordinator' else f'member {m} {role}'}: "
+              f"unreachable, {why})" for m, role, why in got["unreachable"]]
+    return "\n".join(lines)
+
+
+@main.command()
+@click.argument("name")
+@click.argument("member", type=int, required=False)
+@click.option("--limit", default=50, show_default=True,
+              help="at most this many warnings and errors (the newest; 0: all)")
+@click.option("--json", "as_json", is_flag=True, help="print them as JSON")
+@ADDRESS
+def logs(name, member, limit, as_json, address):
+    """NAME's rollbacks, then the warnings and errors its members' processes
+    logged (each keeps its last 200; a restarted process starts empty), newest
+    last. With MEMBER: that member's only."""
+    with _one_line_errors():
+        _attach(address)
+        got = gather_logs(name, member)
+    if as_json:
+        click.echo(json.dumps(got, indent=2, default=str))
+    else:
+        click.echo(format_logs(name, got, limit))
 
 
 if __name__ == "__main__":

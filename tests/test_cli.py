@@ -49,6 +49,9 @@ def test_resync_asks_then_rebuilds_a_secondary(ray_session, tmp_path):
         assert r.exit_code == 1 and not list(tmp_path.glob("m1.resync-*"))  # declined
         r = CliRunner().invoke(main, ["resync", "clirs", "1", "--yes"])
         assert r.exit_code == 0 and "resynced from member 0" in r.output, r.output
+        # not a TTY: progress as plain lines (raymx.progress), the last one "done"
+        assert "member 1 of clirs: " in r.output and ": done, " in r.output, r.output
+        assert "\r" not in r.output
         assert len(list(tmp_path.glob("m1.resync-*"))) == 1  # moved aside, not deleted
         assert coll.insert_one({"_id": "x"}, w=2, wtimeout_ms=20_000).gtid  # it votes again
         r = CliRunner().invoke(main, ["resync", "clirs", "0", "--yes"])
@@ -96,3 +99,56 @@ def test_launch_ls_url_oplog_watch_step_down_and_members(ray_session, tmp_path):
         raymx.connect("clifull").shutdown()
     r = run(main, ["step-down", "clifull"])
     assert r.exit_code == 1 and "Traceback" not in r.output
+
+
+def test_logs_show_a_rollback_first_then_warnings_newest_last(ray_session, tmp_path):
+    """``raymx logs``: a real rollback (an old primary's unreplicated writes)
+    is listed first, from its file, and the producer's warning about it is
+    among the warnings and errors, read from the members' processes."""
+    import raymx
+    from tests.test_replication import converged, wait_until
+    ray = ray_session
+    run = CliRunner().invoke
+    rs = raymx.ReplicaSet.launch("clilogs", members=3, data_dir=str(tmp_path), placement="pack")
+    try:
+        old = rs.wait_for_primary()
+        r = run(main, ["logs", "clilogs"])
+        assert r.exit_code == 0 and "no rollbacks in clilogs" in r.output, r.output
+        coll = rs.client()["r"]["c"]
+        coll.insert_many([{"_id": i} for i in range(5)], w="majority")
+        for i in range(3):
+            if i != old:
+                ray.get(ray.get_actor(f"clilogs/m{i}/producer", namespace="raymx")
+                        .pause.remote(True))
+        for i in range(3):
+            coll.insert_one({"_id": f"lost{i}"})  # w1: never replicated
+        rs.kill_member(old)
+        wait_until(lambda: rs._topology()["primary"] not in (None, old), timeout_s=20)
+        coll.insert_one({"_id": "new"}, w="majority")
+        rs.start_member(old)
+        wait_until(lambda: converged(ray, rs, [0, 1, 2]), timeout_s=60)
+        r = run(main, ["logs", "clilogs"])
+        assert r.exit_code == 0, r.output
+        lines = r.output.splitlines()
+        assert lines[0] == "rollbacks of clilogs (oldest first):", r.output
+        assert f"member {old}: 3 op(s) undone, saved in " in lines[1]
+        assert "rollback-" in lines[1] and lines[1].endswith(".jsonl")
+        warn = [x for x in lines if f"member {old} producer  WARNING" in x]
+        assert any(f"member {old} rolled back 3 entries" in x for x in warn), r.output
+        assert lines.index("warnings and errors (newest last):") > 1
+        # one member only; JSON; a member that is not there: one line, no traceback
+        r = run(main, ["logs", "clilogs", str(old), "--json"])
+        got = json.loads(r.output)
+        assert [x["member"] for x in got["rollbacks"]] == [old]
+        assert {x["member"] for x in got["records"]} == {old}
+        others = [i for i in range(3) if i != old]
+        r = run(main, ["logs", "clilogs", str(others[0])])
+        assert r.exit_code == 0 and "no rollbacks in clilogs" in r.output
+        r = run(main, ["logs", "clilogs", "7"])
+        assert r.exit_code == 1 and "has no member 7" in r.output
+        assert "Traceback" not in r.output and len(r.output.splitlines()) == 1
+    finally:
+        rs.shutdown()
+    r = run(main, ["logs", "clilogs"])
+    assert r.exit_code == 1 and "no replica set named 'clilogs'" in r.output, r.output
+    assert len(r.output.splitlines()) == 1

@@ -11,7 +11,7 @@ import time
 import ray
 
 from raymx import errors
-from raymx.actors import doorbell
+from raymx.actors import doorbell, logbook
 from raymx.actors.core import replication as rep
 from raymx.actors.core.gtid_manager import GTIDManager
 from raymx.actors.process import lock_member, now_ms, open_member, serve_at_normal_priority
@@ -29,6 +29,7 @@ class Applier:
     def __init__(self, rs_name: str, member_id: int, path: str, limits: Limits,
                  delay_s: float = 0):
         self.member_id, self.limits = member_id, limits
+        logbook.install(rs_name, member_id, "applier")
         serve_at_normal_priority()
         self.delay_ms = int(delay_s * 1000)
         self._dir_lock = lock_member(path, rs_name, member_id, "applier")
@@ -89,6 +90,10 @@ class Applier:
             if n == 0:
                 self._wake.wait(0.05 if self.delay_ms else 0.5)
                 self._wake.clear()
+
+    @ray.method(concurrency_group="control")
+    def logs(self) -> dict:
+        return {"records": logbook.records()}
 
     @ray.method(concurrency_group="control")
     def status(self) -> dict:

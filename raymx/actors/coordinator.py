@@ -17,7 +17,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, ActorUnschedulableError
 
 from raymx import errors
-from raymx.actors import metrics
+from raymx.actors import logbook, metrics
 from raymx.actors.core.election import (Action, ElectionCore, candidates, change_blockers,
                                         check_config_change)
 from raymx.storage.gtid import GTID
@@ -37,6 +37,7 @@ def _now_ms() -> int:
 class Coordinator:
     def __init__(self, name: str, secret: str, members: list[dict], limits, extra: dict):
         self.name = name
+        logbook.install(name, "coordinator", "coordinator")
         self.extra = extra
         self.secret = secret
         self.members = members  # [{"id", "actor", "path", "node_id", "priority", ...}]
@@ -464,6 +465,9 @@ class Coordinator:
         return {"name": self.name, "members": [dict(m) for m in self.members],
                 "version": self.version, "oplog_cap": self.oplog_cap,
                 "secret": self.secret, "limits": self.limits, "extra": self.extra}
+
+    def logs(self) -> dict:
+        return {"records": logbook.records()}
 
     def status(self, timeout_s: float = 5.0) -> dict:
         refs = {}

@@ -28,7 +28,7 @@ import time
 import ray
 
 from raymx import errors
-from raymx.actors import doorbell
+from raymx.actors import doorbell, logbook, metrics
 from raymx.actors.core import replication as rep
 from raymx.actors.core.member import MemberCore
 from raymx.actors.feeder import FeederService
@@ -58,6 +58,7 @@ class OplogShard:
                  oplog_cap: dict | None = None):
         self.rs_name, self.member_id, self.path, self.limits = rs_name, member["id"], path, limits
         self.spec = member
+        logbook.install(rs_name, self.member_id, "")
         serve_at_normal_priority()
         ctx = ray.get_runtime_context()
         self.node_id = ctx.get_node_id()
@@ -99,6 +100,7 @@ class OplogShard:
                                     on_fatal=stop_process)
         cfg = self.engine.get_meta("rs_config") or {}
         self.service.read_refusal = self.core.read_refusal
+        self.service.latency = metrics.CommitLatency(rs_name, self.member_id)
         self.service.topology_source = lambda: ray.get(ray.get_actor(
             f"{rs_name}/coordinator", namespace=NAMESPACE).topology.remote(), timeout=5)
         cap = cfg.get("oplog_cap") or oplog_cap
@@ -352,6 +354,11 @@ class OplogShard:
         return {"id": self.member_id, "host": self.port.host, "port": self.port.port,
                 "unix": self.port.unix_path, "boot": boot_id(), "role": self.role, "node_id": self.node_id,
                 "hidden": bool(self.spec.get("hidden"))}
+
+    @ray.method(concurrency_group="control")
+    def logs(self) -> dict:
+        """This process's last warnings and errors, and the member's rollbacks (``raymx logs``)."""
+        return {"records": logbook.records(), "rollbacks": logbook.rollbacks(self.path)}
 
     @ray.method(concurrency_group="control")
     def status(self) -> dict:

@@ -10,7 +10,7 @@ import time
 import ray
 
 from raymx import errors
-from raymx.actors import doorbell
+from raymx.actors import doorbell, logbook, metrics
 from raymx.actors.core import producer as pc
 from raymx.actors.core import replication as rep
 from raymx.actors.process import (Notifier, _get, lock_member, open_member,
@@ -34,11 +34,13 @@ class Producer:
 
     def __init__(self, rs_name: str, member_id: int, path: str, limits: Limits):
         self.rs_name, self.member_id, self.limits, self.path = rs_name, member_id, limits, path
+        logbook.install(rs_name, member_id, "producer")
         serve_at_normal_priority()
         self._dir_lock = lock_member(path, rs_name, member_id, "producer")
         self.engine = open_member(path, limits)
         self.core = pc.ProducerCore(self.engine, member_id, limits)
         self.batches = self.entries = self.rollbacks = self.pulls = 0
+        self.latency = metrics.ReplicationLatency(rs_name, member_id)
         self._stop = threading.Event()
         self._paused = threading.Event()
         self._paused.set()
@@ -181,6 +183,7 @@ class Producer:
             log.error("member %d: %s", self.member_id, self.core.error)
             time.sleep(pc.BATCH_REFUSED_MS / 1000)
             return
+        self.latency.entries(out["rows"])  # durable here now: each entry's ts to now
         self.batches += 1
         self.entries += n
         if not self._applier_bell.ring():
@@ -244,6 +247,10 @@ class Producer:
                     pass
         else:
             self._paused.clear()
+
+    @ray.method(concurrency_group="control")
+    def logs(self) -> dict:
+        return {"records": logbook.records()}
 
     @ray.method(concurrency_group="control")
     def status(self) -> dict:

@@ -154,6 +154,8 @@ class ShardService(ReadPath):
         self.topology_source: Callable[[], dict] = lambda: {"members": [], "primary": None}
         # why this member may not serve reads now (its shell decides), or None
         self.read_refusal: Callable[[], str | None] = lambda: None
+        # commit latency histogram (metrics.CommitLatency; its shell sets it)
+        self.latency = None
         # members loading a snapshot: {member: (its GTID, until ms)}, see trim_bound
         self.trim_holds: dict[int, tuple[GTID, int]] = {}
         # the majority-committed point as this member knows it (only moves up):
@@ -366,6 +368,8 @@ class ShardService(ReadPath):
                 # the heartbeat timeout; the majority side elects a new one.
                 return reply(err=errors.NotPrimary(
                     f"member {self.member_id} cannot reach a majority", member=self.member_id))
+            if self.latency is not None:  # times it from here to its acknowledgement
+                reply = self.latency.timed(op, req, reply)
             if op == "txnBegin":
                 s = _Session(next(self._ids), req.get("id"))
                 sessions = conn.setdefault("sessions", {})
