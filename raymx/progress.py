@@ -2,8 +2,8 @@
 on a terminal; on anything else (a pipe, a CI log, a file) one plain line per
 step, at most one every ``every_s`` seconds, and a last line when it ends.
 
-``Progress`` has the interface of the hand-written bar it replaces
-(``raymx.spark_bridge.initial_sync.Progress``): ``Progress(label, total,
+``Progress`` (used by the CLI and by ``raymx.spark_bridge.initial_sync``'s
+copies and catch-ups): ``Progress(label, total,
 enabled=True, width=30)``, ``update(n, force=False)``, ``done`` (readable and
 settable; ``update(0)`` then shows it), ``total``, ``close()``.
 """

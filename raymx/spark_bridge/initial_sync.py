@@ -23,41 +23,12 @@
 """
 from __future__ import annotations
 
-import sys
 import time
 
 from raymx import errors
+from raymx.progress import Progress
 from raymx.storage import codec
 from raymx.storage.gtid import GTID
-
-
-class Progress:
-    """A one-line progress bar on stderr (the driver's view of a long copy)."""
-
-    def __init__(self, label: str, total: int, enabled: bool = True, width: int = 30):
-        self.label, self.total, self.enabled, self.width = label, max(total, 1), enabled, width
-        self.done = 0
-        self.t0 = time.monotonic()
-        self._shown = 0.0
-
-    def update(self, n: int, force: bool = False) -> None:
-        self.done += n
-        now = time.monotonic()
-        if not self.enabled or (not force and now - self._shown < 0.2):
-            return
-        self._shown = now
-        f = min(1.0, self.done / self.total)
-        rate = self.done / max(now - self.t0, 1e-9)
-        bar = "#" * int(f * self.width) + "." * (self.width - int(f * self.width))
-        sys.stderr.write(f"\r{self.label} [{bar}] {f * 100:5.1f}% {self.done:,}/{self.total:,} "
-                         f"({rate:,.0f}/s)")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.update(0, force=True)
-            sys.stderr.write("\n")
-            sys.stderr.flush()
 
 
 def choose_source(status: dict, exclude: int | None = None) -> int:
