@@ -202,9 +202,14 @@ def _spark_pipeline(rs, client, format_status) -> None:
         _clear_next_member_folder(rs)
         t0 = time.time()
         mid = rs.add_member(initial_sync="snapshot", spark=spark)
-        st = {m["id"]: m for m in rs.status()["members"]}
-        print(f"   member {mid} copied and caught up in {time.time() - t0:.1f}s; now "
-              f"{st[mid]['state']}")
+        took = time.time() - t0
+        deadline = time.time() + 10  # until its sync source confirms its position
+        while True:
+            st = {m["id"]: m for m in rs.status()["members"]}
+            if st[mid]["state"] == "running" or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        print(f"   member {mid} copied and caught up in {took:.1f}s; now {st[mid]['state']}")
         print(format_status(rs.status()))
         rs.remove_member(mid)  # the demo runs again over the same folder
         shutil.rmtree(st[mid]["path"], ignore_errors=True)
