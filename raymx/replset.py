@@ -10,11 +10,13 @@ from typing import Iterator
 
 from raymx import errors
 from raymx.client import Client, ReadConcern, ReadPreference, WriteConcern
+from raymx.members import (NAMESPACE, _SPEC_KEYS, _adopt_backup, _check_cap,
+                           _least_used_node, _member_specs, _move_aside, _on_node, _one_spec,
+                           _place, _start_member, format_status)  # noqa: F401 (re-exported)
 from raymx.storage import codec
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import DEFAULT, Limits
 
-NAMESPACE = "raymx"
 log = logging.getLogger("raymx.replset")
 
 
@@ -580,171 +582,8 @@ class ReplicaSet:
             pos = list(GTID.from_bytes(rows[-1][0]))
 
 
-def _place(ray, specs: list[dict], node_ids, placement: str) -> list[str]:
-    """The node of each member (see ``ReplicaSet.launch``)."""
-    here = ray.get_runtime_context().get_node_id()
-    if node_ids:
-        return [node_ids[m["id"] % len(node_ids)] for m in specs]
-    if placement == "pack":
-        return [here] * len(specs)
-    if placement != "spread":
-        raise errors.ConfigError(f"placement must be 'spread' or 'pack', not {placement!r}")
-    nodes, out, k = _alive_nodes(ray), [], 0
-    for m in specs:
-        if os.path.isdir(m["path"]) and os.listdir(m["path"]):
-            out.append(here)  # its files are here: it runs where they are
-            continue
-        out.append(nodes[k % len(nodes)])
-        k += 1
-    if k > len(nodes):
-        import warnings
-        msg = (f"{k} new members over {len(nodes)} Ray node(s): some share a node, and "
-               "losing that node loses all of them (status lists them)")
-        warnings.warn(msg, stacklevel=3)
-        log.warning(msg)
-    return out
-
-
-def _alive_nodes(ray) -> list[str]:
-    """Alive Ray nodes, the driver's first."""
-    here = ray.get_runtime_context().get_node_id()
-    return [here] + sorted(n["NodeID"] for n in ray.nodes()
-                           if n.get("Alive") and n["NodeID"] != here)
-
-
-def _least_used_node(ray, members: list[dict]) -> str:
-    used = {}
-    for m in members:
-        used[m.get("node_id")] = used.get(m.get("node_id"), 0) + 1
-    return min(_alive_nodes(ray), key=lambda n: used.get(n, 0))
-
-
-def _on_node(node_id: str):
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-
-
-def _move_aside(path: str, aside: str) -> None:
-    if os.path.exists(path):
-        os.rename(path, aside)
-
-
-def _adopt_backup(backup: str, path: str, limits: Limits) -> None:
-    """Copy a hot backup's files into a new member folder and make them joinable."""
-    import shutil
-
-    from raymx.storage import snapshot
-    from raymx.storage.engine import Engine
-    from raymx.storage.lmdb_store import LMDBStore
-    src = os.path.abspath(backup)
-    if not os.path.isfile(os.path.join(src, "data.mdb")):
-        raise errors.ConfigError(f"{src} is not a raymx backup (no data.mdb): make one with "
-                                 "rs.backup(member, folder)")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    shutil.copy2(os.path.join(src, "data.mdb"), os.path.join(path, "data.mdb"))
-    e = Engine(LMDBStore(path, map_bytes=limits.map_bytes), limits)
-    try:
-        snapshot.adopt_copy(e)
-    finally:
-        e.store.close()
-
-
-def _start_member(name: str, m: dict, secret: str, limits: Limits, votes: dict,
-                  bind_host: str | None, oplog_cap: dict | None = None) -> list:
-    """Create a member's three co-located actors, pinned to the node of its files
-    (the shard process also serves the feeder).
-
-    Hard node affinity: a restarted actor comes back only on that node (a
-    placement group or soft affinity would restart it elsewhere, without its
-    data). Every member has a producer and an applier: roles change at elections.
-    """
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from raymx.actors.applier import Applier
-    from raymx.actors.member import OplogShard
-    from raymx.actors.process import actor_name
-    from raymx.actors.producer import Producer
-    opts = dict(namespace=NAMESPACE, lifetime="detached", max_restarts=-1, num_cpus=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=m["node_id"],
-                                                                   soft=False))
-    i, path = m["id"], m["path"]
-    return [
-        OplogShard.options(name=m["actor"], **opts).remote(name, m, path, secret, limits, votes,
-                                                           bind_host, oplog_cap),
-        Producer.options(name=actor_name(name, i, "producer"), **opts).remote(name, i, path,
-                                                                              limits),
-        Applier.options(name=actor_name(name, i, "applier"), **opts).remote(name, i, path, limits,
-                                                                            m["delay_s"]),
-    ]
-
-
 # how long a configuration change waits for lagging members by default
 RECONFIG_TIMEOUT_S = 60.0
-
-_SPEC_KEYS = {"priority", "votes", "hidden", "delay_s", "sync_source"}
-
-
-def _one_spec(i: int, m) -> dict:
-    """Validate one member spec; hidden and delayed members get priority 0."""
-    if not isinstance(m, dict) or set(m) - _SPEC_KEYS:
-        raise errors.ConfigError(f"member {i}: a dict with keys among {sorted(_SPEC_KEYS)}")
-    s = {"id": i, "priority": m.get("priority", 1), "votes": m.get("votes", 1),
-         "hidden": bool(m.get("hidden", False)), "delay_s": m.get("delay_s", 0),
-         "sync_source": m.get("sync_source")}
-    if not isinstance(s["priority"], (int, float)) or s["priority"] < 0:
-        raise errors.ConfigError(f"member {i}: priority must be >= 0")
-    if s["votes"] not in (0, 1):
-        raise errors.ConfigError(f"member {i}: votes must be 0 or 1")
-    if not isinstance(s["delay_s"], (int, float)) or s["delay_s"] < 0:
-        raise errors.ConfigError(f"member {i}: delay_s must be >= 0")
-    if s["hidden"] or s["delay_s"]:
-        s["priority"] = 0  # hidden and delayed members never become primary
-    return s
-
-
-def _check_cap(cap) -> dict:
-    """Validate an oplog cap: ``max_bytes`` (int > 0 or None), ``max_age_s``
-    (number > 0 or None), ``force`` (bool)."""
-    if not isinstance(cap, dict) or set(cap) - {"max_bytes", "max_age_s", "force"}:
-        raise errors.ConfigError(f"oplog cap {cap!r}: a dict with max_bytes, max_age_s, force")
-    mb, age = cap.get("max_bytes"), cap.get("max_age_s")
-    if mb is not None and (not isinstance(mb, int) or isinstance(mb, bool) or mb <= 0):
-        raise errors.ConfigError(f"oplog max_bytes must be a positive integer or None, got {mb!r}")
-    if age is not None and (not isinstance(age, (int, float)) or isinstance(age, bool)
-                            or age <= 0):
-        raise errors.ConfigError(f"oplog max_age_s must be a positive number or None, got {age!r}")
-    return {"max_bytes": mb, "max_age_s": age, "force": bool(cap.get("force", False))}
-
-
-def _member_specs(members) -> list[dict]:
-    if isinstance(members, int) and not isinstance(members, bool):
-        if members < 1:
-            raise errors.ConfigError(f"members must be at least 1, got {members}")
-        members = [{} for _ in range(members)]
-    if not isinstance(members, (list, tuple)) or not members:
-        raise errors.ConfigError("members must be a positive count or a list of member specs")
-    specs = [_one_spec(i, m) for i, m in enumerate(members)]
-    if not any(s["priority"] > 0 for s in specs):
-        raise errors.ConfigError("no member can be primary (all have priority 0)")
-    if sum(s["votes"] for s in specs) == 0:
-        raise errors.ConfigError("at least one member must vote")
-    for s in specs:
-        src = s["sync_source"]
-        if src is not None and (src not in range(len(specs)) or src == s["id"]):
-            raise errors.ConfigError(f"member {s['id']}: sync_source {src!r} is not another member")
-    _check_no_cycles(specs)
-    return specs
-
-
-def _check_no_cycles(specs):
-    by = {s["id"]: s for s in specs}
-    for s in specs:
-        seen, cur = set(), s
-        while cur["sync_source"] is not None:
-            if cur["id"] in seen:
-                raise errors.ConfigError(f"sync sources form a cycle through member {cur['id']}")
-            seen.add(cur["id"])
-            cur = by[cur["sync_source"]]
 
 
 def connect(name: str) -> ReplicaSet:
@@ -752,42 +591,3 @@ def connect(name: str) -> ReplicaSet:
     return ReplicaSet.connect(name)
 
 
-def format_status(st: dict) -> str:
-    """The table ``raymx status`` prints."""
-    cols = ("id", "role", "state", "term", "last", "durable", "applied", "lag", "lag_s",
-            "source", "oplog_MiB", "first", "window_s", "host")
-    rows = [cols]
-    g = lambda x: "-" if x is None else f"{x[0]}:{x[1]}"  # noqa: E731
-    notes = []
-    for m in st["members"]:
-        lag_s = m.get("lag_s")
-        ol = m.get("oplog") or {}
-        win = ol.get("window_s")
-        state = m.get("state", "?")
-        p = m.get("initial_sync")
-        if p:  # a snapshot copy in progress: its phase and how much is loaded
-            state += f" ({p['phase']} {100 * p['rows_done'] // max(p['rows'] or 1, 1)}%)"
-        rows.append((str(m.get("id")), m.get("role", "?"), state,
-                     str(m.get("term", "-")), g(m.get("last")), g(m.get("durable")),
-                     g(m.get("applied")), "-" if m.get("lag") is None else str(m["lag"]),
-                     "-" if lag_s is None else f"{lag_s:.3f}",
-                     "-" if m.get("sync_source") is None else str(m["sync_source"]),
-                     "-" if "bytes" not in ol else f"{ol['bytes'] / 2**20:.1f}",
-                     g(ol.get("first")), "-" if win is None else f"{win:.0f}",
-                     m.get("host", "-")))
-        if m.get("shares_node") and m["id"] < min(m["shares_node"]):  # once per node
-            ids = ", ".join(str(i) for i in sorted([m["id"]] + m["shares_node"]))
-            notes.append(f"members {ids} share node {m['node_id'][:12]}: losing that node "
-                         "loses all of them")
-        if m.get("state") == "resync":
-            notes.append(f"member {m.get('id')} needs a resync (its sync source no longer "
-                         "holds its position, or it could not roll back): "
-                         f"raymx resync {st['set']} {m.get('id')}")
-        if ol.get("over_cap"):
-            cap = ol["cap"]["max_bytes"]
-            notes.append(f"member {m.get('id')}: oplog {ol['bytes']:,} bytes is over its cap "
-                         f"of {cap:,}; trimming held by {ol.get('held_by') or 'nothing (catching up)'}")
-    w = [max(len(r[i]) for r in rows) for i in range(len(cols))]
-    lines = [f"replica set {st['set']}"]
-    lines += ["  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]
-    return "\n".join(lines + notes)
