@@ -12,7 +12,7 @@ from raymx import errors
 from raymx.storage.limits import Limits
 
 log = logging.getLogger("raymx.replset")
-NAMESPACE = "raymx"  # the Ray namespace of every raymx actor (raymx.replset.NAMESPACE)
+NAMESPACE = "raymx"  # the Ray namespace of every raymx actor
 
 
 def _place(ray, specs: list[dict], node_ids, placement: str) -> list[str]:

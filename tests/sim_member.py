@@ -192,7 +192,7 @@ class SimMember:
         self.trace(f"primary term={term} last={last}")
         if noop:
             try:
-                self._own_noop()
+                self.own_noop()
             except errors.RaymxError as e:  # the shell queues it and does not wait
                 self.trace(f"no-op of term {term} refused: {e}")
         done({"term": term, "last": list(last)})
@@ -257,9 +257,9 @@ class SimMember:
         self.trace(f"commit {g}")
         self.sim.checker.on_commit(self, g, h)
 
-    def _own_noop(self) -> GTID:
-        """ShardService._own_noop (run here, not queued: this is the writer's turn)."""
-        g = self.svc._own_noop()
+    def own_noop(self) -> GTID:
+        """ShardService.own_noop (run here, not queued: this is the writer's turn)."""
+        g = self.svc.own_noop()
         self.oplog_dirty = True
         self._committed(g)
         return g
@@ -328,7 +328,7 @@ class SimMember:
             return respond(out)
         # confirm_primary: a no-op entry under this term, acknowledged by a majority
         try:
-            g = self._own_noop()
+            g = self.own_noop()
         except errors.RaymxError as e:
             return respond(err=e)
 

@@ -241,8 +241,8 @@ class WriteConcernWaiters:
             try:
                 self.tick()
             except Exception:
-                if self._stopped.is_set() or getattr(self._svc.e.store, "_closed", False):
-                    return  # the service (or its store) closed meanwhile
+                if self._stopped.is_set():
+                    return  # the service closed meanwhile (its store with it)
                 log.exception("write-concern waiters: a sweep failed")
 
     def stop(self) -> None:

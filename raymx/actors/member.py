@@ -183,7 +183,7 @@ class OplogShard:
                 stop_process(e)
             last, _ = self.engine.last()  # synced by become_primary
             if self.core.became_primary(last):
-                self.service.on_writer(self.service._own_noop)  # not waited for
+                self.service.on_writer(self.service.own_noop)  # not waited for
             self._on_durable(last)
             log.info("member %s/%d is primary in term %d at %s", self.rs_name,
                      self.member_id, term, last)

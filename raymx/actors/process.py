@@ -12,12 +12,12 @@ import time
 import ray
 
 from raymx import errors
+from raymx.members import NAMESPACE
 from raymx.storage.engine import Engine
 from raymx.storage.limits import Limits
 from raymx.storage.lmdb_store import LMDBStore
 
 log = logging.getLogger("raymx.member")
-NAMESPACE = "raymx"
 
 
 def open_member(path: str, limits: Limits) -> Engine:

@@ -26,11 +26,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from raymx import errors
-from raymx.actors.core.gtid_manager import GTIDManager
 from raymx.actors.commit import GroupCommit, WriteConcernWaiters, _mono_ms
+from raymx.actors.core.gtid_manager import GTIDManager
 from raymx.actors.core.primary import deposed, sees_majority
-from raymx.storage import codec
 from raymx.actors.reads import ReadPath, Reply, _Cursor, _gtid_in, gtid_out  # noqa: F401
+from raymx.actors.trimming import TrimPath
+from raymx.storage import codec
 from raymx.storage.engine import Engine, Transaction, WriteResult
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import Limits, write_concern_problem
@@ -125,9 +126,10 @@ class _Session:
             reply(err=errors.TransactionAborted(f"transaction {self.id} is no longer open"))
 
 
-class ShardService(ReadPath):
+class ShardService(ReadPath, TrimPath):
     """Writes through one writer thread with group commit; reads on snapshots
-    (``ReadPath``, raymx/actors/reads.py)."""
+    (``ReadPath``, raymx/actors/reads.py); oplog trimming (``TrimPath``,
+    raymx/actors/trimming.py)."""
 
     def __init__(self, engine: Engine, limits: Limits, primary: bool = True,
                  on_commit: Callable[[GTID], None] | None = None,
@@ -229,65 +231,11 @@ class ShardService(ReadPath):
                 self.majority_known = g
                 self.majority_cond.notify_all()
 
-    # --- oplog trimming ----------------------------------------------------
-    def set_oplog_cap(self, cap: dict) -> None:
-        self.oplog_cap = dict(cap)
-        self._trim_wake.set()
-
     def on_writer(self, fn) -> Future:
         """Run ``fn()`` on the writer thread, between writes; its result in a Future."""
         f: Future = Future()
         self._q.put(("call", fn, None, f))
         return f
-
-    def trim_once(self, now_ms: int | None = None) -> dict:
-        """Trim to the cap in small transactions on the writer; writes queued
-        meanwhile run between them. Returns the trim state (also in status)."""
-        from raymx.actors.core.replication import applied_point, trim_bound
-        cap = self.oplog_cap
-        max_bytes, age_s = cap.get("max_bytes"), cap.get("max_age_s")
-        if not max_bytes and not age_s:
-            self.trim["held_by"] = None
-            return self.trim
-        now = self.wall_ms() if now_ms is None else now_ms
-        durable = self.wc.positions()
-        bound, why = trim_bound(self.majority_known, applied_point(self.e), durable,
-                                dict(self.heard_ms), now, self.limits.heartbeat_timeout_ms,
-                                self.member_id, bool(cap.get("force")), dict(self.trim_holds))
-        batch = self.limits.trim_batch_entries
-
-        def step():
-            t0 = time.perf_counter()
-            r = self.e.trim_oplog(bound, max_bytes, None if not age_s else int(age_s * 1000),
-                                  batch, now)
-            return r, (time.perf_counter() - t0) * 1000
-        while True:
-            r, ms = self.on_writer(step).result()
-            st = self.trim
-            st["trimmed"] += r.trimmed
-            if r.trimmed:
-                st["txns"] += 1
-                st["max_txn_entries"] = max(st["max_txn_entries"], r.trimmed)
-                st["max_txn_ms"] = max(st["max_txn_ms"], round(ms, 3))
-                st["ms"] += ms
-            if not r.more or self._stopping.is_set():
-                break
-        st["bound"] = gtid_out(bound)
-        st["held_by"] = why if r.held else None
-        return st
-
-    def _trim_loop(self):
-        while not self._stopping.is_set():
-            self._trim_wake.wait(self.limits.trim_interval_ms / 1000)
-            self._trim_wake.clear()
-            if self._stopping.is_set():
-                return
-            try:
-                self.trim_once()
-                self.trim["last_error"] = None
-            except Exception as e:  # report and retry next round
-                self.trim["last_error"] = f"{type(e).__name__}: {e}"
-                log.exception("trimming the oplog failed")
 
     def set_votes(self, votes: dict[int, int]) -> None:
         """Reconfiguration: majorities follow the new membership at once."""
@@ -780,7 +728,7 @@ class ShardService(ReadPath):
                 return sreply(err=errors.TransactionAborted(f"internal error: {e}"))
 
     # --- the primary's own no-ops (a new term; a linearizable read) -------
-    def _own_noop(self) -> GTID:
+    def own_noop(self) -> GTID:
         """On the writer: an n entry under this primary's term, synced now.
         A new primary writes one at once (``MemberCore.became_primary``); a
         linearizable read writes one to confirm its primacy."""
@@ -806,7 +754,7 @@ class ShardService(ReadPath):
         (even one that does not know it yet) never gets that, since members
         that know a newer term acknowledge nothing of an older one; and every
         entry before the no-op (all the read saw) is then majority-committed."""
-        g = self.on_writer(self._own_noop).result(timeout_ms / 1000)
+        g = self.on_writer(self.own_noop).result(timeout_ms / 1000)
         done, out = threading.Event(), {}
         self.wc.wait(g, "majority", timeout_ms, done.set,
                      lambda e: (out.update(err=e), done.set()))
