@@ -101,6 +101,9 @@ class Options:
     # to it fail, its clients' connections still reach it, and the new process
     # cannot take the folder's lock until the zombie is gone (process.lock_member)
     zombie_p: float = 0.0
+    # a member this many entries behind catches up by parallel replay (the
+    # applier's replay path) instead of entry by entry
+    replay_entries_min: int = 10_000
     # scripted faults (scenarios): (at_ms, "partition", groups) | (at_ms, "heal")
     # | (at_ms, "crash", member, machine) | (at_ms, "restart", member)
     # | (at_ms, "crash_c") | (at_ms, "restart_c") | (at_ms, "drop_p", p)
@@ -145,7 +148,8 @@ class Options:
             fsync_fail_p=random.Random(seed * 32452843 + 9).choice((0.0, 0.0, 0.0, 0.01)),
             clock_jump_p=random.Random(seed * 49979687 + 13).choice((0.0, 0.0, 0.005, 0.02)),
             disk_full_p=random.Random(seed * 86028121 + 17).choice((0.0, 0.0, 0.005, 0.02)),
-            zombie_p=random.Random(seed * 15487469 + 19).choice((0.0, 0.0, 0.003, 0.01)))
+            zombie_p=random.Random(seed * 15487469 + 19).choice((0.0, 0.0, 0.003, 0.01)),
+            replay_entries_min=random.Random(seed * 67867967 + 23).choice((10_000,) * 3 + (3,)))
 
 
 # Named scenarios (TigerBeetle's replica_test style): a quiet cluster and a
