@@ -168,14 +168,14 @@ KNOWN_BUGS = {b.name: b for b in (
              "a primary's majority point is only ever an entry of its own term; a new "
              "primary writes a no-op at once so the point moves with no client write",
              _old_majority_of_old_terms, ("majority-committed point", "majority read"),
-             (2697,), off=("zombie_p",)),
+             ("figure_eight",), off=("zombie_p",)),
     KnownBug("catch_up_outlives_adoption", "raymx/actors/core/election.py ElectionCore._adopt",
              "the coordinator started catching an eligible member up for an election, then "
              "adopted the old primary when it answered again; the catch-up mark stayed "
              "set, and while it is set no member is told to follow: a member that had "
              "restarted meanwhile never replicated again",
              "adopting a primary ends any catch-up",
-             _old_catch_up_outlives_adoption, ("no convergence",), (2456,),
+             _old_catch_up_outlives_adoption, ("no convergence",), ("catch_up_then_adopt",),
              off=("zombie_p",)),
 )}
 
