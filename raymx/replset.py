@@ -420,8 +420,34 @@ class ReplicaSet:
         in small transactions, never past the majority-committed point or the
         position of a running member unless ``force`` (never an unapplied
         entry). Kept in the configuration, so restarted members keep it."""
-        cap = _check_cap({"max_bytes": max_bytes, "max_age_s": max_age_s, "force": force})
-        return _ray().get(self._coord.set_oplog_cap.remote(cap))
+        cap = {"max_bytes": max_bytes, "max_age_s": max_age_s, "force": force}
+        arch = (self.config().get("oplog_cap") or {}).get("archive")
+        if arch:  # the archive stays (set_archive changes it)
+            cap["archive"] = arch
+        return _ray().get(self._coord.set_oplog_cap.remote(_check_cap(cap)))
+
+    def set_archive(self, uri: str | None, lag_s: float = 1.0) -> dict:
+        """Archive the oplog before it is trimmed (DESIGN section 9), online:
+        Parquet segments (one row per op, the ``read_changes`` columns) named
+        by GTID range, with a small index (``_index.json``), under ``uri``: a
+        folder every member can reach, or any ``pyarrow.fs`` URI
+        (``s3://bucket/path``...). The primary writes majority-committed
+        entries at most ``lag_s`` after they commit (sooner when trimming
+        waits for them); no member trims past what the archive holds, and one
+        that cannot be written holds trimming (``raymx status`` says so).
+        Change streams and ``read_changes`` then resume from tokens older than
+        the live oplog; ``spark_bridge.stream_changes`` streams the folder.
+        ``None`` stops archiving (trimming no longer waits for it). Kept in the
+        configuration with the oplog cap."""
+        cap = dict(self.config().get("oplog_cap") or {"max_bytes": None})
+        cap.pop("archive", None)
+        if uri is not None:
+            cap["archive"] = {"uri": uri, "lag_s": lag_s}
+        return _ray().get(self._coord.set_oplog_cap.remote(_check_cap(cap)))
+
+    def archive_location(self) -> dict | None:
+        """The archive's ``{"uri", "lag_s"}`` (None: no archive)."""
+        return (self.config().get("oplog_cap") or {}).get("archive")
 
     def trim_now(self) -> list[dict]:
         """Trim every running member to the cap now (it also happens every

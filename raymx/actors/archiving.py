@@ -1,0 +1,223 @@
+"""The oplog archive's shell (DESIGN section 9): the files. What to archive and
+what trimming may drop are decided in ``raymx.storage.archive`` (pure).
+
+The primary writes the segments (majority-committed entries only, so every
+member's copy of them is the same), on its trimmer thread, before trimming;
+every member reads the shared index to know how far trimming may go, and
+change streams read through it when a resume token is older than the live
+oplog. The location is a local folder or any ``pyarrow.fs`` URI.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+
+from raymx.storage import archive as A
+from raymx.storage import codec, errors
+from raymx.storage.gtid import GTID
+from raymx.storage.keys import prefix_end
+
+log = logging.getLogger("raymx.archive")
+
+LAG_S_DEFAULT = 1.0
+
+
+def open_fs(uri: str):
+    """(pyarrow filesystem, base path) of an archive location."""
+    import pyarrow.fs as pafs
+    if "://" in uri:
+        fs, path = pafs.FileSystem.from_uri(uri)
+    else:
+        fs, path = pafs.LocalFileSystem(), os.path.abspath(uri)
+    return fs, path.rstrip("/")
+
+
+def read_index(fs, base: str) -> dict:
+    import pyarrow.fs as pafs
+    info = fs.get_file_info(f"{base}/{A.INDEX}")
+    if info.type == pafs.FileType.NotFound:
+        return A.empty_index()
+    with fs.open_input_stream(f"{base}/{A.INDEX}") as f:
+        return A.parse_index(f.read())
+
+
+def read_segment(fs, base: str, seg: dict):
+    """A segment's rows as an Arrow table (in (seq, idx) order)."""
+    import pyarrow.parquet as pq
+    return pq.read_table(f"{base}/{seg['file']}", filesystem=fs)
+
+
+class Archive:
+    """One member's view of the set's archive: it writes segments while the
+    member is primary, and everyone reads the index."""
+
+    def __init__(self, cfg: dict):
+        self.cfg = dict(cfg)
+        self.uri = cfg["uri"]
+        self.lag_ms = int(float(cfg.get("lag_s", LAG_S_DEFAULT)) * 1000)
+        self.fs = self.base = None
+        self.idx: dict | None = None   # the last index read (None: never read)
+        self.error: str | None = None
+        self.written = {"segments": 0, "rows": 0, "entries": 0, "ms": 0.0, "adopted": 0}
+        self._rows: dict[str, list] = {}  # segment file -> rows (the last few read)
+        # look for a segment an earlier writer left unrecorded: at the start and
+        # after an error (listing the folder every round would cost as it grows)
+        self._suspect = True
+
+    # --- writing (the primary) and the trim bound (everyone) -----------------
+    def step(self, engine, primary: bool, term: int, majority: GTID | None, now_ms: int,
+             want_trim: bool) -> None:
+        """One round on the trimmer thread: read the index; on the primary,
+        archive what is due. Errors are kept for status, not raised: trimming
+        then stays at what the index last said (nothing lost)."""
+        try:
+            if self.fs is None:
+                self.fs, self.base = open_fs(self.uri)
+            if self._suspect:  # at the start and after an error (the folder went?)
+                self.fs.create_dir(self.base, recursive=True)
+            self.idx = read_index(self.fs, self.base)
+            while primary and self._write_one(engine, term, majority, now_ms, want_trim):
+                pass
+            self.error = None
+        except Exception as e:
+            self._suspect = True
+            msg = f"{type(e).__name__}: {e}"
+            if msg != self.error:
+                log.warning("the oplog archive at %s: %s", self.uri, msg)
+            self.error = msg
+
+    def _write_one(self, engine, term, majority, now_ms, want_trim) -> bool:
+        info = engine.oplog_info()
+        first = info["first"]
+        idx = self.idx
+        t = A.through(idx)
+        pending_ts = None
+        if first is not None and majority is not None:
+            pending_ts = self._entry_ts(engine, None if t is None or t.seq + 1 < first.seq
+                                        else t)
+        plan = A.next_segment(idx, first, majority, pending_ts, now_ms, self.lag_ms, want_trim)
+        if plan is None:
+            return False
+        after, until_seq = plan
+        t0 = time.perf_counter()
+        adopt = None
+        if self._suspect:
+            import pyarrow.fs as pafs
+            names = [i.base_name for i in self.fs.get_file_info(pafs.FileSelector(self.base))]
+            adopt = A.adoptable(names, first.seq if after is None else after.seq + 1)
+        if adopt is not None:
+            f, la, name = adopt
+            rows = read_segment(self.fs, self.base, {"file": name}).num_rows
+        else:
+            f, la, table = self._rows_of(engine, after, until_seq)
+            name = A.segment_name(f, la)
+            rows = table.num_rows
+            import pyarrow.parquet as pq
+            tmp = f"{self.base}/{A.TMP_PREFIX}{uuid.uuid4().hex}"
+            pq.write_table(table, tmp, filesystem=self.fs, compression="zstd")
+        # re-read the index right before recording: someone may have archived
+        # meanwhile (a newer primary: the fence refuses us)
+        cur = read_index(self.fs, self.base)
+        new = A.append(cur, f, la, rows, name, term)
+        if adopt is None:
+            self.fs.move(tmp, f"{self.base}/{name}")
+        self._write_index(new)
+        self.idx = new
+        self._suspect = False
+        w = self.written
+        w["segments"] += 1
+        w["adopted"] += adopt is not None
+        w["rows"] += rows
+        w["entries"] += la.seq - f.seq + 1
+        w["ms"] += (time.perf_counter() - t0) * 1000
+        return True
+
+    def _write_index(self, idx: dict) -> None:
+        tmp = f"{self.base}/{A.TMP_PREFIX}index-{uuid.uuid4().hex}"
+        with self.fs.open_output_stream(tmp) as f:
+            f.write(A.dump_index(idx))
+        self.fs.move(tmp, f"{self.base}/{A.INDEX}")
+
+    @staticmethod
+    def _entry_ts(engine, after: GTID | None) -> int | None:
+        """The commit time of the first entry after ``after`` (None: the first)."""
+        with engine.store.read() as t:
+            for _, v in t.scan("oplog", None if after is None else prefix_end(after.to_bytes())):
+                return codec.entry_ts(v)
+        return None
+
+    @staticmethod
+    def _rows_of(engine, after: GTID | None, until_seq: int):
+        """(first, last, Arrow rows) of the entries after ``after`` up to ``until_seq``."""
+        from raymx.spark_bridge import convert
+        entries = []
+        with engine.store.read() as t:
+            start = None if after is None else prefix_end(after.to_bytes())
+            for k, v in t.scan("oplog", start):
+                g = GTID.from_bytes(k)
+                if g.seq > until_seq:
+                    break
+                e = codec.unpack(v, "oplog entry")
+                entries.append((k, e["ts"], engine.entry_ops(t, e)))
+        if not entries:
+            raise errors.ArchiveError(f"no oplog entries after {after} to archive")
+        f, la = GTID.from_bytes(entries[0][0]), GTID.from_bytes(entries[-1][0])
+        if la.seq != until_seq or (after is not None and f.seq != after.seq + 1):
+            raise errors.ArchiveError(f"the oplog holds {f}..{la}, not the entries after "
+                                      f"{after} up to seq {until_seq}")
+        return f, la, convert.changes_rows(entries)
+
+    def keep_from(self) -> tuple[GTID, str]:
+        """What trimming must keep for the archive (and why, for status)."""
+        keep, why = A.trim_keep_from(self.idx)
+        if self.error:
+            why += f" (the archive at {self.uri} cannot be written: {self.error})"
+        return keep, why
+
+    def status(self) -> dict:
+        idx = self.idx or A.empty_index()
+        t, o = A.through(idx), A.oldest(idx)
+        return {"uri": self.uri, "lag_s": self.lag_ms / 1000,
+                "oldest": None if o is None else list(o),
+                "through": None if t is None else list(t),
+                "segments": len(idx["segments"]), "gaps": idx["gaps"], "error": self.error,
+                "written": dict(self.written, ms=round(self.written["ms"], 1))}
+
+    # --- reading through it (change streams) ---------------------------------
+    def scan(self, token: tuple, gate: GTID | None, flt, n_max: int,
+             segments_max: int = 4) -> dict:
+        """Change events after ``token`` from the archive (as
+        ``raymx.storage.changes.scan``); raises ``OplogTrimmed`` if the archive
+        does not hold the entry after it either."""
+        if self.fs is None or self.idx is None:
+            raise errors.OplogTrimmed(
+                f"resume token {list(token)} is older than the oplog, and the archive at "
+                f"{self.uri} cannot be read ({self.error or 'not opened yet'})",
+                token=list(token), oldest=None)
+        segs = A.segments_after(self.idx, token)
+        events: list[dict] = []
+        resume = list(token)
+        for s in segs[:segments_max]:
+            if gate is not None and s["first"][1] > gate.seq:
+                break
+            ev, resume, done = A.row_events(self._segment_rows(s), tuple(resume), gate, flt,
+                                            n_max - len(events), GTID(*s["last"]))
+            events += ev
+            if not done or len(events) >= n_max:
+                break
+        return {"events": events, "resume": resume}
+
+    def _segment_rows(self, seg: dict) -> list:
+        rows = self._rows.get(seg["file"])
+        if rows is None:
+            tb = read_segment(self.fs, self.base, seg)
+            rows = tb.drop_columns(["ts"]).to_pylist()
+            ts = tb.column("ts").cast("int64").to_pylist()
+            for r, x in zip(rows, ts):
+                r["ts"] = x
+            if len(self._rows) >= 3:
+                self._rows.pop(next(iter(self._rows)))
+            self._rows[seg["file"]] = rows
+        return rows
