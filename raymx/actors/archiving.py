@@ -49,12 +49,49 @@ def read_segment(fs, base: str, seg: dict):
     return pq.read_table(f"{base}/{seg['file']}", filesystem=fs)
 
 
+NICE = 10  # the worker's niceness: writes first
+
+
+def _worker_init(parent: int) -> None:
+    """In the worker process: lower priority; exit when the member's process is gone."""
+    import threading
+    try:
+        os.nice(NICE)
+    except OSError:
+        pass
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(0)
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def write_segment(engine, uri: str, tmp: str, after: GTID | None, until_seq: int):
+    """Write the entries after ``after`` up to ``until_seq`` as a Parquet file
+    at ``tmp``; returns (first, last, rows)."""
+    import pyarrow.parquet as pq
+    fs, _ = open_fs(uri)
+    f, la, table = Archive._rows_of(engine, after, until_seq)
+    pq.write_table(table, tmp, filesystem=fs, compression="zstd")
+    return f, la, table.num_rows
+
+
+def segment_from_files(path: str, limits, member_id: int, uri: str, tmp: str,
+                       after: GTID | None, until_seq: int):
+    """``write_segment`` in the worker process, over the member's LMDB files."""
+    from raymx.spark_bridge.direct import local_engine
+    return write_segment(local_engine(path, limits, member_id), uri, tmp, after, until_seq)
+
+
 class Archive:
     """One member's view of the set's archive: it writes segments while the
     member is primary, and everyone reads the index."""
 
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, limits=None, member_id: int = 0):
         self.cfg = dict(cfg)
+        self.limits, self.member_id = limits, member_id
+        self._executor = None
         self.uri = cfg["uri"]
         self.lag_ms = int(float(cfg.get("lag_s", LAG_S_DEFAULT)) * 1000)
         self.fs = self.base = None
@@ -111,12 +148,15 @@ class Archive:
             f, la, name = adopt
             rows = read_segment(self.fs, self.base, {"file": name}).num_rows
         else:
-            f, la, table = self._rows_of(engine, after, until_seq)
-            name = A.segment_name(f, la)
-            rows = table.num_rows
-            import pyarrow.parquet as pq
             tmp = f"{self.base}/{A.TMP_PREFIX}{uuid.uuid4().hex}"
-            pq.write_table(table, tmp, filesystem=self.fs, compression="zstd")
+            path = getattr(engine.store, "path", None)
+            if path is None:  # an in-memory store (the simulation): here
+                f, la, rows = write_segment(engine, self.uri, tmp, after, until_seq)
+            else:  # the conversion's CPU goes to a process of its own
+                f, la, rows = self._pool().submit(
+                    segment_from_files, path, self.limits, self.member_id, self.uri, tmp,
+                    after, until_seq).result()
+            name = A.segment_name(f, la)
         # re-read the index right before recording: someone may have archived
         # meanwhile (a newer primary: the fence refuses us)
         cur = read_index(self.fs, self.base)
@@ -140,6 +180,25 @@ class Archive:
             f.write(A.dump_index(idx))
         self.fs.move(tmp, f"{self.base}/{A.INDEX}")
 
+    def _pool(self):
+        """One worker process (spawned, niced): it reads the member's LMDB files
+        (read-only, as Spark tasks do) and writes the segment's Parquet file,
+        so the primary's own process pays neither the conversion nor the
+        compression; niced, it yields to writes when CPU is short (the archive
+        then lags, and trimming waits for it)."""
+        if self._executor is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+            self._executor = ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                initargs=(os.getpid(),))
+        return self._executor
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
     @staticmethod
     def _entry_ts(engine, after: GTID | None) -> int | None:
         """The commit time of the first entry after ``after`` (None: the first)."""
@@ -150,21 +209,26 @@ class Archive:
 
     @staticmethod
     def _rows_of(engine, after: GTID | None, until_seq: int):
-        """(first, last, Arrow rows) of the entries after ``after`` up to ``until_seq``."""
+        """(first, last, Arrow rows) of the entries after ``after`` up to
+        ``until_seq``, or fewer: ending after the entry that reaches
+        ``SEGMENT_OPS_MAX`` ops."""
         from raymx.spark_bridge import convert
-        entries = []
+        entries, n = [], 0
         with engine.store.read() as t:
             start = None if after is None else prefix_end(after.to_bytes())
             for k, v in t.scan("oplog", start):
                 g = GTID.from_bytes(k)
-                if g.seq > until_seq:
+                if g.seq > until_seq or n >= A.SEGMENT_OPS_MAX:
                     break
                 e = codec.unpack(v, "oplog entry")
-                entries.append((k, e["ts"], engine.entry_ops(t, e)))
+                ops = engine.entry_ops(t, e)
+                entries.append((k, e["ts"], ops))
+                n += len(ops)
         if not entries:
             raise errors.ArchiveError(f"no oplog entries after {after} to archive")
         f, la = GTID.from_bytes(entries[0][0]), GTID.from_bytes(entries[-1][0])
-        if la.seq != until_seq or (after is not None and f.seq != after.seq + 1):
+        if la.seq > until_seq or la.seq - f.seq + 1 != len(entries) or (
+                after is not None and f.seq != after.seq + 1):
             raise errors.ArchiveError(f"the oplog holds {f}..{la}, not the entries after "
                                       f"{after} up to seq {until_seq}")
         return f, la, convert.changes_rows(entries)

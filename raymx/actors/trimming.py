@@ -25,10 +25,14 @@ class TrimPath:
         cfg = cap.get("archive")
         cur = getattr(self, "archive", None)
         if not cfg:
+            if cur is not None:
+                cur.close()
             self.archive = None
         elif cur is None or cur.cfg != cfg:
             from raymx.actors.archiving import Archive
-            self.archive = Archive(cfg)
+            if cur is not None:
+                cur.close()
+            self.archive = Archive(cfg, self.limits, self.member_id)
         self._trim_wake.set()
 
     def archive_status(self) -> dict | None:
@@ -82,6 +86,14 @@ class TrimPath:
         return st
 
     def _trim_loop(self):
+        try:
+            self._trim_rounds()
+        finally:
+            arch = getattr(self, "archive", None)
+            if arch is not None:
+                arch.close()
+
+    def _trim_rounds(self):
         while not self._stopping.is_set():
             self._trim_wake.wait(self.limits.trim_interval_ms / 1000)
             self._trim_wake.clear()

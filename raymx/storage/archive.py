@@ -30,6 +30,8 @@ from raymx.storage.gtid import GTID, ZERO
 INDEX = "_index.json"
 TMP_PREFIX = ".tmp-"
 SEGMENT_ENTRIES_MAX = 50_000   # entries one segment holds at most
+SEGMENT_OPS_MAX = 200_000      # and ops (rows): the writer ends a segment after the
+                               # entry that reaches it (an entry is never split)
 VERSION = 1
 _NAME = re.compile(r"^seg-(\d{16})-(\d{16})-t(\d+)-t(\d+)\.parquet$")
 
@@ -113,7 +115,8 @@ def next_segment(idx: dict, first_live: GTID | None, majority: GTID | None,
                  ) -> tuple[GTID | None, int] | None:
     """What to archive now: ``(after, until_seq)``, the entries with seq in
     (``after.seq``, ``until_seq``] (``after`` None: from the first live entry),
-    or None (nothing, or not yet).
+    or None (nothing, or not yet). The writer may end the segment sooner, at
+    ``SEGMENT_OPS_MAX`` ops; the next round goes on from there.
 
     Only majority-committed entries (up to ``majority``). Written when the
     oldest pending entry is ``lag_ms`` old, a whole segment is pending, or
