@@ -203,3 +203,20 @@ def test_an_archive_that_cannot_be_written_holds_trimming_and_shows_in_status(
             rs.set_archive(str(tmp_path / "x"), lag_s=-1)
     finally:
         rs.shutdown()
+
+
+def test_raymx_archive_sets_shows_and_stops_it(replset, tmp_path):
+    from click.testing import CliRunner
+
+    from raymx.cli import main
+    r = CliRunner().invoke(main, ["archive", replset.name])
+    assert r.exit_code == 0 and "no oplog archive" in r.output
+    g = replset.client(w="majority")["a"]["b"].insert_one({"_id": 1}).gtid
+    r = CliRunner().invoke(main, ["archive", replset.name, str(tmp_path / "a"), "--lag-s", "0.1"])
+    assert r.exit_code == 0 and str(tmp_path / "a") in r.output, r.output
+    wait_until(lambda: f"{g.term}:{g.seq} in 1 segments" in CliRunner().invoke(
+        main, ["archive", replset.name]).output, timeout_s=30)
+    r = CliRunner().invoke(main, ["archive", replset.name, "--off"])
+    assert r.exit_code == 0 and "no oplog archive" in r.output
+    r = CliRunner().invoke(main, ["archive", replset.name, "nosuchfs://x/y"])
+    assert r.exit_code == 1 and "pyarrow.fs" in r.output
