@@ -34,13 +34,23 @@ def open_fs(uri: str):
     return fs, path.rstrip("/")
 
 
-def read_index(fs, base: str) -> dict:
+def read_index(fs, base: str, cached: tuple | None = None) -> dict:
+    """The archive's index; ``cached``: ``(stamp, index)`` of an earlier read,
+    returned as is while the file's size and mtime are the same (every member
+    looks every round; it changes once a segment)."""
+    return read_index_stamped(fs, base, cached)[1]
+
+
+def read_index_stamped(fs, base: str, cached: tuple | None = None) -> tuple:
     import pyarrow.fs as pafs
     info = fs.get_file_info(f"{base}/{A.INDEX}")
     if info.type == pafs.FileType.NotFound:
-        return A.empty_index()
+        return None, A.empty_index()
+    stamp = (info.size, info.mtime_ns)
+    if cached is not None and cached[0] == stamp:
+        return cached
     with fs.open_input_stream(f"{base}/{A.INDEX}") as f:
-        return A.parse_index(f.read())
+        return stamp, A.parse_index(f.read())
 
 
 def read_segment(fs, base: str, seg: dict):
@@ -92,6 +102,7 @@ class Archive:
         self.cfg = dict(cfg)
         self.limits, self.member_id = limits, member_id
         self._executor = None
+        self._stamped = None  # (size and mtime, index) of the last index read
         self.uri = cfg["uri"]
         self.lag_ms = int(float(cfg.get("lag_s", LAG_S_DEFAULT)) * 1000)
         self.fs = self.base = None
@@ -114,7 +125,7 @@ class Archive:
                 self.fs, self.base = open_fs(self.uri)
             if self._suspect:  # at the start and after an error (the folder went?)
                 self.fs.create_dir(self.base, recursive=True)
-            self.idx = read_index(self.fs, self.base)
+            self.idx = self._read_index()
             while primary and self._write_one(engine, term, majority, now_ms, want_trim):
                 pass
             self.error = None
@@ -159,12 +170,13 @@ class Archive:
             name = A.segment_name(f, la)
         # re-read the index right before recording: someone may have archived
         # meanwhile (a newer primary: the fence refuses us)
-        cur = read_index(self.fs, self.base)
+        cur = self._read_index()
         new = A.append(cur, f, la, rows, name, term)
         if adopt is None:
             self.fs.move(tmp, f"{self.base}/{name}")
         self._write_index(new)
         self.idx = new
+        self._stamped = None
         self._suspect = False
         w = self.written
         w["segments"] += 1
@@ -173,6 +185,10 @@ class Archive:
         w["entries"] += la.seq - f.seq + 1
         w["ms"] += (time.perf_counter() - t0) * 1000
         return True
+
+    def _read_index(self) -> dict:
+        self._stamped = read_index_stamped(self.fs, self.base, self._stamped)
+        return self._stamped[1]
 
     def _write_index(self, idx: dict) -> None:
         tmp = f"{self.base}/{A.TMP_PREFIX}index-{uuid.uuid4().hex}"
@@ -255,6 +271,13 @@ class Archive:
         """Change events after ``token`` from the archive (as
         ``raymx.storage.changes.scan``); raises ``OplogTrimmed`` if the archive
         does not hold the entry after it either."""
+        if self.idx is None:  # not read yet (the trimmer's first round): now
+            try:
+                fs, base = open_fs(self.uri)
+                self.idx = read_index(fs, base)
+                self.fs, self.base = fs, base
+            except Exception as e:
+                self.error = self.error or f"{type(e).__name__}: {e}"
         if self.fs is None or self.idx is None:
             raise errors.OplogTrimmed(
                 f"resume token {list(token)} is older than the oplog, and the archive at "
