@@ -116,6 +116,11 @@ def test_rows_back_into_events_with_a_split_entry():
     ev, resume, done = A.row_events(rows, tuple(resume), None, Filter(), 10, GTID(1, 8))
     assert [e["op"] for e in ev] == ["insert", "createIndex"] and done and resume == [1, 8]
     assert ev[1]["index"] == {"name": "b_1", "key": [["b", 1]]}
+    # a slice of a segment: after its last row, op by op
+    ev, resume, done = A.row_events(rows[:3], (1, 4), None, Filter(), 10, GTID(1, 8), more=True)
+    assert len(ev) == 3 and resume == [1, 6, 0] and not done
+    ev, resume, done = A.row_events(rows[3:], tuple(resume), None, Filter(), 10, GTID(1, 8))
+    assert [e["token"] for e in ev] == [[1, 6, 1], [1, 7, 0]] and done and resume == [1, 8]
     # a gate inside the segment stops there
     ev, resume, done = A.row_events(rows, (1, 4), GTID(1, 5), Filter(), 10, GTID(1, 8))
     assert len(ev) == 2 and resume == [1, 5] and done
@@ -139,8 +144,8 @@ def test_a_replica_set_archives_before_it_trims_and_streams_read_through(
         c = rs.client(w="majority")
         coll = c["a"]["c"]
         start = coll.insert_one({"_id": "first"}).gtid
-        for i in range(30):
-            coll.insert_many([{"_id": i * 10 + k, "pad": "x" * 200} for k in range(10)])
+        for i in range(30):  # 3,000 ops: a stream reads a segment a slice at a time
+            coll.insert_many([{"_id": i * 100 + k, "pad": "x" * 200} for k in range(100)])
         last = coll.insert_one({"_id": "last"}).gtid
         rs.set_oplog_cap(max_bytes=64 * 1024)   # small: most entries go
         wait_until(lambda: all((m["oplog"]["first"] or [0, 0])[1] > start.seq + 5
@@ -162,7 +167,7 @@ def test_a_replica_set_archives_before_it_trims_and_streams_read_through(
                 ev = s.try_next()
                 if ev is not None:
                     seen.append(ev["_id"])
-        assert seen == ["first"] + list(range(300)) + ["last", "tail"]
+        assert seen == ["first"] + list(range(3000)) + ["last", "tail"]
         # the archive survives a member restart of the primary too (its config)
         assert rs.archive_location()["uri"] == str(arch)
     finally:

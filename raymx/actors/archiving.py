@@ -286,25 +286,52 @@ class Archive:
         segs = A.segments_after(self.idx, token)
         events: list[dict] = []
         resume = list(token)
+        chunk = max(n_max, 1024)
         for s in segs[:segments_max]:
             if gate is not None and s["first"][1] > gate.seq:
                 break
-            ev, resume, done = A.row_events(self._segment_rows(s), tuple(resume), gate, flt,
-                                            n_max - len(events), GTID(*s["last"]))
-            events += ev
-            if not done or len(events) >= n_max:
+            tb = self._segment_table(s)
+            pos = _first_after(tb, resume)
+            while True:  # Python rows for a slice at a time (a segment is big)
+                sl = tb.slice(pos, chunk)
+                pos += chunk
+                more = pos < tb.num_rows
+                ev, resume, done = A.row_events(_pyrows(sl), tuple(resume), gate, flt,
+                                                n_max - len(events), GTID(*s["last"]), more)
+                events += ev
+                if done or len(events) >= n_max:
+                    break
+            if not done:
                 break
         return {"events": events, "resume": resume}
 
-    def _segment_rows(self, seg: dict) -> list:
-        rows = self._rows.get(seg["file"])
-        if rows is None:
+    def _segment_table(self, seg: dict):
+        """A segment's Arrow table (the last three read kept: a stream reads
+        one segment over many batches)."""
+        tb = self._rows.get(seg["file"])
+        if tb is None:
             tb = read_segment(self.fs, self.base, seg)
-            rows = tb.drop_columns(["ts"]).to_pylist()
-            ts = tb.column("ts").cast("int64").to_pylist()
-            for r, x in zip(rows, ts):
-                r["ts"] = x
             if len(self._rows) >= 3:
                 self._rows.pop(next(iter(self._rows)))
-            self._rows[seg["file"]] = rows
-        return rows
+            self._rows[seg["file"]] = tb
+        return tb
+
+
+def _first_after(tb, token) -> int:
+    """The first row of ``tb`` after ``token`` (its row count if none)."""
+    import pyarrow.compute as pc
+    seq = tb.column("seq")
+    mask = pc.greater(seq, token[1])
+    if len(token) == 3:
+        mask = pc.or_(mask, pc.and_(pc.equal(seq, token[1]),
+                                    pc.greater(tb.column("idx"), token[2])))
+    i = pc.index(mask, True).as_py()
+    return tb.num_rows if i < 0 else i
+
+
+def _pyrows(tb) -> list:
+    """Rows as dicts, ``ts`` as microseconds."""
+    rows = tb.drop_columns(["ts"]).to_pylist()
+    for r, x in zip(rows, tb.column("ts").cast("int64").to_pylist()):
+        r["ts"] = x
+    return rows

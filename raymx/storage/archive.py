@@ -232,11 +232,12 @@ def row_event(r: dict) -> dict:
     return ev
 
 
-def row_events(rows, token: tuple, gate: GTID | None, flt, n_max: int, seg_last: GTID
-               ) -> tuple[list[dict], list, bool]:
+def row_events(rows, token: tuple, gate: GTID | None, flt, n_max: int, seg_last: GTID,
+               more: bool = False) -> tuple[list[dict], list, bool]:
     """Events of one segment's rows (in (seq, idx) order) after ``token`` and
-    up to ``gate``, at most ``n_max``. Returns (events, resume token, whether
-    the segment was read to its end or the gate)."""
+    up to ``gate``, at most ``n_max``. ``more``: ``rows`` is a slice and the
+    segment goes on after it. Returns (events, resume token, whether the
+    segment was read to its end or the gate)."""
     g0, skip = token[1], (token[2] if len(token) == 3 else None)
     events: list[dict] = []
     limit = seg_last if gate is None or gate.seq >= seg_last.seq else gate
@@ -245,13 +246,15 @@ def row_events(rows, token: tuple, gate: GTID | None, flt, n_max: int, seg_last:
         if s < g0 or (s == g0 and (skip is None or r["idx"] <= skip)):
             continue
         if s > limit.seq:
-            break
+            return events, [limit.term, limit.seq], True
         if not flt.wants_ns(r["ns"]):
             continue
         ev = row_event(r)
         if flt.ops is None or ev["op"] in flt.ops:
             if len(events) >= n_max:
-                last = events[-1]["token"]
-                return events, last, False
+                return events, events[-1]["token"], False
             events.append(ev)
+    if more and rows:  # the slice is looked at: after its last op
+        r = rows[-1]
+        return events, [r["term"], r["seq"], r["idx"]], False
     return events, [limit.term, limit.seq], True
