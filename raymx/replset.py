@@ -427,18 +427,11 @@ class ReplicaSet:
         return _ray().get(self._coord.set_oplog_cap.remote(_check_cap(cap)))
 
     def set_archive(self, uri: str | None, lag_s: float = 1.0) -> dict:
-        """Archive the oplog before it is trimmed (DESIGN section 9), online:
-        Parquet segments (one row per op, the ``read_changes`` columns) named
-        by GTID range, with a small index (``_index.json``), under ``uri``: a
-        folder every member can reach, or any ``pyarrow.fs`` URI
-        (``s3://bucket/path``...). The primary writes majority-committed
-        entries at most ``lag_s`` after they commit (sooner when trimming
-        waits for them); no member trims past what the archive holds, and one
-        that cannot be written holds trimming (``raymx status`` says so).
-        Change streams and ``read_changes`` then resume from tokens older than
-        the live oplog; ``spark_bridge.stream_changes`` streams the folder.
-        ``None`` stops archiving (trimming no longer waits for it). Kept in the
-        configuration with the oplog cap."""
+        """Archive the oplog as Parquet segments before it is trimmed (DESIGN
+        section 9; README "The oplog archive"), online, kept in the
+        configuration: ``uri`` a folder every member reaches or a
+        ``pyarrow.fs`` URI; entries archived at most ``lag_s`` after they are
+        majority-committed. ``None`` stops archiving."""
         cap = dict(self.config().get("oplog_cap") or {"max_bytes": None})
         cap.pop("archive", None)
         if uri is not None:
