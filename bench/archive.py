@@ -94,14 +94,18 @@ def main():
         row("archive: entries not yet archived after each round (1,000 ops each)",
             max(lags), "entries", f"{lags}; all archived {caught_up:.1f}s after the last "
             "write (it yields to writes)")
-        size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)
-                   if A.parse_name(f))
-        row("archive: ops archived", w["rows"], "ops",
-            f"{w['segments']} segments, through {ar['through']} (last write {list(last)})")
+        with open(os.path.join(folder, A.INDEX), "rb") as f:
+            idx = A.parse_index(f.read())
+        total = sum(x["rows"] for x in idx["segments"])
+        size = sum(os.path.getsize(os.path.join(folder, x["file"])) for x in idx["segments"])
+        row("archive: ops archived", total, "ops",
+            f"{len(idx['segments'])} segments, through {ar['through']} (last write "
+            f"{list(last)}); writer terms {sorted({x['term'] for x in idx['segments']})}")
         row("archive: ms per 1,000 ops (its niced worker process)",
             w["ms"] / max(w["rows"], 1) * 1000, "ms",
-            f"{w['ms'] / 1000:.1f} s wall in all (read, JSON, Parquet, write)")
-        row("archive: bytes on disk per op", size / max(w["rows"], 1), "B", "zstd Parquet")
+            f"{w['ms'] / 1000:.1f} s wall for the {w['rows']:,} ops this primary wrote "
+            "(read, JSON, Parquet, write)")
+        row("archive: bytes on disk per op", size / max(total, 1), "B", "zstd Parquet")
     finally:
         for rs in sets.values():
             rs.shutdown()
