@@ -225,3 +225,28 @@ def test_raymx_archive_sets_shows_and_stops_it(replset, tmp_path):
     assert r.exit_code == 0 and "no oplog archive" in r.output
     r = CliRunner().invoke(main, ["archive", replset.name, "nosuchfs://x/y"])
     assert r.exit_code == 1 and "pyarrow.fs" in r.output
+
+
+def test_history_trimmed_before_the_archive_began_is_reported_lost(ray_session, tmp_path):
+    from raymx.spark_bridge.archive_io import stream_changes
+    rs = raymx.ReplicaSet.launch("arch3", members=1, data_dir=str(tmp_path / "rs"), limits=LIM,
+                                 oplog_cap={"max_bytes": 32 * 1024})
+    try:
+        coll = rs.client(w="majority")["a"]["c"]
+        for i in range(20):
+            coll.insert_many([{"_id": i * 10 + k, "pad": "x" * 200} for k in range(10)])
+        wait_until(lambda: rs.trim_now()[0]["first"][1] > 5, timeout_s=30)
+        rs.set_archive(str(tmp_path / "a"), lag_s=0.1)
+        g = coll.insert_one({"_id": "after"}).gtid
+        wait_until(lambda: (rs.status()["members"][0]["oplog"]["archive"]["through"]
+                            or [0, 0])[1] >= g.seq, timeout_s=30)
+        with pytest.raises(errors.OplogTrimmed, match="older than the oplog and its archive"):
+            with coll.watch(after=[1, 1]) as s:
+                s.try_next()
+        with pytest.raises(errors.OplogTrimmed, match="which starts at"):
+            stream_changes(None, rs, after=[1, 1])
+        with pytest.raises(errors.InvalidInput, match="no oplog archive"):
+            rs.set_archive(None)
+            stream_changes(None, rs, after=[1, 1])
+    finally:
+        rs.shutdown()

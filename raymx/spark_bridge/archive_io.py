@@ -101,7 +101,8 @@ def stream_changes(spark, rs, after=None, checkpoint: str | None = None, process
     file source, one row per op in the ``read_changes`` columns.
 
     ``after``: a GTID or resume token (``[term, seq]`` / ``[term, seq,
-    op]``); only later ops (None: everything the archive holds). ``ns``: only
+    op]``); only later ops (None: everything the archive holds). An
+    ``after`` older than what the archive holds raises ``OplogTrimmed``. ``ns``: only
     these namespaces. Latency: an op reaches the stream at most the archive's
     ``lag_s`` after it is majority-committed, plus ``trigger_s``. Only
     majority-committed ops are in it (never one that is rolled back).
@@ -140,6 +141,10 @@ def stream_changes(spark, rs, after=None, checkpoint: str | None = None, process
             token = parse_token(list(GTID.parse(after)) if isinstance(after, str) else after)
         except ValueError as e:
             raise errors.InvalidInput(f"after: {e}") from None
+    if token is not None:  # history the archive no longer (or never) had: say so
+        idx = archive_index(loc["uri"])
+        if idx["segments"]:
+            A.segments_after(idx, token)  # raises OplogTrimmed
     df = (spark.readStream.schema(session.spark_schema(convert.CHANGES_SCHEMA))
           .parquet(spark_path(loc["uri"])))
     if token is not None:
