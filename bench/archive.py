@@ -101,10 +101,13 @@ def main():
         row("archive: ops archived", total, "ops",
             f"{len(idx['segments'])} segments, through {ar['through']} (last write "
             f"{list(last)}); writer terms {sorted({x['term'] for x in idx['segments']})}")
-        row("archive: ms per 1,000 ops (its niced worker process)",
-            w["ms"] / max(w["rows"], 1) * 1000, "ms",
-            f"{w['ms'] / 1000:.1f} s wall for the {w['rows']:,} ops this primary wrote "
-            "(read, JSON, Parquet, write)")
+        cpu_op = w["cpu_ms"] / max(w["rows"], 1) * 1000  # us per op
+        row("archive: CPU per op (its worker process)", cpu_op * 1000, "ns",
+            f"{w['cpu_ms'] / 1000:.1f} s CPU, {w['ms'] / 1000:.1f} s wall, for the "
+            f"{w['rows']:,} ops this primary archived: at most {1e6 / cpu_op:,.0f} ops/s "
+            "per core")
+        row("writes: CPU per doc, every process (archive off, busiest round)",
+            2 * 1e9 / max(rates["off"]), "ns", "2 cores / that round's rate: an upper bound")
         row("archive: bytes on disk per op", size / max(total, 1), "B", "zstd Parquet")
     finally:
         for rs in sets.values():

@@ -79,12 +79,13 @@ def _worker_init(parent: int) -> None:
 
 def write_segment(engine, uri: str, tmp: str, after: GTID | None, until_seq: int):
     """Write the entries after ``after`` up to ``until_seq`` as a Parquet file
-    at ``tmp``; returns (first, last, rows)."""
+    at ``tmp``; returns (first, last, rows, CPU seconds of this process)."""
     import pyarrow.parquet as pq
+    cpu = time.process_time()
     fs, _ = open_fs(uri)
     f, la, table = Archive._rows_of(engine, after, until_seq)
     pq.write_table(table, tmp, filesystem=fs, compression="zstd")
-    return f, la, table.num_rows
+    return f, la, table.num_rows, time.process_time() - cpu
 
 
 def segment_from_files(path: str, limits, member_id: int, uri: str, tmp: str,
@@ -108,7 +109,9 @@ class Archive:
         self.fs = self.base = None
         self.idx: dict | None = None   # the last index read (None: never read)
         self.error: str | None = None
-        self.written = {"segments": 0, "rows": 0, "entries": 0, "ms": 0.0, "adopted": 0}
+        # ms: wall time of the writes; cpu_ms: the CPU the conversions took
+        self.written = {"segments": 0, "rows": 0, "entries": 0, "ms": 0.0, "cpu_ms": 0.0,
+                        "adopted": 0}
         self._rows: dict[str, list] = {}  # segment file -> rows (the last few read)
         # look for a segment an earlier writer left unrecorded: at the start and
         # after an error (listing the folder every round would cost as it grows)
@@ -150,7 +153,7 @@ class Archive:
             return False
         after, until_seq = plan
         t0 = time.perf_counter()
-        adopt = None
+        adopt, cpu = None, 0.0
         if self._suspect:
             import pyarrow.fs as pafs
             names = [i.base_name for i in self.fs.get_file_info(pafs.FileSelector(self.base))]
@@ -163,9 +166,9 @@ class Archive:
             tmp = f"{self.base}/{A.TMP_PREFIX}{uuid.uuid4().hex}"
             path = getattr(engine.store, "path", None)
             if path is None:  # an in-memory store (the simulation): here
-                f, la, rows = write_segment(engine, self.uri, tmp, after, until_seq)
+                f, la, rows, cpu = write_segment(engine, self.uri, tmp, after, until_seq)
             else:  # the conversion's CPU goes to a process of its own
-                f, la, rows = self._pool().submit(
+                f, la, rows, cpu = self._pool().submit(
                     segment_from_files, path, self.limits, self.member_id, self.uri, tmp,
                     after, until_seq).result()
             name = A.segment_name(f, la)
@@ -185,6 +188,7 @@ class Archive:
         w["rows"] += rows
         w["entries"] += la.seq - f.seq + 1
         w["ms"] += (time.perf_counter() - t0) * 1000
+        w["cpu_ms"] += cpu * 1000
         return True
 
     def _read_index(self) -> dict:
@@ -264,7 +268,8 @@ class Archive:
                 "oldest": None if o is None else list(o),
                 "through": None if t is None else list(t),
                 "segments": len(idx["segments"]), "gaps": idx["gaps"], "error": self.error,
-                "written": dict(self.written, ms=round(self.written["ms"], 1))}
+                "written": dict(self.written, ms=round(self.written["ms"], 1),
+                                cpu_ms=round(self.written["cpu_ms"], 1))}
 
     # --- reading through it (change streams) ---------------------------------
     def scan(self, token: tuple, gate: GTID | None, flt, n_max: int,
