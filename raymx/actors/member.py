@@ -407,7 +407,7 @@ class OplogShard:
                 "trimmed": tr["trimmed"], "trim_txns": tr["txns"],
                 "max_trim_txn_entries": tr["max_txn_entries"],
                 "max_trim_txn_ms": tr["max_txn_ms"], "trim_ms": round(tr["ms"], 3),
-                "trim_error": tr["last_error"],
+                "trim_error": tr["last_error"], "archive": self.service.archive_status(),
                 "majority": gtid_out(self.service.majority_known)}
 
     # --- bulk-loading a snapshot into this (new) member: DESIGN 8 ---------------

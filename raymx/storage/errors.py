@@ -24,7 +24,7 @@ __all__ = [
     "NotPrimaryOrSecondary", "PrimaryUnavailable", "WriteConcernTimeout", "ReadConcernTimeout",
     "StaleRead", "Diverged", "TooStale", "OplogTrimmed", "StaleTerm", "IrreversibleOp",
     "ShutDown", "ConnectionLost", "RequestTimeout", "TransactionAborted", "DiskFailed",
-    "DiskFull", "ConfigError", "from_wire",
+    "DiskFull", "ConfigError", "ArchiveError", "from_wire",
 ]
 
 
@@ -159,6 +159,11 @@ class OplogTrimmed(TooStale):
     entry): a change stream can resume from any token at or after the entry
     before it; a revert can go back to it.
     """
+
+
+class ArchiveError(RaymxError):
+    """The oplog archive cannot be written or read as asked (names what and
+    where); while it cannot be written, trimming is held (nothing is lost)."""
 
 
 class StaleTerm(RaymxError):
