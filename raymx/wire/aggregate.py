@@ -10,6 +10,7 @@ $or $not $in $arrayElemAt``. Values compare in raymx's order
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any, Iterable
 
 from raymx.storage import query
@@ -329,8 +330,7 @@ def run(docs: Iterable[dict], pipeline: list) -> list[dict]:
     for st in pipeline:
         name, arg = next(iter(st.items()))
         if name == "$match":
-            m = query.compile_filter(arg)
-            it = (d for d in it if m(d))
+            it = filter(query.compile_filter(arg), it)
         elif name == "$project":
             it = _project(it, arg)
         elif name in ("$addFields", "$set"):
@@ -343,13 +343,12 @@ def run(docs: Iterable[dict], pipeline: list) -> list[dict]:
                 raise _err("$sort key specification must be an object", 15973)
             it = iter(sorted(it, key=query.sort_key([[k, int(v)] for k, v in arg.items()])))
         elif name == "$skip":
-            n = _nonneg(arg, "$skip")
-            it = (d for i, d in enumerate(it) if i >= n)
+            it = itertools.islice(it, _nonneg(arg, "$skip"), None)
         elif name == "$limit":
             n = _nonneg(arg, "$limit")
             if n == 0:
                 raise _err("the limit must be positive", 15958)
-            it = _take(it, n)
+            it = itertools.islice(it, n)
         elif name == "$group":
             it = _group(it, arg)
         elif name == "$count":
@@ -362,9 +361,3 @@ def run(docs: Iterable[dict], pipeline: list) -> list[dict]:
             it = _unwind(it, arg)
     return list(it)
 
-
-def _take(it, n):
-    for i, d in enumerate(it):
-        if i >= n:
-            return
-        yield d
