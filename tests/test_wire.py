@@ -245,3 +245,27 @@ def test_bad_messages_get_error_documents(served):
         assert bson.decode(rest[20:])["ismaster"] is True
     finally:
         s.close()
+
+
+def test_retryable_write_is_applied_once(client):
+    """A retried write (same lsid and txnNumber) gets the first answer back,
+    nothing applied twice; an older txnNumber is refused."""
+    db = client.db
+    # pymongo's own retryable writes take this path
+    db.r.insert_one({"_id": 2})
+    db.r.find_one_and_update({"_id": 2}, {"$set": {"x": 1}})
+    with client.start_session() as s:
+        cmd = {"insert": "r", "documents": [{"_id": 1, "v": 1}], "txnNumber": bson.Int64(50)}
+        first = db.command(dict(cmd), session=s)
+        again = db.command(dict(cmd), session=s)
+        assert first["n"] == again["n"] == 1
+        upd = {"update": "r", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"v": 1}}}],
+               "txnNumber": bson.Int64(60)}
+        assert db.command(dict(upd), session=s)["nModified"] == 1
+        assert db.command(dict(upd), session=s)["nModified"] == 1
+        assert db.r.find_one({"_id": 1}) == {"_id": 1, "v": 2}
+        with pytest.raises(OperationFailure) as ei:
+            db.command(dict(cmd, txnNumber=bson.Int64(40)), session=s)
+        assert ei.value.code == 225
+        s._server_session.mark_dirty()  # its numbers were forged: pymongo must not reuse it
+    assert db.r.count_documents({}) == 2

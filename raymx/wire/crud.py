@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 
+import bson
 from bson import Int64
 
 from raymx import errors
@@ -146,13 +147,70 @@ class Transactions:
                 self.abort(bytes(x["id"]))
 
 
+def _txn_of(d, cmd: dict) -> tuple[dict, dict | None]:
+    """(fields, state) of the member transaction a command runs in: the
+    driver's transaction, or the one a retryable write wraps it in."""
+    inner = cmd.get("$txn")
+    if inner is not None:
+        return {"txn": inner[0]}, inner[1]
+    return d.txns.fields(cmd)
+
+
 def _run(d, req: dict, cmd: dict, conn) -> dict:
     """A request, inside the command's transaction if it has one."""
-    extra, state = d.txns.fields(cmd)
+    extra, state = _txn_of(d, cmd)
     if state is None:
         return d.call(req, conn.state)
     req = {k: v for k, v in req.items() if k not in ("w", "j", "wtimeout_ms", "rp")}
     return d.call(dict(req, **extra), state)
+
+
+RETRY_NS = "config.transactions"  # lsid -> the last retryable write's number and answer
+
+
+def retryable(fn):
+    """A write with ``lsid`` and ``txnNumber`` outside a transaction (a driver's
+    retryable write) runs in one member transaction with its record in
+    ``config.transactions``: the record replicates with the write, so a retry
+    (also on a new primary after a failover) gets the first answer back and
+    is not applied twice."""
+    def run(d, cmd: dict, conn) -> dict:
+        lsid = Transactions._lsid(cmd)
+        if lsid is None or cmd.get("txnNumber") is None or "autocommit" in cmd:
+            return fn(d, cmd, conn)
+        num = int(cmd["txnNumber"])
+        state: dict = {}
+        txn = d.call({"op": "txnBegin"}, state)["txn"]
+        done = False
+        try:
+            rec = d.call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid}, "limit": 1,
+                          "txn": txn}, state)["docs"]
+            if rec and rec[0].get("n") == num:
+                return bson.decode(rec[0]["reply"])
+            if rec and rec[0].get("n", -1) > num:
+                raise CommandError(f"Retryable write with txnNumber {num} is prohibited on "
+                                   f"session because a newer retryable write with txnNumber "
+                                   f"{rec[0]['n']} has already started", 225,
+                                   "TransactionTooOld")
+            inner = {k: v for k, v in cmd.items() if k != "writeConcern"}
+            inner["$txn"] = (txn, state)
+            out = fn(d, inner, conn)
+            d.call({"op": "update", "ns": RETRY_NS, "filter": {"_id": lsid}, "replace": True,
+                    "upsert": True, "txn": txn,
+                    "update": {"_id": lsid, "n": num, "reply": bson.encode(out)}}, state)
+            done = True
+            try:
+                d.call({"op": "txnCommit", "txn": txn, **wc_fields(cmd)}, state)
+            except errors.WriteConcernTimeout as e:
+                out["writeConcernError"] = write_concern_error(e)
+            return out
+        finally:
+            if not done:
+                try:
+                    d.call({"op": "txnAbort", "txn": txn}, state)
+                except errors.RaymxError:
+                    pass
+    return run
 
 
 def _write(d, cmd: dict, conn, statements: list, to_req, count) -> dict:
@@ -350,11 +408,10 @@ def _find_and_modify(d, cmd: dict, conn) -> dict:
     replace = isinstance(upd, dict) and not any(k.startswith("$") for k in upd)
     fields = _plain(cmd.get("fields")) or None
     flt = _plain(cmd.get("query") or {})
-    inner = cmd.get("autocommit") is False
-    state: dict = {}
-    if inner:
-        extra, state = d.txns.fields(cmd)
-    else:
+    extra, state = _txn_of(d, cmd)
+    inner = state is not None
+    if not inner:
+        state = {}
         extra = {"txn": d.call({"op": "txnBegin"}, state)["txn"]}
     done = False
     try:
@@ -423,8 +480,9 @@ def _abort(d, cmd: dict, conn) -> dict:
 
 
 COMMANDS = {
-    "insert": _insert, "update": _update, "delete": _delete, "find": _find,
+    "insert": retryable(_insert), "update": retryable(_update), "delete": retryable(_delete),
+    "find": _find,
     "getmore": _get_more, "killcursors": _kill_cursors, "count": _count,
-    "distinct": _distinct, "findandmodify": _find_and_modify, "aggregate": _aggregate,
+    "distinct": _distinct, "findandmodify": retryable(_find_and_modify), "aggregate": _aggregate,
     "committransaction": _commit, "aborttransaction": _abort,
 }
