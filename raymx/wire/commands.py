@@ -31,10 +31,15 @@ TOPOLOGY_TTL_S = 1.0
 PRE_AUTH = {"hello", "ismaster", "saslstart", "saslcontinue"}
 
 
+_DEEP = frozenset((dict, list, Int64))
+
+
 def plain(v):
     """BSON values as the member stores them: ``Int64`` is an int."""
     t = type(v)
     if t is dict:
+        if _DEEP.isdisjoint(map(type, v.values())):  # flat, no Int64: as it is
+            return v
         return {k: plain(x) for k, x in v.items()}
     if t is list:
         return [plain(x) for x in v]
