@@ -77,3 +77,34 @@ def test_oplog_replays_the_types_on_another_member(engine):
     for _, e in engine.read_oplog():
         other.apply_entry(e["ops"])
     assert other.find(NS, {"_id": doc["_id"]}) == [dict(doc, at2=T0)]
+
+
+def test_arrow_mapping_both_ways():
+    """Spark sees timestamp and decimal columns, ObjectId/UUID as text; written
+    back, timestamps, dates and decimals are stored as datetime and Decimal128."""
+    import decimal
+
+    import pyarrow as pa
+
+    from raymx.spark_bridge import convert
+    oid, u = ObjectId(), uuid.uuid4()
+    docs = [{"_id": oid, "at": T0, "price": Decimal128("12.25"), "u": u},
+            {"_id": ObjectId(), "at": T0, "price": Decimal128("1"), "u": uuid.uuid4()}]
+    schema = convert.infer_schema(docs)
+    assert schema.field("at").type == pa.timestamp("ms", tz="UTC")
+    assert schema.field("price").type == pa.decimal128(38, 18)
+    assert schema.field("_id").type == pa.string() and schema.field("u").type == pa.string()
+    t = convert.docs_to_table(docs, schema)
+    row = t.to_pylist()[0]
+    assert row["_id"] == str(oid) and row["u"] == str(u)
+    assert row["price"] == decimal.Decimal("12.25")
+    assert row["at"] == T0.replace(tzinfo=datetime.timezone.utc)
+    back = convert.table_to_docs(pa.table({
+        "at": pa.array([T0], pa.timestamp("us", tz="UTC")),
+        "day": pa.array([datetime.date(2026, 11, 25)], pa.date32()),
+        "d": pa.array([decimal.Decimal("3.50")], pa.decimal128(10, 2))}))
+    stored = codec.unpack(codec.pack_document(back[0], 1 << 20))
+    assert stored == {"at": T0, "day": datetime.datetime(2026, 11, 25),
+                      "d": Decimal128("3.50")}
+    assert convert.to_json({"at": T0, "o": oid}) == \
+        '{"at":{"$date":"2026-11-25T06:00:00.123Z"},"o":{"$oid":"%s"}}' % oid
