@@ -91,7 +91,7 @@ def test_arrow_mapping_both_ways():
     docs = [{"_id": oid, "at": T0, "price": Decimal128("12.25"), "u": u},
             {"_id": ObjectId(), "at": T0, "price": Decimal128("1"), "u": uuid.uuid4()}]
     schema = convert.infer_schema(docs)
-    assert schema.field("at").type == pa.timestamp("ms", tz="UTC")
+    assert schema.field("at").type == pa.timestamp("us", tz="UTC")
     assert schema.field("price").type == pa.decimal128(38, 18)
     assert schema.field("_id").type == pa.string() and schema.field("u").type == pa.string()
     t = convert.docs_to_table(docs, schema)

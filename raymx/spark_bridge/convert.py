@@ -17,7 +17,7 @@ bytes              binary (binary)             bytes
 dict               struct (struct), fields     dict; absent fields stay absent
                    merged over all documents
 list               list<T> (array<T>)          list
-datetime           timestamp[ms, UTC]          datetime (naive UTC)
+datetime           timestamp[us, UTC]          datetime (naive UTC)
                    (timestamp)
 Decimal128         decimal128(38, 18)          Decimal128 (a value with more
                    (decimal(38,18))            than 18 decimals is refused)
@@ -64,7 +64,7 @@ _SCALAR_KIND = {bool: "bool", int: "int", float: "float", str: "str", bytes: "by
                 datetime.datetime: "date", Decimal128: "decimal", ObjectId: "str",
                 uuid.UUID: "str"}
 DECIMAL = pa.decimal128(38, 18)
-TIMESTAMP = pa.timestamp("ms", tz="UTC")
+TIMESTAMP = pa.timestamp("us", tz="UTC")  # the unit Spark reads (values are ms)
 
 
 def _kind_name(t) -> str:
