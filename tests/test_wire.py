@@ -35,7 +35,7 @@ def served(tmp_path):
 
 def uri(p, secret=SECRET):
     return (f"mongodb://raymx:{secret}@127.0.0.1:{p.port}/?replicaSet=rs"
-            "&authMechanism=SCRAM-SHA-256")
+            "&authMechanism=SCRAM-SHA-256&uuidRepresentation=standard")
 
 
 @pytest.fixture
@@ -269,3 +269,34 @@ def test_retryable_write_is_applied_once(client):
         assert ei.value.code == 225
         s._server_session.mark_dirty()  # its numbers were forged: pymongo must not reuse it
     assert db.r.count_documents({}) == 2
+
+
+def test_mongodb_types_through_pymongo(client):
+    """datetime, ObjectId, Decimal128, UUID: stored natively, indexed, queried,
+    sorted and aggregated; _ids pymongo generates are ObjectIds."""
+    import datetime
+    import uuid
+
+    from bson import Decimal128, ObjectId
+    c = client.db.typed
+    t0 = datetime.datetime(2026, 11, 25, 6, 0, 0, 123000)
+    ids = c.insert_many([{"at": t0 + datetime.timedelta(hours=i), "price": Decimal128(f"{i}.25"),
+                          "u": uuid.UUID(int=i), "k": i % 2} for i in range(6)]).inserted_ids
+    assert all(isinstance(i, ObjectId) for i in ids)
+    doc = c.find_one({"_id": ids[2]})
+    assert doc == {"_id": ids[2], "at": t0 + datetime.timedelta(hours=2),
+                   "price": Decimal128("2.25"), "u": uuid.UUID(int=2), "k": 0}
+    c.create_index("at")
+    c.create_index("u", unique=True)
+    late = c.find({"at": {"$gte": t0 + datetime.timedelta(hours=4)}}).sort("at", -1)
+    assert [d["_id"] for d in late] == [ids[5], ids[4]]
+    assert [d["_id"] for d in c.find().sort("_id", 1)] == sorted(ids)
+    with pytest.raises(DuplicateKeyError):
+        c.insert_one({"u": uuid.UUID(int=3)})
+    got = list(c.aggregate([{"$group": {"_id": "$k", "first": {"$min": "$at"},
+                                        "n": {"$sum": 1}}}, {"$sort": {"_id": 1}}]))
+    assert got == [{"_id": 0, "first": t0, "n": 3},
+                   {"_id": 1, "first": t0 + datetime.timedelta(hours=1), "n": 3}]
+    assert c.find_one({"price": Decimal128("5.25")})["_id"] == ids[5]
+    with pytest.raises(WriteError, match="Binary"):  # other binary subtypes: not stored
+        c.insert_one({"b": bson.Binary(b"x", 5)})

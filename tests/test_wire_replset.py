@@ -1,8 +1,10 @@
 """pymongo against a real 3-member set through ``rs.mongodb_uri()``: discovery,
 reads from secondaries, and a failover pymongo follows by itself."""
+import datetime
 import threading
 
 import pymongo
+from bson import Decimal128
 from pymongo import ReadPreference, WriteConcern
 
 import raymx
@@ -25,12 +27,15 @@ def test_pymongo_discovers_the_set_and_follows_a_failover(ray_session, tmp_path)
         assert c.admin.command("ping")["ok"] == 1.0
         wait_until(lambda: c.primary == wire[old] and len(c.secondaries) == 2, timeout_s=30)
         coll = c.get_database("app", write_concern=WriteConcern("majority", wtimeout=20_000)).w
-        coll.insert_many([{"_id": f"seed-{i}", "n": i} for i in range(100)])
+        at = datetime.datetime(2026, 11, 25, 6, 0, 0, 123000)
+        coll.insert_many([{"_id": f"seed-{i}", "n": i} for i in range(99)])
+        oid = coll.insert_one({"at": at, "d": Decimal128("1.5")}).inserted_id
         # the native driver sees what pymongo wrote, and the other way round
         rs.client()["app"]["w"].insert_one({"_id": "native"})
         assert coll.find_one({"_id": "native"}) == {"_id": "native"}
         sec = coll.with_options(read_preference=ReadPreference.SECONDARY)
         wait_until(lambda: sec.count_documents({}) == 101, timeout_s=30)
+        assert sec.find_one({"_id": oid}) == {"_id": oid, "at": at, "d": Decimal128("1.5")}
 
         acked, failed, stop = [], [], threading.Event()
 
@@ -63,7 +68,7 @@ def test_pymongo_discovers_the_set_and_follows_a_failover(ray_session, tmp_path)
         # retryable writes: a write cut off by the failover is retried on the new
         # primary and applied once (its record replicated with it), so none fails
         assert not failed, failed[:3]
-        assert {i for i in have if i.startswith("w-")} == set(acked)
+        assert {i for i in have if str(i).startswith("w-")} == set(acked)
         c.close()
     finally:
         rs.shutdown()

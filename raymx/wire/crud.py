@@ -6,6 +6,7 @@ requests (``insert``/``update``/``delete``/``find``/``getMore``/``count``,
 from __future__ import annotations
 
 import threading
+import uuid
 
 import bson
 from bson import Int64
@@ -14,6 +15,7 @@ from raymx import errors
 from raymx.storage import query
 from raymx.storage.keys import encode_key
 from raymx.wire import aggregate
+from raymx.wire.framing import CODEC
 from raymx.wire.errors import (CommandError, bad_value, is_statement_error, write_concern_error,
                                write_error)
 
@@ -75,6 +77,11 @@ def _plain(v):
     return plain(v)
 
 
+def _sid(v) -> bytes:
+    """A session id (a UUID, binary subtype 4) as bytes."""
+    return v.bytes if isinstance(v, uuid.UUID) else bytes(v)
+
+
 class Transactions:
     """Driver sessions' transactions: ``(lsid, txnNumber)`` -> the member's
     transaction and the state it lives in (statements of one transaction may
@@ -89,7 +96,7 @@ class Transactions:
     def _lsid(cmd: dict) -> bytes | None:
         ls = cmd.get("lsid")
         if isinstance(ls, dict) and ls.get("id") is not None:
-            return bytes(ls["id"])
+            return _sid(ls["id"])
         return None
 
     def fields(self, cmd: dict) -> tuple[dict, dict | None]:
@@ -144,7 +151,7 @@ class Transactions:
     def end_sessions(self, ids) -> None:
         for x in ids:
             if isinstance(x, dict) and x.get("id") is not None:
-                self.abort(bytes(x["id"]))
+                self.abort(_sid(x["id"]))
 
 
 def _txn_of(d, cmd: dict) -> tuple[dict, dict | None]:
@@ -186,7 +193,7 @@ def retryable(fn):
             rec = d.call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid}, "limit": 1,
                           "txn": txn}, state)["docs"]
             if rec and rec[0].get("n") == num:
-                return bson.decode(rec[0]["reply"])
+                return bson.decode(rec[0]["reply"], CODEC)
             if rec and rec[0].get("n", -1) > num:
                 raise CommandError(f"Retryable write with txnNumber {num} is prohibited on "
                                    f"session because a newer retryable write with txnNumber "
@@ -197,7 +204,7 @@ def retryable(fn):
             out = fn(d, inner, conn)
             d.call({"op": "update", "ns": RETRY_NS, "filter": {"_id": lsid}, "replace": True,
                     "upsert": True, "txn": txn,
-                    "update": {"_id": lsid, "n": num, "reply": bson.encode(out)}}, state)
+                    "update": {"_id": lsid, "n": num, "reply": bson.encode(out, codec_options=CODEC)}}, state)
             done = True
             try:
                 d.call({"op": "txnCommit", "txn": txn, **wc_fields(cmd)}, state)

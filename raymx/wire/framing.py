@@ -9,6 +9,7 @@ from __future__ import annotations
 import struct
 
 import bson
+from bson.binary import UuidRepresentation
 from bson.codec_options import CodecOptions
 
 from raymx.storage.errors import ProtocolError
@@ -25,8 +26,9 @@ MORE_TO_COME = 2
 EXHAUST_ALLOWED = 1 << 16
 _KNOWN_FLAGS = CHECKSUM_PRESENT | MORE_TO_COME | EXHAUST_ALLOWED
 
-# documents decode to plain dicts (insertion order kept); datetimes are UTC-aware
-CODEC = CodecOptions(tz_aware=True)
+# documents decode to plain dicts (insertion order kept), datetimes as naive
+# UTC, binary subtype 4 as uuid.UUID (and back): the values raymx stores
+CODEC = CodecOptions(tz_aware=False, uuid_representation=UuidRepresentation.STANDARD)
 
 
 class WireError(ProtocolError):
