@@ -86,11 +86,10 @@ def parse_msg(body: bytes) -> tuple[int, dict]:
                 raise WireError("OP_MSG: document sequence without an identifier")
             ident = bytes(mv[pos + 4:pos + 4 + name_end]).decode("utf-8", "replace")
             p = pos + 4 + name_end + 1
-            docs = []
-            while p < stop:
-                d, p = _doc(mv[:stop], p, f"OP_MSG sequence {ident!r}")
-                docs.append(d)
-            seqs[ident] = docs
+            try:  # the whole sequence in one C call
+                seqs[ident] = bson.decode_all(bytes(mv[p:stop]), CODEC)
+            except Exception as e:
+                raise WireError(f"OP_MSG sequence {ident!r}: invalid BSON ({e})") from None
             pos = stop
         else:
             raise WireError(f"OP_MSG: unknown section kind {kind}")
