@@ -300,3 +300,22 @@ def test_mongodb_types_through_pymongo(client):
     assert c.find_one({"price": Decimal128("5.25")})["_id"] == ids[5]
     with pytest.raises(WriteError, match="Binary"):  # other binary subtypes: not stored
         c.insert_one({"b": bson.Binary(b"x", 5)})
+
+
+def test_write_concern_timeout_and_unacknowledged_writes(client):
+    """w=2 on a one-member set times out: the write stays (pymongo raises
+    WTimeoutError from writeConcernError 64); w=0 is not answered, yet runs."""
+    import time
+
+    from pymongo import WriteConcern
+    from pymongo.errors import WTimeoutError
+    c = client.db.wc
+    with pytest.raises(WTimeoutError) as ei:
+        c.with_options(write_concern=WriteConcern(w=2, wtimeout=300)).insert_one({"_id": 1})
+    assert ei.value.code == 64 and ei.value.details["errInfo"] == {"wtimeout": True}
+    assert c.find_one({"_id": 1}) == {"_id": 1}
+    c.with_options(write_concern=WriteConcern(w=0)).insert_one({"_id": 2})
+    deadline = time.time() + 10
+    while c.find_one({"_id": 2}) is None:
+        assert time.time() < deadline
+        time.sleep(0.02)

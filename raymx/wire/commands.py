@@ -140,6 +140,8 @@ def _hello(d: Dispatcher, cmd: dict, conn) -> dict:
            "readOnly": False}
     if primary is not None:
         out["primary"] = primary
+    if any(m.get("id") == port.info.get("member") and m.get("hidden") for m in members):
+        out["hidden"] = True  # drivers leave it out of the set's servers
     if writable:  # drivers order primaries by (electionId, setVersion): the term
         out["electionId"] = ObjectId(b"\x7f\xff\xff\xff" + int(svc.gm.term).to_bytes(8, "big"))
     if "saslSupportedMechs" in cmd:

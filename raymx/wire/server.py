@@ -1,7 +1,7 @@
 """The MongoDB wire port of a member: an asyncio server on its own thread.
 
 Messages are parsed on the loop (``raymx.wire.framing``); each command runs
-on the port's small thread pool (``raymx.wire.commands.Dispatcher``), which
+on the port's thread pool (``raymx.wire.commands.Dispatcher``), which
 translates it into the member's own requests (``ShardService.handle``, the
 same path the msgpack client port takes) and waits for their answers. One
 connection's commands run one after the other, in arrival order, as
@@ -27,6 +27,7 @@ from raymx.wire.commands import Dispatcher
 log = logging.getLogger("raymx.wire")
 
 MESSAGE_BYTES_MAX = 48_000_000  # MongoDB's maxMessageSizeBytes
+_LIGHT = frozenset(("hello", "ismaster", "ping", "saslstart", "saslcontinue", "buildinfo"))
 
 
 class WirePort:
@@ -34,7 +35,7 @@ class WirePort:
     ``info``: ``{"member": id, "replset": name}``."""
 
     def __init__(self, service, secret: str, host: str, info: dict, port: int = 0,
-                 workers: int = 16):
+                 workers: int = 64):
         self.service = service
         self.host = host
         self.info = dict(info)
@@ -44,7 +45,11 @@ class WirePort:
         self.dispatcher = Dispatcher(service, self)
         self._conn_ids = itertools.count(1)
         self._conns: set = set()
+        # commands wait for the member's answers on these threads (a command
+        # queued behind an open transaction holds one); hello and the SASL steps
+        # have their own, so drivers' heartbeats never wait behind writes
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="raymx-wire")
+        self.hello_pool = ThreadPoolExecutor(4, thread_name_prefix="raymx-wire-hello")
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._t = threading.Thread(target=self._run, args=(port,), name="raymx-wire-port",
@@ -87,6 +92,7 @@ class WirePort:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._t.join(5)
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.hello_pool.shutdown(wait=False, cancel_futures=True)
 
 
 class _WireConn(asyncio.Protocol):
@@ -177,8 +183,11 @@ class _WireConn(asyncio.Protocol):
             self._busy = False
             return
         item = self._queue.popleft()
+        cmd = item[3]
+        pool = self.port.hello_pool if isinstance(cmd, dict) and cmd and \
+            next(iter(cmd)).lower() in _LIGHT else self.port.pool
         try:
-            self.port.pool.submit(self._run, item)
+            pool.submit(self._run, item)
         except RuntimeError:  # shutting down
             self._busy = False
 
