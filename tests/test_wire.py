@@ -319,3 +319,19 @@ def test_write_concern_timeout_and_unacknowledged_writes(client):
     while c.find_one({"_id": 2}) is None:
         assert time.time() < deadline
         time.sleep(0.02)
+
+
+def test_query_and_update_operators_through_pymongo(client):
+    import re
+    c = client.db.ops
+    c.insert_many([{"_id": 1, "name": "Ann", "tags": ["a", "b"], "p": 2},
+                   {"_id": 2, "name": "bob", "tags": ["b"], "p": 3}])
+    assert [d["_id"] for d in c.find({"name": re.compile("^a", re.I)})] == [1]
+    assert [d["_id"] for d in c.find({"name": {"$regex": "B", "$options": "i"}})] == [2]
+    assert [d["_id"] for d in c.find({"tags": {"$size": 2}})] == [1]
+    assert [d["_id"] for d in c.find({"tags": {"$all": ["b"]}, "p": {"$type": "int"}})] == [1, 2]
+    c.update_one({"_id": 2}, {"$mul": {"p": 10}, "$pop": {"tags": 1}})
+    assert c.find_one({"_id": 2}) == {"_id": 2, "name": "bob", "tags": [], "p": 30}
+    c.update_one({"_id": 3}, {"$set": {"v": 1}, "$setOnInsert": {"new": True}}, upsert=True)
+    c.update_one({"_id": 3}, {"$set": {"v": 2}, "$setOnInsert": {"new": False}}, upsert=True)
+    assert c.find_one({"_id": 3}) == {"_id": 3, "v": 2, "new": True}

@@ -329,7 +329,7 @@ class Transaction(Reader):
             res.modified += 1
         if not hits and upsert:
             seed = upd.upsert_seed(flt if flt is not None else {})
-            doc = upd.apply_update(seed, update)
+            doc = upd.apply_update(seed, update, inserting=True)
             if "_id" not in doc:
                 doc = {"_id": seed.get("_id", new_id()), **doc}
             res.upserted_id = doc["_id"]
