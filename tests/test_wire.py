@@ -335,3 +335,31 @@ def test_query_and_update_operators_through_pymongo(client):
     c.update_one({"_id": 3}, {"$set": {"v": 1}, "$setOnInsert": {"new": True}}, upsert=True)
     c.update_one({"_id": 3}, {"$set": {"v": 2}, "$setOnInsert": {"new": False}}, upsert=True)
     assert c.find_one({"_id": 3}) == {"_id": 3, "v": 2, "new": True}
+
+
+def test_change_stream_and_resume(client):
+    """watch(): MongoDB-shaped events; a new stream resumes after a token."""
+    c = client.db.cs
+    with c.watch(max_await_time_ms=200) as s:
+        c.insert_one({"_id": 1, "a": 1})
+        c.update_one({"_id": 1}, {"$set": {"a": 2}, "$unset": {"nope": 1}})
+        c.delete_one({"_id": 1})
+        client.db.other.insert_one({"_id": "elsewhere"})  # another collection: not seen
+        evs = [s.next() for _ in range(3)]
+    assert [e["operationType"] for e in evs] == ["insert", "update", "delete"]
+    assert evs[0]["fullDocument"] == {"_id": 1, "a": 1} and evs[0]["ns"] == {"db": "db",
+                                                                          "coll": "cs"}
+    assert evs[1]["updateDescription"]["updatedFields"] == {"a": 2}
+    assert evs[2]["documentKey"] == {"_id": 1}
+    c.insert_one({"_id": 2})
+    with c.watch(resume_after=evs[1]["_id"], full_document="updateLookup",
+                 max_await_time_ms=200) as s:
+        nxt = [s.next() for _ in range(2)]
+    assert [(e["operationType"], e["documentKey"]["_id"]) for e in nxt] == \
+        [("delete", 1), ("insert", 2)]
+    with client.db.watch([{"$match": {"operationType": "insert"}}],
+                         max_await_time_ms=200) as s:
+        client.db.cs.delete_one({"_id": 2})
+        client.db.other.insert_one({"_id": "x"})
+        e = s.next()
+    assert (e["ns"]["coll"], e["documentKey"]) == ("other", {"_id": "x"})

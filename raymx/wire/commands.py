@@ -19,6 +19,7 @@ from raymx import errors
 from raymx.storage.query import compile_filter
 from raymx.wire import crud
 from raymx.wire.auth import MECHANISM, Scram
+from raymx.wire.changestream import Streams
 from raymx.wire.errors import CommandError, bad_value, command_not_found, error_doc
 
 log = logging.getLogger("raymx.wire")
@@ -57,6 +58,7 @@ class Dispatcher:
         self._topo: tuple[float, dict] | None = None
         self._topo_lock = threading.Lock()
         self.txns = crud.Transactions(self)
+        self.streams = Streams(self)
 
     # --- running -----------------------------------------------------------
     def run(self, cmd: dict, conn, legacy: bool = False) -> dict:

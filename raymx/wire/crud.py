@@ -343,6 +343,8 @@ def _get_more(d, cmd: dict, conn) -> dict:
     if not isinstance(cid, int) or not isinstance(coll, str):
         raise CommandError("getMore needs a cursor id (long) and 'collection'", 14,
                            "TypeMismatch")
+    if d.streams.owns(int(cid)):
+        return d.streams.get_more(int(cid), cmd, conn)
     req = {"op": "getMore", "cursor": int(cid)}
     if cmd.get("batchSize"):
         req["batch"] = int(cmd["batchSize"])
@@ -359,7 +361,10 @@ def _get_more(d, cmd: dict, conn) -> dict:
 
 def _kill_cursors(d, cmd: dict, conn) -> dict:
     ids = [int(x) for x in _docs(cmd.get("cursors"), "cursors")]
-    d.call({"op": "killCursors", "cursors": ids}, conn.state)
+    d.streams.kill([x for x in ids if d.streams.owns(x)])
+    mine = [x for x in ids if not d.streams.owns(x)]
+    if mine:
+        d.call({"op": "killCursors", "cursors": mine}, conn.state)
     return {"cursorsKilled": [Int64(x) for x in ids], "cursorsNotFound": [],
             "cursorsAlive": [], "cursorsUnknown": []}
 
@@ -463,6 +468,9 @@ def _find_and_modify(d, cmd: dict, conn) -> dict:
 
 
 def _aggregate(d, cmd: dict, conn) -> dict:
+    pipeline = _docs(cmd.get("pipeline"), "pipeline")
+    if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
+        return d.streams.start(cmd, conn, pipeline[0]["$changeStream"], _plain(pipeline[1:]))
     if not isinstance(cmd.get("aggregate"), str):
         raise CommandError("aggregate: only collection pipelines are supported (not "
                            "{aggregate: 1})", 2, "BadValue")
