@@ -2,6 +2,7 @@
 reads from secondaries, and a failover pymongo follows by itself."""
 import datetime
 import threading
+import time
 
 import pymongo
 from bson import Decimal128
@@ -37,6 +38,8 @@ def test_pymongo_discovers_the_set_and_follows_a_failover(ray_session, tmp_path)
         wait_until(lambda: sec.count_documents({}) == 101, timeout_s=30)
         assert sec.find_one({"_id": oid}) == {"_id": oid, "at": at, "d": Decimal128("1.5")}
 
+        stream = coll.watch([{"$match": {"operationType": "insert"}}], max_await_time_ms=300)
+        stream.try_next()  # opened on the old primary
         acked, failed, stop = [], [], threading.Event()
 
         def write():
@@ -69,6 +72,22 @@ def test_pymongo_discovers_the_set_and_follows_a_failover(ray_session, tmp_path)
         # primary and applied once (its record replicated with it), so none fails
         assert not failed, failed[:3]
         assert {i for i in have if str(i).startswith("w-")} == set(acked)
+        # the change stream resumes on the new primary by itself (GTID resume
+        # tokens): every acknowledged insert exactly once, in order. (Its first
+        # getMore waits serverSelectionTimeoutMS for the dead member its cursor
+        # was on, as pymongo does against MongoDB, then resumes.)
+        seen = []
+        t0 = deadline = time.time()
+        deadline += 60
+        while not set(acked) <= set(seen):
+            assert time.time() < deadline, f"{len(set(acked) - set(seen))} events missing"
+            ev = stream.try_next()
+            if ev is not None and str(ev["documentKey"]["_id"]).startswith("w-"):
+                seen.append(ev["documentKey"]["_id"])
+        stream.close()
+        print(f"stream caught up in {time.time() - t0:.1f} s")
+        assert len(seen) == len(set(seen))
+        assert seen == sorted(seen, key=lambda x: int(x[2:]))
         c.close()
     finally:
         rs.shutdown()
