@@ -363,3 +363,39 @@ def test_change_stream_and_resume(client):
         client.db.other.insert_one({"_id": "x"})
         e = s.next()
     assert (e["ns"]["coll"], e["documentKey"]) == ("other", {"_id": "x"})
+
+
+BAD_COMMANDS = [
+    {"find": 5}, {"find": "c", "limit": "x"}, {"find": "c", "filter": 5},
+    {"find": "c", "filter": {"a": {"$frob": 1}}}, {"find": "c", "sort": {"a": "up"}},
+    {"insert": "c", "documents": [{"$a": 1}]},
+    {"update": "c", "updates": [{"q": {}, "u": 5}]}, {"delete": "c", "deletes": [{"q": 5}]},
+    {"delete": "c", "deletes": [{"q": {}, "limit": "x"}]}, {"getMore": "x", "collection": "c"},
+    {"getMore": bson.Int64(12345), "collection": "c"}, {"aggregate": "c", "pipeline": 5},
+    {"aggregate": "c", "pipeline": [{"$group": 5}]}, {"aggregate": "c", "pipeline": [5]},
+    {"createIndexes": "c", "indexes": [{"key": 5}]}, {"createIndexes": "c", "indexes": 5},
+    {"count": "c", "query": 5}, {"distinct": "c", "key": 5}, {"findAndModify": "c"},
+    {"dropIndexes": "c", "index": 5}, {"killCursors": "c", "cursors": 5},
+    {"insert": "c", "documents": [{}], "writeConcern": {"w": "nope"}},
+    {"insert": "c", "documents": [{}], "writeConcern": 5},
+    {"listCollections": 1, "filter": 5}, {"create": "c", "capped": True},
+    {"commitTransaction": 1}, {"aggregate": "c", "pipeline": [{"$changeStream": 5}]},
+]
+
+
+@pytest.mark.parametrize("cmd", BAD_COMMANDS, ids=[next(iter(c)) + str(i)
+                                                   for i, c in enumerate(BAD_COMMANDS)])
+def test_bad_commands_get_mongodb_errors_and_the_connection_stays(client, cmd):
+    """Bad input: an error document with a MongoDB code (never InternalError,
+    never a dropped connection). (Shapes pymongo cannot even encode, such as
+    documents: 5, are covered by test_bad_messages_get_error_documents.)"""
+    from pymongo.errors import PyMongoError
+    try:
+        out = client.db.command(dict(cmd))
+    except OperationFailure as e:
+        assert e.code not in (None, 1), e.details
+    except PyMongoError as e:  # a write error the driver raises as such
+        assert getattr(e, "code", None) not in (None, 1), e
+    else:
+        assert "writeErrors" in out and out["writeErrors"][0]["code"] != 1, out
+    assert client.db.command("ping")["ok"] == 1.0

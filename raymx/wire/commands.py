@@ -74,6 +74,12 @@ class Dispatcher:
             return error_doc(command_not_found(name))
         try:
             out = fn(self, cmd, conn)
+        except (TypeError, ValueError, AttributeError, KeyError) as e:
+            # a field of the wrong type or shape (int("x"), a number where a
+            # document belongs): the sender's mistake, said with a code
+            log.info("%s: bad argument: %r", name, e)
+            return error_doc(CommandError(f"{name}: a field has the wrong type or form: {e}",
+                                          14, "TypeMismatch"))
         except Exception as e:
             return error_doc(e)
         out.setdefault("ok", 1.0)
