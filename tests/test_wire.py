@@ -267,8 +267,13 @@ def test_retryable_write_is_applied_once(client):
         with pytest.raises(OperationFailure) as ei:
             db.command(dict(cmd, txnNumber=bson.Int64(40)), session=s)
         assert ei.value.code == 225
+        # several statements: one member transaction with the record
+        many = {"insert": "r", "documents": [{"_id": 10}, {"_id": 11}],
+                "txnNumber": bson.Int64(70)}
+        assert db.command(dict(many), session=s)["n"] == db.command(dict(many), session=s)["n"]
+        assert db.r.count_documents({"_id": {"$gte": 10}}) == 2
         s._server_session.mark_dirty()  # its numbers were forged: pymongo must not reuse it
-    assert db.r.count_documents({}) == 2
+    assert db.r.count_documents({}) == 4
 
 
 def test_mongodb_types_through_pymongo(client):

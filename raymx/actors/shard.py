@@ -43,6 +43,7 @@ WRITE_OPS = {"insert", "update", "delete", "createIndex", "dropIndex", "dropColl
 READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes",
             "revertPlan"}
 TXN_OPS = {"txnBegin", "txnCommit", "txnAbort"}
+RETRY_NS = "config.transactions"  # retryable writes' records (raymx/wire/crud.py)
 
 
 def result_out(r) -> dict:
@@ -53,7 +54,17 @@ def result_out(r) -> dict:
 
 
 def run_statement(tx: Transaction, req: dict):
-    """Execute one write statement ``req`` inside ``tx`` (atomically)."""
+    """Execute one write statement ``req`` inside ``tx`` (atomically); with
+    ``retry`` (a driver's retryable write, raymx/wire/crud.py) its record and
+    result commit with it."""
+    res = _statement(tx, req)
+    if "retry" in req:
+        rec = dict(req["retry"], res=result_out(res))
+        tx.update(RETRY_NS, {"_id": rec["_id"]}, rec, upsert=True, replace=True)
+    return res
+
+
+def _statement(tx: Transaction, req: dict):
     op, ns = req["op"], req.get("ns")
     if op == "insert":  # "packed" was decoded on arrival (ShardService._receive_insert)
         return tx.insert(ns, req["packed"] if "packed" in req else req.get("docs"))

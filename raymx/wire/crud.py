@@ -167,6 +167,8 @@ def _run(d, req: dict, cmd: dict, conn) -> dict:
     """A request, inside the command's transaction if it has one."""
     extra, state = _txn_of(d, cmd)
     if state is None:
+        if "$retry" in cmd:  # its record commits in the same statement
+            req = dict(req, retry=cmd["$retry"])
         return d.call(req, conn.state)
     req = {k: v for k, v in req.items() if k not in ("w", "j", "wtimeout_ms", "rp")}
     return d.call(dict(req, **extra), state)
@@ -175,17 +177,52 @@ def _run(d, req: dict, cmd: dict, conn) -> dict:
 RETRY_NS = "config.transactions"  # lsid -> the last retryable write's number and answer
 
 
+def _too_old(num: int, newer: int) -> CommandError:
+    return CommandError(f"Retryable write with txnNumber {num} is prohibited on session "
+                        f"because a newer retryable write with txnNumber {newer} has "
+                        "already started", 225, "TransactionTooOld")
+
+
+_STATEMENTS = {"insert": "documents", "update": "updates", "delete": "deletes"}
+
+
+def _replayed(cmd: dict, res: dict) -> dict:
+    """The answer of a one-statement write from its stored member result."""
+    kind = next(iter(cmd)).lower()
+    if kind == "insert":
+        return {"n": len(res.get("inserted_ids") or ())}
+    if kind == "delete":
+        return {"n": res.get("deleted") or 0}
+    out = {"n": (res.get("matched") or 0), "nModified": res.get("modified") or 0}
+    if res.get("upserted_id") is not None:
+        out["n"] += 1
+        out["upserted"] = [{"index": 0, "_id": res["upserted_id"]}]
+    return out
+
+
 def retryable(fn):
     """A write with ``lsid`` and ``txnNumber`` outside a transaction (a driver's
-    retryable write) runs in one member transaction with its record in
-    ``config.transactions``: the record replicates with the write, so a retry
-    (also on a new primary after a failover) gets the first answer back and
-    is not applied twice."""
+    retryable write) commits with its record in ``config.transactions``: the
+    record replicates with the write, so a retry (also on a new primary after
+    a failover) gets the first answer back and is not applied twice. A write
+    of one statement carries its record in that statement (``retry``: one
+    member write, group commit as any other); others (and findAndModify) run
+    as one member transaction."""
     def run(d, cmd: dict, conn) -> dict:
         lsid = Transactions._lsid(cmd)
         if lsid is None or cmd.get("txnNumber") is None or "autocommit" in cmd:
             return fn(d, cmd, conn)
         num = int(cmd["txnNumber"])
+        field = _STATEMENTS.get(next(iter(cmd)).lower())
+        if field is not None and isinstance(cmd.get(field), list) and len(cmd[field]) == 1:
+            rec = d.call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid}, "limit": 1,
+                          "rp": "primary"}, conn.state)["docs"]
+            if rec and rec[0].get("n") == num:
+                return _replayed(cmd, rec[0]["res"]) if "res" in rec[0] \
+                    else bson.decode(rec[0]["reply"], CODEC)
+            if rec and rec[0].get("n", -1) > num:
+                raise _too_old(num, rec[0]["n"])
+            return fn(d, dict(cmd, **{"$retry": {"_id": lsid, "n": num}}), conn)
         state: dict = {}
         txn = d.call({"op": "txnBegin"}, state)["txn"]
         done = False
@@ -193,12 +230,10 @@ def retryable(fn):
             rec = d.call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid}, "limit": 1,
                           "txn": txn}, state)["docs"]
             if rec and rec[0].get("n") == num:
-                return bson.decode(rec[0]["reply"], CODEC)
+                return _replayed(cmd, rec[0]["res"]) if "res" in rec[0] \
+                    else bson.decode(rec[0]["reply"], CODEC)
             if rec and rec[0].get("n", -1) > num:
-                raise CommandError(f"Retryable write with txnNumber {num} is prohibited on "
-                                   f"session because a newer retryable write with txnNumber "
-                                   f"{rec[0]['n']} has already started", 225,
-                                   "TransactionTooOld")
+                raise _too_old(num, rec[0]["n"])
             inner = {k: v for k, v in cmd.items() if k != "writeConcern"}
             inner["$txn"] = (txn, state)
             out = fn(d, inner, conn)
