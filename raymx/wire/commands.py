@@ -59,6 +59,10 @@ class Dispatcher:
         self._topo_lock = threading.Lock()
         self.txns = crud.Transactions(self)
         self.streams = Streams(self)
+        # lsid -> (term, txnNumber) of the last retryable write this member
+        # committed as primary for it: a higher number in the same term is new
+        # (no record read before the write); anything else reads the record
+        self.retry_seen: dict[bytes, tuple[int, int]] = {}
 
     # --- running -----------------------------------------------------------
     def run(self, cmd: dict, conn, legacy: bool = False) -> dict:

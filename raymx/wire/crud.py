@@ -184,6 +184,7 @@ def _too_old(num: int, newer: int) -> CommandError:
 
 
 _STATEMENTS = {"insert": "documents", "update": "updates", "delete": "deletes"}
+RETRY_SEEN_MAX = 100_000
 
 
 def _replayed(cmd: dict, res: dict) -> dict:
@@ -215,14 +216,25 @@ def retryable(fn):
         num = int(cmd["txnNumber"])
         field = _STATEMENTS.get(next(iter(cmd)).lower())
         if field is not None and isinstance(cmd.get(field), list) and len(cmd[field]) == 1:
-            rec = d.call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid}, "limit": 1,
-                          "rp": "primary"}, conn.state)["docs"]
-            if rec and rec[0].get("n") == num:
-                return _replayed(cmd, rec[0]["res"]) if "res" in rec[0] \
-                    else bson.decode(rec[0]["reply"], CODEC)
-            if rec and rec[0].get("n", -1) > num:
-                raise _too_old(num, rec[0]["n"])
-            return fn(d, dict(cmd, **{"$retry": {"_id": lsid, "n": num}}), conn)
+            term = d.service.gm.term
+            known = d.retry_seen.get(lsid)
+            if known is None or known[0] != term or known[1] >= num:
+                # not known to be new: read the record (a retry, or a session this
+                # member has not written for as primary in this term)
+                rec = d.call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid},
+                              "limit": 1, "rp": "primary"}, conn.state)["docs"]
+                if rec and rec[0].get("n") == num:
+                    return _replayed(cmd, rec[0]["res"]) if "res" in rec[0] \
+                        else bson.decode(rec[0]["reply"], CODEC)
+                if rec and rec[0].get("n", -1) > num:
+                    raise _too_old(num, rec[0]["n"])
+            d.retry_seen.pop(lsid, None)  # unknown until this write's outcome is
+            out = fn(d, dict(cmd, **{"$retry": {"_id": lsid, "n": num}}), conn)
+            if "writeErrors" not in out:  # committed: its record says num now
+                if len(d.retry_seen) >= RETRY_SEEN_MAX:
+                    d.retry_seen.clear()  # forgetting only costs a record read
+                d.retry_seen[lsid] = (term, num)
+            return out
         state: dict = {}
         txn = d.call({"op": "txnBegin"}, state)["txn"]
         done = False
