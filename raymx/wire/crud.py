@@ -12,6 +12,7 @@ import bson
 from bson import Int64
 
 from raymx import errors
+from raymx.actors.statements import RETRY_NS  # lsid -> the last retryable write's record
 from raymx.storage import query
 from raymx.storage.keys import encode_key
 from raymx.wire import aggregate
@@ -174,7 +175,6 @@ def _run(d, req: dict, cmd: dict, conn) -> dict:
     return d.call(dict(req, **extra), state)
 
 
-RETRY_NS = "config.transactions"  # lsid -> the last retryable write's number and answer
 
 
 def _too_old(num: int, newer: int) -> CommandError:
