@@ -37,7 +37,7 @@ def main(n_many=100_000):
         for label, j in (("w=1", False), ("j=True", True)):
             a = native["b"][f"n{label}"]
             r_native = timed(N_ONE, lambda: [a.insert_one(d, j=j) for d in docs(N_ONE)])
-            for name, cl in (("pymongo", mc), ("pymongo retryWrites=false", mc_noretry)):
+            for name, cl in (("pymongo retryWrites=false", mc_noretry), ("pymongo", mc)):
                 c = cl.get_database("b", write_concern=pymongo.WriteConcern(w=1, j=j))[
                     f"{name[-5:]}{label}"]
                 r = timed(N_ONE, lambda: [c.insert_one(d) for d in docs(N_ONE)])
