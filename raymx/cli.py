@@ -244,13 +244,17 @@ def ls(address):
 @main.command()
 @click.argument("name")
 @click.option("--secret", "with_secret", is_flag=True, help="include the credential")
+@click.option("--mongodb", is_flag=True,
+              help="the mongodb:// string for pymongo, mongosh and other MongoDB drivers")
 @ADDRESS
-def url(name, with_secret, address):
-    """NAME's connection string for raymx.connect_url."""
+def url(name, with_secret, mongodb, address):
+    """NAME's connection string for raymx.connect_url (--mongodb: for MongoDB drivers)."""
     import raymx
     with _one_line_errors():
         _attach(address)
-        click.echo(raymx.connect(name).url(with_secret=with_secret))
+        rs = raymx.connect(name)
+        click.echo(rs.mongodb_uri(with_secret=with_secret) if mongodb
+                   else rs.url(with_secret=with_secret))
 
 
 @main.command()

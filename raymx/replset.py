@@ -573,6 +573,11 @@ class ReplicaSet:
         cred = f":{quote(topo['secret'], safe='')}@" if with_secret else ""
         return f"raymx://{cred}{hosts}/{self.name}"
 
+    def mongodb_uri(self, with_secret: bool = True) -> str:
+        """A connection string pymongo and mongosh take as is (the wire ports)."""
+        from raymx.wire import mongodb_uri
+        return mongodb_uri(self.name, self._topology(), with_secret)
+
     def member(self, member_id: int):
         return _ray().get_actor(f"{self.name}/m{member_id}", namespace=NAMESPACE)
 

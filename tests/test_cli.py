@@ -76,6 +76,11 @@ def test_launch_ls_url_oplog_watch_step_down_and_members(ray_session, tmp_path):
         assert r.exit_code == 0 and r.output.startswith("raymx://:") and "@" in r.output
         c = raymx.connect_url(r.output.strip())
         c["a"]["b"].insert_many([{"_id": i} for i in range(3)], w=3)
+        r = run(main, ["url", "clifull", "--secret", "--mongodb"])
+        assert r.exit_code == 0 and r.output.startswith("mongodb://raymx:"), r.output
+        import pymongo
+        with pymongo.MongoClient(r.output.strip(), serverSelectionTimeoutMS=30_000) as mc:
+            assert mc.a.b.count_documents({}) == 3  # pymongo takes it as is
         r = run(main, ["oplog", "clifull", "--limit", "5"])
         assert r.exit_code == 0 and "i a.b" in r.output, r.output
         r = run(main, ["watch", "clifull", "--after", "0:0", "--limit", "4"])

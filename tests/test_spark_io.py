@@ -235,8 +235,8 @@ def test_read_changes_between_two_gtids_in_order(spark, rs, coll):
 def test_dataframe_bad_input_is_refused_before_writing(spark, rs, coll):
     from raymx.spark_bridge import read_collection, write_dataframe
     c, ns = coll
-    df = spark.sql("SELECT 1 AS _id, current_timestamp() AS at")
-    with pytest.raises(errors.InvalidDocument, match="column at .*timestamp"):
+    df = spark.sql("SELECT 1 AS _id, map(1, 'a') AS m")
+    with pytest.raises(errors.InvalidDocument, match="column m: a map needs string keys"):
         write_dataframe(df, rs, ns)
     df = spark.sql("SELECT 1 AS v")
     with pytest.raises(errors.InvalidInput, match="_id"):
@@ -252,6 +252,27 @@ def test_dataframe_bad_input_is_refused_before_writing(spark, rs, coll):
     df = read_collection(spark, rs, ns, schema="_id long")  # a schema projects
     assert sorted(r["_id"] for r in df.collect()) == [1, 2]
     assert read_collection(spark, rs, "io.no_such_collection").count() == 0
+
+
+def test_timestamp_date_and_decimal_columns_are_stored_natively(spark, rs, coll):
+    """Issue 26: Spark timestamps, dates and decimals become datetime and
+    Decimal128 values, and read back as timestamp and decimal columns."""
+    import datetime
+
+    from bson import Decimal128
+
+    from raymx.spark_bridge import read_collection, write_dataframe
+    c, ns = coll
+    df = spark.sql("SELECT 1 AS _id, TIMESTAMP '2026-11-25 06:00:00.123' AS at, "
+                   "DATE '2026-11-25' AS day, CAST(12.25 AS DECIMAL(10, 2)) AS price")
+    write_dataframe(df, rs, ns)
+    doc = c.find_one({"_id": 1})
+    assert isinstance(doc["at"], datetime.datetime) and doc["day"] == datetime.datetime(
+        2026, 11, 25) and doc["price"] == Decimal128("12.25")
+    back = read_collection(spark, rs, ns)
+    types = dict(back.dtypes)
+    assert types["at"] == "timestamp" and types["price"] == "decimal(38,18)"
+    assert back.collect()[0]["at"] == df.collect()[0]["at"]
 
 
 def test_read_collection_at_the_majority_point(spark, rs, coll):
@@ -317,10 +338,11 @@ def test_columns_converts_only_the_named_fields(spark, rs, coll):
         read_collection(spark, rs, ns, schema="_id string", columns=["n"])
 
 
-@pytest.mark.parametrize("flt, op", [({"s": {"$regex": "^a"}}, "$regex"),
+@pytest.mark.parametrize("flt, op", [({"s": {"$near": [0, 0]}}, "$near"),
                                      ({"$where": "this.a > 1"}, "$where"),
-                                     ({"a": {"$elemMatch": {"b": 1}}}, "$elemMatch"),
-                                     ({"$or": [{"a": 1}, {"b": {"$size": 2}}]}, "$size")])
+                                     ({"a": {"$geoWithin": {"b": 1}}}, "$geoWithin"),
+                                     ({"$or": [{"a": 1}, {"b": {"$bitsAllSet": 2}}]},
+                                      "$bitsAllSet")])
 def test_a_filter_that_cannot_be_pushed_down_is_refused_naming_the_operator(spark, rs, coll,
                                                                             flt, op):
     from raymx.spark_bridge import read_collection
@@ -329,6 +351,15 @@ def test_a_filter_that_cannot_be_pushed_down_is_refused_naming_the_operator(spar
     with pytest.raises(errors.InvalidFilter) as ei:
         read_collection(spark, rs, ns, filter=flt)
     assert op in str(ei.value)
+
+
+def test_regex_size_and_elem_match_filters_are_pushed_down(spark, rs, coll):
+    from raymx.spark_bridge import read_collection
+    c, ns = coll
+    c.insert_many([{"_id": 1, "s": "abc", "t": [1, 2]}, {"_id": 2, "s": "xyz", "t": [3]}])
+    for flt in ({"s": {"$regex": "^a"}}, {"t": {"$size": 2}}, {"t": {"$elemMatch": {"$lt": 2}}}):
+        df = read_collection(spark, rs, ns, filter=flt, schema="_id long, s string")
+        assert [r["_id"] for r in df.collect()] == [1], flt
 
 
 # --- writes -------------------------------------------------------------------------------

@@ -161,11 +161,15 @@ def test_conflicting_and_unrepresentable_values_are_named():
 def test_unsupported_column_types_are_refused_by_name():
     import datetime
     import decimal
+
+    from bson import Decimal128
+    # timestamps and decimals are stored natively (issue 26), nested too
     t = pa.table({"_id": [1], "when": pa.array([datetime.datetime(2020, 1, 1)])})
-    with pytest.raises(errors.InvalidDocument, match="column when .*timestamp.*cast"):
-        convert.table_to_docs(t)
+    assert convert.table_to_docs(t) == [{"_id": 1, "when": datetime.datetime(2020, 1, 1)}]
     t = pa.table({"_id": [1], "s": pa.array([{"d": decimal.Decimal("1.5")}])})
-    with pytest.raises(errors.InvalidDocument, match="column s.d"):
+    assert convert.table_to_docs(t) == [{"_id": 1, "s": {"d": Decimal128("1.5")}}]
+    t = pa.table({"_id": [1], "i": pa.array([datetime.timedelta(1)])})
+    with pytest.raises(errors.InvalidDocument, match="column i .*duration.*cast"):
         convert.table_to_docs(t)
     t = pa.table({"_id": [1], "m": pa.array([[("a", 1)]], pa.map_(pa.string(), pa.int64()))})
     assert convert.table_to_docs(t) == [{"_id": 1, "m": {"a": 1}}]
@@ -228,5 +232,5 @@ def test_a_planned_read_refuses_a_changed_history(engine):
         list(r.read_part(NS, bad, 0))
     assert sum(len(c) for c in r.read_part(NS, p, 0)) == 10
     r.close()
-    with pytest.raises(errors.InvalidFilter, match=r"\$regex"):
-        SnapshotReader(engine).plan_ranges(NS, flt={"a": {"$regex": "x"}})
+    with pytest.raises(errors.InvalidFilter, match=r"\$near"):
+        SnapshotReader(engine).plan_ranges(NS, flt={"a": {"$near": [0, 0]}})

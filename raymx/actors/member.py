@@ -41,6 +41,7 @@ from raymx.storage import codec, replay, snapshot
 from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.keys import prefix_end
 from raymx.storage.limits import Limits
+from raymx.wire.server import WirePort
 
 log = logging.getLogger("raymx.member")
 PULL_REQUEST_BYTES_MAX = 1 << 20  # positions of every member: far below this
@@ -110,6 +111,8 @@ class OplogShard:
         host = bind_host or ray.util.get_node_ip_address()
         self.port = ClientPort(self.service, secret, host, limits.frame_bytes_max,
                                {"member": self.member_id, "replset": rs_name})
+        self.wire = WirePort(self.service, secret, host,  # MongoDB drivers (raymx/wire)
+                             {"member": self.member_id, "replset": rs_name})
 
     def _on_durable(self, g: GTID) -> None:
         if not self.service.primary or len(self.service.votes) == 1:
@@ -359,7 +362,7 @@ class OplogShard:
     def address(self) -> dict:
         return {"id": self.member_id, "host": self.port.host, "port": self.port.port,
                 "unix": self.port.unix_path, "boot": boot_id(), "role": self.role, "node_id": self.node_id,
-                "hidden": bool(self.spec.get("hidden"))}
+                "hidden": bool(self.spec.get("hidden")), "wire": [self.wire.host, self.wire.port]}
 
     @ray.method(concurrency_group="control")
     def logs(self) -> dict:
@@ -568,6 +571,7 @@ class OplogShard:
     def shutdown(self) -> None:
         self._bell.close()
         self._majority_bell.close()
+        self.wire.close()
         self.port.close()
         self.service.close()
         self.engine.store.close()

@@ -29,7 +29,8 @@ from raymx import errors
 from raymx.actors.commit import GroupCommit, WriteConcernWaiters, _mono_ms
 from raymx.actors.core.gtid_manager import GTIDManager
 from raymx.actors.core.primary import deposed, sees_majority
-from raymx.actors.reads import ReadPath, Reply, _Cursor, _gtid_in, gtid_out  # noqa: F401
+from raymx.actors.reads import ReadPath, Reply, _Cursor, gtid_out  # noqa: F401
+from raymx.actors.statements import result_out, run_statement
 from raymx.actors.trimming import TrimPath
 from raymx.storage import codec
 from raymx.storage.engine import Engine, Transaction, WriteResult
@@ -43,40 +44,6 @@ WRITE_OPS = {"insert", "update", "delete", "createIndex", "dropIndex", "dropColl
 READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes",
             "revertPlan"}
 TXN_OPS = {"txnBegin", "txnCommit", "txnAbort"}
-
-
-def result_out(r) -> dict:
-    if isinstance(r, WriteResult):
-        return {"inserted_ids": r.inserted_ids, "matched": r.matched, "modified": r.modified,
-                "deleted": r.deleted, "upserted_id": r.upserted_id, "gtid": gtid_out(r.gtid)}
-    return {"value": r}
-
-
-def run_statement(tx: Transaction, req: dict):
-    """Execute one write statement ``req`` inside ``tx`` (atomically)."""
-    op, ns = req["op"], req.get("ns")
-    if op == "insert":  # "packed" was decoded on arrival (ShardService._receive_insert)
-        return tx.insert(ns, req["packed"] if "packed" in req else req.get("docs"))
-    if op == "update":
-        return tx.update(ns, req.get("filter"), req.get("update"),
-                         multi=bool(req.get("multi")), upsert=bool(req.get("upsert")),
-                         replace=bool(req.get("replace")))
-    if op == "delete":
-        return tx.delete(ns, req.get("filter"), multi=bool(req.get("multi")))
-    if op == "createIndex":
-        return tx.create_index(ns, req.get("key"), unique=bool(req.get("unique")),
-                               name=req.get("name"))
-    if op == "dropIndex":
-        return tx.drop_index(ns, req.get("name"))
-    if op == "dropCollection":
-        return tx.drop_collection(ns)
-    if op == "createCollection":
-        return tx.create_collection(ns)
-    if op == "revertTo":
-        return tx.revert_to(_gtid_in(req.get("target"), "target"))
-    raise errors.InvalidOperation(f"unknown write operation {op!r}")
-
-
 def _runs_on_port(item: tuple, insert_docs_max: int) -> bool:
     """A write small enough to run on the client port's thread: an autocommit
     insert of a few documents, or an update or delete of the one document its

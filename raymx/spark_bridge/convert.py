@@ -17,6 +17,12 @@ bytes              binary (binary)             bytes
 dict               struct (struct), fields     dict; absent fields stay absent
                    merged over all documents
 list               list<T> (array<T>)          list
+datetime           timestamp[us, UTC]          datetime (naive UTC)
+                   (timestamp)
+Decimal128         decimal128(38, 18)          Decimal128 (a value with more
+                   (decimal(38,18))            than 18 decimals is refused)
+ObjectId, UUID     string: 24 hex digits,      str (not converted back)
+                   or the UUID's text
 =================  ==========================  ===============================
 
 Lossless: documents whose fields keep one type each (ints and floats mix
@@ -30,14 +36,20 @@ writing leaves null fields out unless ``keep_nulls``. A field that is null
 everywhere (or a list that is always empty) reads as a string column.
 
 Writing accepts boolean, integer (all widths), float, double, string, binary,
-struct, array and map (string keys) columns; timestamp, date, decimal and the
-rest are refused with the column named (cast them first).
+struct, array, map (string keys), timestamp (stored as a datetime, UTC), date
+(a datetime at midnight UTC) and decimal (Decimal128) columns; the rest are
+refused with the column named (cast them first).
 """
 from __future__ import annotations
 
 import base64
+import datetime
+import decimal
 import json
+import uuid
+
 import pyarrow as pa
+from bson import Decimal128, ObjectId
 
 from raymx import errors
 from raymx.storage import codec
@@ -48,12 +60,17 @@ _I64_MAX = (1 << 63) - 1
 # Inference builds a small type tree: ("null",), ("bool",), ("int",),
 # ("float",), ("str",), ("bytes",), ("struct", {name: tree}), ("list", tree).
 _NULL = ("null",)
-_SCALAR_KIND = {bool: "bool", int: "int", float: "float", str: "str", bytes: "bytes"}
+_SCALAR_KIND = {bool: "bool", int: "int", float: "float", str: "str", bytes: "bytes",
+                datetime.datetime: "date", Decimal128: "decimal", ObjectId: "str",
+                uuid.UUID: "str"}
+DECIMAL = pa.decimal128(38, 18)
+TIMESTAMP = pa.timestamp("us", tz="UTC")  # the unit Spark reads (values are ms)
 
 
 def _kind_name(t) -> str:
     return {"int": "integer", "float": "float", "str": "string", "bytes": "binary",
-            "bool": "boolean", "struct": "document", "list": "array", "null": "null"}[t[0]]
+            "bool": "boolean", "struct": "document", "list": "array", "null": "null",
+            "date": "datetime", "decimal": "decimal"}[t[0]]
 
 
 def _type_of(v, path: str):
@@ -108,6 +125,10 @@ def _arrow(t) -> pa.DataType:
         return pa.float64()
     if k == "bytes":
         return pa.binary()
+    if k == "date":
+        return TIMESTAMP
+    if k == "decimal":
+        return DECIMAL
     if k == "list":
         return pa.list_(_arrow(t[1]))
     return pa.struct([pa.field(n, _arrow(x)) for n, x in t[1].items()])
@@ -161,9 +182,13 @@ def _fits(v, t: pa.DataType) -> bool:
     if pa.types.is_floating(t):
         return tv in (int, float) and (tv is float or abs(v) <= 1 << 53)
     if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return tv is str
+        return tv in (str, ObjectId, uuid.UUID)
     if pa.types.is_binary(t) or pa.types.is_large_binary(t):
         return tv is bytes
+    if pa.types.is_timestamp(t):
+        return isinstance(v, datetime.datetime)
+    if pa.types.is_decimal(t):
+        return tv is Decimal128 and _fits_decimal(v.to_decimal(), t)
     if pa.types.is_struct(t):
         if tv is not dict:
             return False
@@ -213,6 +238,12 @@ def docs_to_table(docs: list, schema: pa.Schema, strict: bool = True) -> pa.Tabl
                                      schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
         pass
+    try:  # ObjectId, UUID and Decimal128 values: as Arrow takes them
+        return pa.Table.from_batches([pa.RecordBatch.from_struct_array(
+            pa.array([_arrowable(d) for d in docs], st))], schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError,
+            decimal.InvalidOperation):
+        pass
     for d in docs:  # the slow path only to name what failed
         bad = _mismatch(d, st, "")
         if bad:
@@ -224,6 +255,28 @@ def docs_to_table(docs: list, schema: pa.Schema, strict: bool = True) -> pa.Tabl
                 f"({_describe(_type_at(st, path) or t)}); pass schema= with a type that "
                 "holds it", field=path)
     raise errors.SchemaMismatch("documents do not fit the schema")  # not reached in practice
+
+
+def _fits_decimal(d: decimal.Decimal, t) -> bool:
+    try:
+        return d.is_finite() and d == d.quantize(decimal.Decimal(1).scaleb(-t.scale)) and \
+            len(d.quantize(decimal.Decimal(1).scaleb(-t.scale)).as_tuple().digits) <= t.precision
+    except decimal.InvalidOperation:
+        return False
+
+
+def _arrowable(v):
+    """A stored value as pyarrow converts it (ObjectId and UUID as text)."""
+    t = type(v)
+    if t is dict:
+        return {k: _arrowable(x) for k, x in v.items()}
+    if t is list or t is tuple:
+        return [_arrowable(x) for x in v]
+    if t is ObjectId or t is uuid.UUID:
+        return str(v)
+    if t is Decimal128:
+        return v.to_decimal()
+    return v
 
 
 def _flat(t: pa.DataType) -> bool:
@@ -261,7 +314,8 @@ def check_writable(schema: pa.Schema) -> None:
 def _check_type(t: pa.DataType, path: str) -> None:
     if (pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
             or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
-            or pa.types.is_large_binary(t) or pa.types.is_null(t)):
+            or pa.types.is_large_binary(t) or pa.types.is_null(t) or pa.types.is_timestamp(t)
+            or pa.types.is_date(t) or pa.types.is_decimal(t)):
         return
     if pa.types.is_struct(t):
         for i in range(t.num_fields):
@@ -276,17 +330,18 @@ def _check_type(t: pa.DataType, path: str) -> None:
                                          f"document, got {t.key_type}", field=path)
         _check_type(t.item_type, f"{path}[]")
         return
-    hint = ("cast it to long (e.g. milliseconds) or string" if pa.types.is_timestamp(t)
-            or pa.types.is_date(t) else "cast it to double or string"
-            if pa.types.is_decimal(t) else "cast it to a supported type")
     raise errors.InvalidDocument(
         f"column {path} has type {t}, which documents cannot hold (supported: boolean, "
-        f"integers, float/double, string, binary, struct, array, map with string keys); "
-        f"{hint}", field=path)
+        f"integers, float/double, string, binary, struct, array, map with string keys, "
+        f"timestamp, date, decimal); cast it to a supported type", field=path)
 
 
 def _clean(v, keep_nulls: bool, maps: bool):
     t = type(v)
+    if t is datetime.date:
+        return datetime.datetime(v.year, v.month, v.day)
+    if t is decimal.Decimal:
+        return Decimal128(v)
     if t is dict:
         return {k: _clean(x, keep_nulls, maps) for k, x in v.items()
                 if keep_nulls or x is not None}
@@ -307,11 +362,23 @@ def table_to_docs(table: pa.Table, keep_nulls: bool = False) -> list[dict]:
     # one C++ pass building the dicts (Table.to_pylist builds them in Python)
     rows = pa.StructArray.from_arrays([c.combine_chunks() for c in table.columns],
                                       fields=list(table.schema)).to_pylist()
-    if not maps and all(map(_flat, table.schema.types)):
+    if not maps and all(map(_flat, table.schema.types)) and not any(map(_converted,
+                                                                         table.schema.types)):
         if keep_nulls or not any(c.null_count for c in table.columns):
             return rows  # nothing to clean
         return [{k: v for k, v in r.items() if v is not None} for r in rows]
     return [_clean(r, keep_nulls, maps) for r in rows]
+
+
+def _converted(t) -> bool:
+    """A column whose values are not stored as Arrow gives them (date, decimal)."""
+    if pa.types.is_date(t) or pa.types.is_decimal(t):
+        return True
+    if pa.types.is_struct(t):
+        return any(_converted(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t):
+        return _converted(t.value_type if not pa.types.is_map(t) else t.item_type)
+    return False
 
 
 def _has_map(t) -> bool:
@@ -328,6 +395,14 @@ def _has_map(t) -> bool:
 def _json_default(v):
     if isinstance(v, (bytes, bytearray)):
         return {"$binary": base64.b64encode(bytes(v)).decode()}
+    if isinstance(v, datetime.datetime):  # MongoDB's extended JSON
+        return {"$date": v.isoformat(timespec="milliseconds") + "Z"}
+    if type(v) is ObjectId:
+        return {"$oid": str(v)}
+    if type(v) is Decimal128:
+        return {"$numberDecimal": str(v)}
+    if type(v) is uuid.UUID:
+        return {"$uuid": str(v)}
     raise TypeError(f"{type(v).__name__} is not a document value")
 
 

@@ -58,7 +58,7 @@ def read_collection(spark, rs, ns: str, at=None, member=None, schema=None,
     one-field index (equality, ``$in``, ``$gt``/``$gte``/``$lt``/``$lte`` at
     the top level or in a top-level ``$and``), the partitions cover only that
     index's matching key range. An operator raymx filters do not have
-    (``$regex``, ``$where``, ``$elemMatch``...) raises ``InvalidFilter`` naming
+    (``$where``, ``$near``, ``$text``...) raises ``InvalidFilter`` naming
     it: a filter is never silently ignored. ``df.read_plan`` tells what the
     read does: ``plan`` ("COLLSCAN", "IDHACK", "IXSCAN <index>"), ``keys``
     (the entries it examines) and ``parts``.

@@ -1,8 +1,10 @@
 """msgpack codec with validation and size limits (the only msgpack import).
 
 Documents are msgpack maps with string keys; values are None, bool, 64-bit
-ints, floats, str, bytes, lists and maps. Anything else is refused before it
-is stored, with an error naming the offending field.
+ints, floats, str, bytes, lists and maps, and MongoDB's datetime, ObjectId,
+Decimal128 and UUID as msgpack extension types (``raymx.storage.types``).
+Anything else is refused before it is stored, with an error naming the
+offending field.
 """
 from __future__ import annotations
 
@@ -12,9 +14,12 @@ import threading
 
 import msgpack
 
+from raymx.storage import types
 from raymx.storage.errors import CorruptEntry, DocumentTooLarge, InvalidDocument, ProtocolError
 
-_SCALARS = (type(None), bool, int, float, str, bytes)
+_SCALARS = (type(None), bool, int, float, str, bytes) + types.STORED
+_EXT = types.ext_hook
+_unpackb = functools.partial(msgpack.unpackb, ext_hook=_EXT)
 _I64_MIN, _U64_MAX = -(1 << 63), (1 << 64) - 1
 
 
@@ -27,7 +32,7 @@ def _packer() -> msgpack.Packer:
     try:
         return _LOCAL.p
     except AttributeError:
-        p = _LOCAL.p = msgpack.Packer(use_bin_type=True)
+        p = _LOCAL.p = msgpack.Packer(use_bin_type=True, default=types.default)
         return p
 
 
@@ -41,7 +46,7 @@ def unpack(b: bytes, what: str = "record", max_bytes: int | None = None):
     if max_bytes is not None and len(b) > max_bytes:
         raise CorruptEntry(f"{what} of {len(b)} bytes exceeds the limit of {max_bytes}")
     try:
-        return msgpack.unpackb(b, raw=False, strict_map_key=False)
+        return msgpack.unpackb(b, raw=False, strict_map_key=False, ext_hook=_EXT)
     except Exception as e:  # msgpack raises several unrelated types
         raise CorruptEntry(f"{what} is not valid msgpack: {e}") from None
 
@@ -72,13 +77,14 @@ def check_value(v, path: str = "", depth: int = 0) -> None:
     elif t is int:
         if not _I64_MIN <= v <= _U64_MAX:
             raise InvalidDocument(f"field {path or '<value>'}: integer {v} does not fit in 64 bits")
-    elif t not in _SCALARS:
+    elif t not in _SCALARS and not isinstance(v, types.datetime.datetime):
         raise InvalidDocument(
             f"field {path or '<value>'}: type {t.__name__} cannot be stored "
-            "(allowed: None, bool, int, float, str, bytes, list, dict)")
+            "(allowed: None, bool, int, float, str, bytes, list, dict, datetime, ObjectId, "
+            "Decimal128, UUID)")
 
 
-_FLAT = frozenset((type(None), bool, int, float, str, bytes))
+_FLAT = frozenset((type(None), bool, int, float, str, bytes) + types.STORED)
 
 
 def _check_document(doc) -> None:
@@ -188,12 +194,12 @@ def unpack_documents(rows, max_bytes: int, first: int = 0) -> PackedDocuments:
         raise DocumentTooLarge(f"document {first + i} of the batch is {n} bytes, over the "
                                f"limit of {max_bytes}", size=n, limit=max_bytes)
     try:
-        docs = list(map(msgpack.unpackb, rows))
+        docs = list(map(_unpackb, rows))
     except Exception:
         docs = []
         for i, r in enumerate(rows):
             try:
-                docs.append(msgpack.unpackb(r))
+                docs.append(msgpack.unpackb(r, ext_hook=_EXT))
             except Exception as e:
                 raise InvalidDocument(f"document {first + i} of the batch is not one msgpack "
                                       f"map with string keys: {e}") from None
@@ -238,7 +244,7 @@ def unpack_rows(b: bytes) -> tuple:
 
 
 def unpack_document(b: bytes):
-    return msgpack.unpackb(b, raw=False)
+    return msgpack.unpackb(b, raw=False, ext_hook=_EXT)
 
 
 # --- building entries from already packed parts (no re-encoding) ---------
@@ -328,7 +334,7 @@ def frame_length(header: bytes, max_bytes: int) -> int:
 
 def unpack_frame(body: bytes) -> dict:
     try:
-        obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        obj = msgpack.unpackb(body, raw=False, strict_map_key=False, ext_hook=_EXT)
     except Exception as e:
         raise ProtocolError(f"frame is not valid msgpack: {e}") from None
     if type(obj) is not dict:

@@ -5,12 +5,16 @@ order, so the same function serves primary keys, index keys, ``sort`` and the
 comparison operators. The order across types (MongoDB's, minus the types
 msgpack lacks):
 
-    null/missing < numbers (int and float together) < strings < maps < arrays
-    < binary < booleans
+    null/missing < numbers (int, float and Decimal128 together) < strings < maps
+    < arrays < binary < UUIDs < ObjectIds < booleans < dates
 
-Within a type: numbers numerically (1 == 1.0), strings by UTF-8 bytes, maps
-field by field (name, then value, in stored order), arrays element by element
-(a prefix sorts first), binary bytewise, false < true.
+(MongoDB's: MinKey, timestamps, regexes and MaxKey are not stored.) Within a
+type: numbers numerically (1 == 1.0 == Decimal128("1"); a Decimal128 is
+placed by its nearest double, so decimals closer than a double tells apart
+share a key), strings by UTF-8 bytes, maps field by field (name, then value,
+in stored order), arrays element by element (a prefix sorts first), binary
+bytewise, UUIDs and ObjectIds by their bytes (an ObjectId's start is its
+creation time), false < true, dates by their milliseconds since 1970 UTC.
 
 Every encoding is self-delimiting (strings and binary escape 0x00 and end with
 0x00 0x00; maps and arrays end with 0x00, below every type tag), so the
@@ -19,12 +23,18 @@ field and a prefix scan finds all keys that start with given values.
 """
 from __future__ import annotations
 
+import datetime
 import itertools
 import math
 import operator
 import struct
+import uuid
+
+from bson import Decimal128, ObjectId
+from bson.datetime_ms import DatetimeMS
 
 from raymx.storage.errors import InvalidDocument
+from raymx.storage.types import millis
 
 T_NULL = 0x05
 T_NUM = 0x10
@@ -32,7 +42,10 @@ T_STR = 0x20
 T_MAP = 0x30
 T_ARR = 0x40
 T_BIN = 0x50
+T_UUID = 0x54
+T_OID = 0x58
 T_BOOL = 0x60
+T_DATE = 0x70
 END = b"\x00"
 
 # Type brackets: comparison operators ($gt, $lt, ...) only match values of the
@@ -48,6 +61,7 @@ _NAN_KEY = _NUM_TAG + bytes(8)
 _FLIP = (1 << 64) - 1
 _TAG_Q = struct.Struct(">BQ")
 _TAG_D = struct.Struct(">Bd")
+_OID_TAG, _UUID_TAG = bytes((T_OID,)), bytes((T_UUID,))
 
 
 def _num(v) -> bytes:
@@ -110,6 +124,15 @@ def encode_key(v) -> bytes:
         return b"".join(parts)
     if t is list or t is tuple:
         return bytes((T_ARR,)) + b"".join(encode_key(x) for x in v) + END
+    if t is ObjectId:
+        return _OID_TAG + v.binary
+    if isinstance(v, datetime.datetime) or t is DatetimeMS:
+        ms = millis(v) if t is not DatetimeMS else int(v)
+        return _TAG_Q.pack(T_DATE, (ms + (1 << 63)) & _FLIP)
+    if t is Decimal128:
+        return _num(float(v.to_decimal()))
+    if t is uuid.UUID:
+        return _UUID_TAG + v.bytes
     for base in (int, float, str, bytes, dict, list):  # subclasses: IntEnum, OrderedDict...
         if isinstance(v, base):
             return encode_key(base(v))

@@ -13,6 +13,7 @@ and ``$ne``/``$nin`` when none does.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Container, Iterable, NamedTuple
 
 from raymx.storage.errors import InvalidDocument, InvalidFilter
@@ -131,6 +132,10 @@ OpPred = Callable[[Any, list[bytes]], bool]  # (value or MISSING, its candidate 
 
 def _compile_op(path: str, op: str, arg: Any) -> OpPred:
     what = f"{op} on {path!r}"
+    if op == "$options":
+        raise InvalidFilter(f"$options on {path!r} needs a $regex beside it")
+    if _is_regex(arg) and op in ("$eq", "$in"):  # {"name": re.compile("^a")}
+        return _regex(what, arg)
     if op in ("$eq", "$ne"):
         k = _key(arg, what)
         if op == "$eq":
@@ -163,12 +168,130 @@ def _compile_op(path: str, op: str, arg: Any) -> OpPred:
             raise InvalidFilter(f"{what} needs an operator dict such as {{'$gt': 1}}")
         inner = _compile_ops(path, arg)
         return lambda v, ks: not inner(v, ks)
+    if op in _MORE:
+        return _MORE[op](what, arg)
     if op in _LOGICAL:
         raise InvalidFilter(f"{op} is only allowed at the top level of a filter, not on {path!r}")
     raise InvalidFilter(f"unknown operator {op} on {path!r}", operator=op)
 
 
+def _is_regex(v: Any) -> bool:
+    return isinstance(v, re.Pattern) or (hasattr(v, "pattern") and hasattr(v, "flags")
+                                          and not isinstance(v, (str, bytes, dict)))
+
+
+_RE_FLAGS = {"i": re.I, "m": re.M, "s": re.S, "x": re.X}
+
+
+def _regex(what: str, arg: Any) -> OpPred:
+    """``$regex`` (a pattern string with ``$options``, a compiled pattern or a
+    BSON regex): strings, or an array's string elements, that it searches."""
+    pattern, options = (arg if isinstance(arg, tuple) else (arg, ""))
+    flags = 0
+    if _is_regex(pattern):
+        flags = pattern.flags if isinstance(pattern.flags, int) else 0
+        pattern = pattern.pattern
+    if not isinstance(pattern, str) or not isinstance(options, str):
+        raise InvalidFilter(f"{what} needs a pattern string (and $options a string)")
+    for o in options:
+        if o not in _RE_FLAGS:
+            raise InvalidFilter(f"{what}: unknown option {o!r} (i, m, s, x)")
+        flags |= _RE_FLAGS[o]
+    try:
+        rx = re.compile(pattern, flags & (re.I | re.M | re.S | re.X))
+    except re.error as e:
+        raise InvalidFilter(f"{what}: invalid pattern {pattern!r:.60}: {e}") from None
+
+    def match(v, ks):
+        if isinstance(v, str):
+            return rx.search(v) is not None
+        return isinstance(v, _ARRAY) and any(isinstance(x, str) and rx.search(x) for x in v)
+    return match
+
+
+def _size(what: str, arg: Any) -> OpPred:
+    if type(arg) is not int or arg < 0:
+        raise InvalidFilter(f"{what} needs a non-negative integer")
+    return lambda v, ks: isinstance(v, _ARRAY) and len(v) == arg
+
+
+def _all(what: str, arg: Any) -> OpPred:
+    if not isinstance(arg, _ARRAY):
+        raise InvalidFilter(f"{what} needs a list")
+    want = [_key(x, what) for x in arg]
+    return lambda v, ks: bool(want) and all(k in ks for k in want)
+
+
+def _elem_match(what: str, arg: Any) -> OpPred:
+    if not isinstance(arg, dict) or not arg:
+        raise InvalidFilter(f"{what} needs a filter or an operator dict")
+    if _is_ops(arg):  # conditions on each element
+        inner = _compile_ops(what, arg)
+        return lambda v, ks: isinstance(v, _ARRAY) and any(
+            not isinstance(x, _ARRAY) and inner(x, _candidates(x)) for x in v)
+    sub = _compile(arg)  # a filter on subdocument elements
+    return lambda v, ks: isinstance(v, _ARRAY) and any(isinstance(x, dict) and sub(x) for x in v)
+
+
+_TYPE_CODES = {1: "double", 2: "string", 3: "object", 4: "array", 5: "binData", 7: "objectId",
+               8: "bool", 9: "date", 10: "null", 16: "int", 18: "long", 19: "decimal"}
+
+
+def _type_name(v: Any) -> str | None:
+    import datetime
+    import uuid
+    t = type(v)
+    if v is None:
+        return "null"
+    if t is bool:
+        return "bool"
+    if t is int:
+        return "int" if -(1 << 31) <= v < (1 << 31) else "long"
+    if t is float:
+        return "double"
+    if t is str:
+        return "string"
+    if t is dict:
+        return "object"
+    if t in _ARRAY:
+        return "array"
+    if t is bytes or t is uuid.UUID:
+        return "binData"
+    if isinstance(v, datetime.datetime):
+        return "date"
+    return {"ObjectId": "objectId", "Decimal128": "decimal"}.get(t.__name__)
+
+
+def _type(what: str, arg: Any) -> OpPred:
+    names = set()
+    for a in (arg if isinstance(arg, _ARRAY) else [arg]):
+        if type(a) is int and a in _TYPE_CODES:
+            names.add(_TYPE_CODES[a])
+        elif a == "number":
+            names |= {"double", "int", "long", "decimal"}
+        elif a in _TYPE_CODES.values():
+            names.add(a)
+        else:
+            raise InvalidFilter(f"{what}: unknown type {a!r:.40}")
+
+    def match(v, ks):
+        if v is MISSING:
+            return False
+        if _type_name(v) in names:
+            return True
+        return isinstance(v, _ARRAY) and any(_type_name(x) in names for x in v)
+    return match
+
+
+_MORE: dict[str, Callable[[str, Any], OpPred]] = {
+    "$regex": _regex, "$size": _size, "$all": _all, "$elemMatch": _elem_match, "$type": _type}
+
+
 def _compile_ops(path: str, ops: dict) -> OpPred:
+    if "$regex" in ops:  # $options belongs to it
+        ops = dict(ops)
+        rx = ops.pop("$regex")
+        ops["$regex"] = (rx, ops.pop("$options", ""))
     preds = [_compile_op(path, op, arg) for op, arg in ops.items()]
     return preds[0] if len(preds) == 1 else lambda v, ks: all(p(v, ks) for p in preds)
 
@@ -285,7 +408,7 @@ def extract_bounds(flt: dict | None, *,
     acc: dict[str, tuple[list[list], list, list]] = {}
 
     def scalar(v: Any) -> bool:
-        return not isinstance(v, (dict, *_ARRAY))
+        return not isinstance(v, (dict, *_ARRAY)) and not _is_regex(v)
 
     def add(path: str, cond: Any) -> None:
         points, lows, highs = acc.setdefault(path, ([], [], []))

@@ -206,7 +206,8 @@ class Transaction(Reader):
                             vals = {p: _none(query.get_path(doc, p)) for p, _ in ix.key}
                             raise errors.DuplicateKey(
                                 f"duplicate key in unique index {ix.name} of {c.ns}: "
-                                f"{vals!r:.200}", ns=c.ns, index=ix.name)
+                                f"{vals!r:.200}", ns=c.ns, index=ix.name,
+                                key_pattern=[list(k) for k in ix.key], key_value=vals)
                 put_ix(key, pk)
 
     def _write_doc(self, c: CollInfo, pk: bytes, old: dict | None, new: dict, new_b: bytes,
@@ -262,7 +263,8 @@ class Transaction(Reader):
             for (key, _), _id in zip(rows, ids):
                 if key in seen or self.t.get("docs", key) is not None:
                     raise errors.DuplicateKey(f"duplicate _id {_id!r:.100} in {ns}",
-                                              ns=ns, index="_id_")
+                                              ns=ns, index="_id_", key_pattern=[["_id", 1]],
+                                              key_value={"_id": _id})
                 seen.add(key)
         if c.indexes:
             self._index_batch(c, docs, pks)
@@ -327,7 +329,7 @@ class Transaction(Reader):
             res.modified += 1
         if not hits and upsert:
             seed = upd.upsert_seed(flt if flt is not None else {})
-            doc = upd.apply_update(seed, update)
+            doc = upd.apply_update(seed, update, inserting=True)
             if "_id" not in doc:
                 doc = {"_id": seed.get("_id", new_id()), **doc}
             res.upserted_id = doc["_id"]

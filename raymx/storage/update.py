@@ -6,7 +6,7 @@ treat both documents as immutable afterwards (or deep-copy one).
 
 Paths are dotted as in ``query``: a decimal component indexes a list
 (``$set`` past the end pads with None, ``$unset`` of an element sets it to
-None); there is no positional ``$`` operator.
+None); there is no positional ``$`` operator yet.
 """
 from __future__ import annotations
 
@@ -104,6 +104,7 @@ class _Cow:
     def __init__(self, doc: dict):
         self.root: dict = dict(doc)
         self._own: dict[int, Container] = {id(self.root): self.root}  # keeps ids unique
+        self.inserting = False  # an upsert's insert ($setOnInsert)
 
     def _owned(self, c: Container) -> bool:
         return self._own.get(id(c)) is c
@@ -173,6 +174,40 @@ def _inc(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
         raise InvalidUpdate(f"{w}: the result {new} does not fit in 64 bits", operator=op,
                             field=path)
     _put(c, k, new, w)
+
+
+def _mul(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+    w = _where(op, path)
+    if not _is_number(arg):
+        raise InvalidUpdate(f"{w}: the factor must be a number, got {arg!r:.40}",
+                            operator=op, field=path)
+    c, k = d.loc(w, parts, True)
+    cur = _get(c, k)
+    if cur is MISSING:
+        cur = 0  # as MongoDB: a missing field becomes 0 of the factor's type
+    elif not _is_number(cur):
+        raise InvalidUpdate(f"{w}: the field holds a non-number {cur!r:.40}", operator=op,
+                            field=path)
+    new = cur * arg
+    if type(new) is int and not _INT_MIN <= new <= _INT_MAX:
+        raise InvalidUpdate(f"{w}: the result {new} does not fit in 64 bits", operator=op,
+                            field=path)
+    _put(c, k, new, w)
+
+
+def _pop(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+    if arg not in (1, -1) or type(arg) is bool:
+        raise InvalidUpdate(f"{_where(op, path)}: $pop needs 1 (last) or -1 (first)",
+                            operator=op, field=path)
+    found = _array(d, op, path, parts, False)
+    if found is not None:
+        (c, k), cur = found
+        _put(c, k, cur[:-1] if arg == 1 else cur[1:], _where(op, path))
+
+
+def _set_on_insert(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+    if d.inserting:
+        _set(d, op, path, parts, arg)
 
 
 def _min_max(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
@@ -284,6 +319,7 @@ def _rename(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
 _APPLY: dict[str, Callable[[_Cow, str, str, list[str], Any], None]] = {
     "$set": _set, "$unset": _unset, "$inc": _inc, "$min": _min_max, "$max": _min_max,
     "$push": _push, "$addToSet": _add_to_set, "$pull": _pull, "$rename": _rename,
+    "$mul": _mul, "$pop": _pop, "$setOnInsert": _set_on_insert,
 }
 
 
@@ -297,8 +333,9 @@ def _replace(doc: dict, repl: dict) -> dict:
     return {"_id": new.pop("_id"), **new} if "_id" in new else new
 
 
-def apply_update(doc: dict, update: dict) -> dict:
+def apply_update(doc: dict, update: dict, inserting: bool = False) -> dict:
     """The document after ``update`` ($operators, or a replacement that keeps ``_id``).
+    ``inserting``: an upsert inserts ``doc`` (``$setOnInsert`` applies only then).
 
     Errors raise ``InvalidUpdate`` and leave ``doc`` untouched. Paths in one
     update must be disjoint (``a`` with ``a`` or ``a.b`` is a conflict, also
@@ -333,6 +370,7 @@ def apply_update(doc: dict, update: dict) -> dict:
         if b[:len(a)] == a:  # sorted, so any prefix pair also shows up as a neighbour pair
             raise InvalidUpdate(f"updating {wb} conflicts with {wa}")
     d = _Cow(doc)
+    d.inserting = bool(inserting)
     for op, path, parts, arg in steps:
         _APPLY[op](d, op, path, parts, arg)
     new = d.root

@@ -1,0 +1,55 @@
+"""Write statements of a request, run inside a transaction (pure: no threads).
+
+``run_statement`` is what ``ShardService`` runs for each write request, on
+the writer (or the client port's thread), in its own transaction or a
+group's child transaction.
+"""
+from __future__ import annotations
+
+from raymx import errors
+from raymx.actors.reads import _gtid_in, gtid_out
+from raymx.storage.engine import Transaction, WriteResult
+
+RETRY_NS = "config.transactions"  # retryable writes' records (raymx/wire/crud.py)
+
+
+def result_out(r) -> dict:
+    if isinstance(r, WriteResult):
+        return {"inserted_ids": r.inserted_ids, "matched": r.matched, "modified": r.modified,
+                "deleted": r.deleted, "upserted_id": r.upserted_id, "gtid": gtid_out(r.gtid)}
+    return {"value": r}
+
+
+def run_statement(tx: Transaction, req: dict):
+    """Execute one write statement ``req`` inside ``tx`` (atomically); with
+    ``retry`` (a driver's retryable write, raymx/wire/crud.py) its record and
+    result commit with it."""
+    res = _statement(tx, req)
+    if "retry" in req:
+        rec = dict(req["retry"], res=result_out(res))
+        tx.update(RETRY_NS, {"_id": rec["_id"]}, rec, upsert=True, replace=True)
+    return res
+
+
+def _statement(tx: Transaction, req: dict):
+    op, ns = req["op"], req.get("ns")
+    if op == "insert":  # "packed" was decoded on arrival (ShardService._receive_insert)
+        return tx.insert(ns, req["packed"] if "packed" in req else req.get("docs"))
+    if op == "update":
+        return tx.update(ns, req.get("filter"), req.get("update"),
+                         multi=bool(req.get("multi")), upsert=bool(req.get("upsert")),
+                         replace=bool(req.get("replace")))
+    if op == "delete":
+        return tx.delete(ns, req.get("filter"), multi=bool(req.get("multi")))
+    if op == "createIndex":
+        return tx.create_index(ns, req.get("key"), unique=bool(req.get("unique")),
+                               name=req.get("name"))
+    if op == "dropIndex":
+        return tx.drop_index(ns, req.get("name"))
+    if op == "dropCollection":
+        return tx.drop_collection(ns)
+    if op == "createCollection":
+        return tx.create_collection(ns)
+    if op == "revertTo":
+        return tx.revert_to(_gtid_in(req.get("target"), "target"))
+    raise errors.InvalidOperation(f"unknown write operation {op!r}")

@@ -1,0 +1,78 @@
+"""MongoDB's value types stored natively: msgpack extension types.
+
+=========  ====  ========================================================
+type       code  payload
+=========  ====  ========================================================
+datetime      1  8 bytes: milliseconds since 1970-01-01 UTC, signed,
+                 big-endian (as BSON, millisecond precision: microseconds
+                 are dropped; a naive datetime is taken as UTC)
+ObjectId      2  its 12 bytes
+Decimal128    3  its 16 bytes (IEEE 754-2008 BID, little-endian, as BSON)
+UUID          4  its 16 bytes (uuid.UUID; BSON binary subtype 4)
+=========  ====  ========================================================
+
+Decoded: datetime as a naive UTC ``datetime`` (as pymongo by default),
+``bson.ObjectId``, ``bson.Decimal128``, ``uuid.UUID``. The classes are those
+of pymongo's ``bson`` package; this module only maps them onto msgpack.
+Their place in the order of values is in ``raymx.storage.keys``.
+"""
+from __future__ import annotations
+
+import datetime
+import struct
+import uuid
+
+import msgpack
+from bson import Decimal128, ObjectId
+from bson.datetime_ms import DatetimeMS
+
+EXT_DATE, EXT_OID, EXT_DEC, EXT_UUID = 1, 2, 3, 4
+STORED = (datetime.datetime, ObjectId, Decimal128, uuid.UUID, DatetimeMS)
+_Q = struct.Struct(">q")
+EPOCH = datetime.datetime(1970, 1, 1)
+_EPOCH_UTC = EPOCH.replace(tzinfo=datetime.timezone.utc)
+_MS = datetime.timedelta(milliseconds=1)
+
+
+def millis(dt: datetime.datetime) -> int:
+    """Milliseconds since the epoch (UTC; naive is UTC), microseconds dropped."""
+    if dt.tzinfo is None:
+        return (dt - EPOCH) // _MS
+    return (dt - _EPOCH_UTC) // _MS
+
+
+def from_millis(ms: int) -> datetime.datetime:
+    return EPOCH + datetime.timedelta(milliseconds=ms)
+
+
+def default(v):
+    """msgpack's ``default`` hook: the four types as extension types."""
+    if isinstance(v, datetime.datetime):
+        return msgpack.ExtType(EXT_DATE, _Q.pack(millis(v)))
+    t = type(v)
+    if t is ObjectId:
+        return msgpack.ExtType(EXT_OID, v.binary)
+    if t is Decimal128:
+        return msgpack.ExtType(EXT_DEC, v.bid)
+    if t is uuid.UUID:
+        return msgpack.ExtType(EXT_UUID, v.bytes)
+    if t is DatetimeMS:
+        return msgpack.ExtType(EXT_DATE, _Q.pack(int(v)))
+    raise TypeError(f"type {t.__name__} cannot be stored")
+
+
+def ext_hook(code: int, data: bytes):
+    """msgpack's ``ext_hook``: extension types back into values."""
+    if code == EXT_DATE and len(data) == 8:
+        ms = _Q.unpack(data)[0]
+        try:
+            return from_millis(ms)
+        except OverflowError:  # outside datetime's years 1-9999: kept as BSON does
+            return DatetimeMS(ms)
+    if code == EXT_OID and len(data) == 12:
+        return ObjectId(data)
+    if code == EXT_DEC and len(data) == 16:
+        return Decimal128.from_bid(data)
+    if code == EXT_UUID and len(data) == 16:
+        return uuid.UUID(bytes=data)
+    return msgpack.ExtType(code, data)

@@ -1,0 +1,363 @@
+"""Aggregation pipelines, pure code over documents (the wire port's
+``aggregate``): ``$match $project $addFields/$set $unset $sort $skip $limit
+$group $count $unwind``; ``$group`` accumulators ``$sum $avg $min $max $first
+$last $push $addToSet $count``; expressions: field paths (``"$a.b"``,
+``"$$ROOT"``), literals, ``$literal $add $subtract $multiply $divide $mod
+$concat $toLower $toUpper $size $cond $ifNull $eq $ne $gt $gte $lt $lte $and
+$or $not $in $arrayElemAt``. Values compare in raymx's order
+(``raymx.storage.keys``), as filters and sorts do.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any, Iterable
+
+from raymx.storage import query
+from raymx.storage.keys import encode_key
+from raymx.wire.errors import CommandError
+
+MISSING = query.MISSING
+STAGES = ("$match", "$project", "$addFields", "$set", "$unset", "$sort", "$skip", "$limit",
+          "$group", "$count", "$unwind")
+
+
+def _err(msg: str, code: int = 40324) -> CommandError:
+    return CommandError(msg, code, "Location%d" % code if code not in (2, 14) else "BadValue")
+
+
+def check(pipeline: list) -> None:
+    """Refuse an unknown or malformed stage before reading anything."""
+    for st in pipeline:
+        if not isinstance(st, dict) or len(st) != 1:
+            raise _err("A pipeline stage specification object must contain exactly one "
+                       "field.", 40323)
+        name = next(iter(st))
+        if name not in STAGES:
+            raise _err(f"Unrecognized pipeline stage name: '{name}'", 40324)
+
+
+def plain_filter(flt) -> bool:
+    """A ``$match`` the member's query engine runs (no ``$expr``, no ``$text``)."""
+    return isinstance(flt, dict) and not any(k in ("$expr", "$text", "$where") for k in flt)
+
+
+# --- expressions -----------------------------------------------------------
+def _path(doc: dict, path: str, root: dict) -> Any:
+    if path == "$ROOT" or path == "$CURRENT":
+        return root
+    if path.startswith(("$ROOT.", "$CURRENT.")):
+        path = path.split(".", 1)[1]
+    vals = query.reach(doc, path)
+    if len(vals) == 1:
+        return vals[0]
+    return [v for v in vals if v is not MISSING]
+
+
+def _num(v, op: str):
+    if v is None or v is MISSING:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _err(f"{op} only supports numeric types, not {type(v).__name__}", 16554)
+    return v
+
+
+def _cmp(a, b) -> int:
+    ka = encode_key(None if a is MISSING else a)
+    kb = encode_key(None if b is MISSING else b)
+    return (ka > kb) - (ka < kb)
+
+
+def _args(x, doc, root, n: int | None = None, op: str = "") -> list:
+    args = x if isinstance(x, list) else [x]
+    if n is not None and len(args) != n:
+        raise _err(f"Expression {op} takes exactly {n} arguments. {len(args)} were passed in.",
+                   16020)
+    return [evaluate(a, doc, root) for a in args]
+
+
+def _arith(op, vals):
+    vals = [_num(v, op) for v in vals]
+    if any(v is None for v in vals):
+        return None
+    if op == "$add":
+        return sum(vals)
+    if op == "$multiply":
+        out = 1
+        for v in vals:
+            out *= v
+        return out
+    a, b = vals
+    if op == "$subtract":
+        return a - b
+    if b == 0:
+        raise _err(f"can't {op[1:]} by zero", 16608)
+    return a / b if op == "$divide" else a % b
+
+
+_COMPARE = {"$eq": lambda c: c == 0, "$ne": lambda c: c != 0, "$gt": lambda c: c > 0,
+            "$gte": lambda c: c >= 0, "$lt": lambda c: c < 0, "$lte": lambda c: c <= 0}
+
+
+def _truthy(v) -> bool:
+    return v not in (None, False, 0, MISSING) if not isinstance(v, (list, dict, str)) else True
+
+
+def _op(op: str, x, doc, root):
+    if op == "$literal":
+        return x
+    if op in ("$add", "$multiply"):
+        return _arith(op, _args(x, doc, root))
+    if op in ("$subtract", "$divide", "$mod"):
+        return _arith(op, _args(x, doc, root, 2, op))
+    if op in _COMPARE:
+        a, b = _args(x, doc, root, 2, op)
+        return _COMPARE[op](_cmp(a, b))
+    if op == "$concat":
+        vals = _args(x, doc, root)
+        if any(v is None or v is MISSING for v in vals):
+            return None
+        if not all(isinstance(v, str) for v in vals):
+            raise _err("$concat only supports strings", 16702)
+        return "".join(vals)
+    if op in ("$toLower", "$toUpper"):
+        (v,) = _args(x, doc, root, 1, op)
+        s = "" if v is None or v is MISSING else str(v)
+        return s.lower() if op == "$toLower" else s.upper()
+    if op == "$size":
+        (v,) = _args(x, doc, root, 1, op)
+        if not isinstance(v, list):
+            raise _err("The argument to $size must be an array", 17124)
+        return len(v)
+    if op == "$cond":
+        if isinstance(x, dict):
+            x = [x.get("if"), x.get("then"), x.get("else")]
+        c, a, b = x
+        return evaluate(a if _truthy(evaluate(c, doc, root)) else b, doc, root)
+    if op == "$ifNull":
+        vals = _args(x, doc, root)
+        return next((v for v in vals[:-1] if v is not None and v is not MISSING), vals[-1])
+    if op == "$and":
+        return all(_truthy(v) for v in _args(x, doc, root))
+    if op == "$or":
+        return any(_truthy(v) for v in _args(x, doc, root))
+    if op == "$not":
+        (v,) = _args(x, doc, root, 1, op)
+        return not _truthy(v)
+    if op == "$in":
+        v, arr = _args(x, doc, root, 2, op)
+        if not isinstance(arr, list):
+            raise _err("$in requires an array as a second argument", 40081)
+        return any(_cmp(v, a) == 0 for a in arr)
+    if op == "$arrayElemAt":
+        arr, i = _args(x, doc, root, 2, op)
+        if not isinstance(arr, list):
+            return None
+        return arr[i] if -len(arr) <= i < len(arr) else MISSING
+    raise _err(f"Unrecognized expression '{op}'", 168)
+
+
+def evaluate(e, doc: dict, root: dict | None = None):
+    root = doc if root is None else root
+    if isinstance(e, str):
+        if e.startswith("$$"):
+            return _path(doc, e[1:], root)
+        if e.startswith("$"):
+            return _path(doc, e[1:], root)
+        return e
+    if isinstance(e, dict):
+        if len(e) == 1:
+            k = next(iter(e))
+            if k.startswith("$"):
+                return _op(k, e[k], doc, root)
+        return {k: v for k, v in ((k, evaluate(x, doc, root)) for k, x in e.items())
+                if v is not MISSING}
+    if isinstance(e, list):
+        return [evaluate(x, doc, root) for x in e]
+    return e
+
+
+# --- stages ----------------------------------------------------------------
+def _set_path(doc: dict, path: str, value) -> None:
+    parts = path.split(".")
+    cur = doc
+    for p in parts[:-1]:
+        nxt = cur.get(p)
+        if not isinstance(nxt, dict):
+            nxt = cur[p] = {}
+        cur = nxt
+    if value is MISSING:
+        cur.pop(parts[-1], None)
+    else:
+        cur[parts[-1]] = value
+
+
+def _project(docs, spec: dict):
+    if not isinstance(spec, dict) or not spec:
+        raise _err("$project requires at least one output field", 40177)
+    plain = {k: v for k, v in spec.items() if v in (0, 1, True, False)}
+    computed = {k: v for k, v in spec.items() if k not in plain}
+    excluding = any(not v for k, v in plain.items() if k != "_id")
+    if excluding and computed:
+        raise _err("Cannot do exclusion and computed fields in the same $project", 31254)
+    keep_id = spec.get("_id", 1) not in (0, False) if "_id" not in computed else False
+    include = {k: 1 for k, v in plain.items() if v and k != "_id"}
+    for d in docs:
+        if excluding:
+            yield query.project(d, plain)
+            continue
+        out = {"_id": d["_id"]} if keep_id and "_id" in d else {}
+        if include:
+            out.update(query.project(d, dict(include, _id=0)))
+        for k, e in computed.items():
+            _set_path(out, k, evaluate(e, d))
+        yield out
+
+
+def _add_fields(docs, spec: dict):
+    for d in docs:
+        out = copy.deepcopy(d)
+        for k, e in spec.items():
+            _set_path(out, k, evaluate(e, d))
+        yield out
+
+
+def _unwind(docs, spec):
+    if isinstance(spec, str):
+        spec = {"path": spec}
+    path = spec.get("path")
+    if not isinstance(path, str) or not path.startswith("$"):
+        raise _err("$unwind path must be a string starting with '$'", 28818)
+    path = path[1:]
+    keep, index = bool(spec.get("preserveNullAndEmptyArrays")), spec.get("includeArrayIndex")
+    for d in docs:
+        v = query.get_path(d, path)
+        if isinstance(v, list) and v:
+            for i, x in enumerate(v):
+                out = copy.deepcopy(d)
+                _set_path(out, path, x)
+                if index:
+                    out[index] = i
+                yield out
+        elif isinstance(v, list) or v is None or v is MISSING:
+            if keep:
+                out = copy.deepcopy(d)
+                if isinstance(v, list):
+                    _set_path(out, path, MISSING)
+                if index:
+                    out[index] = None
+                yield out
+        else:
+            out = copy.deepcopy(d)
+            if index:
+                out[index] = None
+            yield out
+
+
+_ACCUMULATORS = ("$sum", "$avg", "$min", "$max", "$first", "$last", "$push", "$addToSet",
+                 "$count")
+
+
+def _group(docs, spec: dict):
+    if not isinstance(spec, dict) or "_id" not in spec:
+        raise _err("a group specification must include an _id", 15955)
+    accs = {}
+    for field, acc in spec.items():
+        if field == "_id":
+            continue
+        if not isinstance(acc, dict) or len(acc) != 1 or next(iter(acc)) not in _ACCUMULATORS:
+            raise _err(f"unknown group operator for field '{field}'", 15952)
+        accs[field] = next(iter(acc.items()))
+    groups: dict[bytes, dict] = {}
+    for d in docs:
+        gid = evaluate(spec["_id"], d)
+        gid = None if gid is MISSING else gid
+        g = groups.setdefault(encode_key(gid), {"_id": gid, "_state": {}})
+        st = g["_state"]
+        for field, (op, e) in accs.items():
+            v = 1 if op == "$count" else evaluate(e, d)
+            s = st.setdefault(field, {"n": 0, "sum": 0, "vals": [], "seen": {}, "set": False})
+            if op in ("$sum", "$count"):
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    s["sum"] += v
+            elif op == "$avg":
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    s["sum"] += v
+                    s["n"] += 1
+            elif op in ("$min", "$max"):
+                if v is None or v is MISSING:
+                    continue
+                if not s["set"] or (_cmp(v, s["v"]) < 0) == (op == "$min") and _cmp(v, s["v"]):
+                    s["v"], s["set"] = v, True
+            elif op == "$first":
+                if not s["set"]:
+                    s["v"], s["set"] = (None if v is MISSING else v), True
+            elif op == "$last":
+                s["v"], s["set"] = (None if v is MISSING else v), True
+            elif op == "$push":
+                if v is not MISSING:
+                    s["vals"].append(v)
+            elif op == "$addToSet":
+                if v is not MISSING:
+                    s["seen"].setdefault(encode_key(v), v)
+    for g in groups.values():
+        st = g.pop("_state")
+        for field, (op, _) in accs.items():
+            s = st.get(field, {"n": 0, "sum": 0, "vals": [], "seen": {}, "set": False})
+            if op in ("$sum", "$count"):
+                g[field] = s["sum"]
+            elif op == "$avg":
+                g[field] = s["sum"] / s["n"] if s["n"] else None
+            elif op in ("$min", "$max", "$first", "$last"):
+                g[field] = s.get("v")
+            elif op == "$push":
+                g[field] = s["vals"]
+            else:
+                g[field] = list(s["seen"].values())
+        yield g
+
+
+def _nonneg(v, stage: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
+        raise _err(f"invalid argument to {stage} stage: expected a non-negative integer", 15956)
+    return int(v)
+
+
+def run(docs: Iterable[dict], pipeline: list) -> list[dict]:
+    """The pipeline's output documents."""
+    check(pipeline)
+    it: Iterable[dict] = docs
+    for st in pipeline:
+        name, arg = next(iter(st.items()))
+        if name == "$match":
+            it = filter(query.compile_filter(arg), it)
+        elif name == "$project":
+            it = _project(it, arg)
+        elif name in ("$addFields", "$set"):
+            it = _add_fields(it, arg)
+        elif name == "$unset":
+            fields = [arg] if isinstance(arg, str) else arg
+            it = _project(it, {f: 0 for f in fields})
+        elif name == "$sort":
+            if not isinstance(arg, dict) or not arg:
+                raise _err("$sort key specification must be an object", 15973)
+            it = iter(sorted(it, key=query.sort_key([[k, int(v)] for k, v in arg.items()])))
+        elif name == "$skip":
+            it = itertools.islice(it, _nonneg(arg, "$skip"), None)
+        elif name == "$limit":
+            n = _nonneg(arg, "$limit")
+            if n == 0:
+                raise _err("the limit must be positive", 15958)
+            it = itertools.islice(it, n)
+        elif name == "$group":
+            it = _group(it, arg)
+        elif name == "$count":
+            if not isinstance(arg, str) or not arg or arg.startswith("$") or "." in arg:
+                raise _err("the count field must be a non-empty string without '$' or '.'",
+                           40156)
+            n = sum(1 for _ in it)
+            it = iter([{arg: n}] if n else [])
+        elif name == "$unwind":
+            it = _unwind(it, arg)
+    return list(it)
+

@@ -1,0 +1,153 @@
+"""``$changeStream`` on the wire port: an ``aggregate`` that opens a stream,
+``getMore`` long-polling the member's own change stream (``op: watch``, see
+``raymx.storage.changes``), events in MongoDB's shape.
+
+Resume tokens are ``{"_data": "term:seq[:op]"}``: raymx's GTID-based tokens,
+so a driver resuming after a failover continues on the new primary exactly
+after the last event it saw (every member's oplog holds the same GTIDs).
+"""
+from __future__ import annotations
+
+import datetime
+import itertools
+import threading
+
+from bson import Int64, Timestamp
+
+from raymx import errors
+from raymx.storage.changes import parse_token
+from raymx.wire import aggregate
+from raymx.wire.errors import CommandError
+
+_IDS = itertools.count(1)
+CURSOR_BASE = 1 << 62  # above the member's own cursor ids
+WAIT_MS_DEFAULT = 1000
+_FOLLOW = ("$match", "$project", "$addFields", "$set", "$unset")
+_EXPANDED = ("create", "createIndexes", "dropIndexes")  # with showExpandedEvents only
+_KINDS = {"insert": "insert", "update": "update", "delete": "delete", "drop": "drop",
+          "create": "create", "createIndex": "createIndexes", "dropIndex": "dropIndexes"}
+
+
+def token_out(t) -> dict:
+    return {"_data": ":".join(str(int(x)) for x in t)}
+
+
+def token_in(doc) -> tuple:
+    if not isinstance(doc, dict) or not isinstance(doc.get("_data"), str):
+        raise CommandError(f"invalid resume token {doc!r:.80}", 2, "BadValue")
+    try:
+        return parse_token([int(x) for x in doc["_data"].split(":")])
+    except (ValueError, errors.RaymxError):
+        raise CommandError(f"invalid resume token {doc!r:.80}", 2, "BadValue") from None
+
+
+class Stream:
+    def __init__(self, namespaces, token, full: str, before: str, pipeline: list, ns: str):
+        self.namespaces, self.token, self.full, self.before = namespaces, token, full, before
+        self.pipeline, self.ns = pipeline, ns
+        self.expanded = False
+
+
+def _diff(pre: dict, post: dict) -> dict:
+    updated = {k: v for k, v in post.items() if k not in pre or pre[k] != v}
+    removed = [k for k in pre if k not in post]
+    return {"updatedFields": updated, "removedFields": removed, "truncatedArrays": []}
+
+
+def event_doc(ev: dict, s: Stream) -> dict | None:
+    kind = _KINDS.get(ev["op"])
+    if kind is None or (kind in _EXPANDED and not s.expanded):
+        return None
+    db, _, coll = ev["ns"].partition(".")
+    ts = ev["ts"]
+    out = {"_id": token_out(ev["token"]), "operationType": kind,
+           "clusterTime": Timestamp(ts // 1000, ev["token"][2] + 1),
+           "wallTime": datetime.datetime(1970, 1, 1) + datetime.timedelta(milliseconds=ts),
+           "ns": {"db": db, "coll": coll} if coll else {"db": db}}
+    if ev["_id"] is not None or kind in ("insert", "update", "delete"):
+        out["documentKey"] = {"_id": ev["_id"]}
+    if kind == "insert":
+        out["fullDocument"] = ev["post"]
+    elif kind == "update":
+        out["updateDescription"] = _diff(ev["pre"] or {}, ev["post"] or {})
+        if s.full in ("updateLookup", "whenAvailable", "required"):
+            out["fullDocument"] = ev["post"]  # the image right after this change
+    if kind in ("update", "delete") and s.before in ("whenAvailable", "required"):
+        out["fullDocumentBeforeChange"] = ev["pre"]
+    return out
+
+
+class Streams:
+    """Open change-stream cursors of one member (any connection may getMore)."""
+
+    def __init__(self, d):
+        self.d = d
+        self.open: dict[int, Stream] = {}
+        self.lock = threading.Lock()
+
+    def owns(self, cid: int) -> bool:
+        return cid >= CURSOR_BASE
+
+    def start(self, cmd: dict, conn, spec: dict, rest: list) -> dict:
+        if not isinstance(spec, dict):
+            raise CommandError("$changeStream needs a document", 14, "TypeMismatch")
+        for st in rest:
+            if next(iter(st)) not in _FOLLOW:
+                raise CommandError(f"{next(iter(st))} is not allowed in a $changeStream "
+                                   f"pipeline (raymx serves {', '.join(_FOLLOW)})", 2,
+                                   "BadValue")
+        aggregate.check(rest)
+        if spec.get("startAtOperationTime") is not None:
+            raise CommandError("startAtOperationTime is not supported by raymx: resume "
+                               "with resumeAfter or startAfter", 2, "BadValue")
+        db, target = cmd.get("$db"), cmd.get("aggregate")
+        if spec.get("allChangesForCluster"):
+            namespaces, ns = None, "admin.$cmd.aggregate"
+        elif isinstance(target, str):
+            namespaces, ns = [f"{db}.{target}"], f"{db}.{target}"
+        else:
+            namespaces, ns = [db], f"{db}.$cmd.aggregate"
+        tok = spec.get("resumeAfter") or spec.get("startAfter")
+        from raymx.wire.crud import read_fields
+        rf = {k: v for k, v in read_fields(cmd).items() if k == "rp"}
+        if tok is not None:
+            token = token_in(tok)
+        else:
+            token = tuple(self.d.call({"op": "watch", "namespaces": namespaces, **rf},
+                                      conn.state)["resume"])
+        s = Stream(namespaces, token, spec.get("fullDocument", "default"),
+                   spec.get("fullDocumentBeforeChange", "off"), rest, ns)
+        s.expanded = bool(spec.get("showExpandedEvents"))
+        cid = CURSOR_BASE + next(_IDS)
+        with self.lock:
+            self.open[cid] = s
+        return {"cursor": {"firstBatch": [], "id": Int64(cid), "ns": ns,
+                           "postBatchResumeToken": token_out(s.token)}}
+
+    def get_more(self, cid: int, cmd: dict, conn) -> dict:
+        with self.lock:
+            s = self.open.get(cid)
+        if s is None:
+            raise CommandError(f"cursor id {cid} not found", 43, "CursorNotFound")
+        wait = cmd.get("maxTimeMS") or WAIT_MS_DEFAULT
+        req = {"op": "watch", "after": list(s.token), "namespaces": s.namespaces,
+               "wait_ms": int(wait)}
+        if cmd.get("batchSize"):
+            req["batch"] = int(cmd["batchSize"])
+        try:
+            res = self.d.call(req, conn.state)
+        except errors.OplogTrimmed as e:
+            raise CommandError(e.msg, 286, "ChangeStreamHistoryLost") from None
+        except errors.Diverged as e:
+            raise CommandError(e.msg, 280, "ChangeStreamFatalError") from None
+        docs = [x for x in (event_doc(ev, s) for ev in res["events"]) if x is not None]
+        if s.pipeline:
+            docs = aggregate.run(iter(docs), s.pipeline)
+        s.token = tuple(res["resume"])
+        return {"cursor": {"nextBatch": docs, "id": Int64(cid), "ns": s.ns,
+                           "postBatchResumeToken": token_out(s.token)}}
+
+    def kill(self, ids) -> None:
+        with self.lock:
+            for cid in ids:
+                self.open.pop(cid, None)

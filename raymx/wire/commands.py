@@ -1,0 +1,368 @@
+"""Command dispatch for the wire port: authentication, ``hello``, and the
+administrative commands. CRUD commands are in ``raymx.wire.crud``.
+
+Every command becomes one or more of the member's own requests
+(``ShardService.handle``: the msgpack port's path), waited for on the
+port's thread pool; nothing here touches storage directly.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from concurrent.futures import Future, TimeoutError as FutureTimeout
+
+from bson import Int64, ObjectId
+
+from raymx import errors
+from raymx.storage.query import compile_filter
+from raymx.wire import crud
+from raymx.wire.auth import MECHANISM, Scram
+from raymx.wire.changestream import Streams
+from raymx.wire.errors import CommandError, bad_value, command_not_found, error_doc
+
+log = logging.getLogger("raymx.wire")
+
+MAX_WIRE_VERSION = 21  # MongoDB 7.0
+VERSION = "7.0.0"
+SESSION_TIMEOUT_MIN = 30
+CALL_TIMEOUT_S = 300.0
+TOPOLOGY_TTL_S = 1.0
+PRE_AUTH = {"hello", "ismaster", "saslstart", "saslcontinue"}
+
+
+_DEEP = frozenset((dict, list, Int64))
+
+
+def plain(v):
+    """BSON values as the member stores them: ``Int64`` is an int."""
+    t = type(v)
+    if t is dict:
+        if _DEEP.isdisjoint(map(type, v.values())):  # flat, no Int64: as it is
+            return v
+        return {k: plain(x) for k, x in v.items()}
+    if t is list:
+        return [plain(x) for x in v]
+    if t is Int64:
+        return int(v)
+    return v
+
+
+class Dispatcher:
+    """Runs one command document (on a pool thread) and returns the answer."""
+
+    def __init__(self, service, port):
+        self.service = service
+        self.port = port
+        self._topo: tuple[float, dict] | None = None
+        self._topo_lock = threading.Lock()
+        self.txns = crud.Transactions(self)
+        self.streams = Streams(self)
+        # lsid -> (term, txnNumber) of the last retryable write this member
+        # committed as primary for it: a higher number in the same term is new
+        # (no record read before the write); anything else reads the record
+        self.retry_seen: dict[bytes, tuple[int, int]] = {}
+
+    # --- running -----------------------------------------------------------
+    def run(self, cmd: dict, conn, legacy: bool = False) -> dict:
+        if not cmd:
+            return error_doc(bad_value("an empty command document"))
+        name = next(iter(cmd))
+        key = name.lower()
+        if not conn.authed and key not in PRE_AUTH:
+            return error_doc(CommandError(f"command {name} requires authentication", 13,
+                                          "Unauthorized"))
+        fn = COMMANDS.get(key) or crud.COMMANDS.get(key)
+        if fn is None:
+            return error_doc(command_not_found(name))
+        try:
+            out = fn(self, cmd, conn)
+        except (TypeError, ValueError, AttributeError, KeyError) as e:
+            # a field of the wrong type or shape (int("x"), a number where a
+            # document belongs): the sender's mistake, said with a code
+            log.info("%s: bad argument: %r", name, e)
+            return error_doc(CommandError(f"{name}: a field has the wrong type or form: {e}",
+                                          14, "TypeMismatch"))
+        except Exception as e:
+            return error_doc(e)
+        out.setdefault("ok", 1.0)
+        return out
+
+    def call(self, req: dict, state: dict, timeout_s: float = CALL_TIMEOUT_S) -> dict:
+        """One member request, answered (or its error raised)."""
+        f: Future = Future()
+
+        def reply(ok=None, err=None):
+            if not f.done():
+                f.set_result((ok, err))
+        self.service.handle(req, reply, state)
+        try:
+            ok, err = f.result(timeout_s)
+        except FutureTimeout:
+            raise errors.RequestTimeout(f"{req.get('op')} got no answer in {timeout_s:g} s") \
+                from None
+        if err is not None:
+            raise err
+        return ok
+
+    def connection_closed(self, conn) -> None:
+        self.service.connection_closed(conn.state)
+
+    # --- the set's shape, for hello ------------------------------------------
+    def topology(self) -> dict:
+        with self._topo_lock:
+            now = time.monotonic()
+            if self._topo is not None and now - self._topo[0] < TOPOLOGY_TTL_S:
+                return self._topo[1]
+            try:
+                topo = self.service.topology_source()
+            except Exception:  # the coordinator is restarting: the last known one
+                topo = self._topo[1] if self._topo else {"members": [], "primary": None}
+            self._topo = (now, topo)
+            return topo
+
+
+def _hello(d: Dispatcher, cmd: dict, conn) -> dict:
+    svc, port = d.service, d.port
+    me = port.address
+    topo = d.topology()
+    members = [m for m in topo.get("members", ()) if m.get("wire")]
+    hosts = [f"{m['wire'][0]}:{m['wire'][1]}" for m in members if not m.get("hidden")]
+    if me not in hosts and not any(m.get("id") == port.info.get("member") and m.get("hidden")
+                                   for m in members):
+        hosts.append(me)
+    writable = bool(svc.primary and not svc.handing_over)
+    readable = svc.read_refusal() is None
+    primary = me if writable else next(
+        (f"{m['wire'][0]}:{m['wire'][1]}" for m in members
+         if m.get("id") == topo.get("primary") and m.get("id") != port.info.get("member")),
+        None)
+    first = next(iter(cmd))
+    out = {"helloOk": True,
+           ("ismaster" if first.lower() == "ismaster" else "isWritablePrimary"): writable,
+           "secondary": (not writable) and readable,
+           "setName": port.info.get("replset", "raymx"), "setVersion": 1,
+           "hosts": hosts, "me": me,
+           "maxBsonObjectSize": min(16 * 1024 * 1024, svc.limits.document_bytes_max),
+           "maxMessageSizeBytes": 48_000_000, "maxWriteBatchSize": 100_000,
+           "localTime": datetime.datetime.now(datetime.timezone.utc),
+           "logicalSessionTimeoutMinutes": SESSION_TIMEOUT_MIN,
+           "connectionId": conn.id, "minWireVersion": 0, "maxWireVersion": MAX_WIRE_VERSION,
+           "readOnly": False}
+    if primary is not None:
+        out["primary"] = primary
+    if any(m.get("id") == port.info.get("member") and m.get("hidden") for m in members):
+        out["hidden"] = True  # drivers leave it out of the set's servers
+    if writable:  # drivers order primaries by (electionId, setVersion): the term
+        out["electionId"] = ObjectId(b"\x7f\xff\xff\xff" + int(svc.gm.term).to_bytes(8, "big"))
+    if "saslSupportedMechs" in cmd:
+        out["saslSupportedMechs"] = [MECHANISM]
+    if "client" in cmd and isinstance(cmd["client"], dict):
+        conn.wire["client"] = cmd["client"]
+    return out
+
+
+def _sasl_start(d: Dispatcher, cmd: dict, conn) -> dict:
+    conn.scram = Scram(d.port.credential)
+    payload = conn.scram.start(cmd.get("mechanism"), cmd.get("payload", b""))
+    return {"conversationId": 1, "done": False, "payload": payload}
+
+
+def _sasl_continue(d: Dispatcher, cmd: dict, conn) -> dict:
+    s = conn.scram
+    if s is None:
+        raise CommandError("No SASL session state found", 17, "ProtocolError")
+    if conn.authed:  # the empty last step of drivers that do not skip it
+        return {"conversationId": 1, "done": True, "payload": b""}
+    try:
+        payload = s.finish(cmd.get("payload", b""))
+    finally:
+        conn.scram = None
+    conn.authed = True
+    conn.wire["user"] = s.user
+    conn.scram = s  # kept for an empty final saslContinue
+    return {"conversationId": 1, "done": True, "payload": payload}
+
+
+def _build_info(d: Dispatcher, cmd: dict, conn) -> dict:
+    return {"version": VERSION, "versionArray": [7, 0, 0, 0], "gitVersion": "raymx",
+            "bits": 64, "maxBsonObjectSize": 16 * 1024 * 1024, "storageEngines": ["raymx"],
+            "modules": [], "javascriptEngine": "none", "debug": False}
+
+
+def _names(d: Dispatcher, conn) -> list[str]:
+    return d.call({"op": "listCollections"}, conn.state)["value"]
+
+
+def _db(cmd: dict) -> str:
+    db = cmd.get("$db")
+    if not isinstance(db, str) or not db:
+        raise bad_value("the command has no $db")
+    return db
+
+
+def _list_databases(d: Dispatcher, cmd: dict, conn) -> dict:
+    dbs = sorted({ns.split(".", 1)[0] for ns in _names(d, conn)})
+    out = [{"name": n, "sizeOnDisk": 0, "empty": False} for n in dbs]
+    flt = cmd.get("filter")
+    if flt:
+        m = compile_filter(plain(flt))
+        out = [x for x in out if m(x)]
+    if cmd.get("nameOnly"):
+        out = [{"name": x["name"]} for x in out]
+    return {"databases": out, "totalSize": 0, "totalSizeMb": 0}
+
+
+def _list_collections(d: Dispatcher, cmd: dict, conn) -> dict:
+    db = _db(cmd)
+    out = []
+    for ns in sorted(_names(d, conn)):
+        dbn, _, coll = ns.partition(".")
+        if dbn == db:
+            out.append({"name": coll, "type": "collection", "options": {},
+                        "info": {"readOnly": False},
+                        "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"}})
+    flt = cmd.get("filter")
+    if flt:
+        m = compile_filter(plain(flt))
+        out = [x for x in out if m(x)]
+    if cmd.get("nameOnly"):
+        out = [{"name": x["name"], "type": x["type"]} for x in out]
+    return {"cursor": {"firstBatch": out, "id": Int64(0), "ns": f"{db}.$cmd.listCollections"}}
+
+
+_CREATE_OPTIONS = {"create", "$db", "lsid", "writeConcern", "$readPreference", "$clusterTime",
+                   "txnNumber", "autocommit", "startTransaction", "comment"}
+
+
+def _create(d: Dispatcher, cmd: dict, conn) -> dict:
+    other = sorted(set(cmd) - _CREATE_OPTIONS)
+    if other:
+        raise CommandError(f"create: option(s) {', '.join(other)} are not supported by "
+                           "raymx", 2, "BadValue")
+    d.call({"op": "createCollection", "ns": crud.ns_of(cmd, "create"),
+            **crud.wc_fields(cmd)}, conn.state)
+    return {}
+
+
+def _drop(d: Dispatcher, cmd: dict, conn) -> dict:
+    ns = crud.ns_of(cmd, "drop")
+    n = len(d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"])
+    d.call({"op": "dropCollection", "ns": ns, **crud.wc_fields(cmd)}, conn.state)
+    return {"ns": ns, "nIndexesWas": n}
+
+
+def _drop_database(d: Dispatcher, cmd: dict, conn) -> dict:
+    db = _db(cmd)
+    for ns in _names(d, conn):
+        if ns.split(".", 1)[0] == db:
+            d.call({"op": "dropCollection", "ns": ns, **crud.wc_fields(cmd)}, conn.state)
+    return {"dropped": db}
+
+
+def _index_doc(ix: dict) -> dict:
+    out = {"v": 2, "key": {p: dr for p, dr in ix["key"]}, "name": ix["name"]}
+    if ix.get("unique") and ix["name"] != "_id_":
+        out["unique"] = True
+    return out
+
+
+def _list_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
+    ns = crud.ns_of(cmd, "listIndexes")
+    if ns not in _names(d, conn):
+        raise CommandError(f"ns does not exist: {ns}", 26, "NamespaceNotFound")
+    ixs = d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"]
+    return {"cursor": {"firstBatch": [_index_doc(x) for x in ixs], "id": Int64(0), "ns": ns}}
+
+
+_INDEX_OPTIONS = {"key", "name", "unique", "v", "background"}
+
+
+def _create_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
+    ns = crud.ns_of(cmd, "createIndexes")
+    specs = cmd.get("indexes")
+    if not isinstance(specs, list) or not specs:
+        raise bad_value("createIndexes needs a non-empty array 'indexes'")
+    existed = ns in _names(d, conn)
+    before = len(d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"])
+    for spec in specs:
+        if not isinstance(spec, dict) or not isinstance(spec.get("key"), dict):
+            raise bad_value("each index needs a 'key' document")
+        other = sorted(set(spec) - _INDEX_OPTIONS)
+        if other:
+            raise CommandError(f"index option(s) {', '.join(other)} are not supported by "
+                               "raymx", 197, "InvalidIndexSpecificationOption")
+        key = [[p, int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v]
+               for p, v in spec["key"].items()]
+        d.call({"op": "createIndex", "ns": ns, "key": key, "unique": bool(spec.get("unique")),
+                "name": spec.get("name"), **crud.wc_fields(cmd)}, conn.state)
+    after = len(d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"])
+    return {"createdCollectionAutomatically": not existed, "numIndexesBefore": before,
+            "numIndexesAfter": after}
+
+
+def _drop_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
+    ns = crud.ns_of(cmd, "dropIndexes")
+    ixs = d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"]
+    which = cmd.get("index")
+    if which == "*":
+        names = [x["name"] for x in ixs if x["name"] != "_id_"]
+    elif isinstance(which, str):
+        names = [which]
+    elif isinstance(which, dict):
+        key = [[p, int(v)] for p, v in which.items()]
+        names = [x["name"] for x in ixs if [list(k) for k in x["key"]] == key]
+        if not names:
+            raise CommandError(f"can't find index with key: {which}", 27, "IndexNotFound")
+    elif isinstance(which, list):
+        names = which
+    else:
+        raise bad_value("dropIndexes needs 'index': a name, a key document, a list or '*'")
+    for n in names:
+        d.call({"op": "dropIndex", "ns": ns, "name": n, **crud.wc_fields(cmd)}, conn.state)
+    return {"nIndexesWas": len(ixs)}
+
+
+def _ok(d, cmd, conn) -> dict:
+    return {}
+
+
+def _end_sessions(d: Dispatcher, cmd: dict, conn) -> dict:
+    d.txns.end_sessions(cmd.get(next(iter(cmd))) or [])
+    return {}
+
+
+def _whats_my_uri(d, cmd, conn) -> dict:
+    peer = conn.transport.get_extra_info("peername") or ("", 0)
+    return {"you": f"{peer[0]}:{peer[1]}"}
+
+
+def _connection_status(d, cmd, conn) -> dict:
+    user = conn.wire.get("user")
+    users = [{"user": user, "db": cmd.get("$db", "admin")}] if user else []
+    return {"authInfo": {"authenticatedUsers": users, "authenticatedUserRoles": []}}
+
+
+def _get_parameter(d, cmd, conn) -> dict:
+    out = {}
+    if "featureCompatibilityVersion" in cmd or cmd.get("getParameter") == "*":
+        out["featureCompatibilityVersion"] = {"version": "7.0"}
+    return out
+
+
+def _logout(d, cmd, conn) -> dict:
+    conn.authed = False
+    return {}
+
+
+COMMANDS = {
+    "hello": _hello, "ismaster": _hello, "saslstart": _sasl_start,
+    "saslcontinue": _sasl_continue, "logout": _logout, "ping": _ok, "buildinfo": _build_info,
+    "listdatabases": _list_databases, "listcollections": _list_collections,
+    "create": _create, "drop": _drop, "dropdatabase": _drop_database,
+    "listindexes": _list_indexes, "createindexes": _create_indexes,
+    "dropindexes": _drop_indexes, "endsessions": _end_sessions, "killsessions": _end_sessions,
+    "refreshsessions": _ok, "whatsmyuri": _whats_my_uri,
+    "connectionstatus": _connection_status, "getparameter": _get_parameter,
+}

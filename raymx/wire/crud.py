@@ -1,0 +1,550 @@
+"""CRUD commands of the wire port (insert, update, delete, find, getMore,
+killCursors, count, distinct, findAndModify, aggregate) and multi-document
+transactions through driver sessions, each translated into the member's own
+requests (``insert``/``update``/``delete``/``find``/``getMore``/``count``,
+``txnBegin``/``txnCommit``/``txnAbort``)."""
+from __future__ import annotations
+
+import threading
+import uuid
+
+import bson
+from bson import Int64
+
+from raymx import errors
+from raymx.actors.statements import RETRY_NS  # lsid -> the last retryable write's record
+from raymx.storage import query
+from raymx.storage.keys import encode_key
+from raymx.wire import aggregate
+from raymx.wire.framing import CODEC
+from raymx.wire.errors import (CommandError, bad_value, is_statement_error, write_concern_error,
+                               write_error)
+
+
+def ns_of(cmd: dict, name: str) -> str:
+    coll = cmd.get(next(iter(cmd)))
+    if not isinstance(coll, str) or not coll:
+        raise CommandError(f"{name}: collection name has invalid type "
+                           f"{type(coll).__name__}", 73, "InvalidNamespace")
+    return f"{cmd.get('$db')}.{coll}"
+
+
+def wc_fields(cmd: dict) -> dict:
+    """``writeConcern`` -> the member's ``w``, ``j``, ``wtimeout_ms``."""
+    wc = cmd.get("writeConcern")
+    if not wc:
+        return {}
+    if not isinstance(wc, dict):
+        raise CommandError("writeConcern must be a document", 14, "TypeMismatch")
+    out = {}
+    w = wc.get("w", 1)
+    if isinstance(w, (int, float)) and not isinstance(w, bool):
+        w = int(w)
+        out["w"] = 1 if w == 0 else w  # w:0: the driver asked for no answer at all
+    elif w == "majority":
+        out["w"] = w
+    else:
+        raise CommandError(f"No write concern mode named '{w}' found in replica set "
+                           "configuration", 79, "UnknownReplWriteConcern")
+    if wc.get("j") or wc.get("fsync"):
+        out["j"] = True
+    if wc.get("wtimeout"):
+        out["wtimeout_ms"] = int(wc["wtimeout"])
+    return out
+
+
+def read_fields(cmd: dict) -> dict:
+    """``$readPreference`` and ``readConcern`` -> the member's ``rp``, ``readConcern``."""
+    out = {}
+    rp = cmd.get("$readPreference")
+    mode = rp.get("mode", "primary") if isinstance(rp, dict) else "primary"
+    if mode == "primary":
+        out["rp"] = "primary"  # a secondary refuses it, so drivers find the primary
+    rc = cmd.get("readConcern")
+    if isinstance(rc, dict) and rc.get("level"):
+        lvl = rc["level"]
+        out["readConcern"] = "local" if lvl == "available" else lvl
+    return out
+
+
+def _docs(v, what: str) -> list:
+    if not isinstance(v, list):
+        raise CommandError(f"'{what}' must be an array", 14, "TypeMismatch")
+    return v
+
+
+def _plain(v):
+    from raymx.wire.commands import plain
+    return plain(v)
+
+
+def _sid(v) -> bytes:
+    """A session id (a UUID, binary subtype 4) as bytes."""
+    return v.bytes if isinstance(v, uuid.UUID) else bytes(v)
+
+
+class Transactions:
+    """Driver sessions' transactions: ``(lsid, txnNumber)`` -> the member's
+    transaction and the state it lives in (statements of one transaction may
+    come on different connections of the driver's pool)."""
+
+    def __init__(self, d):
+        self.d = d
+        self.open: dict[bytes, tuple[int, int, dict]] = {}  # lsid -> (txnNumber, txn, state)
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def _lsid(cmd: dict) -> bytes | None:
+        ls = cmd.get("lsid")
+        if isinstance(ls, dict) and ls.get("id") is not None:
+            return _sid(ls["id"])
+        return None
+
+    def fields(self, cmd: dict) -> tuple[dict, dict | None]:
+        """(fields to add to each request, the state to run them in) for a
+        command that is part of a transaction; ({}, None) otherwise."""
+        if cmd.get("autocommit") is not False:
+            return {}, None
+        lsid, num = self._lsid(cmd), int(cmd.get("txnNumber", -1))
+        if lsid is None:
+            raise bad_value("a transaction needs an lsid")
+        if cmd.get("startTransaction"):
+            self.abort(lsid)
+            state: dict = {}
+            txn = self.d.call({"op": "txnBegin"}, state)["txn"]
+            with self.lock:
+                self.open[lsid] = (num, txn, state)
+        with self.lock:
+            got = self.open.get(lsid)
+        if got is None or got[0] != num:
+            raise CommandError(f"Transaction with txnNumber {num} has been aborted or is not "
+                               "open", 251, "NoSuchTransaction",
+                               errorLabels=["TransientTransactionError"])
+        return {"txn": got[1]}, got[2]
+
+    def finish(self, cmd: dict, commit: bool) -> dict:
+        lsid, num = self._lsid(cmd), int(cmd.get("txnNumber", -1))
+        with self.lock:
+            got = self.open.get(lsid)
+            if got is not None and got[0] == num:
+                del self.open[lsid]
+        if got is None or got[0] != num:
+            if commit:
+                raise CommandError(f"Transaction with txnNumber {num} is not open", 251,
+                                   "NoSuchTransaction",
+                                   errorLabels=["TransientTransactionError"])
+            return {}
+        req = {"op": "txnCommit" if commit else "txnAbort", "txn": got[1]}
+        if commit:
+            req.update(wc_fields(cmd))
+        self.d.call(req, got[2])
+        return {}
+
+    def abort(self, lsid: bytes) -> None:
+        with self.lock:
+            got = self.open.pop(lsid, None)
+        if got is not None:
+            try:
+                self.d.call({"op": "txnAbort", "txn": got[1]}, got[2])
+            except errors.RaymxError:
+                pass
+
+    def end_sessions(self, ids) -> None:
+        for x in ids:
+            if isinstance(x, dict) and x.get("id") is not None:
+                self.abort(_sid(x["id"]))
+
+
+def _txn_of(d, cmd: dict) -> tuple[dict, dict | None]:
+    """(fields, state) of the member transaction a command runs in: the
+    driver's transaction, or the one a retryable write wraps it in."""
+    inner = cmd.get("$txn")
+    if inner is not None:
+        return {"txn": inner[0]}, inner[1]
+    return d.txns.fields(cmd)
+
+
+def _run(d, req: dict, cmd: dict, conn) -> dict:
+    """A request, inside the command's transaction if it has one."""
+    extra, state = _txn_of(d, cmd)
+    if state is None:
+        if "$retry" in cmd:  # its record commits in the same statement
+            req = dict(req, retry=cmd["$retry"])
+        return d.call(req, conn.state)
+    req = {k: v for k, v in req.items() if k not in ("w", "j", "wtimeout_ms", "rp")}
+    return d.call(dict(req, **extra), state)
+
+
+
+
+def _too_old(num: int, newer: int) -> CommandError:
+    return CommandError(f"Retryable write with txnNumber {num} is prohibited on session "
+                        f"because a newer retryable write with txnNumber {newer} has "
+                        "already started", 225, "TransactionTooOld")
+
+
+_STATEMENTS = {"insert": "documents", "update": "updates", "delete": "deletes"}
+RETRY_SEEN_MAX = 100_000
+
+
+def _replayed(cmd: dict, res: dict) -> dict:
+    """The answer of a one-statement write from its stored member result."""
+    kind = next(iter(cmd)).lower()
+    if kind == "insert":
+        return {"n": len(res.get("inserted_ids") or ())}
+    if kind == "delete":
+        return {"n": res.get("deleted") or 0}
+    out = {"n": (res.get("matched") or 0), "nModified": res.get("modified") or 0}
+    if res.get("upserted_id") is not None:
+        out["n"] += 1
+        out["upserted"] = [{"index": 0, "_id": res["upserted_id"]}]
+    return out
+
+
+def retryable(fn):
+    """A write with ``lsid`` and ``txnNumber`` outside a transaction (a driver's
+    retryable write) commits with its record in ``config.transactions``: the
+    record replicates with the write, so a retry (also on a new primary after
+    a failover) gets the first answer back and is not applied twice. A write
+    of one statement carries its record in that statement (``retry``: one
+    member write, group commit as any other); others (and findAndModify) run
+    as one member transaction."""
+    def run(d, cmd: dict, conn) -> dict:
+        lsid = Transactions._lsid(cmd)
+        if lsid is None or cmd.get("txnNumber") is None or "autocommit" in cmd:
+            return fn(d, cmd, conn)
+        num = int(cmd["txnNumber"])
+        field = _STATEMENTS.get(next(iter(cmd)).lower())
+        if field is not None and isinstance(cmd.get(field), list) and len(cmd[field]) == 1:
+            term = d.service.gm.term
+            known = d.retry_seen.get(lsid)
+            if known is None or known[0] != term or known[1] >= num:
+                # not known to be new: read the record (a retry, or a session this
+                # member has not written for as primary in this term)
+                rec = d.call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid},
+                              "limit": 1, "rp": "primary"}, conn.state)["docs"]
+                if rec and rec[0].get("n") == num:
+                    return _replayed(cmd, rec[0]["res"]) if "res" in rec[0] \
+                        else bson.decode(rec[0]["reply"], CODEC)
+                if rec and rec[0].get("n", -1) > num:
+                    raise _too_old(num, rec[0]["n"])
+            d.retry_seen.pop(lsid, None)  # unknown until this write's outcome is
+            out = fn(d, dict(cmd, **{"$retry": {"_id": lsid, "n": num}}), conn)
+            if "writeErrors" not in out:  # committed: its record says num now
+                if len(d.retry_seen) >= RETRY_SEEN_MAX:
+                    d.retry_seen.clear()  # forgetting only costs a record read
+                d.retry_seen[lsid] = (term, num)
+            return out
+        state: dict = {}
+        txn = d.call({"op": "txnBegin"}, state)["txn"]
+        done = False
+        try:
+            rec = d.call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid}, "limit": 1,
+                          "txn": txn}, state)["docs"]
+            if rec and rec[0].get("n") == num:
+                return _replayed(cmd, rec[0]["res"]) if "res" in rec[0] \
+                    else bson.decode(rec[0]["reply"], CODEC)
+            if rec and rec[0].get("n", -1) > num:
+                raise _too_old(num, rec[0]["n"])
+            inner = {k: v for k, v in cmd.items() if k != "writeConcern"}
+            inner["$txn"] = (txn, state)
+            out = fn(d, inner, conn)
+            d.call({"op": "update", "ns": RETRY_NS, "filter": {"_id": lsid}, "replace": True,
+                    "upsert": True, "txn": txn,
+                    "update": {"_id": lsid, "n": num, "reply": bson.encode(out, codec_options=CODEC)}}, state)
+            done = True
+            try:
+                d.call({"op": "txnCommit", "txn": txn, **wc_fields(cmd)}, state)
+            except errors.WriteConcernTimeout as e:
+                out["writeConcernError"] = write_concern_error(e)
+            return out
+        finally:
+            if not done:
+                try:
+                    d.call({"op": "txnAbort", "txn": txn}, state)
+                except errors.RaymxError:
+                    pass
+    return run
+
+
+def _write(d, cmd: dict, conn, statements: list, to_req, count) -> dict:
+    """Run write statements in order; MongoDB's answer shape (n, writeErrors,
+    writeConcernError). ``count(result, i, out)`` adds one statement's result."""
+    ordered = cmd.get("ordered", True) is not False
+    wc = wc_fields(cmd)
+    out: dict = {"n": 0}
+    werrs = []
+    for i, st in enumerate(statements):
+        try:
+            res = _run(d, dict(to_req(st), **wc), cmd, conn)
+            count(res, i, out)
+        except errors.WriteConcernTimeout as e:
+            out["writeConcernError"] = write_concern_error(e)
+        except Exception as e:
+            if not is_statement_error(e):  # not this statement's fault (not primary...)
+                if i == 0:
+                    raise  # the command fails as a whole: drivers retry it elsewhere
+                werrs.append(write_error(i, e))
+                break
+            werrs.append(write_error(i, e))
+            if ordered:
+                break
+    if werrs:
+        out["writeErrors"] = werrs
+    return out
+
+
+def _insert(d, cmd: dict, conn) -> dict:
+    ns = ns_of(cmd, "insert")
+    docs = [_plain(x) for x in _docs(cmd.get("documents"), "documents")]
+    wc = wc_fields(cmd)
+    if len(docs) > 1:  # all in one statement; one by one only if that fails
+        try:
+            _run(d, {"op": "insert", "ns": ns, "docs": docs, **wc}, cmd, conn)
+            return {"n": len(docs)}
+        except errors.WriteConcernTimeout as e:
+            return {"n": len(docs), "writeConcernError": write_concern_error(e)}
+        except Exception as e:
+            if not is_statement_error(e) or cmd.get("autocommit") is False:
+                raise
+
+    def count(res, i, out):
+        out["n"] += 1
+    return _write(d, cmd, conn, docs, lambda x: {"op": "insert", "ns": ns, "docs": [x]}, count)
+
+
+def _update(d, cmd: dict, conn) -> dict:
+    ns = ns_of(cmd, "update")
+
+    def to_req(st):
+        if not isinstance(st, dict) or "q" not in st or "u" not in st:
+            raise bad_value("each update needs 'q' and 'u'")
+        u = st["u"]
+        if isinstance(u, list):
+            raise CommandError("pipeline updates are not supported by raymx", 2, "BadValue")
+        if st.get("arrayFilters"):
+            raise CommandError("arrayFilters are not supported by raymx", 2, "BadValue")
+        replace = isinstance(u, dict) and not any(k.startswith("$") for k in u)
+        return {"op": "update", "ns": ns, "filter": _plain(st["q"]), "update": _plain(u),
+                "multi": bool(st.get("multi")), "upsert": bool(st.get("upsert")),
+                "replace": replace}
+
+    def count(res, i, out):
+        out.setdefault("nModified", 0)
+        out["nModified"] += res.get("modified") or 0
+        out["n"] += res.get("matched") or 0
+        if res.get("upserted_id") is not None:
+            out["n"] += 1
+            out.setdefault("upserted", []).append({"index": i, "_id": res["upserted_id"]})
+    out = _write(d, cmd, conn, _docs(cmd.get("updates"), "updates"), to_req, count)
+    out.setdefault("nModified", 0)
+    return out
+
+
+def _delete(d, cmd: dict, conn) -> dict:
+    ns = ns_of(cmd, "delete")
+
+    def to_req(st):
+        if not isinstance(st, dict) or "q" not in st:
+            raise bad_value("each delete needs 'q'")
+        return {"op": "delete", "ns": ns, "filter": _plain(st["q"]),
+                "multi": int(st.get("limit", 0)) == 0}
+
+    def count(res, i, out):
+        out["n"] += res.get("deleted") or 0
+    return _write(d, cmd, conn, _docs(cmd.get("deletes"), "deletes"), to_req, count)
+
+
+def _sort(v):
+    if not v:
+        return None
+    if not isinstance(v, dict):
+        raise CommandError("sort must be a document", 14, "TypeMismatch")
+    return [[k, int(x)] for k, x in v.items()]
+
+
+def _find(d, cmd: dict, conn) -> dict:
+    ns = ns_of(cmd, "find")
+    limit = int(cmd.get("limit") or 0)
+    single = bool(cmd.get("singleBatch")) or limit < 0
+    limit = abs(limit)
+    batch = cmd.get("batchSize")
+    req = {"op": "find", "ns": ns, "filter": _plain(cmd.get("filter") or {}),
+           "projection": _plain(cmd.get("projection")) or None, "sort": _sort(cmd.get("sort")),
+           "skip": int(cmd.get("skip") or 0), "limit": limit, **read_fields(cmd)}
+    if batch:
+        req["batch"] = int(batch)
+    elif limit:
+        req["batch"] = limit
+    res = _run(d, req, cmd, conn)
+    cid = res.get("cursor") or 0
+    if cid and single:
+        d.call({"op": "killCursors", "cursors": [cid]}, conn.state)
+        cid = 0
+    return {"cursor": {"firstBatch": res["docs"], "id": Int64(cid), "ns": ns}}
+
+
+def _get_more(d, cmd: dict, conn) -> dict:
+    cid = cmd.get("getMore")
+    coll = cmd.get("collection")
+    if not isinstance(cid, int) or not isinstance(coll, str):
+        raise CommandError("getMore needs a cursor id (long) and 'collection'", 14,
+                           "TypeMismatch")
+    if d.streams.owns(int(cid)):
+        return d.streams.get_more(int(cid), cmd, conn)
+    req = {"op": "getMore", "cursor": int(cid)}
+    if cmd.get("batchSize"):
+        req["batch"] = int(cmd["batchSize"])
+    try:
+        res = d.call(req, conn.state)
+    except errors.InvalidOperation as e:
+        if "not found" in str(e):
+            raise CommandError(f"cursor id {int(cid)} not found", 43, "CursorNotFound") \
+                from None
+        raise
+    ns = f"{cmd.get('$db')}.{coll}"
+    return {"cursor": {"nextBatch": res["docs"], "id": Int64(res.get("cursor") or 0), "ns": ns}}
+
+
+def _kill_cursors(d, cmd: dict, conn) -> dict:
+    ids = [int(x) for x in _docs(cmd.get("cursors"), "cursors")]
+    d.streams.kill([x for x in ids if d.streams.owns(x)])
+    mine = [x for x in ids if not d.streams.owns(x)]
+    if mine:
+        d.call({"op": "killCursors", "cursors": mine}, conn.state)
+    return {"cursorsKilled": [Int64(x) for x in ids], "cursorsNotFound": [],
+            "cursorsAlive": [], "cursorsUnknown": []}
+
+
+def scan(d, cmd: dict, conn, ns: str, flt, projection=None, sort=None):
+    """Every matching document (a find and its getMores)."""
+    res = _run(d, {"op": "find", "ns": ns, "filter": flt or {}, "projection": projection,
+                   "sort": sort, **read_fields(cmd)}, cmd, conn)
+    yield from res["docs"]
+    cid = res.get("cursor")
+    try:
+        while cid:
+            res = d.call({"op": "getMore", "cursor": cid}, conn.state)
+            cid = res.get("cursor")
+            yield from res["docs"]
+    finally:
+        if cid:
+            d.call({"op": "killCursors", "cursors": [cid]}, conn.state)
+
+
+def _count(d, cmd: dict, conn) -> dict:
+    ns = ns_of(cmd, "count")
+    n = _run(d, {"op": "count", "ns": ns, "filter": _plain(cmd.get("query") or {}),
+                 **read_fields(cmd)}, cmd, conn)["value"]
+    n = max(0, n - int(cmd.get("skip") or 0))
+    lim = abs(int(cmd.get("limit") or 0))
+    return {"n": min(n, lim) if lim else n}
+
+
+def _distinct(d, cmd: dict, conn) -> dict:
+    ns = ns_of(cmd, "distinct")
+    key = cmd.get("key")
+    if not isinstance(key, str) or not key:
+        raise CommandError("distinct needs a string 'key'", 14, "TypeMismatch")
+    seen = {}
+    for doc in scan(d, cmd, conn, ns, _plain(cmd.get("query") or {}), {key: 1}):
+        for v in query.reach(doc, key):
+            if v is query.MISSING:
+                continue
+            for x in (v if isinstance(v, list) else [v]):
+                seen.setdefault(encode_key(x), x)
+    return {"values": [seen[k] for k in sorted(seen)]}
+
+
+def _find_and_modify(d, cmd: dict, conn) -> dict:
+    ns = ns_of(cmd, "findAndModify")
+    remove, upd = bool(cmd.get("remove")), cmd.get("update")
+    if remove == (upd is not None):
+        raise bad_value("findAndModify needs exactly one of 'remove' and 'update'")
+    if isinstance(upd, list):
+        raise CommandError("pipeline updates are not supported by raymx", 2, "BadValue")
+    upd = _plain(upd)
+    replace = isinstance(upd, dict) and not any(k.startswith("$") for k in upd)
+    fields = _plain(cmd.get("fields")) or None
+    flt = _plain(cmd.get("query") or {})
+    extra, state = _txn_of(d, cmd)
+    inner = state is not None
+    if not inner:
+        state = {}
+        extra = {"txn": d.call({"op": "txnBegin"}, state)["txn"]}
+    done = False
+    try:
+        def one(f, sort=None):
+            docs = d.call({"op": "find", "ns": ns, "filter": f, "sort": sort, "limit": 1,
+                           **extra}, state)["docs"]
+            return docs[0] if docs else None
+        doc = one(flt, _sort(cmd.get("sort")))
+        leo: dict = {"n": 0}
+        value = None
+        if doc is not None:
+            sel = {"_id": doc["_id"]}
+            leo["n"] = 1
+            if remove:
+                d.call({"op": "delete", "ns": ns, "filter": sel, **extra}, state)
+                value = doc
+            else:
+                d.call({"op": "update", "ns": ns, "filter": sel, "update": upd,
+                        "replace": replace, **extra}, state)
+                leo["updatedExisting"] = True
+                value = one(sel) if cmd.get("new") else doc
+        elif cmd.get("upsert") and not remove:
+            res = d.call({"op": "update", "ns": ns, "filter": flt, "update": upd,
+                          "replace": replace, "upsert": True, **extra}, state)
+            leo.update(n=1, updatedExisting=False, upserted=res.get("upserted_id"))
+            if cmd.get("new"):
+                value = one({"_id": res.get("upserted_id")})
+        elif not remove:
+            leo["updatedExisting"] = False
+        if not inner:
+            d.call({"op": "txnCommit", **extra, **wc_fields(cmd)}, state)
+        done = True
+    finally:
+        if not done and not inner:
+            try:
+                d.call({"op": "txnAbort", **extra}, state)
+            except errors.RaymxError:
+                pass
+    if value is not None and fields:
+        value = query.project(value, fields)
+    return {"lastErrorObject": leo, "value": value}
+
+
+def _aggregate(d, cmd: dict, conn) -> dict:
+    pipeline = _docs(cmd.get("pipeline"), "pipeline")
+    if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
+        return d.streams.start(cmd, conn, pipeline[0]["$changeStream"], _plain(pipeline[1:]))
+    if not isinstance(cmd.get("aggregate"), str):
+        raise CommandError("aggregate: only collection pipelines are supported (not "
+                           "{aggregate: 1})", 2, "BadValue")
+    ns = ns_of(cmd, "aggregate")
+    pipeline = _plain(_docs(cmd.get("pipeline"), "pipeline"))
+    if cmd.get("explain"):
+        raise CommandError("explain is not supported by raymx", 2, "BadValue")
+    aggregate.check(pipeline)
+    flt = {}
+    if pipeline and "$match" in pipeline[0] and aggregate.plain_filter(pipeline[0]["$match"]):
+        flt, pipeline = pipeline[0]["$match"], pipeline[1:]  # pushed down to the member
+    out = aggregate.run(scan(d, cmd, conn, ns, flt), pipeline)
+    return {"cursor": {"firstBatch": out, "id": Int64(0), "ns": ns}}
+
+
+def _commit(d, cmd: dict, conn) -> dict:
+    return d.txns.finish(cmd, True)
+
+
+def _abort(d, cmd: dict, conn) -> dict:
+    return d.txns.finish(cmd, False)
+
+
+COMMANDS = {
+    "insert": retryable(_insert), "update": retryable(_update), "delete": retryable(_delete),
+    "find": _find,
+    "getmore": _get_more, "killcursors": _kill_cursors, "count": _count,
+    "distinct": _distinct, "findandmodify": retryable(_find_and_modify), "aggregate": _aggregate,
+    "committransaction": _commit, "aborttransaction": _abort,
+}

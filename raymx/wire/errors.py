@@ -1,0 +1,115 @@
+"""raymx errors as MongoDB error documents (codes and shapes as MongoDB 7),
+so drivers raise what they raise against MongoDB: 11000 -> DuplicateKeyError,
+10107 -> NotPrimaryError (and a rediscovery), 64 with ``errInfo.wtimeout`` ->
+WTimeoutError."""
+from __future__ import annotations
+
+import logging
+
+from raymx import errors
+
+log = logging.getLogger("raymx.wire")
+
+# (code, codeName) by raymx class, most specific first
+_CODES: list[tuple[type, int, str]] = [
+    (errors.DuplicateKey, 11000, "DuplicateKey"),
+    (errors.DocumentTooLarge, 10334, "BSONObjectTooLarge"),
+    (errors.TransactionTooLarge, 10334, "BSONObjectTooLarge"),
+    (errors.InvalidName, 73, "InvalidNamespace"),
+    (errors.InvalidFilter, 2, "BadValue"),
+    (errors.InvalidUpdate, 9, "FailedToParse"),
+    (errors.CollectionNotFound, 26, "NamespaceNotFound"),
+    (errors.IndexNotFound, 27, "IndexNotFound"),
+    (errors.InvalidDocument, 2, "BadValue"),
+    (errors.InvalidOperation, 2, "BadValue"),
+    (errors.InvalidInput, 2, "BadValue"),
+    (errors.AuthenticationFailed, 18, "AuthenticationFailed"),
+    (errors.NotPrimary, 10107, "NotWritablePrimary"),
+    (errors.NotPrimaryOrSecondary, 13436, "NotPrimaryOrSecondary"),
+    (errors.PrimaryUnavailable, 189, "PrimarySteppedDown"),
+    (errors.WriteConcernTimeout, 64, "WriteConcernFailed"),
+    (errors.ReadConcernTimeout, 50, "MaxTimeMSExpired"),
+    (errors.RequestTimeout, 50, "MaxTimeMSExpired"),
+    (errors.TransactionAborted, 251, "NoSuchTransaction"),
+    (errors.DiskFull, 14031, "OutOfDiskSpace"),
+    (errors.ShutDown, 91, "ShutdownInProgress"),
+]
+
+
+class CommandError(errors.RaymxError):
+    """An error with a MongoDB code, raised by the wire layer itself."""
+
+    def __init__(self, msg: str, code: int, code_name: str, **extra):
+        super().__init__(msg)
+        self.code, self.code_name, self.extra = code, code_name, extra
+
+
+def command_not_found(name: str) -> CommandError:
+    return CommandError(f"no such command: '{name}'", 59, "CommandNotFound")
+
+
+def bad_value(msg: str) -> CommandError:
+    return CommandError(msg, 2, "BadValue")
+
+
+def type_mismatch(msg: str) -> CommandError:
+    return CommandError(msg, 14, "TypeMismatch")
+
+
+def code_of(e: Exception) -> tuple[int, str]:
+    if isinstance(e, CommandError):
+        return e.code, e.code_name
+    for cls, code, name in _CODES:
+        if isinstance(e, cls):
+            return code, name
+    return 1, "InternalError"
+
+
+def error_doc(e: Exception) -> dict:
+    """The top-level answer of a failed command: ``{ok: 0, errmsg, code, codeName}``."""
+    if not isinstance(e, errors.RaymxError):
+        log.exception("wire command failed", exc_info=e)
+        return {"ok": 0.0, "errmsg": f"internal error: {type(e).__name__}: {e}",
+                "code": 1, "codeName": "InternalError"}
+    code, name = code_of(e)
+    out = {"ok": 0.0, "errmsg": e.msg or str(e), "code": code, "codeName": name}
+    if isinstance(e, CommandError):
+        out.update(e.extra)
+    if code in (10107, 13436, 189, 91):  # drivers retry these (a retryable write)
+        out["errorLabels"] = ["RetryableWriteError"]
+    return out
+
+
+def write_error(index: int, e: Exception) -> dict:
+    """One entry of ``writeErrors``: ``{index, code, codeName, errmsg}`` (and
+    ``keyPattern``/``keyValue`` for a duplicate key)."""
+    code, name = code_of(e)
+    out = {"index": index, "code": code, "codeName": name,
+           "errmsg": getattr(e, "msg", None) or str(e)}
+    if isinstance(e, errors.DuplicateKey):
+        pattern = e.info.get("key_pattern") or [["_id", 1]]
+        out["keyPattern"] = {p: d for p, d in pattern}
+        out["keyValue"] = dict(e.info.get("key_value") or {})
+        out["errmsg"] = (f"E11000 duplicate key error collection: {e.info.get('ns')} "
+                         f"index: {e.info.get('index')} dup key: {out['keyValue']!r:.200}")
+    return out
+
+
+def write_concern_error(e: Exception) -> dict:
+    """``writeConcernError``: the write committed, its write concern did not hold."""
+    code, name = code_of(e)
+    out = {"code": code, "codeName": name, "errmsg": getattr(e, "msg", None) or str(e)}
+    if isinstance(e, errors.WriteConcernTimeout):
+        out["errInfo"] = {"wtimeout": True}
+    return out
+
+
+def is_statement_error(e: Exception) -> bool:
+    """Errors that belong to one statement (``writeErrors``), not to the command."""
+    return isinstance(e, errors.InvalidInput)
+
+
+def is_primary_error(e: Exception) -> bool:
+    """The member cannot take the write at all: the command fails (drivers retry)."""
+    return isinstance(e, (errors.NotPrimary, errors.PrimaryUnavailable, errors.ShutDown,
+                          errors.NotPrimaryOrSecondary))

@@ -1,0 +1,218 @@
+"""The MongoDB wire port of a member: an asyncio server on its own thread.
+
+Messages are parsed on the loop (``raymx.wire.framing``); each command runs
+on the port's thread pool (``raymx.wire.commands.Dispatcher``), which
+translates it into the member's own requests (``ShardService.handle``, the
+same path the msgpack client port takes) and waits for their answers. One
+connection's commands run one after the other, in arrival order, as
+MongoDB does; different connections run side by side.
+
+Bad input gets what a MongoDB server answers (an error document with a
+code); only a message that cannot be framed at all (a wrong length, an
+unknown opcode) closes its connection.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from raymx.wire import framing
+from raymx.wire.auth import Credential
+from raymx.wire.commands import Dispatcher
+
+log = logging.getLogger("raymx.wire")
+
+MESSAGE_BYTES_MAX = 48_000_000  # MongoDB's maxMessageSizeBytes
+_LIGHT = frozenset(("hello", "ismaster", "ping", "saslstart", "saslcontinue", "buildinfo"))
+
+
+class WirePort:
+    """``WirePort(service, secret, host, info)``; ``.port`` once started.
+    ``info``: ``{"member": id, "replset": name}``."""
+
+    def __init__(self, service, secret: str, host: str, info: dict, port: int = 0,
+                 workers: int = 64):
+        self.service = service
+        self.host = host
+        self.info = dict(info)
+        self.port: int | None = None
+        self.connections = 0
+        self.credential = Credential(secret)
+        self.dispatcher = Dispatcher(service, self)
+        self._conn_ids = itertools.count(1)
+        self._conns: set = set()
+        # commands wait for the member's answers on these threads (a command
+        # queued behind an open transaction holds one); hello and the SASL steps
+        # have their own, so drivers' heartbeats never wait behind writes
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="raymx-wire")
+        self.hello_pool = ThreadPoolExecutor(4, thread_name_prefix="raymx-wire-hello")
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._t = threading.Thread(target=self._run, args=(port,), name="raymx-wire-port",
+                                   daemon=True)
+        self._t.start()
+        if not self._ready.wait(10) or self.port is None:
+            raise RuntimeError(f"MongoDB wire port failed to start on {host}")
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _run(self, port: int) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def start():
+            self._server = await self._loop.create_server(lambda: _WireConn(self), self.host,
+                                                          port)
+            self.port = self._server.sockets[0].getsockname()[1]
+            self._ready.set()
+        try:
+            self._loop.run_until_complete(start())
+        except Exception:
+            log.exception("cannot bind the MongoDB wire port on %s", self.host)
+            self._ready.set()
+            return
+        self._loop.run_forever()
+
+    def close(self) -> None:
+        async def stop():
+            self._server.close()
+            for c in list(self._conns):
+                c.transport.abort()
+            await asyncio.sleep(0)
+        if self.port is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
+            except Exception:
+                pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._t.join(5)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.hello_pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _WireConn(asyncio.Protocol):
+    """One driver connection: messages in, answers out, one command at a time."""
+
+    def __init__(self, port: WirePort):
+        self.port = port
+        self.id = next(port._conn_ids)
+        self.buf = bytearray()
+        self.transport = None
+        self.closing = False
+        self.authed = False
+        self.scram = None
+        self.state: dict = {}  # the service's per-connection state (cursors, transactions)
+        self.wire: dict = {}   # the dispatcher's (sessions, client metadata)
+        self._queue: collections.deque = collections.deque()
+        self._busy = False
+
+    def connection_made(self, transport):
+        self.transport = transport
+        self.port._conns.add(self)
+        self.port.connections += 1
+
+    def connection_lost(self, exc):
+        self.closing = True
+        if self in self.port._conns:
+            self.port._conns.discard(self)
+            self.port.connections -= 1
+            try:
+                self.port.pool.submit(self.port.dispatcher.connection_closed, self)
+            except RuntimeError:  # the pool is shut down: the member stops
+                pass
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        buf = self.buf
+        buf += data
+        pos = 0
+        try:
+            while len(buf) - pos >= framing.HEADER_BYTES:
+                length, rid, _, op = framing.parse_header(bytes(buf[pos:pos + 16]),
+                                                          MESSAGE_BYTES_MAX)
+                if len(buf) - pos < length:
+                    break
+                body = bytes(buf[pos + 16:pos + length])
+                pos += length
+                self._message(rid, op, body)
+                if self.closing:
+                    return
+        except framing.WireError as e:
+            log.info("wire connection %d closed: %s", self.id, e)
+            self.closing = True
+            self.transport.close()
+        finally:
+            if pos:
+                del buf[:pos]
+
+    def _message(self, rid: int, op: int, body: bytes) -> None:
+        if op == framing.OP_MSG:
+            try:
+                flags, cmd = framing.parse_msg(body)
+            except framing.WireError as e:  # framed, but not a command: answer it
+                return self._enqueue(rid, framing.OP_MSG, 0, e)
+            return self._enqueue(rid, framing.OP_MSG, flags, cmd)
+        if op == framing.OP_QUERY:
+            try:
+                name, q = framing.parse_query(body)
+            except framing.WireError as e:
+                return self._enqueue(rid, framing.OP_QUERY, 0, e)
+            if not name.endswith(".$cmd"):
+                e = framing.WireError("OP_QUERY is only served for commands (legacy hello); "
+                                      "use OP_MSG")
+                return self._enqueue(rid, framing.OP_QUERY, 0, e)
+            q.setdefault("$db", name[:-5])
+            return self._enqueue(rid, framing.OP_QUERY, 0, q)
+        raise framing.WireError(f"opcode {op} is not served (OP_MSG and the legacy "
+                                "OP_QUERY hello are; compression is not offered)")
+
+    def _enqueue(self, rid, op, flags, cmd) -> None:
+        self._queue.append((rid, op, flags, cmd))
+        if not self._busy:
+            self._busy = True
+            self._next()
+
+    def _next(self) -> None:
+        if not self._queue or self.closing:
+            self._busy = False
+            return
+        item = self._queue.popleft()
+        cmd = item[3]
+        pool = self.port.hello_pool if isinstance(cmd, dict) and cmd and \
+            next(iter(cmd)).lower() in _LIGHT else self.port.pool
+        try:
+            pool.submit(self._run, item)
+        except RuntimeError:  # shutting down
+            self._busy = False
+
+    def _run(self, item) -> None:
+        """On a pool thread: run one command, send its answer from the loop."""
+        rid, op, flags, cmd = item
+        if isinstance(cmd, Exception):  # a message framed right that does not parse
+            doc = {"ok": 0.0, "errmsg": str(cmd), "code": 9, "codeName": "FailedToParse"}
+        else:
+            doc = self.port.dispatcher.run(cmd, self, legacy=op == framing.OP_QUERY)
+        out = None
+        if not flags & framing.MORE_TO_COME:  # moreToCome: the driver wants no answer
+            try:
+                out = framing.build_reply(0, rid, doc) if op == framing.OP_QUERY \
+                    else framing.build_msg(0, rid, doc)
+            except Exception as e:  # a value BSON cannot carry: say so, keep the connection
+                doc = {"ok": 0.0, "errmsg": f"the answer could not be encoded as BSON: {e}",
+                       "code": 2, "codeName": "BadValue"}
+                out = framing.build_msg(0, rid, doc)
+        try:
+            self.port._loop.call_soon_threadsafe(self._done, out)
+        except RuntimeError:
+            pass
+
+    def _done(self, out: bytes | None) -> None:
+        if out is not None and not self.closing and not self.transport.is_closing():
+            self.transport.write(out)
+        self._next()

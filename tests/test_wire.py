@@ -1,0 +1,406 @@
+"""The MongoDB wire port with the real pymongo: a member's ShardService served
+in process (real LMDB, real sockets, no Ray) through raymx.wire.WirePort."""
+import socket
+import struct
+
+import bson
+import pymongo
+import pytest
+from pymongo import ReturnDocument
+from pymongo.errors import (DuplicateKeyError, OperationFailure, WriteError)
+
+from raymx.actors.shard import ShardService
+from raymx.storage.engine import Engine
+from raymx.storage.limits import Limits
+from raymx.storage.lmdb_store import LMDBStore
+from raymx.wire import framing
+from raymx.wire.server import WirePort
+
+SECRET = "s3cret"
+
+
+@pytest.fixture
+def served(tmp_path):
+    lim = Limits(sync_interval_ms=20)
+    e = Engine(LMDBStore(str(tmp_path / "m"), map_bytes=1 << 30), lim)
+    svc = ShardService(e, lim)
+    p = WirePort(svc, SECRET, "127.0.0.1", {"member": 0, "replset": "rs"})
+    try:
+        yield p, svc
+    finally:
+        p.close()
+        svc.close()
+        e.store.close()
+
+
+def uri(p, secret=SECRET):
+    return (f"mongodb://raymx:{secret}@127.0.0.1:{p.port}/?replicaSet=rs"
+            "&authMechanism=SCRAM-SHA-256&uuidRepresentation=standard")
+
+
+@pytest.fixture
+def client(served):
+    c = pymongo.MongoClient(uri(served[0]), serverSelectionTimeoutMS=10_000)
+    yield c
+    c.close()
+
+
+def test_discovery_and_hello(served, client):
+    p, _ = served
+    assert client.admin.command("ping")["ok"] == 1.0
+    h = client.admin.command("hello")
+    assert h["isWritablePrimary"] and h["setName"] == "rs" and h["me"] == p.address
+    assert h["hosts"] == [p.address] and h["primary"] == p.address
+    assert h["maxWireVersion"] >= 17 and h["logicalSessionTimeoutMinutes"] == 30
+    assert client.primary == ("127.0.0.1", p.port)
+    assert client.admin.command("buildInfo")["version"].startswith("7.")
+
+
+def test_wrong_password_and_no_auth(served):
+    p, _ = served
+    bad = pymongo.MongoClient(uri(p, "nope"), serverSelectionTimeoutMS=5000)
+    with pytest.raises(OperationFailure) as ei:
+        bad.admin.command("ping")
+    assert ei.value.code == 18
+    bad.close()
+    anon = pymongo.MongoClient(f"mongodb://127.0.0.1:{p.port}/?replicaSet=rs",
+                               serverSelectionTimeoutMS=5000)
+    with pytest.raises(OperationFailure) as ei:
+        anon.t.c.find_one()
+    assert ei.value.code == 13
+    assert anon.admin.command("hello")["setName"] == "rs"  # hello needs no credential
+    anon.close()
+
+
+def test_crud(client):
+    c = client.db.things
+    assert c.insert_one({"_id": 1, "a": 1}).inserted_id == 1
+    c.insert_many([{"_id": i, "a": i % 3, "tags": ["x", "y"][:i % 3]} for i in range(2, 300)])
+    assert c.count_documents({}) == 299 and c.estimated_document_count() == 299
+    assert c.count_documents({"a": 1}) == 100
+    got = list(c.find({"a": 2}, {"tags": 0}).sort("_id", -1).limit(3))
+    assert got == [{"_id": 299, "a": 2}, {"_id": 296, "a": 2}, {"_id": 293, "a": 2}]
+    assert len(list(c.find().batch_size(7))) == 299  # getMore
+    assert list(c.find({}, skip=290, sort=[("_id", 1)]))[0]["_id"] == 291
+    assert c.distinct("a") == [0, 1, 2] and c.distinct("tags") == ["x", "y"]
+    r = c.update_one({"_id": 1}, {"$set": {"b": 5}})
+    assert (r.matched_count, r.modified_count) == (1, 1)
+    assert c.update_many({"a": 0}, {"$inc": {"b": 1}}).modified_count == 99
+    r = c.update_one({"_id": 1000}, {"$set": {"b": 5}}, upsert=True)
+    assert r.upserted_id == 1000
+    assert c.replace_one({"_id": 1000}, {"z": 1}).modified_count == 1
+    assert c.find_one({"_id": 1000}) == {"_id": 1000, "z": 1}
+    assert c.delete_many({"a": 0}).deleted_count == 99
+    assert c.delete_one({"_id": 1000}).deleted_count == 1
+    assert c.find_one_and_update({"_id": 1}, {"$inc": {"b": 1}},
+                                 return_document=ReturnDocument.AFTER)["b"] == 6
+    assert c.find_one_and_delete({"_id": 2})["_id"] == 2
+    assert c.find_one_and_replace({"_id": 4}, {"r": 1}, projection={"_id": 0}) == \
+        {"a": 1, "tags": ["x"]}
+    assert c.find_one_and_update({"_id": "new"}, {"$set": {"v": 1}}, upsert=True,
+                                 return_document=ReturnDocument.AFTER) == {"_id": "new", "v": 1}
+
+
+def test_errors_have_mongodb_codes(client):
+    c = client.db.e
+    c.insert_one({"_id": 1, "u": 1})
+    with pytest.raises(DuplicateKeyError) as ei:
+        c.insert_one({"_id": 1})
+    assert ei.value.details["keyPattern"] == {"_id": 1}
+    assert ei.value.details["keyValue"] == {"_id": 1}
+    c.create_index("u", unique=True)
+    with pytest.raises(DuplicateKeyError) as ei:
+        c.insert_one({"_id": 2, "u": 1})
+    assert ei.value.details["keyPattern"] == {"u": 1}
+    assert ei.value.details["keyValue"] == {"u": 1}
+    # an ordered insert_many stops at the first error; what came before is stored
+    with pytest.raises(pymongo.errors.BulkWriteError) as ei:
+        c.insert_many([{"_id": 3, "u": 3}, {"_id": 1}, {"_id": 4, "u": 4}])
+    assert ei.value.details["nInserted"] == 1 and ei.value.details["writeErrors"][0]["index"] == 1
+    with pytest.raises(pymongo.errors.BulkWriteError) as ei:
+        c.insert_many([{"_id": 5, "u": 5}, {"_id": 1}, {"_id": 6, "u": 6}], ordered=False)
+    assert ei.value.details["nInserted"] == 2
+    assert sorted(d["_id"] for d in c.find()) == [1, 3, 5, 6]
+    with pytest.raises(OperationFailure) as ei:
+        client.db.command("frobnicate")
+    assert ei.value.code == 59 and "frobnicate" in str(ei.value)
+    with pytest.raises(OperationFailure) as ei:
+        list(c.aggregate([{"$frob": {}}]))
+    assert ei.value.code == 40324
+    with pytest.raises(WriteError) as ei:
+        c.update_one({"_id": 1}, {"$frob": {"a": 1}})
+    assert ei.value.code == 9
+    assert c.find_one({"_id": 1}) == {"_id": 1, "u": 1}  # connection still usable
+
+
+def test_indexes_and_namespaces(client):
+    db = client.shop
+    db.create_collection("orders")
+    assert db.list_collection_names() == ["orders"]
+    assert "shop" in client.list_database_names()
+    name = db.orders.create_index([("a", 1), ("b", -1)], unique=True)
+    assert name == "a_1_b_-1"
+    ixs = {i["name"]: i for i in db.orders.list_indexes()}
+    assert ixs["a_1_b_-1"]["key"] == {"a": 1, "b": -1} and ixs["a_1_b_-1"]["unique"]
+    db.orders.insert_many([{"_id": 1, "a": 1, "b": 1}, {"_id": 2, "a": 1, "b": 2}])
+    with pytest.raises(DuplicateKeyError):
+        db.orders.insert_one({"_id": 3, "a": 1, "b": 2})
+    db.orders.drop_index(name)
+    db.orders.insert_one({"_id": 3, "a": 1, "b": 2})
+    db.orders.drop()
+    assert db.list_collection_names() == []
+    db.x.insert_one({"_id": 1})
+    client.drop_database("shop")
+    assert "shop" not in client.list_database_names()
+
+
+def test_aggregate(client):
+    c = client.db.sales
+    c.insert_many([{"_id": i, "item": "ab"[i % 2], "qty": i, "tags": ["t%d" % (i % 3)]}
+                   for i in range(10)])
+    out = list(c.aggregate([
+        {"$match": {"qty": {"$gte": 2}}}, {"$unwind": "$tags"},
+        {"$group": {"_id": "$item", "n": {"$sum": 1}, "total": {"$sum": "$qty"},
+                    "avg": {"$avg": "$qty"}, "lo": {"$min": "$qty"}, "hi": {"$max": "$qty"},
+                    "first": {"$first": "$qty"}, "last": {"$last": "$qty"},
+                    "all": {"$push": "$qty"}, "tags": {"$addToSet": "$tags"}}},
+        {"$sort": {"_id": 1}}]))
+    assert [g["_id"] for g in out] == ["a", "b"]
+    a = out[0]
+    assert (a["n"], a["total"], a["lo"], a["hi"], a["first"], a["last"]) == \
+        (4, 20, 2, 8, 2, 8)
+    assert a["avg"] == 5 and a["all"] == [2, 4, 6, 8] and sorted(a["tags"]) == ["t0", "t1", "t2"]
+    assert list(c.aggregate([{"$match": {"item": "a"}}, {"$count": "n"}])) == [{"n": 5}]
+    assert list(c.aggregate([{"$sort": {"qty": -1}}, {"$skip": 1}, {"$limit": 2},
+                             {"$project": {"_id": 0, "q2": {"$multiply": ["$qty", 2]}}}])) == \
+        [{"q2": 16}, {"q2": 14}]
+
+
+def test_transaction(client):
+    c = client.db.t
+    with client.start_session() as s:
+        with s.start_transaction():
+            c.insert_one({"_id": "a"}, session=s)
+            c.update_one({"_id": "a"}, {"$set": {"v": 1}}, session=s)
+            assert c.find_one({"_id": "a"}, session=s) == {"_id": "a", "v": 1}
+            assert c.find_one({"_id": "a"}) is None  # not visible outside before commit
+    assert c.find_one({"_id": "a"}) == {"_id": "a", "v": 1}
+    with client.start_session() as s:
+        s.start_transaction()
+        c.insert_one({"_id": "b"}, session=s)
+        s.abort_transaction()
+    assert c.find_one({"_id": "b"}) is None
+
+
+def test_secondary_refuses_writes_with_not_writable_primary(served):
+    p, svc = served
+    svc.step_down()
+    s = socket.create_connection(("127.0.0.1", p.port), timeout=5)
+    try:
+        def cmd(doc):
+            s.sendall(framing.build_msg(1, 0, doc))
+            hdr = s.recv(16, socket.MSG_WAITALL)
+            n = struct.unpack("<i", hdr[:4])[0]
+            body = s.recv(n - 16, socket.MSG_WAITALL)
+            return framing.parse_msg(body)[1]
+        assert cmd({"insert": "c", "documents": [{"_id": 1}], "$db": "d"})["code"] == 13
+    finally:
+        s.close()
+    c = pymongo.MongoClient(uri(p), directConnection=True, serverSelectionTimeoutMS=5000)
+    try:
+        h = c.admin.command("hello")
+        assert not h["isWritablePrimary"] and h["secondary"]
+        with pytest.raises(pymongo.errors.NotPrimaryError) as ei:
+            c.d.c.insert_one({"_id": 1})
+        assert ei.value.details["code"] == 10107
+    finally:
+        c.close()
+
+
+def test_bad_messages_get_error_documents(served):
+    p, _ = served
+    s = socket.create_connection(("127.0.0.1", p.port), timeout=5)
+    try:
+        def ask(raw):
+            s.sendall(raw)
+            hdr = s.recv(16, socket.MSG_WAITALL)
+            n = struct.unpack("<i", hdr[:4])[0]
+            return framing.parse_msg(s.recv(n - 16, socket.MSG_WAITALL))[1]
+        # a body that is not BSON: an error document, the connection stays
+        body = struct.pack("<i", 0) + b"\x00" + b"\x07\x00\x00\x00junk"
+        r = ask(framing.HEADER.pack(16 + len(body), 5, 0, framing.OP_MSG) + body)
+        assert r["ok"] == 0 and r["code"] == 9
+        r = ask(framing.build_msg(6, 0, {"hello": 1, "$db": "admin"}))
+        assert r["ok"] == 1 and r["setName"] == "rs"
+        r = ask(framing.build_msg(7, 0, {"ping": 1, "$db": "admin"}))
+        assert r["code"] == 13  # nothing but hello and authentication before it
+        # the legacy OP_QUERY isMaster drivers send first
+        q = bson.encode({"isMaster": 1})
+        body = struct.pack("<i", 0) + b"admin.$cmd\x00" + struct.pack("<ii", 0, -1) + q
+        s.sendall(framing.HEADER.pack(16 + len(body), 8, 0, framing.OP_QUERY) + body)
+        hdr = s.recv(16, socket.MSG_WAITALL)
+        length, _, rto, op = framing.HEADER.unpack(hdr)
+        rest = s.recv(length - 16, socket.MSG_WAITALL)
+        assert op == framing.OP_REPLY and rto == 8
+        assert bson.decode(rest[20:])["ismaster"] is True
+    finally:
+        s.close()
+
+
+def test_retryable_write_is_applied_once(client):
+    """A retried write (same lsid and txnNumber) gets the first answer back,
+    nothing applied twice; an older txnNumber is refused."""
+    db = client.db
+    # pymongo's own retryable writes take this path
+    db.r.insert_one({"_id": 2})
+    db.r.find_one_and_update({"_id": 2}, {"$set": {"x": 1}})
+    with client.start_session() as s:
+        cmd = {"insert": "r", "documents": [{"_id": 1, "v": 1}], "txnNumber": bson.Int64(50)}
+        first = db.command(dict(cmd), session=s)
+        again = db.command(dict(cmd), session=s)
+        assert first["n"] == again["n"] == 1
+        upd = {"update": "r", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"v": 1}}}],
+               "txnNumber": bson.Int64(60)}
+        assert db.command(dict(upd), session=s)["nModified"] == 1
+        assert db.command(dict(upd), session=s)["nModified"] == 1
+        assert db.r.find_one({"_id": 1}) == {"_id": 1, "v": 2}
+        with pytest.raises(OperationFailure) as ei:
+            db.command(dict(cmd, txnNumber=bson.Int64(40)), session=s)
+        assert ei.value.code == 225
+        # several statements: one member transaction with the record
+        many = {"insert": "r", "documents": [{"_id": 10}, {"_id": 11}],
+                "txnNumber": bson.Int64(70)}
+        assert db.command(dict(many), session=s)["n"] == db.command(dict(many), session=s)["n"]
+        assert db.r.count_documents({"_id": {"$gte": 10}}) == 2
+        s._server_session.mark_dirty()  # its numbers were forged: pymongo must not reuse it
+    assert db.r.count_documents({}) == 4
+
+
+def test_mongodb_types_through_pymongo(client):
+    """datetime, ObjectId, Decimal128, UUID: stored natively, indexed, queried,
+    sorted and aggregated; _ids pymongo generates are ObjectIds."""
+    import datetime
+    import uuid
+
+    from bson import Decimal128, ObjectId
+    c = client.db.typed
+    t0 = datetime.datetime(2026, 11, 25, 6, 0, 0, 123000)
+    ids = c.insert_many([{"at": t0 + datetime.timedelta(hours=i), "price": Decimal128(f"{i}.25"),
+                          "u": uuid.UUID(int=i), "k": i % 2} for i in range(6)]).inserted_ids
+    assert all(isinstance(i, ObjectId) for i in ids)
+    doc = c.find_one({"_id": ids[2]})
+    assert doc == {"_id": ids[2], "at": t0 + datetime.timedelta(hours=2),
+                   "price": Decimal128("2.25"), "u": uuid.UUID(int=2), "k": 0}
+    c.create_index("at")
+    c.create_index("u", unique=True)
+    late = c.find({"at": {"$gte": t0 + datetime.timedelta(hours=4)}}).sort("at", -1)
+    assert [d["_id"] for d in late] == [ids[5], ids[4]]
+    assert [d["_id"] for d in c.find().sort("_id", 1)] == sorted(ids)
+    with pytest.raises(DuplicateKeyError):
+        c.insert_one({"u": uuid.UUID(int=3)})
+    got = list(c.aggregate([{"$group": {"_id": "$k", "first": {"$min": "$at"},
+                                        "n": {"$sum": 1}}}, {"$sort": {"_id": 1}}]))
+    assert got == [{"_id": 0, "first": t0, "n": 3},
+                   {"_id": 1, "first": t0 + datetime.timedelta(hours=1), "n": 3}]
+    assert c.find_one({"price": Decimal128("5.25")})["_id"] == ids[5]
+    with pytest.raises(WriteError, match="Binary"):  # other binary subtypes: not stored
+        c.insert_one({"b": bson.Binary(b"x", 5)})
+
+
+def test_write_concern_timeout_and_unacknowledged_writes(client):
+    """w=2 on a one-member set times out: the write stays (pymongo raises
+    WTimeoutError from writeConcernError 64); w=0 is not answered, yet runs."""
+    import time
+
+    from pymongo import WriteConcern
+    from pymongo.errors import WTimeoutError
+    c = client.db.wc
+    with pytest.raises(WTimeoutError) as ei:
+        c.with_options(write_concern=WriteConcern(w=2, wtimeout=300)).insert_one({"_id": 1})
+    assert ei.value.code == 64 and ei.value.details["errInfo"] == {"wtimeout": True}
+    assert c.find_one({"_id": 1}) == {"_id": 1}
+    c.with_options(write_concern=WriteConcern(w=0)).insert_one({"_id": 2})
+    deadline = time.time() + 10
+    while c.find_one({"_id": 2}) is None:
+        assert time.time() < deadline
+        time.sleep(0.02)
+
+
+def test_query_and_update_operators_through_pymongo(client):
+    import re
+    c = client.db.ops
+    c.insert_many([{"_id": 1, "name": "Ann", "tags": ["a", "b"], "p": 2},
+                   {"_id": 2, "name": "bob", "tags": ["b"], "p": 3}])
+    assert [d["_id"] for d in c.find({"name": re.compile("^a", re.I)})] == [1]
+    assert [d["_id"] for d in c.find({"name": {"$regex": "B", "$options": "i"}})] == [2]
+    assert [d["_id"] for d in c.find({"tags": {"$size": 2}})] == [1]
+    assert [d["_id"] for d in c.find({"tags": {"$all": ["b"]}, "p": {"$type": "int"}})] == [1, 2]
+    c.update_one({"_id": 2}, {"$mul": {"p": 10}, "$pop": {"tags": 1}})
+    assert c.find_one({"_id": 2}) == {"_id": 2, "name": "bob", "tags": [], "p": 30}
+    c.update_one({"_id": 3}, {"$set": {"v": 1}, "$setOnInsert": {"new": True}}, upsert=True)
+    c.update_one({"_id": 3}, {"$set": {"v": 2}, "$setOnInsert": {"new": False}}, upsert=True)
+    assert c.find_one({"_id": 3}) == {"_id": 3, "v": 2, "new": True}
+
+
+def test_change_stream_and_resume(client):
+    """watch(): MongoDB-shaped events; a new stream resumes after a token."""
+    c = client.db.cs
+    with c.watch(max_await_time_ms=200) as s:
+        c.insert_one({"_id": 1, "a": 1})
+        c.update_one({"_id": 1}, {"$set": {"a": 2}, "$unset": {"nope": 1}})
+        c.delete_one({"_id": 1})
+        client.db.other.insert_one({"_id": "elsewhere"})  # another collection: not seen
+        evs = [s.next() for _ in range(3)]
+    assert [e["operationType"] for e in evs] == ["insert", "update", "delete"]
+    assert evs[0]["fullDocument"] == {"_id": 1, "a": 1} and evs[0]["ns"] == {"db": "db",
+                                                                          "coll": "cs"}
+    assert evs[1]["updateDescription"]["updatedFields"] == {"a": 2}
+    assert evs[2]["documentKey"] == {"_id": 1}
+    c.insert_one({"_id": 2})
+    with c.watch(resume_after=evs[1]["_id"], full_document="updateLookup",
+                 max_await_time_ms=200) as s:
+        nxt = [s.next() for _ in range(2)]
+    assert [(e["operationType"], e["documentKey"]["_id"]) for e in nxt] == \
+        [("delete", 1), ("insert", 2)]
+    with client.db.watch([{"$match": {"operationType": "insert"}}],
+                         max_await_time_ms=200) as s:
+        client.db.cs.delete_one({"_id": 2})
+        client.db.other.insert_one({"_id": "x"})
+        e = s.next()
+    assert (e["ns"]["coll"], e["documentKey"]) == ("other", {"_id": "x"})
+
+
+BAD_COMMANDS = [
+    {"find": 5}, {"find": "c", "limit": "x"}, {"find": "c", "filter": 5},
+    {"find": "c", "filter": {"a": {"$frob": 1}}}, {"find": "c", "sort": {"a": "up"}},
+    {"insert": "c", "documents": [{"$a": 1}]},
+    {"update": "c", "updates": [{"q": {}, "u": 5}]}, {"delete": "c", "deletes": [{"q": 5}]},
+    {"delete": "c", "deletes": [{"q": {}, "limit": "x"}]}, {"getMore": "x", "collection": "c"},
+    {"getMore": bson.Int64(12345), "collection": "c"}, {"aggregate": "c", "pipeline": 5},
+    {"aggregate": "c", "pipeline": [{"$group": 5}]}, {"aggregate": "c", "pipeline": [5]},
+    {"createIndexes": "c", "indexes": [{"key": 5}]}, {"createIndexes": "c", "indexes": 5},
+    {"count": "c", "query": 5}, {"distinct": "c", "key": 5}, {"findAndModify": "c"},
+    {"dropIndexes": "c", "index": 5}, {"killCursors": "c", "cursors": 5},
+    {"insert": "c", "documents": [{}], "writeConcern": {"w": "nope"}},
+    {"insert": "c", "documents": [{}], "writeConcern": 5},
+    {"listCollections": 1, "filter": 5}, {"create": "c", "capped": True},
+    {"commitTransaction": 1}, {"aggregate": "c", "pipeline": [{"$changeStream": 5}]},
+]
+
+
+@pytest.mark.parametrize("cmd", BAD_COMMANDS, ids=[next(iter(c)) + str(i)
+                                                   for i, c in enumerate(BAD_COMMANDS)])
+def test_bad_commands_get_mongodb_errors_and_the_connection_stays(client, cmd):
+    """Bad input: an error document with a MongoDB code (never InternalError,
+    never a dropped connection). (Shapes pymongo cannot even encode, such as
+    documents: 5, are covered by test_bad_messages_get_error_documents.)"""
+    from pymongo.errors import PyMongoError
+    try:
+        out = client.db.command(dict(cmd))
+    except OperationFailure as e:
+        assert e.code not in (None, 1), e.details
+    except PyMongoError as e:  # a write error the driver raises as such
+        assert getattr(e, "code", None) not in (None, 1), e
+    else:
+        assert "writeErrors" in out and out["writeErrors"][0]["code"] != 1, out
+    assert client.db.command("ping")["ok"] == 1.0
