@@ -85,7 +85,8 @@ def _adopt_backup(backup: str, path: str, limits: Limits) -> None:
 
 
 def _start_member(name: str, m: dict, secret: str, limits: Limits, votes: dict,
-                  bind_host: str | None, oplog_cap: dict | None = None) -> list:
+                  bind_host: str | None, oplog_cap: dict | None = None,
+                  tls: dict | None = None) -> list:
     """Create a member's three co-located actors, pinned to the node of its files
     (the shard process also serves the feeder).
 
@@ -105,7 +106,7 @@ def _start_member(name: str, m: dict, secret: str, limits: Limits, votes: dict,
     i, path = m["id"], m["path"]
     return [
         OplogShard.options(name=m["actor"], **opts).remote(name, m, path, secret, limits, votes,
-                                                           bind_host, oplog_cap),
+                                                           bind_host, oplog_cap, tls),
         Producer.options(name=actor_name(name, i, "producer"), **opts).remote(name, i, path,
                                                                               limits),
         Applier.options(name=actor_name(name, i, "applier"), **opts).remote(name, i, path, limits,

@@ -26,7 +26,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from raymx import errors
+from raymx.actors.after_waits import AppliedWaits
 from raymx.actors.commit import GroupCommit, WriteConcernWaiters, _mono_ms
+from raymx.actors.core import client_limits
 from raymx.actors.core.gtid_manager import GTIDManager
 from raymx.actors.core.primary import deposed, sees_majority
 from raymx.actors.reads import ReadPath, Reply, _Cursor, _gtid_in, gtid_out  # noqa: F401
@@ -186,6 +188,8 @@ class ShardService(ReadPath, TrimPath):
         self._unwritten: list[GTID] = []  # taken GTIDs whose n entry waits (_write_noop)
         self._cursors_swept = time.monotonic()
         self.readers = ThreadPoolExecutor(4, thread_name_prefix="raymx-reader")
+        # reads after a GTID not applied yet wait here, holding no reader
+        self.after_waits = AppliedWaits(engine.applied_point, limits.after_waits_per_connection_max)
         self.commits = 0
         self.write_groups = 0  # LMDB transactions that carried several queued writes
         self.port_writes = 0   # writes run on the client port's thread (see _drain)
@@ -294,6 +298,7 @@ class ShardService(ReadPath, TrimPath):
     def handle(self, req: dict, reply: Reply, conn: dict) -> None:
         """Route one request. ``conn`` is per-connection state (cursors, sessions)."""
         op = req.get("op")
+        client_limits.check_nesting(req, self.limits)  # InvalidFilter / InvalidUpdate
         if op == "insert" and "packed" in req:
             req = self._receive_insert(req, reply, conn)
             if req is None:
@@ -319,10 +324,11 @@ class ShardService(ReadPath, TrimPath):
             if self.latency is not None:  # times it from here to its acknowledgement
                 reply = self.latency.timed(op, req, reply)
             if op == "txnBegin":
-                s = _Session(next(self._ids), req.get("id"))
                 sessions = conn.setdefault("sessions", {})
                 for old in [x for x in sessions.values() if x.closed]:  # timed out
                     del sessions[old.id]
+                client_limits.check_transactions(sessions, self.limits)
+                s = _Session(next(self._ids), req.get("id"))
                 sessions[s.id] = s
                 self._to_writer(("session", s, req, reply))
             elif "txn" in req:
@@ -352,7 +358,7 @@ class ShardService(ReadPath, TrimPath):
             if op == "watch":
                 self.watchers.submit(self._watch, req, reply)
             else:
-                self.readers.submit(self._read, req, reply, conn)
+                self.submit_read(req, reply, conn)
         elif op == "topology":  # clients outside Ray learn the set's members here
             self.readers.submit(self._topology, reply)
         else:
@@ -375,6 +381,10 @@ class ShardService(ReadPath, TrimPath):
         while the driver packs the next; its last frame runs the statement over
         all of them (nothing is written before). A ``cancel`` frame drops what
         came (the driver could not pack a document). None: nothing to run now."""
+        verdict = client_limits.insert_part(conn, req.get("id"), bool(req.get("more")),
+                                            bool(req.get("cancel")), self.limits)
+        if verdict is not None:  # a part of a refused insert, or the refusal itself
+            return None if verdict is client_limits.DROP else reply(err=verdict)
         held = conn.get("inserts")
         got = None if held is None else held.pop(req.get("id"), None)
         if req.get("cancel"):
@@ -672,6 +682,7 @@ class ShardService(ReadPath, TrimPath):
             out["gtid"] = gtid_out(g)
         if self._on_commit is not None:
             self._on_commit(g)
+        self.after_waits.kick()  # reads after g (applied as it committed) may run
         # a write that waits (j, or w > 1: durable here too) has the writer flush
         self.group.note_commit(g, wake=not (req.get("j") or req.get("w", 1) not in (0, 1, None)))
         return self._answer_when(g, out, req, reply)
@@ -791,6 +802,7 @@ class ShardService(ReadPath, TrimPath):
         for t in self._threads:  # the trimmer, then the writer (after the stop mark)
             t.join(10)
         self.group.stop()
+        self.after_waits.stop()
         self.readers.shutdown(wait=True)
         for cid in list(self._cursors):
             self._close_cursor(cid)

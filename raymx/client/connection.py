@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -46,12 +47,19 @@ class Connection:
     """
 
     def __init__(self, host: str, port: int, secret: str, timeout_s: float = 10.0,
-                 frame_bytes_max: int = DEFAULT_LIMITS.frame_bytes_max, unix: str | None = None):
+                 frame_bytes_max: int = DEFAULT_LIMITS.frame_bytes_max, unix: str | None = None,
+                 tls: ssl.SSLContext | None = None):
+        """``tls``: a client ``SSLContext`` (``raymx.actors.tls.client_context``)
+        for a member whose TCP port requires TLS; the secret is sent only after
+        the handshake verified the member's certificate. A Unix socket (this
+        machine, owner-only) stays plain."""
         self.addr = (host, port) if unix is None else unix
         self.frame_bytes_max = frame_bytes_max
         if unix is None:
             self._sock = socket.create_connection(self.addr, timeout=timeout_s)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if tls is not None:
+                self._sock = _tls_handshake(self._sock, tls, host, port)
         else:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._sock.settimeout(timeout_s)
@@ -85,6 +93,12 @@ class Connection:
         try:
             self.hello = self.request({"op": "hello", "secret": secret, "v": 1},
                                       timeout_s=timeout_s)
+        except errors.ConnectionLost:
+            why = self._closed  # the member refused the connection before the hello: say why
+            self.close()
+            if why is not None and not isinstance(why, errors.ConnectionLost):
+                raise why from None
+            raise
         except BaseException:
             self.close()
             raise
@@ -155,7 +169,7 @@ class Connection:
             while True:
                 try:
                     sent += self._sock.send(view[sent:])
-                except BlockingIOError:  # the member reads nothing (SO_SNDTIMEO slice)
+                except (BlockingIOError, ssl.SSLWantWriteError):  # the member reads nothing
                     pass
                 if sent == len(frame):
                     return
@@ -301,7 +315,7 @@ class Connection:
         try:
             try:
                 got = self._sock.recv_into(self._rbuf)
-            except BlockingIOError:  # nothing within _RECV_SLICE: the caller decides
+            except (BlockingIOError, ssl.SSLWantReadError):  # nothing within _RECV_SLICE
                 return
             if not got:
                 raise ConnectionError("closed by the member")
@@ -384,10 +398,25 @@ class Connection:
         self._fail(errors.ConnectionLost("connection closed by the client"))
 
 
-def connect_member(m: dict, secret: str, timeout_s: float = 10.0) -> Connection:
+def _tls_handshake(sock: socket.socket, ctx: ssl.SSLContext, host: str, port: int):
+    """``sock`` wrapped in TLS, the member's certificate checked; TLSError if not."""
+    try:
+        return ctx.wrap_socket(sock, server_hostname=host)
+    except ssl.SSLCertVerificationError as e:
+        sock.close()
+        raise errors.TLSError(f"the certificate of {host}:{port} is not trusted: "
+                              f"{e.verify_message}; nothing was sent") from None
+    except (ssl.SSLError, ConnectionError, OSError) as e:
+        sock.close()
+        raise errors.TLSError(f"TLS handshake with {host}:{port} failed ({e}): its client port "
+                              "may not use TLS (connect without tls); nothing was sent") from None
+
+
+def connect_member(m: dict, secret: str, timeout_s: float = 10.0,
+                   tls: ssl.SSLContext | None = None) -> Connection:
     """A connection to member ``m`` (a topology entry): over its Unix socket
     when it runs on this machine (same kernel boot id, and its hello names the
-    same member), else over TCP."""
+    same member), else over TCP (with ``tls``, if given)."""
     from raymx.actors.server import boot_id
     path = m.get("unix")
     if path and m.get("boot") and m.get("boot") == boot_id():
@@ -399,4 +428,4 @@ def connect_member(m: dict, secret: str, timeout_s: float = 10.0) -> Connection:
             if isinstance(c.hello, dict) and c.hello.get("member") == m["id"]:
                 return c
             c.close()
-    return Connection(m["host"], m["port"], secret, timeout_s)
+    return Connection(m["host"], m["port"], secret, timeout_s, tls=tls)

@@ -78,6 +78,27 @@ class Limits:
     # Change streams: events per answer and how long a quiet watch waits.
     watch_batch_max: int = 1000
     watch_wait_ms: int = 500
+    # What one client may hold (each refused with LimitExceeded naming the
+    # limit, the connection kept; ARCHITECTURE.md, "Client limits"):
+    # connections to one member's client port (past it a new connection gets
+    # the error and is closed), and connections from one peer address that
+    # have not sent their hello yet (all Unix-socket peers count as one);
+    connections_max: int = 4096
+    unauthenticated_per_address_max: int = 64
+    # open interactive transactions and multi-part inserts still arriving, per
+    # connection (the driver uses one of each at a time per thread);
+    transactions_per_connection_max: int = 16
+    inserts_pending_per_connection_max: int = 16
+    # levels of maps and arrays in a filter or an update (InvalidFilter /
+    # InvalidUpdate): a document may nest 100 (codec.NESTING_MAX), and a
+    # filter or update wraps it in a few operators; at most 200 (Python's
+    # recursion limit is the ceiling);
+    nesting_depth_max: int = 110
+    # a read after a GTID (``after``) waits at most this long, and one
+    # connection may have at most this many such reads waiting (a wait holds
+    # no thread: it is parked until the applier reaches the GTID).
+    after_timeout_ms_max: int = 60_000
+    after_waits_per_connection_max: int = 256
 
     def __post_init__(self):
         for k, v in asdict(self).items():
@@ -90,6 +111,9 @@ class Limits:
                               "(a frame carries one document plus overhead)")
         if self.replay_entries_max < self.replay_entries_min:
             raise ConfigError("replay_entries_max must be at least replay_entries_min")
+        if self.nesting_depth_max > 200:
+            raise ConfigError("nesting_depth_max must be at most 200 (filters and updates "
+                              "are evaluated recursively)")
         if self.heartbeat_timeout_ms <= self.heartbeat_interval_ms:
             raise ConfigError("heartbeat_timeout_ms must be greater than heartbeat_interval_ms")
 
