@@ -559,7 +559,7 @@ class ReplicaSet:
         hosts = ",".join(f"{m['host']}:{m['port']}" for m in topo["members"])
         cred = f":{quote(topo['secret'], safe='')}@" if with_secret else ""
         tls = self.config()["extra"].get("tls")
-        q = "" if not tls else "?tls=true" + (f"&tlsCAFile={quote(tls['ca_file'])}"
+        q = "" if not tls else "?tls=true" + (f"&tlsCAFile={quote(tls['ca_file'], safe='')}"
                                               if tls.get("ca_file") else "")
         return f"raymx://{cred}{hosts}/{self.name}{q}"
 

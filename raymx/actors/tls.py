@@ -48,6 +48,7 @@ def server_context(tls: dict) -> ssl.SSLContext:
     member's certificate chain and key."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.num_tickets = 0  # drivers do not resume sessions: no tickets after the handshake
     try:
         ctx.load_cert_chain(tls["cert_file"], tls["key_file"])
     except (OSError, ssl.SSLError) as e:

@@ -108,8 +108,8 @@ class Client:
                     return c
             try:
                 topo = self._topology()
-            except errors.ConfigError:
-                raise  # the set was shut down, or never ran: final, not waited out
+            except (errors.ConfigError, errors.TLSError):
+                raise  # the set was shut down, never ran, or wants TLS: final, not waited out
             except Exception as e:
                 raise errors.PrimaryUnavailable(f"cannot reach the replica set: {e}") from None
             prim = [m for m in topo["members"] if m.get("role") == "primary"]

@@ -59,7 +59,7 @@ class Connection:
             self._sock = socket.create_connection(self.addr, timeout=timeout_s)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if tls is not None:
-                self._sock = _tls_handshake(self._sock, tls, host, port)
+                self._sock = _TLSSocket(_tls_handshake(self._sock, tls, host, port))
         else:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._sock.settimeout(timeout_s)
@@ -70,9 +70,10 @@ class Connection:
                 raise
         # A receive or a send waits at most _RECV_SLICE (SO_RCVTIMEO,
         # SO_SNDTIMEO), then its caller looks at its deadline: no poll first.
-        self._sock.settimeout(None)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _RECV_SLICE)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _RECV_SLICE)
+        if type(self._sock) is not _TLSSocket:
+            self._sock.settimeout(None)
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _RECV_SLICE)
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _RECV_SLICE)
         # A member that hung up: a send on a Unix socket fails at once (EPIPE),
         # so only TCP needs the check before sending into an idle connection.
         self._tcp = unix is None
@@ -169,7 +170,7 @@ class Connection:
             while True:
                 try:
                     sent += self._sock.send(view[sent:])
-                except (BlockingIOError, ssl.SSLWantWriteError):  # the member reads nothing
+                except BlockingIOError:  # the member reads nothing (SO_SNDTIMEO slice)
                     pass
                 if sent == len(frame):
                     return
@@ -315,7 +316,7 @@ class Connection:
         try:
             try:
                 got = self._sock.recv_into(self._rbuf)
-            except (BlockingIOError, ssl.SSLWantReadError):  # nothing within _RECV_SLICE
+            except BlockingIOError:  # nothing within _RECV_SLICE: the caller decides
                 return
             if not got:
                 raise ConnectionError("closed by the member")
@@ -396,6 +397,53 @@ class Connection:
 
     def close(self):
         self._fail(errors.ConnectionLost("connection closed by the client"))
+
+
+class _TLSSocket:
+    """A TLS socket as ``Connection`` uses a plain one: a receive or a send
+    waits at most one slice, then raises BlockingIOError. The ``SSLSocket`` is
+    non-blocking and every call into it holds a lock (OpenSSL must not run a
+    read and a write of one connection at once, and a reading thread and a
+    sending one share it); the waits are polls outside the lock."""
+
+    _SLICE_MS = 50
+
+    def __init__(self, ssock: ssl.SSLSocket):
+        ssock.setblocking(False)
+        self._s = ssock
+        self._lock = threading.Lock()
+
+    def fileno(self) -> int:
+        return self._s.fileno()
+
+    def _call(self, fn, arg):
+        for attempt in (0, 1):
+            with self._lock:
+                try:
+                    return fn(arg)
+                except ssl.SSLWantReadError:
+                    ev = select.POLLIN
+                except ssl.SSLWantWriteError:
+                    ev = select.POLLOUT
+            if attempt == 0:
+                p = select.poll()
+                p.register(self._s.fileno(), ev)
+                if not p.poll(self._SLICE_MS):
+                    break
+        raise BlockingIOError
+
+    def recv_into(self, buf) -> int:
+        return self._call(self._s.recv_into, buf)
+
+    def send(self, data) -> int:
+        return self._call(self._s.send, data)
+
+    def shutdown(self, how) -> None:
+        socket.socket.shutdown(self._s, how)  # the file descriptor's: wakes a waiting poll
+
+    def close(self) -> None:
+        with self._lock:
+            self._s.close()
 
 
 def _tls_handshake(sock: socket.socket, ctx: ssl.SSLContext, host: str, port: int):

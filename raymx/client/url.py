@@ -47,9 +47,9 @@ class URLTopology:
                 c = Connection(host, port, self.secret, self.timeout_s, tls=self.tls)
             except errors.TLSError:
                 raise  # the driver's TLS setting does not fit the set's: say so, not "unreachable"
-            except errors.AuthenticationFailed:
+            except errors.AuthenticationFailed as e:
                 raise errors.ConfigError(f"{host}:{port} refused the credential of the URL "
-                                         f"for replica set {self.name!r}") from None
+                                         f"for replica set {self.name!r} ({e})") from None
             except (OSError, errors.RaymxError) as e:
                 tried.append(f"{host}:{port}: {type(e).__name__}")
                 continue
