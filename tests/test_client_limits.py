@@ -189,3 +189,31 @@ def test_reads_after_a_gtid_wait_without_holding_readers(tmp_path):
         svc.wait_applied(svc.e.last()[0]._replace(seq=svc.e.last()[0].seq + 1), 5000)
         th.join()
         c.close()
+
+
+def test_a_secondary_wakes_parked_reads_when_its_applier_applies(ray_session, tmp_path):
+    """On a running set: reads after a GTID park on a secondary, and its
+    applier's doorbell (a process of its own) wakes them once it applies it."""
+    import raymx
+    rs = raymx.ReplicaSet.launch("parked", members=2, data_dir=str(tmp_path),
+                                 placement="pack")
+    try:
+        prim = rs.client()["p"]["c"]
+        g = prim.insert_one({"_id": 0}, w=2, wtimeout_ms=30_000).gtid
+        topo = rs._topology()
+        sec = [m for m in topo["members"] if m["role"] == "secondary"][0]
+        conn = Connection(sec["host"], sec["port"], topo["secret"])
+        nxt = [g.term, g.seq + 1]
+        waits = [conn.submit({"op": "find", "ns": "p.c", "after": nxt,
+                              "after_timeout_ms": 30_000}) for _ in range(12)]
+        wait_for(lambda: rs.status_of(sec["id"])["after_waits"]["waiting"] == 12, 30)
+        assert conn.request({"op": "count", "ns": "p.c"})["value"] == 1  # readers are free
+        prim.insert_one({"_id": 1})
+        for f in waits:
+            assert len(f.result(30)["docs"]) == 2
+        aw = rs.status_of(sec["id"])["after_waits"]
+        assert aw["released"] == 12 and aw["waiting"] == 0 and aw["expired"] == 0
+        assert aw["kicks"] >= 1  # rung by the applier (the safety poll kicks nothing)
+        conn.close()
+    finally:
+        rs.shutdown()

@@ -52,6 +52,7 @@ class AppliedWaits:
         self.released = 0  # released to the reader pool
         self.expired = 0   # answered ReadConcernTimeout
         self.wakeups = 0   # times the thread looked at the applied point
+        self.kicks = 0     # kicks while reads were parked (commits, the applier's rings)
 
     def park(self, g: GTID, timeout_ms: float, conn: dict, go, late) -> None:
         w = _Wait(g, time.monotonic() + timeout_ms / 1000, go, late, conn)
@@ -78,6 +79,7 @@ class AppliedWaits:
         """The applied point moved (any thread; nearly free with nothing parked)."""
         if self.waiting:
             with self._cv:
+                self.kicks += 1
                 self._kicked = True
                 self._cv.notify()
 
@@ -131,6 +133,10 @@ class AppliedWaits:
                 _call(w.go)
             for w in late:
                 _call(w.late, cur)
+
+    def counters(self) -> dict:
+        return {"waiting": self.waiting, "released": self.released, "expired": self.expired,
+                "wakeups": self.wakeups, "kicks": self.kicks}
 
     def stop(self) -> None:
         """Stop the thread; reads still parked are answered as timed out."""

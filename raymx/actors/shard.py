@@ -789,7 +789,8 @@ class ShardService(ReadPath, TrimPath):
                 "write_groups": self.write_groups, "port_writes": self.port_writes,
                 "majority": gtid_out(self.wc.majority_point()) if self.primary else None,
                 "majority_known": gtid_out(self.majority_known),
-                "open_cursors": len(self._cursors) + len(self._cursors_busy)}
+                "open_cursors": len(self._cursors) + len(self._cursors_busy),
+                "after_waits": self.after_waits.counters()}
 
     def close(self) -> None:
         self._stopping.set()
