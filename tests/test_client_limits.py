@@ -191,6 +191,32 @@ def test_reads_after_a_gtid_wait_without_holding_readers(tmp_path):
         c.close()
 
 
+def test_open_cursors_are_limited_per_connection_and_per_member(tmp_path):
+    """Each open cursor holds an LMDB read snapshot (LMDB's reader table is
+    finite and shared with writes): a connection may hold a few, the member a
+    budget, past which its least recently used cursor is closed."""
+    lim = Limits(**BASE, cursors_per_connection_max=3, cursors_max=4)
+    with serving(tmp_path, lim) as (p, svc):
+        a, b = (Connection("127.0.0.1", p.port, SECRET) for _ in range(2))
+        a.request({"op": "insert", "ns": "k.c", "docs": [{"_id": i} for i in range(10)]})
+        first = [a.request({"op": "find", "ns": "k.c", "batch": 2})["cursor"] for _ in range(3)]
+        with pytest.raises(errors.LimitExceeded, match="cursors_per_connection_max = 3"):
+            a.request({"op": "find", "ns": "k.c", "batch": 2})
+        assert len(a.request({"op": "find", "ns": "k.c", "batch": 20})["docs"]) == 10  # one batch
+        a.request({"op": "getMore", "cursor": first[0], "batch": 2})  # first[1] is now the oldest
+        b.request({"op": "find", "ns": "k.c", "batch": 2})
+        b.request({"op": "find", "ns": "k.c", "batch": 2})  # the fifth: over the member's 4
+        assert svc.status()["open_cursors"] == 4
+        with pytest.raises(errors.InvalidOperation, match="not found"):
+            a.request({"op": "getMore", "cursor": first[1]})
+        # the connection's count follows: a new cursor fits again
+        assert a.request({"op": "find", "ns": "k.c", "batch": 2})["cursor"]
+        a.request({"op": "killCursors", "cursors": [first[0], first[2]]})
+        assert svc.status()["open_cursors"] == 3
+        a.close()
+        b.close()
+
+
 def test_a_secondary_wakes_parked_reads_when_its_applier_applies(ray_session, tmp_path):
     """On a running set: reads after a GTID park on a secondary, and its
     applier's doorbell (a process of its own) wakes them once it applies it."""

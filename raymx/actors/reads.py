@@ -86,6 +86,7 @@ class ReadPath:
                             self._close_cursor(cid)
                         raise
                 if cid:
+                    self._budget_cursor(cid, conn)
                     with self._cursors_lock:
                         if conn.get("closed"):  # its client left: nobody can ask for more
                             self._cursors.pop(cid, None)
@@ -112,6 +113,34 @@ class ReadPath:
             reply(err=errors.PrimaryUnavailable(
                 f"member {self.member_id} cannot reach the set's coordinator now: "
                 f"{type(e).__name__}"))
+
+    def _budget_cursor(self, cid: int, conn: dict) -> None:
+        """A find left cursor ``cid`` open: refuse it past the connection's
+        limit (closed, LimitExceeded), else keep the member within its budget
+        of LMDB snapshots (its least recently used cursor is closed)."""
+        try:
+            client_limits.check_cursors(self._open_cursors(conn), self.limits)
+        except errors.LimitExceeded:
+            self._close_cursor(cid)
+            raise
+        with self._cursors_lock:
+            over = len(self._cursors) + len(self._cursors_busy) > self.limits.cursors_max
+            lru = min(self._cursors.values(), key=lambda x: x.used) if over else None
+        if lru is not None:
+            log.warning("cursor %d closed: the member has %d open cursors "
+                        "(Limits.cursors_max)", lru.id, self.limits.cursors_max)
+            self._close_cursor(lru.id)
+
+    def _open_cursors(self, conn: dict) -> int:
+        """The connection's cursors still open (those expired or closed for the
+        member's budget are forgotten here)."""
+        with self._cursors_lock:
+            mine = conn.get("cursors")
+            if not mine:
+                return 0
+            mine.intersection_update([c for c in mine if c in self._cursors
+                                      or c in self._cursors_busy])
+            return len(mine)
 
     def _forget_cursors(self, conn: dict, cids) -> None:
         with self._cursors_lock:

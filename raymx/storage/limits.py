@@ -99,6 +99,12 @@ class Limits:
     # no thread: it is parked until the applier reaches the GTID).
     after_timeout_ms_max: int = 60_000
     after_waits_per_connection_max: int = 256
+    # Open cursors (each holds an LMDB read snapshot, and LMDB's reader table
+    # has 1024 slots for all of the member's processes): per connection (a
+    # find past it is refused), and per member (past it the least recently
+    # used cursor is closed; its next getMore says so).
+    cursors_per_connection_max: int = 64
+    cursors_max: int = 512
 
     def __post_init__(self):
         for k, v in asdict(self).items():
@@ -114,6 +120,9 @@ class Limits:
         if self.nesting_depth_max > 200:
             raise ConfigError("nesting_depth_max must be at most 200 (filters and updates "
                               "are evaluated recursively)")
+        if self.cursors_max > 768:
+            raise ConfigError("cursors_max must be at most 768 (LMDB's reader table has 1024 "
+                              "slots for the member's cursors, threads and processes)")
         if self.heartbeat_timeout_ms <= self.heartbeat_interval_ms:
             raise ConfigError("heartbeat_timeout_ms must be greater than heartbeat_interval_ms")
 

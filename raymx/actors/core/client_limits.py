@@ -59,6 +59,18 @@ def check_transactions(sessions: dict, limits: Limits) -> None:
             limit="transactions_per_connection_max", max=most)
 
 
+def check_cursors(n: int, limits: Limits) -> None:
+    """A find that leaves a cursor open: the connection's ``n`` other open
+    cursors are fewer than ``cursors_per_connection_max``."""
+    most = limits.cursors_per_connection_max
+    if n >= most:
+        raise LimitExceeded(
+            f"this connection has {n} open cursors, the most allowed "
+            f"(Limits.cursors_per_connection_max = {most}): read them to the end or kill "
+            "them (each holds a snapshot of the data)", limit="cursors_per_connection_max",
+            max=most)
+
+
 DROP = "drop"
 
 
