@@ -115,7 +115,7 @@ def unauth(port: int, n: int, per_addr: int) -> None:
 
 
 # --- one abusive authenticated client ------------------------------------------
-def abuser(port: int) -> None:
+def abuser(port: int, kinds: set) -> None:
     import threading
 
     from raymx.client import Connection
@@ -139,33 +139,44 @@ def abuser(port: int) -> None:
     rid = 10**6
     s = socket.create_connection(("127.0.0.1", port))  # raw frames: parts and txns
     s.sendall(frame({"id": 1, "op": "hello", "secret": SECRET}))
-    s.setblocking(False)
+
+    def drain():  # answers read all the time (else both sides wait to send)
+        try:
+            while s.recv(1 << 20):
+                pass
+        except OSError:
+            pass
+    threading.Thread(target=drain, daemon=True).start()
     rounds, parked = 0, []
     while not stop.is_set():
-        futs = [c.submit({"op": "find", "ns": "abuse.big", "filter": {"pad": {"$ne": "q"}},
-                          "batch": 1000}) for _ in range(8)]          # scans
-        futs += [c.submit({"op": "find", "ns": "abuse.big", "filter": deep}) for _ in range(8)]
-        parked += [c.submit({"op": "find", "ns": "abuse.big", "after": far,
-                             "after_timeout_ms": 60_000}) for _ in range(8)]
+        futs = []
+        if "scans" in kinds:  # cursors left open, past their limit
+            futs += [c.submit({"op": "find", "ns": "abuse.big", "batch": 1000,
+                               "filter": {"pad": {"$ne": "q"}}}) for _ in range(8)]
+        if "deep" in kinds:
+            futs += [c.submit({"op": "find", "ns": "abuse.big", "filter": deep})
+                     for _ in range(8)]
+        if "parked" in kinds:
+            parked += [c.submit({"op": "find", "ns": "abuse.big", "after": far,
+                                 "after_timeout_ms": 60_000}) for _ in range(8)]
         out = b""
-        for k in range(20):  # 20 multi-part inserts started, over the limit of 16
-            rid += 1
-            out += frame({"id": rid, "op": "insert", "ns": "abuse.parts", "more": True,
-                          "packed": [msgpack.packb({"_id": rid})]})
-        for k in range(20):
-            out += frame({"id": rid - k, "op": "insert", "ns": "abuse.parts",
-                          "packed": [msgpack.packb({"_id": -rid + k})]})
-        for k in range(20):  # 20 transactions begun at once (16 allowed), then dropped
-            out += frame({"id": rid + 1 + k, "op": "txnBegin"})
-        for k in range(20):
-            out += frame({"id": rid + 1 + k, "op": "txnBegin", "cancel": True})
-        rid += 20
-        try:
-            s.sendall(out)
-            while True:
-                s.recv(1 << 20)
-        except (BlockingIOError, InterruptedError):
-            pass
+        if "parts" in kinds:  # 20 multi-part inserts started, over the limit of 16
+            for k in range(20):
+                rid += 1
+                out += frame({"id": rid, "op": "insert", "ns": "abuse.parts", "more": True,
+                              "packed": [msgpack.packb({"_id": rid})]})
+            for k in range(20):
+                out += frame({"id": rid - k, "op": "insert", "ns": "abuse.parts",
+                              "packed": [msgpack.packb({"_id": -rid + k})]})
+        if "txns" in kinds:  # 20 transactions begun at once (16 allowed), then dropped
+            for k in range(20):
+                out += frame({"id": rid + 1 + k, "op": "txnBegin"})
+            for k in range(20):
+                out += frame({"id": rid + 1 + k, "op": "txnBegin", "cancel": True})
+            rid += 20
+        if not futs and not out:
+            time.sleep(0.01)
+        s.sendall(out)
         for f in futs:
             try:
                 f.result(30)
@@ -217,13 +228,15 @@ def main():
     ap.add_argument("--path")
     ap.add_argument("--ops", type=int, default=3000)
     ap.add_argument("--unauth", type=int, default=2000)
+    ap.add_argument("--abuse", default="scans,deep,parked,parts,txns",
+                    help="what the abusive client does (a comma list)")
     a = ap.parse_args()
     if a.role == "serve":
         return serve(a.path)
     if a.role == "unauth":
         return unauth(a.port, a.unauth, 50)
     if a.role == "abuser":
-        return abuser(a.port)
+        return abuser(a.port, set(a.abuse.split(",")))
     soft = raise_fd_limit(4096)
     print(f"file-descriptor soft limit raised to {soft} (RLIMIT_NOFILE) in every process")
     with tempfile.TemporaryDirectory() as d:
@@ -233,7 +246,8 @@ def main():
         quiet = workload(port, a.ops, "q")
         un = spawn("--role", "unauth", "--port", str(port), "--unauth", str(a.unauth))
         held = json.loads(un.stdout.readline())["held"]
-        ab = spawn("--role", "abuser", "--port", str(port))
+        idle = workload(port, a.ops, "u")
+        ab = spawn("--role", "abuser", "--port", str(port), "--abuse", a.abuse)
         time.sleep(3)  # the abuser at full speed
         loud = workload(port, a.ops, "l")
         for p in (ab, un, srv):
@@ -244,13 +258,14 @@ def main():
         for p in (ab, un, srv):
             p.wait(60)
     print(f"unauthenticated connections held: {held} at once; over the run {un_out}")
-    print(f"abuser: {ab_out['rounds']} rounds, answers {ab_out['answers']}")
+    print(f"abuser ({a.abuse}): {ab_out['rounds']} rounds, answers {ab_out['answers']}")
     print(f"member at the end: {srv_out}")
-    print(f"{'well-behaved client, ' + str(a.ops) + ' ops (insert/find by _id)':<52}"
-          f"{'quiet':>10}{'abused':>10}{'ratio':>8}")
-    for k, label in (("p50", "p50 latency, ms"), ("p99", "p99 latency, ms"),
-                     ("w_p99", "p99 of inserts, ms"), ("r_p99", "p99 of finds, ms")):
-        print(f"{label:<52}{quiet[k]:>10.2f}{loud[k]:>10.2f}{loud[k] / quiet[k]:>8.1f}x")
+    print(f"{'well-behaved client, ' + str(a.ops) + ' ops (insert/find by _id), ms':<50}"
+          f"{'quiet':>8}{'unauth':>8}{'ratio':>7}{'+abuser':>9}{'ratio':>7}")
+    for k, label in (("p50", "p50 latency"), ("p99", "p99 latency"),
+                     ("w_p99", "p99 of inserts"), ("r_p99", "p99 of finds")):
+        print(f"{label:<50}{quiet[k]:>8.2f}{idle[k]:>8.2f}{idle[k] / quiet[k]:>6.1f}x"
+              f"{loud[k]:>9.2f}{loud[k] / quiet[k]:>6.1f}x")
 
 
 if __name__ == "__main__":

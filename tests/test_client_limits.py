@@ -89,6 +89,22 @@ def test_open_transactions_per_connection_are_limited(tmp_path):
         assert read_frame(s)["ok"]["value"] == 1
 
 
+def test_an_idle_transaction_releases_the_writer(tmp_path):
+    """A transaction holds the writer: one that sends no statement for
+    ``transaction_idle_ms`` is aborted, and the writes behind it run."""
+    with serving(tmp_path, Limits(**BASE, transaction_idle_ms=300)) as (p, _):
+        c = Connection("127.0.0.1", p.port, SECRET)
+        t = c.request({"op": "txnBegin"})["txn"]
+        c.request({"op": "insert", "ns": "i.c", "docs": [{"_id": 1}], "txn": t})
+        t0 = time.monotonic()
+        assert c.request({"op": "insert", "ns": "i.c", "docs": [{"_id": 2}]})  # waits for it
+        assert time.monotonic() - t0 > 0.2
+        with pytest.raises(errors.TransactionAborted):
+            c.request({"op": "txnCommit", "txn": t})
+        assert c.request({"op": "find", "ns": "i.c"})["docs"] == [{"_id": 2}]
+        c.close()
+
+
 def test_pending_multi_part_inserts_per_connection_are_limited(tmp_path):
     def part(rid, ids, more):
         return frame({"id": rid, "op": "insert", "ns": "p.c", "more": more,

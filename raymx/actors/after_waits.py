@@ -75,9 +75,15 @@ class AppliedWaits:
             self._kicked = True  # look once now: it may have been applied meanwhile
             self._cv.notify()
 
-    def kick(self) -> None:
-        """The applied point moved (any thread; nearly free with nothing parked)."""
+    def kick(self, g: GTID | None = None) -> None:
+        """The applied point moved (to ``g``, if known): any thread; nearly free
+        with nothing parked, or when ``g`` is below every parked read's GTID."""
         if self.waiting:
+            try:
+                if g is not None and g < self._by_gtid[0][0]:
+                    return
+            except IndexError:
+                pass
             with self._cv:
                 self.kicks += 1
                 self._kicked = True

@@ -371,8 +371,7 @@ class ShardService(ReadPath, TrimPath):
         if it is still queued behind another transaction). Not answered."""
         sessions = conn.get("sessions", {})
         s = next((x for x in sessions.values() if x.rid == rid), None)
-        if s is not None:
-            del sessions[s.id]
+        if s is not None:  # it stays counted (transactions_per_connection_max) until it ends
             s.submit({"op": "txnAbort"}, lambda **kw: None)
 
     def _receive_insert(self, req: dict, reply: Reply, conn: dict) -> dict | None:
@@ -682,7 +681,7 @@ class ShardService(ReadPath, TrimPath):
             out["gtid"] = gtid_out(g)
         if self._on_commit is not None:
             self._on_commit(g)
-        self.after_waits.kick()  # reads after g (applied as it committed) may run
+        self.after_waits.kick(g)  # reads after g (applied as it committed) may run
         # a write that waits (j, or w > 1: durable here too) has the writer flush
         self.group.note_commit(g, wake=not (req.get("j") or req.get("w", 1) not in (0, 1, None)))
         return self._answer_when(g, out, req, reply)
@@ -710,13 +709,14 @@ class ShardService(ReadPath, TrimPath):
         tx = self.e.begin()
         reply(ok={"txn": s.id})
         deadline = time.monotonic() + self.limits.transaction_lifetime_ms / 1000
+        idle_s = self.limits.transaction_idle_ms / 1000
         while True:
             try:
-                sreq, sreply = s.q.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
+                sreq, sreply = s.q.get(timeout=max(0.0, min(idle_s, deadline - time.monotonic())))
+            except queue.Empty:  # it holds the writer: past its lifetime, or idle too long
                 tx.abort()
-                log.warning("transaction %d aborted after %d ms", s.id,
-                            self.limits.transaction_lifetime_ms)
+                log.warning("transaction %d aborted: %s", s.id, client_limits.txn_ended_why(
+                    deadline - time.monotonic(), self.limits))
                 return
             op = sreq.get("op")
             try:

@@ -40,8 +40,11 @@ class Limits:
     # the writer thread is idle: no hand-off between threads; the rest go to
     # the writer thread.
     port_insert_docs_max: int = 64
-    # Interactive transactions hold the shard's writer; abort after this long.
+    # Interactive transactions hold the shard's writer; abort after this long,
+    # or when no statement came for transaction_idle_ms (a client that begins
+    # a transaction and goes quiet stalls every writer meanwhile).
     transaction_lifetime_ms: int = 60_000
+    transaction_idle_ms: int = 5_000
     # Applier batches (DESIGN section 4).
     apply_batch_ms: int = 1000
     apply_batch_ops: int = 5000

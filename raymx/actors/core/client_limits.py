@@ -71,6 +71,13 @@ def check_cursors(n: int, limits: Limits) -> None:
             max=most)
 
 
+def txn_ended_why(left_s: float, limits: Limits) -> str:
+    """Why an interactive transaction that waited for its next statement ended."""
+    if left_s <= 0:
+        return f"older than Limits.transaction_lifetime_ms = {limits.transaction_lifetime_ms}"
+    return f"no statement for Limits.transaction_idle_ms = {limits.transaction_idle_ms}"
+
+
 DROP = "drop"
 
 
