@@ -5,16 +5,15 @@ import logging
 import os
 import secrets
 import time
-from dataclasses import dataclass
 from typing import Iterator
 
 from raymx import errors
 from raymx.actors.tls import check_settings, client_context
 from raymx.client import Client, ReadConcern, ReadPreference, WriteConcern
-from raymx.members import (NAMESPACE, _SPEC_KEYS, _adopt_backup, _check_cap,
+from raymx.members import (NAMESPACE, _SPEC_KEYS, OplogEntry, _adopt_backup, _check_cap,
                            _least_used_node, _member_specs, _move_aside, _on_node, _one_spec,
-                           _place, _start_member, format_status)  # noqa: F401 (re-exported)
-from raymx.storage import codec
+                           _place, _start_member, format_status,  # noqa: F401 (re-exported)
+                           oplog_entries)
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import DEFAULT, Limits
 
@@ -93,14 +92,6 @@ def _check_name(name) -> str:
             c.isalnum() or c in "-_" for c in name):
         raise errors.ConfigError(f"replica set name {name!r}: 1-64 letters, digits, '-' or '_'")
     return name
-
-
-@dataclass
-class OplogEntry:
-    gtid: GTID
-    ts: int
-    h: int
-    ops: list
 
 
 class ReplicaSet:
@@ -584,28 +575,8 @@ class ReplicaSet:
             pos = None if after is None else list(GTID.parse(after))
         except (ValueError, TypeError):
             raise errors.InvalidOperation(f"after must be a GTID, got {after!r:.60}") from None
-        return self._oplog(pos, limit, member)
-
-    def _oplog(self, pos, limit, member) -> Iterator[OplogEntry]:
-        from ray.exceptions import RayTaskError
-        ray = _ray()
         h = self._primary_member() if member is None else self.member(member)
-        n = 0
-        while limit is None or n < limit:
-            page = 1000 if limit is None else min(1000, limit - n)
-            try:
-                rows = ray.get(h.oplog.remote(pos, page))
-            except RayTaskError as e:
-                if isinstance(e.cause, errors.RaymxError):
-                    raise e.cause from None
-                raise
-            for k, v in rows:
-                e = codec.unpack(v, "oplog entry")
-                yield OplogEntry(GTID.from_bytes(k), e["ts"], e["h"], e["ops"])
-                n += 1
-            if len(rows) < page:
-                return
-            pos = list(GTID.from_bytes(rows[-1][0]))
+        return oplog_entries(_ray(), h, pos, limit)
 
 
 # how long a configuration change waits for lagging members by default
