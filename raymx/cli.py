@@ -258,6 +258,36 @@ def url(name, with_secret, address):
         click.echo(raymx.connect(name).url(with_secret=with_secret))
 
 
+@main.command()
+@click.argument("name")
+@click.argument("location", required=False)
+@click.option("--lag-s", type=float, default=1.0, show_default=True,
+              help="most seconds a majority-committed entry waits before it is archived")
+@click.option("--off", is_flag=True, help="stop archiving (trimming no longer waits for it)")
+@ADDRESS
+def archive(name, location, lag_s, off, address):
+    """Show, set or stop NAME's oplog archive: Parquet segments of every op
+    (LOCATION: a folder every member reaches, or a pyarrow.fs URI)."""
+    import raymx
+    with _one_line_errors():
+        _attach(address)
+        rs = raymx.connect(name)
+        if off or location:
+            rs.set_archive(None if off else location, lag_s=lag_s)
+        loc = rs.archive_location()
+        if loc is None:
+            click.echo(f"{name}: no oplog archive")
+            return
+        st = rs.status()
+        ar = next((m["oplog"].get("archive") for m in st["members"]
+                   if m.get("role") == "primary" and m.get("oplog")), None) or {}
+        g = lambda x: "-" if x is None else f"{x[0]}:{x[1]}"  # noqa: E731
+        click.echo(f"{name}: oplog archive {loc['uri']} (lag {loc['lag_s']}s): "
+                   f"{g(ar.get('oldest'))} .. {g(ar.get('through'))} in "
+                   f"{ar.get('segments', 0)} segments"
+                   + (f"; cannot be written: {ar['error']}" if ar.get("error") else ""))
+
+
 @main.command(name="step-down")
 @click.argument("name")
 @ADDRESS

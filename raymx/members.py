@@ -142,16 +142,45 @@ def _one_spec(i: int, m) -> dict:
 
 def _check_cap(cap) -> dict:
     """Validate an oplog cap: ``max_bytes`` (int > 0 or None), ``max_age_s``
-    (number > 0 or None), ``force`` (bool)."""
-    if not isinstance(cap, dict) or set(cap) - {"max_bytes", "max_age_s", "force"}:
-        raise errors.ConfigError(f"oplog cap {cap!r}: a dict with max_bytes, max_age_s, force")
+    (number > 0 or None), ``force`` (bool), ``archive`` (None, a location, or
+    ``{"uri", "lag_s"}``: see ``ReplicaSet.set_archive``)."""
+    if not isinstance(cap, dict) or set(cap) - {"max_bytes", "max_age_s", "force", "archive"}:
+        raise errors.ConfigError(f"oplog cap {cap!r}: a dict with max_bytes, max_age_s, force, "
+                                 "archive")
     mb, age = cap.get("max_bytes"), cap.get("max_age_s")
     if mb is not None and (not isinstance(mb, int) or isinstance(mb, bool) or mb <= 0):
         raise errors.ConfigError(f"oplog max_bytes must be a positive integer or None, got {mb!r}")
     if age is not None and (not isinstance(age, (int, float)) or isinstance(age, bool)
                             or age <= 0):
         raise errors.ConfigError(f"oplog max_age_s must be a positive number or None, got {age!r}")
-    return {"max_bytes": mb, "max_age_s": age, "force": bool(cap.get("force", False))}
+    out = {"max_bytes": mb, "max_age_s": age, "force": bool(cap.get("force", False))}
+    if cap.get("archive") is not None:
+        out["archive"] = _check_archive(cap["archive"])
+    return out
+
+
+def _check_archive(a) -> dict:
+    """An archive location: a folder path or a ``pyarrow.fs`` URI, and the
+    most seconds a majority-committed entry waits before it is archived."""
+    if isinstance(a, str):
+        a = {"uri": a}
+    if not isinstance(a, dict) or set(a) - {"uri", "lag_s"} or not isinstance(
+            a.get("uri"), str) or not a["uri"]:
+        raise errors.ConfigError(f"archive {a!r}: a folder or pyarrow.fs URI, or a dict with "
+                                 "uri and lag_s")
+    lag = a.get("lag_s", 1.0)
+    if not isinstance(lag, (int, float)) or isinstance(lag, bool) or not 0 < lag <= 86400:
+        raise errors.ConfigError(f"archive lag_s must be a number of seconds in (0, 86400], "
+                                 f"got {lag!r}")
+    uri = a["uri"] if "://" in a["uri"] else os.path.abspath(a["uri"])
+    if "://" in uri:
+        try:
+            import pyarrow.fs as pafs
+            pafs.FileSystem.from_uri(uri)
+        except Exception as e:
+            raise errors.ConfigError(f"archive {uri!r} is not a pyarrow.fs location: {e}") \
+                from None
+    return {"uri": uri, "lag_s": float(lag)}
 
 
 def _member_specs(members) -> list[dict]:
@@ -216,6 +245,15 @@ def format_status(st: dict) -> str:
             notes.append(f"member {m.get('id')} needs a resync (its sync source no longer "
                          "holds its position, or it could not roll back): "
                          f"raymx resync {st['set']} {m.get('id')}")
+        ar = ol.get("archive")
+        if ar and ar.get("error"):
+            notes.append(f"member {m.get('id')}: the oplog archive {ar['uri']} cannot be "
+                         f"{'written' if m.get('role') == 'primary' else 'read'} "
+                         f"({ar['error']}); trimming is held at what it holds "
+                         f"({g(ar.get('through'))}): nothing is lost")
+        elif ar and m.get("role") == "primary":
+            notes.append(f"oplog archive {ar['uri']}: {g(ar.get('oldest'))} .. "
+                         f"{g(ar.get('through'))} in {ar['segments']} segments")
         if ol.get("over_cap"):
             cap = ol["cap"]["max_bytes"]
             notes.append(f"member {m.get('id')}: oplog {ol['bytes']:,} bytes is over its cap "

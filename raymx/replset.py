@@ -416,8 +416,27 @@ class ReplicaSet:
         in small transactions, never past the majority-committed point or the
         position of a running member unless ``force`` (never an unapplied
         entry). Kept in the configuration, so restarted members keep it."""
-        cap = _check_cap({"max_bytes": max_bytes, "max_age_s": max_age_s, "force": force})
-        return _ray().get(self._coord.set_oplog_cap.remote(cap))
+        cap = {"max_bytes": max_bytes, "max_age_s": max_age_s, "force": force}
+        arch = (self.config().get("oplog_cap") or {}).get("archive")
+        if arch:  # the archive stays (set_archive changes it)
+            cap["archive"] = arch
+        return _ray().get(self._coord.set_oplog_cap.remote(_check_cap(cap)))
+
+    def set_archive(self, uri: str | None, lag_s: float = 1.0) -> dict:
+        """Archive the oplog as Parquet segments before it is trimmed (DESIGN
+        section 9; README "The oplog archive"), online, kept in the
+        configuration: ``uri`` a folder every member reaches or a
+        ``pyarrow.fs`` URI; entries archived at most ``lag_s`` after they are
+        majority-committed. ``None`` stops archiving."""
+        cap = dict(self.config().get("oplog_cap") or {"max_bytes": None})
+        cap.pop("archive", None)
+        if uri is not None:
+            cap["archive"] = {"uri": uri, "lag_s": lag_s}
+        return _ray().get(self._coord.set_oplog_cap.remote(_check_cap(cap)))
+
+    def archive_location(self) -> dict | None:
+        """The archive's ``{"uri", "lag_s"}`` (None: no archive)."""
+        return (self.config().get("oplog_cap") or {}).get("archive")
 
     def trim_now(self) -> list[dict]:
         """Trim every running member to the cap now (it also happens every

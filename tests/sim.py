@@ -206,9 +206,13 @@ class Sim:
                 self.crash_member(item[2], item[3])
         elif op == "restart":
             self._restart_member(item[2])
-        elif op == "drop_p":
-            self.opts.drop_p = item[2]
-            self.trace("net", f"drop_p={item[2]}")
+        elif op == "cut":  # these links too, both ways (on top of a partition)
+            for a, b in item[2]:
+                self.net.cut |= {(a, b), (b, a)}
+            self.trace("net", f"cut {item[2]}")
+        elif op in ("drop_p", "reads_p"):
+            setattr(self.opts, op, item[2])
+            self.trace("net", f"{op}={item[2]}")
         elif op == "crash_c":
             if "c" in self._nodes:
                 self.crash_coordinator()

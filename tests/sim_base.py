@@ -101,10 +101,14 @@ class Options:
     # to it fail, its clients' connections still reach it, and the new process
     # cannot take the folder's lock until the zombie is gone (process.lock_member)
     zombie_p: float = 0.0
+    # a member this many entries behind catches up by parallel replay (the
+    # applier's replay path) instead of entry by entry
+    replay_entries_min: int = 10_000
     # scripted faults (scenarios): (at_ms, "partition", groups) | (at_ms, "heal")
     # | (at_ms, "crash", member, machine) | (at_ms, "restart", member)
     # | (at_ms, "crash_c") | (at_ms, "restart_c") | (at_ms, "drop_p", p)
-    # | (at_ms, "votes", member, votes)
+    # | (at_ms, "votes", member, votes) | (at_ms, "cut", [(a, b), ...])
+    # | (at_ms, "reads_p", p)
     script: tuple = ()
 
     @classmethod
@@ -145,7 +149,8 @@ class Options:
             fsync_fail_p=random.Random(seed * 32452843 + 9).choice((0.0, 0.0, 0.0, 0.01)),
             clock_jump_p=random.Random(seed * 49979687 + 13).choice((0.0, 0.0, 0.005, 0.02)),
             disk_full_p=random.Random(seed * 86028121 + 17).choice((0.0, 0.0, 0.005, 0.02)),
-            zombie_p=random.Random(seed * 15487469 + 19).choice((0.0, 0.0, 0.003, 0.01)))
+            zombie_p=random.Random(seed * 15487469 + 19).choice((0.0, 0.0, 0.003, 0.01)),
+            replay_entries_min=random.Random(seed * 67867967 + 23).choice((10_000,) * 3 + (3,)))
 
 
 # Named scenarios (TigerBeetle's replica_test style): a quiet cluster and a
@@ -194,6 +199,33 @@ SCENARIOS = {
     # fsyncs fail now and then (issue 20): the member stops and restarts; with
     # the planted "fsync_retry" it carries on over lost pages instead
     "fsync_fails": lambda: Options.quiet(majority_p=0.7, fsync_fail_p=0.02, safety_ms=8_000),
+    # Raft's figure 8 (the majority_of_old_terms bug). m1 (term 1) writes alone;
+    # m2 is elected in term 2 with m3 cut from it, and writes alone; m1 is
+    # elected in term 3 (m3 never primary) and copies its term-1 entries to m3,
+    # while clients only read; m1's machine crashes and m2 is elected in term 4.
+    # A majority read in term 3 must not have returned m1's term-1 entries
+    "figure_eight": lambda: Options.quiet(
+        majority_p=0.0, reads_p=0.0, priority0=[3], safety_ms=9_000,
+        script=((0, "partition", [["m1"], ["m2", "m3"]]),
+                (1_500, "partition", [["m1"], ["m2", "m3", "c"]]),
+                (1_501, "cut", [("m2", "m3")]),
+                (3_000, "reads_p", 1.0),
+                (3_000, "partition", [["m2"], ["m1", "m3", "c"]]),
+                (4_500, "crash", 1, True),
+                (4_500, "partition", [["m1"], ["m2", "m3", "c"]]),
+                (6_000, "restart", 1), (6_000, "heal"))),
+    # the catch_up_outlives_adoption bug: m2 lags (cut from m1), m1 is lost by
+    # the coordinator, which starts catching m2 up from m3 (most advanced, never
+    # primary) while m2 cannot reach m3; m1 answers again and is adopted; m2
+    # restarts meanwhile and must be told whom to follow
+    "catch_up_then_adopt": lambda: Options.quiet(
+        majority_p=0.0, priority0=[3], safety_ms=6_000,
+        script=((500, "partition", [["m1"], ["m2"]]),
+                (1_500, "cut", [("m1", "c"), ("m2", "m3")]),
+                (2_600, "partition", [["m1"], ["m2"]]),
+                (2_601, "cut", [("m2", "m3")]),
+                (3_000, "crash", 2, False), (3_100, "restart", 2),
+                (3_500, "heal"))),
     "coordinator_dies_mid_election": lambda: Options.quiet(
         script=((_HB + 1, "crash_c"),
                 (_HB + 6, "partition", [["m1"], ["m2", "m3", "c"]]),

@@ -120,7 +120,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "fail every waiting write with NotPrimary ('outcome unknown') on step-down "
              "and whenever the member's term passes the write's term; reset the positions",
              _old_stale_write_concern,
-             ("majority-acknowledged write", "majority-committed point"), (138,),
+             ("majority-acknowledged write", "majority-committed point"), (141,),
              ("election_not_fenced", "stale_sync_source"), ("zombie_p",)),
     KnownBug("election_not_fenced", "raymx/actors/core/election.py ElectionCore.fence/fenced",
              "an election read each member's last GTID and term from heartbeat replies "
@@ -142,7 +142,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "decide on the role, not the write side's flag, and step down a member whose "
              "role is primary while its write side is deposed, at every heartbeat",
              _old_deposed_role_stuck, ("role=primary shard_primary=False",),
-             (142,), ("stale_sync_source",)),
+             (147,), ("stale_sync_source",)),
     KnownBug("stale_sync_source", "raymx/actors/core/producer.py ProducerCore.current",
              "after a member learned a new term, its producer kept pulling from the sync "
              "source it was given for the old term and accepted the entries: the old "
@@ -150,15 +150,15 @@ KNOWN_BUGS = {b.name: b for b in (
              "a producer pulls, and takes entries, only while its follow() term is the "
              "member's term (Raft: entries only from the leader of your current term)",
              _old_stale_sync_source,
-             ("majority-acknowledged write", "majority-committed point"), (138,),
+             ("majority-acknowledged write", "majority-committed point"), (141,),
              ("election_not_fenced", "stale_write_concern"), ("zombie_p",)),
     KnownBug("producer_thread_dies", "raymx/actors/core/producer.py ProducerCore.on_failure "
-             "+ raymx/actors/member.py Producer._run",
+             "+ raymx/actors/core/producer.py run",
              "a find_common call that failed or timed out (the source crashed or was cut "
              "off mid-rollback) raised out of the producer's step and ended its thread; "
              "the member never replicated again",
              "every failed step goes through ProducerCore.on_failure: wait, pull again",
-             _old_producer_thread_dies, ("producer_dead=True",), (13,)),
+             _old_producer_thread_dies, ("producer_dead=True",), (53,)),
     KnownBug("majority_of_old_terms", "raymx/actors/core/replication.py committed "
              "(WriteConcernCore.majority_point, FeederCore.committed_point)",
              "a primary called majority-committed any entry durable on a majority, "
@@ -168,14 +168,14 @@ KNOWN_BUGS = {b.name: b for b in (
              "a primary's majority point is only ever an entry of its own term; a new "
              "primary writes a no-op at once so the point moves with no client write",
              _old_majority_of_old_terms, ("majority-committed point", "majority read"),
-             (2697,), off=("zombie_p",)),
+             ("figure_eight",), off=("zombie_p",)),
     KnownBug("catch_up_outlives_adoption", "raymx/actors/core/election.py ElectionCore._adopt",
              "the coordinator started catching an eligible member up for an election, then "
              "adopted the old primary when it answered again; the catch-up mark stayed "
              "set, and while it is set no member is told to follow: a member that had "
              "restarted meanwhile never replicated again",
              "adopting a primary ends any catch-up",
-             _old_catch_up_outlives_adoption, ("no convergence",), (2456,),
+             _old_catch_up_outlives_adoption, ("no convergence",), ("catch_up_then_adopt",),
              off=("zombie_p",)),
 )}
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Callable
 from raymx import errors
 from raymx.actors.core import replication as rep
 from raymx.actors.core import producer as pc
+from raymx.actors.core import member as mc
 from raymx.actors.core.member import MemberCore
 from raymx.actors.core.primary import deposed
 from raymx.actors.shard import ShardService
@@ -69,13 +70,17 @@ class SimMember:
         self._feeder_reset()
         # Producer: starts paused; the coordinator says whom to follow
         self.producer = pc.ProducerCore(self.engine, mid, sim.limits)
-        self.p_inflight = False      # a pull or find_common is out
         self.p_locked = False        # the producer's write lock (batch or rollback)
-        self.p_dead = False          # an exception ended the producer's thread
-        self._p_queued = False
+        self.p_dead = False          # an exception ended the producer's loop
+        self._ploop = pc.run(self.producer, self, sim.opts.hashes_per_round)
+        self._p_blocked = False
+        self.later(0, self._p_resume)
         self.rollbacks: list = []
         # Applier
-        self.apply_limits = sim.limits.with_(apply_batch_ops=sim.opts.apply_batch_ops)
+        replay = {} if sim.opts.replay_entries_min >= sim.limits.replay_entries_min else {
+            "replay_entries_min": sim.opts.replay_entries_min, "replay_entries_max": 7,
+            "replay_txn_docs_max": 2}  # small rounds of small transactions: crashes between
+        self.apply_limits = sim.limits.with_(apply_batch_ops=sim.opts.apply_batch_ops, **replay)
         self.apply_held = False
         self._apply_queued = False
         self._kick_applier()
@@ -158,44 +163,57 @@ class SimMember:
         self._control_call(self._become_primary, respond, term)
 
     def _become_primary(self, done, term: int) -> None:
-        self.producer.paused = True  # producer.pause(wait=True): no new batch after this
-        if self.p_locked:
-            # a batch or a rollback holds the producer's write lock: wait for it
-            self.later(5, self._become_primary, done, term)
-            return
-        # applying the backlog takes a while; heartbeats and pulls go on meanwhile
-        self.later(self.sim.rng.randint(0, 30), self._become_primary_2, done, term)
+        """OplogShard.become_primary: the steps of ``MemberCore.promote``."""
+        self._promote(done, term, self.core.promote(term), None)
 
-    def _become_primary_2(self, done, term: int) -> None:
-        try:
-            self._become_primary_3(done, term)
-        except errors.DiskFull as e:  # OplogShard.become_primary raises it to the caller
-            done(err=e)
-
-    def _become_primary_3(self, done, term: int) -> None:
-        while rep.min_unapplied(self.engine) is not None:
-            rep.apply_batch(self.engine, self.limits, self.now())
-        try:
-            self.engine.set_term(term)  # durable before the first write under it
-        except errors.StaleTerm as e:
-            self.trace(f"become_primary term={term} refused: {e}")
-            return done(err=e)
-        self._feeder_reset(primary=True)  # feeder.set_primary(True)
-        try:
-            self.svc.become_primary(term)
-        except errors.DiskFailed as e:  # its sync failed: OplogShard stops the process
-            return self._fatal(e)
-        last, _ = self.engine.last()
-        noop = self.core.became_primary(last)
-        self._on_durable()
-        self.sim.checker.on_elected(self, term)
-        self.trace(f"primary term={term} last={last}")
-        if noop:
+    def _promote(self, done, term: int, steps, answer) -> None:
+        while True:
             try:
-                self.own_noop()
-            except errors.RaymxError as e:  # the shell queues it and does not wait
-                self.trace(f"no-op of term {term} refused: {e}")
-        done({"term": term, "last": list(last)})
+                what, arg = steps.send(answer)
+            except StopIteration as stop:
+                last = stop.value
+                self.trace(f"primary term={term} last={last}")
+                return done({"term": term, "last": list(last)})
+            except errors.StaleTerm as e:
+                self.trace(f"become_primary term={term} refused: {e}")
+                return done(err=e)
+            except errors.DiskFull as e:  # raised to the caller
+                return done(err=e)
+            answer = None
+            if what == mc.PAUSE_PRODUCER:  # producer.pause(wait=True)
+                self.producer.paused = True
+                if self.p_locked:  # a batch or a rollback holds its write lock: wait
+                    return self._wait_unlocked(done, term, steps)
+            elif what == mc.DRAIN:  # applying the backlog takes a while
+                return self.later(self.sim.rng.randint(0, 30), self._drain, done, term, steps)
+            elif what == mc.FEEDER_PRIMARY:
+                self._feeder_reset(primary=True)
+            elif what == mc.TAKE_WRITES:
+                try:
+                    self.svc.become_primary(arg)
+                except errors.DiskFailed as e:  # its sync failed: OplogShard stops the process
+                    return self._fatal(e)
+                self.sim.checker.on_elected(self, arg)
+            elif what == mc.NOOP:
+                try:
+                    self.own_noop()
+                except errors.RaymxError as e:  # the shell queues it and does not wait
+                    self.trace(f"no-op of term {term} refused: {e}")
+            elif what == mc.DURABLE:
+                self._on_durable()
+
+    def _wait_unlocked(self, done, term: int, steps) -> None:
+        if self.p_locked:
+            return self.later(5, self._wait_unlocked, done, term, steps)
+        self._promote(done, term, steps, None)
+
+    def _drain(self, done, term: int, steps) -> None:
+        try:
+            while rep.min_unapplied(self.engine) is not None:
+                rep.apply_step(self.engine, self.apply_limits, self.now())
+        except errors.DiskFull as e:
+            return done(err=e)
+        self._promote(done, term, steps, None)
 
     def _become_secondary(self) -> None:
         self.core.became_secondary()
@@ -392,142 +410,101 @@ class SimMember:
                     "applied": None if p["applied"] is None else list(p["applied"]),
                     "at_ms": p["at_ms"]} for m, p in self.feeder.positions.items()}
 
-    # -- Producer: Producer._run over ProducerCore ------------------------------
-    def _kick_producer(self, delay_ms: int = 0) -> None:
-        if not self._p_queued:
-            self._p_queued = True
-            self.later(delay_ms, self._producer_step, self._producer_iter)
+    # -- Producer: the shipped loop (pc.run); its effects are events here ----
+    def _kick_producer(self) -> None:
+        """follow(): a loop waiting in ``BLOCKED`` looks again."""
+        if self._p_blocked:
+            self._p_blocked = False
+            self.later(0, self._p_resume)
 
-    def _producer_step(self, fn: Callable, *args) -> None:
-        """One step of the producer's thread: an exception that escapes it
-        ends the thread (the shell's loop catches the pull's and the step's
-        failures and asks ``ProducerCore.on_failure``; nothing else)."""
+    def _p_resume(self, value=None, thrown: Exception | None = None) -> None:
+        """Run the loop to its next effect that takes time, carrying out the
+        instant ones on the way (Producer._run, with this member's timers
+        and simulated calls for its thread and Ray calls)."""
         if self.p_dead:
             return
+        while True:
+            try:
+                eff = self._ploop.throw(thrown) if thrown is not None else self._ploop.send(value)
+            except (Violation, AssertionError):
+                raise
+            except errors.DiskFailed as e:  # Producer._run: the process stops
+                return self._fatal(e)
+            except Exception as e:  # the loop ended: the shell's thread would be gone
+                self.trace(f"producer thread dies: {type(e).__name__}: {e}")
+                self.p_dead = True
+                self.p_locked = False
+                return
+            value, thrown = None, None
+            if isinstance(eff, (pc.Pull, pc.FindCommon)):
+                method, args = (("pull", (eff.req,)) if isinstance(eff, pc.Pull)
+                                else ("find_common", (eff.candidates,)))
+                what = f"{method} from m{eff.source}"
+
+                def reply(out, err, what=what):
+                    if err is not None:
+                        return self._p_resume(thrown=pc.CallFailed(f"{what}: {err}"))
+                    self._p_resume(out)
+                self.sim.rpc.call(self.name, f"m{eff.source}", method, args, reply,
+                                  PULL_TIMEOUT_MS, lambda what=what: self._p_resume(
+                                      thrown=pc.CallFailed(f"{what} timed out")))
+                return
+            if isinstance(eff, pc.Sleep):
+                return self.later(eff.ms, self._p_resume)
+            if eff == pc.SYNC:  # the sync takes a while: a crash before it loses the batch
+                self.oplog_dirty = True
+                return self.later(self.sim.rng.randint(0, self.sim.opts.disk_ms_max),
+                                  self._p_sync)
+            if eff == pc.BLOCKED:
+                self._p_blocked = True  # follow() kicks it
+                return
+            if eff in (pc.LOCK, pc.UNLOCK):
+                self.p_locked = eff == pc.LOCK
+            elif eff in (pc.HOLD_APPLIER, pc.RELEASE_APPLIER):
+                self.apply_held = eff == pc.HOLD_APPLIER
+                if not self.apply_held:
+                    self._kick_applier()
+
+    def _p_sync(self) -> None:
         try:
-            fn(*args)
-        except (Violation, AssertionError):
-            raise
-        except errors.DiskFailed as e:  # Producer._run: the process stops
-            self._fatal(e)
-        except errors.DiskFull as e:  # Producer._run: a failed step, tried again
-            self.p_locked = self.p_inflight = False
-            self._kick_producer(self.producer.on_failure(f"DiskFull: {e}"))
-        except Exception as e:
-            self.trace(f"producer thread dies: {type(e).__name__}: {e}")
-            self.p_dead = True
-            self.p_locked = self.p_inflight = False
-
-    def _producer_iter(self) -> None:
-        self._p_queued = False
-        pcore = self.producer
-        if self.p_inflight or self.p_locked or pcore.blocked():
-            return  # follow() kicks it again
-        src = pcore.source
-        req, last, last_h = pcore.request(self.feeder_positions())
-        self.p_inflight = True
-
-        def on_reply(out, err):
-            self.p_inflight = False
-            if err is not None:
-                return self._kick_producer(pcore.on_failure(f"pull from m{src}: {err}"))
-            if pcore.paused:
-                return  # paused while pulling: write nothing more
-            self._handle(out, src, last, last_h)
-
-        def on_timeout():
-            self.p_inflight = False
-            self._kick_producer(pcore.on_failure(f"pull from m{src} timed out"))
-        self.sim.rpc.call(self.name, f"m{src}", "pull", (req,),
-                          lambda out, err: self._producer_step(on_reply, out, err),
-                          PULL_TIMEOUT_MS, lambda: self._producer_step(on_timeout))
-
-    def _handle(self, out: dict, src: int, last: GTID, last_h: int) -> None:
-        step, learned = self.producer.on_answer(out, last)
-        if learned is not None:  # by doorbell to OplogShard._note_majority
-            self.svc.note_majority(learned)
-            fm = self.feeder.upstream_majority  # FeederService.on_majority
-            if fm is None or learned > fm:
-                self.feeder.upstream_majority = learned
-        self.core.on_sync_state(self.producer.state)  # Notifier "on_sync_state"
-        if step == pc.ROLLBACK:
-            return self._roll_back(src)
-        if step == pc.RETRY:
-            return self._kick_producer(pc.RETRY_MS)
-        if step == pc.IDLE:
-            return self._kick_producer()
-        try:
-            g, _ = self.producer.write(out, last, last_h)
-            self.oplog_dirty = True
-        except errors.RaymxError as e:
-            self.trace(f"batch refused: {e}")
-            return self._kick_producer(pc.BATCH_REFUSED_MS)
-        # the sync takes a while: a crash before it loses the batch (not yet reported)
-        self.p_locked = True
-        self.later(self.sim.rng.randint(0, self.sim.opts.disk_ms_max), self._batch_synced, g)
-
-    def _batch_synced(self, g: GTID) -> None:
-        try:
-            self.engine.sync()  # durable before the next pull reports it upstream
+            self.engine.sync()
         except errors.DiskFailed as e:  # the Producer shell stops the process
             return self._fatal(e)
-        self.p_locked = False
+        self._p_resume()
+
+    # what the loop tells its shell (pc.ProducerIO)
+    def downstream(self) -> dict:
+        return self.feeder_positions()
+
+    def learned(self, g: GTID) -> None:
+        self.svc.note_majority(g)  # by doorbell to OplogShard._note_majority
+        fm = self.feeder.upstream_majority  # FeederService.on_majority
+        if fm is None or g > fm:
+            self.feeder.upstream_majority = g
+
+    def state(self, state: str) -> None:
+        self.core.on_sync_state(state)  # Notifier "on_sync_state"
+
+    def written(self, g: GTID, n: int, rows: list) -> None:
         self._kick_applier()
         self.feeder_on_limit(g)
-        self._kick_producer()
 
-    def _roll_back(self, src: int) -> None:
-        self.p_locked = True
-        self._rb_round(src, None)
+    def rollback_file(self, common: GTID):
+        return "memory", lambda records: self.rollbacks.append((common, records))
 
-    def _rb_round(self, src: int, before: GTID | None) -> None:
-        cands = rep.own_hashes(self.engine, before, self.sim.opts.hashes_per_round)
-        if not cands:
-            return self._rb_finish(src, ZERO)
-        self.p_inflight = True
-
-        def on_reply(g, err):
-            self.p_inflight = False
-            if err is not None:
-                return self._rb_abort(src)
-            if g is None:
-                return self._rb_round(src, GTID(*cands[-1][0]))
-            self._rb_finish(src, GTID(*g))
-
-        def on_timeout():
-            self.p_inflight = False
-            self._rb_abort(src)
-        self.sim.rpc.call(self.name, f"m{src}", "find_common", (cands,),
-                          lambda g, err: self._producer_step(on_reply, g, err),
-                          PULL_TIMEOUT_MS, lambda: self._producer_step(on_timeout))
-
-    def _rb_abort(self, src: int) -> None:
-        self.p_locked = False
-        delay = self.producer.on_failure(f"find_common with m{src} failed")
-        self.trace(f"rollback: find_common with m{src} failed, retrying")
-        self._kick_producer(delay)
-
-    def _rb_finish(self, src: int, common: GTID) -> None:
+    def rolling_back(self, source: int, common: GTID) -> None:
         undone = [(g, e["h"]) for g, e in self.engine.read_oplog(after=common)]
-        self.sim.checker.on_rollback(self, src, common, undone)
-        self.apply_held = True
-        try:
-            n = rep.rollback_to(self.engine, common, self.limits.rollback_ops_max,
-                                lambda records: self.rollbacks.append((common, records)))
-            self.engine.sync()
-            self.trace(f"rolled back {n} entries to {common} (source m{src})")
-        except errors.IrreversibleOp as e:
-            self.engine.put_meta("needs_resync", str(e))
-            self.producer.state = "resync"
-            self.core.on_sync_state("resync")
-            self.trace(f"cannot roll back: {e}")
-        finally:
-            self.apply_held = False
-            self.oplog_dirty = True
-        self._feeder_reset()  # feeder.truncated()
-        self.p_locked = False
-        self._kick_applier()
-        self._kick_producer()
+        self.sim.checker.on_rollback(self, source, common, undone)
+
+    def rolled_back(self, common: GTID, n: int, where: str) -> None:
+        self.oplog_dirty = True
+        self.trace(f"rolled back {n} entries to {common}")
+        self._feeder_reset()  # OplogShard.truncated: feeder.truncated()
+
+    def failed(self, e: Exception) -> None:
+        if isinstance(e, (Violation, AssertionError)):
+            raise e
+        self.trace(f"producer: {type(e).__name__}: {e}")
 
     # -- Applier ---------------------------------------------------------------
     def _kick_applier(self) -> None:
@@ -540,7 +517,7 @@ class SimMember:
         if self.apply_held:
             return self._kick_applier()
         try:
-            n, _, _ = rep.apply_batch(self.engine, self.apply_limits, self.now())
+            n, _, _, _ = rep.apply_step(self.engine, self.apply_limits, self.now())  # Applier._run
         except errors.DiskFull:  # Applier._run: logged, tried again in a second
             self._apply_queued = True
             return self.later(1000, self._apply)

@@ -6,7 +6,7 @@ from raymx.actors.core import producer as pc
 from raymx.actors.core.election import Action, ElectionCore
 from raymx.actors.core.member import MemberCore
 from raymx.actors.core.primary import WriteConcernCore, deposed, sees_majority
-from raymx.actors.core.replication import FeederCore
+from raymx.actors.core.replication import FeederCore, apply_batch, match_common
 from raymx.storage.engine import Engine
 from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.limits import Limits
@@ -162,3 +162,112 @@ def test_an_election_is_fenced_and_chooses_from_the_fresh_answers():
                        6) is None
     assert core.call(Action("follow", 1, 2, source=2)) == ("follow", (2, 2))
     assert core.call(Action("catch_up", 1, 4, source=2)) == ("follow", (core.term, 2))
+
+
+class _LoopShell:
+    """The producer loop's shell for these tests: records what it is told."""
+
+    def __init__(self):
+        self.told, self.records = [], []
+
+    def downstream(self):
+        return {}
+
+    def learned(self, g):
+        self.told.append(("learned", g))
+
+    def state(self, s):
+        self.told.append(("state", s))
+
+    def written(self, g, n, rows):
+        self.told.append(("written", g))
+
+    def rollback_file(self, common):
+        return "memory", self.records.extend
+
+    def rolling_back(self, source, common):
+        self.told.append(("rolling_back", common))
+
+    def rolled_back(self, common, n, where):
+        self.told.append(("rolled_back", common, n))
+
+    def failed(self, e):
+        self.told.append(("failed", type(e).__name__))
+
+
+def _source_answer(src: Engine, req: dict) -> dict:
+    f = FeederCore(src, Limits())
+    f.advance(src.last()[0])
+    out, _, _ = f.answer(req["after"], req["after_h"], req["max_entries"], req["max_bytes"],
+                         src.term, req["member"], 1, True, None, 0)
+    return out
+
+
+def test_the_producer_loop_rolls_back_through_a_failed_find_common_and_converges():
+    """``pc.run`` is the loop both the Ray shell and the simulation carry out:
+    a diverged member finds the common point (a ``find_common`` that fails is
+    waited out, never the loop's end), undoes past it with the applier held
+    and synced, then pulls the source's branch; every batch is synced before
+    the shell is told it is written."""
+    src = _engine(writes=3)
+    old = _engine(writes=3)
+    old.insert_many("db.c", [{"_id": "lost"}])  # (1, 4) here only
+    src.set_term(2)
+    src.insert_many("db.c", [{"_id": "new"}])   # (2, 4) on the source's branch
+    old.sync()
+    core = pc.ProducerCore(old, 2, Limits())
+    core.follow(1, 2)
+    shell, effects = _LoopShell(), []
+    loop = pc.run(core, shell, hashes_per_round=2)
+    value, thrown, find_commons = None, None, 0
+    for _ in range(100):
+        eff = loop.throw(thrown) if thrown else loop.send(value)
+        value, thrown = None, None
+        effects.append(eff)
+        if isinstance(eff, pc.Pull):
+            if old.last() == src.last() and ("written", GTID(2, 4)) in shell.told:
+                break
+            value = _source_answer(src, eff.req)
+        elif isinstance(eff, pc.FindCommon):
+            find_commons += 1
+            if find_commons == 1:
+                thrown = pc.CallFailed("find_common from m1 timed out")
+            else:
+                g = match_common(src, eff.candidates)
+                value = None if g is None else list(g)
+        elif eff == pc.SYNC:
+            old.sync()
+    assert old.last() == src.last(), effects
+    # the failed find_common: the lock released, the failure waited out, a new pull
+    i = effects.index(next(e for e in effects if isinstance(e, pc.FindCommon)))
+    assert effects[i + 1:i + 4] == [pc.UNLOCK, pc.Sleep(pc.FAILURE_MS), effects[i + 3]]
+    assert isinstance(effects[i + 3], pc.Pull) and ("failed", "CallFailed") in shell.told
+    # the rollback: applier held, undone, synced, released; then the new branch
+    j = effects.index(pc.HOLD_APPLIER)
+    assert effects[j + 1:j + 3] == [pc.SYNC, pc.RELEASE_APPLIER]
+    assert ("rolled_back", GTID(1, 3), 1) in shell.told
+    assert [r["post"]["_id"] for r in shell.records] == ["lost"]
+    k = shell.told.index(("written", GTID(2, 4)))
+    assert effects.count(pc.SYNC) == 2 and k > shell.told.index(("rolled_back", GTID(1, 3), 1))
+    while apply_batch(old, Limits(), 0)[0]:
+        pass
+    assert old.snapshot_state() == src.snapshot_state()
+
+
+def test_the_producer_loop_writes_nothing_once_paused_while_pulling():
+    """``pause(wait=True)`` (a promotion) sets ``paused`` and then waits for the
+    write lock: an answer that arrives after it is dropped under the lock."""
+    src = _engine(writes=3)
+    e = Engine(MemoryStore())
+    core = pc.ProducerCore(e, 2, Limits())
+    core.follow(1, 1)
+    loop = pc.run(core, _LoopShell())
+    pull = next(loop)
+    assert isinstance(pull, pc.Pull)
+    answer = _source_answer(src, pull.req)
+    assert len(answer["rows"]) == 3
+    core.paused = True  # pause() runs while the pull is out
+    assert loop.send(answer) == pc.LOCK
+    assert loop.send(None) == pc.UNLOCK
+    assert loop.send(None) == pc.BLOCKED
+    assert e.last()[0] == ZERO

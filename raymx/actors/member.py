@@ -30,6 +30,7 @@ import ray
 from raymx import errors
 from raymx.actors import doorbell, logbook, metrics
 from raymx.actors.core import replication as rep
+from raymx.actors.core import member as mc
 from raymx.actors.core.member import MemberCore
 from raymx.actors.feeder import FeederService
 from raymx.actors.process import (NAMESPACE, _get, lock_member, now_ms, open_member,
@@ -167,27 +168,32 @@ class OplogShard:
     def become_primary(self, term: int, timeout_s: float = 30) -> dict:
         """Stop pulling, apply everything written, take ``term`` durably, accept writes."""
         with self._role_lock:
-            prod = _get(self.rs_name, self.member_id, "producer")
-            ray.get(prod.pause.remote(True, wait=True), timeout=timeout_s)
             deadline = time.monotonic() + timeout_s
-            while rep.min_unapplied(self.engine) is not None:
-                if time.monotonic() > deadline:
-                    raise errors.PrimaryUnavailable(
-                        f"member {self.member_id} could not apply its oplog in {timeout_s}s")
-                ray.get(_get(self.rs_name, self.member_id, "applier").wake.remote())
-                time.sleep(0.005)
-            self.engine.set_term(term)  # durable before the first write under it
-            # the feeder leaves "ship the written oplog" mode before any write
-            # under the new term can commit (unsynced entries must not ship)
-            self.feeder.set_primary(True)
-            try:
-                self.service.become_primary(term)
-            except errors.DiskFailed as e:  # its sync failed: never elected again as is
-                stop_process(e)
-            last, _ = self.engine.last()  # synced by become_primary
-            if self.core.became_primary(last):
-                self.service.on_writer(self.service.own_noop)  # not waited for
-            self._on_durable(last)
+
+            def do(step):
+                what, arg = step
+                if what == mc.PAUSE_PRODUCER:
+                    prod = _get(self.rs_name, self.member_id, "producer")
+                    ray.get(prod.pause.remote(True, wait=True), timeout=timeout_s)
+                elif what == mc.DRAIN:
+                    while rep.min_unapplied(self.engine) is not None:
+                        if time.monotonic() > deadline:
+                            raise errors.PrimaryUnavailable(f"member {self.member_id} could "
+                                                            f"not apply its oplog in {timeout_s}s")
+                        ray.get(_get(self.rs_name, self.member_id, "applier").wake.remote())
+                        time.sleep(0.005)
+                elif what == mc.FEEDER_PRIMARY:
+                    self.feeder.set_primary(True)
+                elif what == mc.TAKE_WRITES:
+                    try:
+                        self.service.become_primary(arg)
+                    except errors.DiskFailed as e:  # its sync failed: never elected again as is
+                        stop_process(e)
+                elif what == mc.NOOP:
+                    self.service.on_writer(self.service.own_noop)  # not waited for
+                elif what == mc.DURABLE:
+                    self._on_durable(arg)
+            last = mc.run_steps(self.core.promote(term), do)
             log.info("member %s/%d is primary in term %d at %s", self.rs_name,
                      self.member_id, term, last)
             return {"term": term, "last": list(last)}
@@ -404,7 +410,7 @@ class OplogShard:
                 "trimmed": tr["trimmed"], "trim_txns": tr["txns"],
                 "max_trim_txn_entries": tr["max_txn_entries"],
                 "max_trim_txn_ms": tr["max_txn_ms"], "trim_ms": round(tr["ms"], 3),
-                "trim_error": tr["last_error"],
+                "trim_error": tr["last_error"], "archive": self.service.archive_status(),
                 "majority": gtid_out(self.service.majority_known)}
 
     # --- bulk-loading a snapshot into this (new) member: DESIGN 8 ---------------

@@ -2,6 +2,7 @@
 ``raymx.actors.core.producer.ProducerCore``."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -12,11 +13,10 @@ import ray
 from raymx import errors
 from raymx.actors import doorbell, logbook, metrics
 from raymx.actors.core import producer as pc
-from raymx.actors.core import replication as rep
 from raymx.actors.process import (Notifier, _get, lock_member, open_member,
                                   serve_at_normal_priority, stop_process)
 from raymx.storage import codec
-from raymx.storage.gtid import GTID, ZERO
+from raymx.storage.gtid import GTID
 from raymx.storage.limits import Limits
 
 log = logging.getLogger("raymx.member")
@@ -79,43 +79,63 @@ class Producer:
         return self.core.source
 
     def _run(self):
-        src = None
-        src_id = None
-        core = self.core
+        """Carries out the shared loop's effects (``pc.run``) with this thread
+        and Ray calls."""
+        loop = pc.run(self.core, self)
+        src, src_id = None, None
+        value, thrown = None, None
         while not self._stop.is_set():
             serve_at_normal_priority(every_s=2.0)
-            core.paused = self._paused.is_set()
-            if core.blocked():
-                time.sleep(0.02)
-                continue
             try:
-                if src is None or src_id != core.source:
-                    src_id = core.source
-                    src = _get(self.rs_name, src_id, "")  # its shard serves pulls
-                req, last, last_h = core.request(self._downstream())
-                ans = self._await(src.pull.remote(codec.pack(req)), src_id, 30)
-                if ans is None:
-                    continue  # told to follow another source meanwhile: pull from it now
-                # one entry may exceed pull_bytes_max (a pull always carries one)
-                out = codec.unpack(ans, "pull answer", self.limits.transaction_bytes_max
-                                   + self.limits.pull_bytes_max + (1 << 20))
-                self.pulls += 1
-            except Exception as e:  # the source is restarting or gone: retry
-                src = None
-                time.sleep(core.on_failure(
-                    f"sync source {core.source} unreachable: {type(e).__name__}") / 1000)
-                continue
-            with self._write_lock:
-                if self._paused.is_set():
-                    continue  # paused while pulling: write nothing more
-                try:
-                    self._handle(out, src, last, last_h)
-                except errors.DiskFailed as e:  # a sync of a rollback: never carry on
-                    stop_process(e)
-                except Exception as e:  # a failed step (find_common): report and retry
-                    log.exception("member %d: producer step failed", self.member_id)
+                eff = loop.throw(thrown) if thrown is not None else loop.send(value)
+            except errors.DiskFailed as e:  # a sync failed: never carry on
+                stop_process(e)
+                return
+            value, thrown = None, None
+            try:
+                if isinstance(eff, (pc.Pull, pc.FindCommon)):
+                    if src is None or src_id != eff.source:
+                        src_id = eff.source
+                        src = _get(self.rs_name, src_id, "")  # its shard serves pulls
+                    if isinstance(eff, pc.Pull):
+                        value = self._pull(src, src_id, eff.req)
+                    else:
+                        value = ray.get(src.find_common.remote(eff.candidates), timeout=30)
+                elif isinstance(eff, pc.Sleep):
+                    self._stop.wait(eff.ms / 1000)
+                elif eff == pc.SYNC:
+                    self.engine.sync()
+                elif eff == pc.LOCK:
+                    self._write_lock.acquire()
+                    self.core.paused = self._paused.is_set()  # pause(wait=True) set it first
+                elif eff == pc.UNLOCK:
+                    self._write_lock.release()
+                elif eff in (pc.HOLD_APPLIER, pc.RELEASE_APPLIER):
+                    ray.get(_get(self.rs_name, self.member_id, "applier").pause.remote(
+                        eff == pc.HOLD_APPLIER), timeout=30)
+                elif eff == pc.BLOCKED:
+                    self.core.paused = self._paused.is_set()
+                    self._stop.wait(0.02)
+            except errors.DiskFailed as e:
+                stop_process(e)
+                return
+            except Exception as e:  # the source is restarting or gone: the loop retries
+                if isinstance(eff, (pc.Pull, pc.FindCommon)):
                     src = None
-                    time.sleep(core.on_failure(f"{type(e).__name__}: {e}") / 1000)
+                what = "find_common" if isinstance(eff, pc.FindCommon) else str(eff)
+                thrown = pc.CallFailed(f"{what}: {type(e).__name__}: {e}")
+
+    def _pull(self, src, src_id: int, req: dict):
+        self.core.paused = self._paused.is_set()
+        ans = self._await(src.pull.remote(codec.pack(req)), src_id, 30)
+        if ans is None:
+            return None
+        self.pulls += 1
+        # one entry may exceed pull_bytes_max (a pull always carries one)
+        out = codec.unpack(ans, "pull answer", self.limits.transaction_bytes_max
+                           + self.limits.pull_bytes_max + (1 << 20))
+        self.core.paused = self._paused.is_set()
+        return out
 
     def _await(self, ref, src_id: int, timeout_s: float):
         """The answer of a pull, or None as soon as this member is told to follow
@@ -154,36 +174,22 @@ class Producer:
                 self._down_ref = None
         return self._down
 
-    def _tell_state(self) -> None:
-        state = self.core.state
+    # -- what the loop tells this shell (pc.ProducerIO) --------------------------
+    def downstream(self) -> dict:
+        return self._downstream()
+
+    def learned(self, g: GTID) -> None:
+        if not self._majority_bell.ring(g.to_bytes()):
+            self._majority_shard(list(g))  # the shard tells its feeder too
+
+    def state(self, state: str) -> None:
         now = time.monotonic()
         if self._told != state or now - self._told_at >= 2.0:  # again now and then: a
             self._told, self._told_at = state, now           # restarting shard may miss one
             self._tell_shard(state)
 
-    def _handle(self, out, src, last, last_h) -> None:
-        step, learned = self.core.on_answer(out, last)
-        if learned is not None and not self._majority_bell.ring(learned.to_bytes()):
-            self._majority_shard(list(learned))  # the shard tells its feeder too
-        self._tell_state()
-        if step == pc.ROLLBACK:
-            return self._roll_back(src)
-        if step == pc.RETRY:
-            time.sleep(pc.RETRY_MS / 1000)
-            return
-        if step == pc.IDLE:
-            return
-        try:
-            g, n = self.core.write(out, last, last_h)
-            self.engine.sync()  # durable before the next pull reports it upstream
-        except errors.DiskFailed as e:
-            stop_process(e)  # never report unsynced entries as durable
-        except errors.RaymxError as e:
-            self.core.error = f"batch refused: {e}"
-            log.error("member %d: %s", self.member_id, self.core.error)
-            time.sleep(pc.BATCH_REFUSED_MS / 1000)
-            return
-        self.latency.entries(out["rows"])  # durable here now: each entry's ts to now
+    def written(self, g: GTID, n: int, rows: list) -> None:
+        self.latency.entries(rows)  # durable here now: each entry's ts to now
         self.batches += 1
         self.entries += n
         if not self._applier_bell.ring():
@@ -191,45 +197,33 @@ class Producer:
         if not self._feeder_bell.ring():
             self._feeder(list(g))
 
-    def _roll_back(self, src) -> None:
-        """Find the common point with the sync source, undo past it, truncate."""
-        before = None
-        common = None
-        while common is None:
-            cands = rep.own_hashes(self.engine, before, 1000)
-            if not cands:
-                common = ZERO
-                break
-            g = ray.get(src.find_common.remote(cands), timeout=30)
-            common = None if g is None else GTID(*g)
-            before = GTID(*cands[-1][0])
+    def rollback_file(self, common: GTID):
         path = os.path.join(self.path, f"rollback-{int(time.time() * 1000)}.jsonl")
 
-        def write_file(records):
-            import json
+        def write_records(records):
             with open(path, "w") as f:
                 for r in records:
                     f.write(json.dumps(r, default=repr) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
-        try:
-            # the applier must not apply while entries are being undone
-            ray.get(_get(self.rs_name, self.member_id, "applier").pause.remote(True), timeout=30)
-            n = rep.rollback_to(self.engine, common, self.limits.rollback_ops_max, write_file)
-            self.engine.sync()
-        except errors.IrreversibleOp as e:
-            self.engine.put_meta("needs_resync", str(e))
-            self.core.state, self.core.error = "resync", str(e)
-            self._tell_state()
-            log.error("member %d cannot roll back: %s", self.member_id, e)
-            return
-        finally:
-            ray.get(_get(self.rs_name, self.member_id, "applier").pause.remote(False), timeout=30)
+        return path, write_records
+
+    def rolling_back(self, source: int, common: GTID) -> None:
+        log.warning("member %d diverged from member %d: rolling back to %s",
+                    self.member_id, source, common)
+
+    def rolled_back(self, common: GTID, n: int, where: str) -> None:
         self.rollbacks += 1
-        self.last_rollback = {"common": list(common), "undone_entries": n, "file": path}
+        self.last_rollback = {"common": list(common), "undone_entries": n, "file": where}
         log.warning("member %d rolled back %d entries after %s; undone ops in %s",
-                    self.member_id, n, common, path)
+                    self.member_id, n, common, where)
         ray.get(_get(self.rs_name, self.member_id, "").truncated.remote(), timeout=30)
+
+    def failed(self, e: Exception) -> None:
+        if isinstance(e, errors.RaymxError):
+            log.error("member %d: producer: %s", self.member_id, e)
+        else:
+            log.error("member %d: producer step failed", self.member_id, exc_info=e)
 
     @ray.method(concurrency_group="control")
     def follow(self, source: int, term: int) -> None:
@@ -242,6 +236,7 @@ class Producer:
         """Stop pulling; with ``wait``, return only once no batch is in flight."""
         if paused:
             self._paused.set()
+            self.core.paused = True  # the loop re-reads it under the write lock
             if wait:
                 with self._write_lock:
                     pass

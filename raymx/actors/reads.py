@@ -284,7 +284,9 @@ class ReadPath:
     def watch(self, req: dict) -> dict:
         """One change-stream batch (long-poll): events after the resume token, up
         to the gate, and the token to resume from (a high-water mark on a
-        quiet stream). See ``raymx.storage.changes`` for the format."""
+        quiet stream). See ``raymx.storage.changes`` for the format. A token
+        older than the live oplog is served from the set's archive while it
+        holds the entries after it."""
         from raymx.storage import changes
         majority = req.get("majority", True) is not False
         flt = changes.Filter(req.get("namespaces"), req.get("ops"))
@@ -303,7 +305,14 @@ class ReadPath:
         try:
             while True:
                 gate = self.watch_gate(majority)
-                out = changes.scan(self.e, token, gate, flt, n_max, self.member_id)
+                try:
+                    out = changes.scan(self.e, token, gate, flt, n_max, self.member_id)
+                except errors.OplogTrimmed:
+                    arch = getattr(self, "archive", None)
+                    if arch is None:
+                        raise
+                    # older than the live oplog: through the archive (DESIGN 9)
+                    out = arch.scan(token, gate, flt, n_max)
                 if out["events"] or out["resume"] != list(token) or self._stopping.is_set():
                     return out
                 with self.majority_cond:

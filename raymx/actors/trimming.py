@@ -1,7 +1,9 @@
 """Oplog trimming, a part of ``ShardService``: to the cap in small
 transactions on the writer, never past what the set still needs (the
 majority-committed point, what members are loading or pulling: the pure
-``trim_bound`` decides), on its own thread every ``trim_interval_ms``.
+``trim_bound`` decides) nor past the oplog archive when the set has one
+(``raymx.actors.archiving``; the primary writes its segments first, on the
+same thread), every ``trim_interval_ms``.
 """
 from __future__ import annotations
 
@@ -18,22 +20,47 @@ class TrimPath:
     """Mixed into ``ShardService``: its oplog cap and the trimmer."""
 
     def set_oplog_cap(self, cap: dict) -> None:
+        """The cap, and the archive (``cap["archive"]``: ``{"uri", "lag_s"}`` or None)."""
         self.oplog_cap = dict(cap)
+        cfg = cap.get("archive")
+        cur = getattr(self, "archive", None)
+        if not cfg:
+            if cur is not None:
+                cur.close()
+            self.archive = None
+        elif cur is None or cur.cfg != cfg:
+            from raymx.actors.archiving import Archive
+            if cur is not None:
+                cur.close()
+            self.archive = Archive(cfg, self.limits, self.member_id)
         self._trim_wake.set()
+
+    def archive_status(self) -> dict | None:
+        a = getattr(self, "archive", None)
+        return None if a is None else a.status()
 
     def trim_once(self, now_ms: int | None = None) -> dict:
         """Trim to the cap in small transactions on the writer; writes queued
         meanwhile run between them. Returns the trim state (also in status)."""
         cap = self.oplog_cap
+        now = self.wall_ms() if now_ms is None else now_ms
+        arch = getattr(self, "archive", None)
+        if arch is not None:  # the primary archives what is due first
+            arch.step(self.e, self.primary and not self.handing_over, self.gm.term,
+                      self.majority_known, now, getattr(self, "_archive_wanted", False))
         max_bytes, age_s = cap.get("max_bytes"), cap.get("max_age_s")
         if not max_bytes and not age_s:
             self.trim["held_by"] = None
             return self.trim
-        now = self.wall_ms() if now_ms is None else now_ms
         durable = self.wc.positions()
         bound, why = trim_bound(self.majority_known, applied_point(self.e), durable,
                                 dict(self.heard_ms), now, self.limits.heartbeat_timeout_ms,
                                 self.member_id, bool(cap.get("force")), dict(self.trim_holds))
+        keep = None
+        if arch is not None:  # never past the archive, even forced: nothing is lost
+            keep, kwhy = arch.keep_from()
+            if keep < bound:
+                bound, why = keep, kwhy
         batch = self.limits.trim_batch_entries
 
         def step():
@@ -54,9 +81,19 @@ class TrimPath:
                 break
         st["bound"] = gtid_out(bound)
         st["held_by"] = why if r.held else None
+        # trimming waits for the archive: the next round archives at once
+        self._archive_wanted = bool(r.held and keep is not None and bound == keep)
         return st
 
     def _trim_loop(self):
+        try:
+            self._trim_rounds()
+        finally:
+            arch = getattr(self, "archive", None)
+            if arch is not None:
+                arch.close()
+
+    def _trim_rounds(self):
         while not self._stopping.is_set():
             self._trim_wake.wait(self.limits.trim_interval_ms / 1000)
             self._trim_wake.clear()

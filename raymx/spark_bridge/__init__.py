@@ -7,7 +7,8 @@ the member's LMDB files as of one GTID and write straight to the primary
 (``direct``). ``CollectionDatasource``, ``ChangesDatasource`` and
 ``CollectionDatasink`` do the same for ``ray.data`` (``read_dataset``,
 ``read_changes_dataset``, ``write_dataset``), over one consistent snapshot of
-a member (``open_snapshot``). Imports are lazy so that ``import
+a member (``open_snapshot``). ``stream_changes`` streams the set's oplog
+archive (``archive_io``). Imports are lazy so that ``import
 raymx.spark_bridge`` does not start a JVM or import pyspark.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ _EXPORTS = {
     "CollectionDatasink": "datasource", "CHANGES_SCHEMA": "datasource",
     "WriteSummary": "datasource", "open_snapshot": "datasource", "SnapshotHandle": "datasource",
     "read_dataset": "datasource", "read_changes_dataset": "datasource",
-    "write_dataset": "datasource",
+    "write_dataset": "datasource", "stream_changes": "archive_io",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -164,7 +164,10 @@ def read_changes(spark, rs, after, until=None, member=None, ns=None,
     and across partitions. ``until`` defaults to the newest GTID the member
     has applied; ``df.snapshot_gtid`` is the ``until`` used. ``ns``: only
     these namespaces. Spark tasks read the oplog from the member's files;
-    the member keeps the entries after ``after`` for ``hold_s`` seconds.
+    the member keeps the entries after ``after`` for ``hold_s`` seconds. An
+    ``after`` older than the live oplog is read from the set's oplog archive
+    (``ReplicaSet.set_archive``) while it holds it: the archive's segments
+    first (a task each), then the live oplog from where the archive ends.
     """
     if after is None:
         raise errors.InvalidInput("after is required: a GTID ('term:seq'; '0:0' for the "
@@ -179,17 +182,41 @@ def read_changes(spark, rs, after, until=None, member=None, ns=None,
     for n in ns or ():
         split_ns(n)
     m = direct.member_for_spark(rs, member)
-    key = direct.hold(rs, m["id"], after, hold_s)
-    try:
-        plan = direct.plan_read(m, "changes", after=list(after),
-                                until=None if until is None else list(until),
-                                partitions=partitions,
-                                entries_per_partition=entries_per_partition,
-                                wait_for=None if until is None else list(until))
-    except BaseException:
-        direct.release(rs, m["id"], key)
-        raise
-    df = direct.changes_dataframe(spark, m, plan, None if ns is None else frozenset(ns))
+    old_after = after  # the caller's (after moves to the archive's end)
+    nsf = None if ns is None else frozenset(ns)
+    old = None  # the archive's part (after is older than the live oplog)
+    for _ in range(5):
+        key = direct.hold(rs, m["id"], after, hold_s)
+        try:
+            plan = direct.plan_read(m, "changes", after=list(after),
+                                    until=None if until is None else list(until),
+                                    partitions=partitions,
+                                    entries_per_partition=entries_per_partition,
+                                    wait_for=None if until is None else list(until))
+            break
+        except errors.TooStale:
+            direct.release(rs, m["id"], key)
+            if rs.archive_location() is None:
+                raise
+            # older than the live oplog: the archive has it (DESIGN 9); the live
+            # oplog goes on after what the archive holds (trimming never passes
+            # that; it may have moved on meanwhile: then again)
+            from raymx.spark_bridge import archive_io
+            old, through = archive_io.archived_changes(spark, rs, old_after or after, until,
+                                                       nsf)
+            if until is not None and through.seq >= until.seq:
+                old.snapshot_gtid = until
+                return old
+            after = through
+        except BaseException:
+            direct.release(rs, m["id"], key)
+            raise
+    else:
+        raise errors.TooStale(f"the live oplog kept moving past the archive's end ({after}): "
+                              "try again")
+    df = direct.changes_dataframe(spark, m, plan, nsf)
+    if old is not None:
+        df = old.union(df)  # partitions in order: the archive's, then the live oplog's
     df.snapshot_gtid = GTID(*plan["until"])
     return df
 

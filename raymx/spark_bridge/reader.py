@@ -88,6 +88,8 @@ class SnapshotReader:
             raise errors.InvalidInput(f"{what} {g} is after this snapshot's GTID {self.gtid}")
         if self.t.get("oplog", g.to_bytes()) is not None:
             return
+        if first is not None and g.seq + 1 == first.seq and g < first:
+            return  # trimmed, but everything after it is here (the archive's end)
         if first is not None and g < first:
             raise errors.TooStale(f"{what} {g} is before the oplog's first entry {first}")
         raise errors.Diverged(f"{what} {g} is not an entry of this member's oplog "

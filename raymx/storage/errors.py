@@ -24,7 +24,7 @@ __all__ = [
     "NotPrimaryOrSecondary", "PrimaryUnavailable", "WriteConcernTimeout", "ReadConcernTimeout",
     "StaleRead", "Diverged", "TooStale", "OplogTrimmed", "StaleTerm", "IrreversibleOp",
     "ShutDown", "ConnectionLost", "RequestTimeout", "TransactionAborted", "DiskFailed",
-    "DiskFull", "ConfigError", "LimitExceeded", "TLSError", "from_wire",
+    "DiskFull", "ConfigError", "ArchiveError", "LimitExceeded", "TLSError", "from_wire",
 ]
 
 
@@ -174,6 +174,11 @@ class OplogTrimmed(TooStale):
     entry): a change stream can resume from any token at or after the entry
     before it; a revert can go back to it.
     """
+
+
+class ArchiveError(RaymxError):
+    """The oplog archive cannot be written or read as asked (names what and
+    where); while it cannot be written, trimming is held (nothing is lost)."""
 
 
 class StaleTerm(RaymxError):

@@ -15,11 +15,35 @@ still has to step down fully (the ``deposed_role_stuck`` bug).
 """
 from __future__ import annotations
 
+from typing import Generator
+
 from raymx.storage.engine import Engine
 from raymx.storage.gtid import GTID
 
 # sync states of a secondary (see ``state``)
 RUNNING, RECOVERING, RESYNC, SYNCHRONIZING = "running", "recovering", "resync", "synchronizing"
+
+# the steps of a promotion (``MemberCore.promote``), in order; the shell and
+# the simulation carry each out
+PAUSE_PRODUCER = "pause_producer"  # no batch is written after this one (pause(wait=True))
+DRAIN = "drain"                    # everything written is applied
+FEEDER_PRIMARY = "feeder_primary"  # the feeder ships only what the primary synced
+TAKE_WRITES = "take_writes"        # ShardService.become_primary(term): a DiskFailed
+#                                    from its sync stops the process
+NOOP = "noop"                      # queue the new term's no-op entry (not waited for)
+DURABLE = "durable"                # the feeder may ship up to the last entry
+
+
+def run_steps(steps: Generator, do) -> object:
+    """Carry out a generator of steps in order (``do(step)`` answers each);
+    its return value."""
+    answer = None
+    while True:
+        try:
+            step = steps.send(answer)
+        except StopIteration as stop:
+            return stop.value
+        answer = do(step)
 
 
 class MemberCore:
@@ -83,6 +107,23 @@ class MemberCore:
         self.following = None
         self.fence = last  # every committed entry is at most this
         return True
+
+    def promote(self, term: int) -> Generator[tuple, object, GTID]:
+        """A member becoming primary in ``term``: the steps, in their order
+        (each a (step, argument) pair). Nothing is written under the new term
+        before the term is durable, and the feeder leaves "ship the written
+        oplog" mode before any such write can commit: unsynced entries must
+        never ship. Raises ``StaleTerm`` if a newer term is known."""
+        yield PAUSE_PRODUCER, None
+        yield DRAIN, None
+        self.e.set_term(term)  # durable before the first write under it
+        yield FEEDER_PRIMARY, None
+        yield TAKE_WRITES, term
+        last, _ = self.e.last()  # synced by TAKE_WRITES
+        if self.became_primary(last):
+            yield NOOP, None
+        yield DURABLE, last
+        return last
 
     def became_secondary(self) -> None:
         self.following = None
