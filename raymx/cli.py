@@ -215,14 +215,19 @@ ADDRESS = click.option("--address", default=None,
 @click.option("--data-dir", default=None, help="folder of the members' data (node-local)")
 @click.option("--placement", type=click.Choice(["spread", "pack"]), default="spread",
               show_default=True, help="spread: one member per node while there are nodes")
+@click.option("--tls-cert", default=None, help="PEM certificate chain: client ports require TLS")
+@click.option("--tls-key", default=None, help="PEM private key of --tls-cert")
+@click.option("--tls-ca", default=None, help="PEM CA that signed it (for clients)")
 @ADDRESS
-def launch(name, members, data_dir, placement, address):
+def launch(name, members, data_dir, placement, tls_cert, tls_key, tls_ca, address):
     """Start replica set NAME (or restart it over its data) and print its URL."""
     import raymx
+    tls = None if not (tls_cert or tls_key or tls_ca) else {
+        "cert_file": tls_cert, "key_file": tls_key, "ca_file": tls_ca}
     with _one_line_errors():
         _attach(address)
         rs = raymx.ReplicaSet.launch(name, members=members, data_dir=data_dir,
-                                     placement=placement)
+                                     placement=placement, tls=tls)
         click.echo(f"replica set {name}: {members} member(s), primary {rs.wait_for_primary()}")
         click.echo(f"connect from outside Ray: raymx.connect_url({rs.url(with_secret=False)!r})"
                    " with RAYMX_SECRET set (raymx url --secret prints it)")

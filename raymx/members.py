@@ -1,14 +1,19 @@
 """Members of a replica set before they run: their specs (checked), where
 their processes go (placement over Ray's nodes), how they start over their
 folders (a backup adopted first), and the status table operators read.
-``raymx.replset`` drives these; ``format_status`` is re-exported there.
+``raymx.replset`` drives these; ``format_status`` and ``OplogEntry`` are
+re-exported there. Also a running member's oplog read page by page.
 """
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
+from typing import Iterator
 
 from raymx import errors
+from raymx.storage import codec
+from raymx.storage.gtid import GTID
 from raymx.storage.limits import Limits
 
 log = logging.getLogger("raymx.replset")
@@ -85,7 +90,8 @@ def _adopt_backup(backup: str, path: str, limits: Limits) -> None:
 
 
 def _start_member(name: str, m: dict, secret: str, limits: Limits, votes: dict,
-                  bind_host: str | None, oplog_cap: dict | None = None) -> list:
+                  bind_host: str | None, oplog_cap: dict | None = None,
+                  tls: dict | None = None) -> list:
     """Create a member's three co-located actors, pinned to the node of its files
     (the shard process also serves the feeder).
 
@@ -105,7 +111,7 @@ def _start_member(name: str, m: dict, secret: str, limits: Limits, votes: dict,
     i, path = m["id"], m["path"]
     return [
         OplogShard.options(name=m["actor"], **opts).remote(name, m, path, secret, limits, votes,
-                                                           bind_host, oplog_cap),
+                                                           bind_host, oplog_cap, tls),
         Producer.options(name=actor_name(name, i, "producer"), **opts).remote(name, i, path,
                                                                               limits),
         Applier.options(name=actor_name(name, i, "applier"), **opts).remote(name, i, path, limits,
@@ -256,3 +262,33 @@ def format_status(st: dict) -> str:
     lines = [f"replica set {st['set']}"]
     lines += ["  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]
     return "\n".join(lines + notes)
+
+
+@dataclass
+class OplogEntry:
+    gtid: GTID
+    ts: int
+    h: int
+    ops: list
+
+
+def oplog_entries(ray, member, pos: list | None, limit: int | None) -> Iterator[OplogEntry]:
+    """A member's oplog entries after ``pos`` (at most ``limit``), in pages of
+    1,000 (``OplogShard.oplog``); its errors (``OplogTrimmed``) as raised there."""
+    from ray.exceptions import RayTaskError
+    n = 0
+    while limit is None or n < limit:
+        page = 1000 if limit is None else min(1000, limit - n)
+        try:
+            rows = ray.get(member.oplog.remote(pos, page))
+        except RayTaskError as e:
+            if isinstance(e.cause, errors.RaymxError):
+                raise e.cause from None
+            raise
+        for k, v in rows:
+            e = codec.unpack(v, "oplog entry")
+            yield OplogEntry(GTID.from_bytes(k), e["ts"], e["h"], e["ops"])
+            n += 1
+        if len(rows) < page:
+            return
+        pos = list(GTID.from_bytes(rows[-1][0]))

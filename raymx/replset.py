@@ -5,15 +5,15 @@ import logging
 import os
 import secrets
 import time
-from dataclasses import dataclass
 from typing import Iterator
 
 from raymx import errors
+from raymx.actors.tls import check_settings, client_context
 from raymx.client import Client, ReadConcern, ReadPreference, WriteConcern
-from raymx.members import (NAMESPACE, _SPEC_KEYS, _adopt_backup, _check_cap,
+from raymx.members import (NAMESPACE, _SPEC_KEYS, OplogEntry, _adopt_backup, _check_cap,
                            _least_used_node, _member_specs, _move_aside, _on_node, _one_spec,
-                           _place, _start_member, format_status)  # noqa: F401 (re-exported)
-from raymx.storage import codec
+                           _place, _start_member, format_status,  # noqa: F401 (re-exported)
+                           oplog_entries)
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import DEFAULT, Limits
 
@@ -94,14 +94,6 @@ def _check_name(name) -> str:
     return name
 
 
-@dataclass
-class OplogEntry:
-    gtid: GTID
-    ts: int
-    h: int
-    ops: list
-
-
 class ReplicaSet:
     """A handle on a running replica set (``launch`` or ``connect``)."""
 
@@ -114,7 +106,8 @@ class ReplicaSet:
     def launch(cls, name: str, members=1, data_dir: str | None = None,
                limits: Limits | None = None, secret: str | None = None,
                bind_host: str | None = None, node_ids: list[str] | None = None,
-               oplog_cap: dict | None = None, placement: str = "spread") -> "ReplicaSet":
+               oplog_cap: dict | None = None, placement: str = "spread",
+               tls: dict | None = None) -> "ReplicaSet":
         """Start every member's actors, each pinned to its node (its files live there).
 
         ``placement="spread"`` (default) puts the members on distinct alive
@@ -133,7 +126,9 @@ class ReplicaSet:
         ``{"max_bytes": n, "max_age_s": s}`` (either may be None; default
         ``Limits.oplog_bytes_max`` bytes, no age), see ``set_oplog_cap``. ``node_ids`` places
         member i on ``node_ids[i]`` (over ``placement``). The data folder's path
-        must be node-local (or shared) on each node a member runs on.
+        must be node-local (or shared) on each node a member runs on. ``tls``:
+        ``{"cert_file", "key_file", "ca_file"}`` (PEM paths on every node): the
+        members' TCP client ports then require TLS (README.md, "TLS").
         """
         _check_name(name)
         specs = _member_specs(members)
@@ -152,6 +147,7 @@ class ReplicaSet:
         data_dir = os.path.abspath(data_dir or os.path.join("raymx-data", name))
         os.makedirs(data_dir, mode=0o700, exist_ok=True)
         secret = secret or secrets.token_urlsafe(32)
+        tls = check_settings(tls)
         votes = {m["id"]: m["votes"] for m in specs}
         handles = []
         for m in specs:
@@ -161,11 +157,11 @@ class ReplicaSet:
             m["node_id"] = node
         try:
             for m in specs:
-                handles += _start_member(name, m, secret, limits, votes, bind_host, cap)
+                handles += _start_member(name, m, secret, limits, votes, bind_host, cap, tls)
             _ready(handles)
             coord = Coordinator.options(name=f"{name}/coordinator", namespace=NAMESPACE,
                                         lifetime="detached", max_restarts=-1, num_cpus=0).remote(
-                name, secret, specs, limits, {"bind_host": bind_host, "oplog_cap": cap})
+                name, secret, specs, limits, {"bind_host": bind_host, "oplog_cap": cap, "tls": tls})
             handles.append(coord)
             rs = cls(name, coord)
             rs.wait_for_primary(60)
@@ -211,7 +207,7 @@ class ReplicaSet:
             raise errors.ConfigError(f"replica set {self.name} has no member {member_id}")
         votes = {x["id"]: x["votes"] for x in cfg["members"]}
         hs = _start_member(self.name, m, cfg["secret"], cfg["limits"], votes,
-                           cfg["extra"].get("bind_host"), cfg.get("oplog_cap"))
+                           cfg["extra"].get("bind_host"), cfg.get("oplog_cap"), cfg["extra"].get("tls"))
         _ready(hs)
 
     # --- reconfiguration ---------------------------------------------------
@@ -305,7 +301,7 @@ class ReplicaSet:
         votes_map = {m["id"]: m["votes"] for m in members}
         hs = _start_member(self.name, dict(spec, initial_sync=initial_sync), cfg["secret"],
                            cfg["limits"], votes_map, cfg["extra"].get("bind_host"),
-                           cfg.get("oplog_cap"))
+                           cfg.get("oplog_cap"), cfg["extra"].get("tls"))
         _ready(hs)
 
     def _sync_from_snapshot(self, spec: dict, cfg: dict, members: list, source, spark,
@@ -557,8 +553,9 @@ class ReplicaSet:
                read_concern: str | ReadConcern = "local") -> Client:
         rp = read_preference if isinstance(read_preference, ReadPreference) \
             else ReadPreference(read_preference)
+        tls = self.config()["extra"].get("tls")
         return Client(self._topology, WriteConcern(w, j, wtimeout_ms), timeout_s, rp, self.status,
-                      ReadConcern.of(read_concern))
+                      ReadConcern.of(read_concern), tls and client_context(tls.get("ca_file")))
 
     def status(self) -> dict:
         return _coordinator_read(self._coord, "status")
@@ -571,7 +568,10 @@ class ReplicaSet:
         topo = self._topology()
         hosts = ",".join(f"{m['host']}:{m['port']}" for m in topo["members"])
         cred = f":{quote(topo['secret'], safe='')}@" if with_secret else ""
-        return f"raymx://{cred}{hosts}/{self.name}"
+        tls = self.config()["extra"].get("tls")
+        q = "" if not tls else "?tls=true" + (f"&tlsCAFile={quote(tls['ca_file'], safe='')}"
+                                              if tls.get("ca_file") else "")
+        return f"raymx://{cred}{hosts}/{self.name}{q}"
 
     def mongodb_uri(self, with_secret: bool = True) -> str:
         """A connection string pymongo and mongosh take as is (the wire ports)."""
@@ -589,21 +589,18 @@ class ReplicaSet:
 
     def oplog(self, after=None, limit: int | None = None, member: int | None = None
               ) -> Iterator[OplogEntry]:
-        """Entries after ``after`` (a GTID or "term:seq"), in GTID order."""
-        ray = _ray()
+        """Entries after ``after`` (a GTID or "term:seq"; None: from the oldest
+        kept), in GTID order, at most ``limit`` (None: all). ``OplogTrimmed``
+        (``info["oldest"]``) if the entries right after ``after`` were trimmed."""
+        if limit is not None and (type(limit) is not int or limit < 0):
+            raise errors.InvalidOperation(f"limit must be a non-negative int or None, got "
+                                          f"{limit!r:.40}")
+        try:
+            pos = None if after is None else list(GTID.parse(after))
+        except (ValueError, TypeError):
+            raise errors.InvalidOperation(f"after must be a GTID, got {after!r:.60}") from None
         h = self._primary_member() if member is None else self.member(member)
-        pos = None if after is None else list(GTID.parse(after))
-        n = 0
-        while limit is None or n < limit:
-            page = 1000 if limit is None else min(1000, limit - n)
-            rows = ray.get(h.oplog.remote(pos, page))
-            for k, v in rows:
-                e = codec.unpack(v, "oplog entry")
-                yield OplogEntry(GTID.from_bytes(k), e["ts"], e["h"], e["ops"])
-                n += 1
-            if len(rows) < page:
-                return
-            pos = list(GTID.from_bytes(rows[-1][0]))
+        return oplog_entries(_ray(), h, pos, limit)
 
 
 # how long a configuration change waits for lagging members by default

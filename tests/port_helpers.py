@@ -20,12 +20,13 @@ SECRET = "s3cret"
 
 
 @contextlib.contextmanager
-def serving(tmp_path, lim: Limits):
-    """(port, service) of a fresh engine under ``tmp_path`` with limits ``lim``;
-    all closed afterwards."""
+def serving(tmp_path, lim: Limits, tls: dict | None = None):
+    """(port, service) of a fresh engine under ``tmp_path`` with limits ``lim``
+    (and TLS settings ``tls``); all closed afterwards."""
     e = Engine(LMDBStore(str(tmp_path / "m"), map_bytes=1 << 30), lim)
     svc = ShardService(e, lim)
-    p = ClientPort(svc, SECRET, "127.0.0.1", lim.frame_bytes_max, {"member": 0})
+    p = ClientPort(svc, SECRET, "127.0.0.1", lim.frame_bytes_max, {"member": 0}, limits=lim,
+                   tls=tls)
     try:
         yield p, svc
     finally:

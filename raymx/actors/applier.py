@@ -42,6 +42,8 @@ class Applier:
         self._info_at = 0.0
         # the producer rings after each batch (a Ray call to wake() otherwise)
         self._bell = doorbell.Listener(path, "applier", self._wake.set)
+        # reads parked in the shard's process until a GTID is applied (after_waits)
+        self._applied_bell = doorbell.Bell(path, "applied")
         self._t = threading.Thread(target=self._run, name="raymx-applier", daemon=True)
         self._t.start()
 
@@ -83,6 +85,8 @@ class Applier:
                 continue
             self.applied_entries += n
             self.applied_ops += ops
+            if n:
+                self._applied_bell.ring()
             if time.monotonic() - self._info_at >= 1.0:
                 self._info_at = time.monotonic()
                 last, _ = self.engine.last()
@@ -105,6 +109,7 @@ class Applier:
         self._wake.set()
         self._t.join(10)
         self._bell.close()
+        self._applied_bell.close()
 
     def pid(self) -> int:
         return os.getpid()

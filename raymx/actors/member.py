@@ -57,7 +57,7 @@ class OplogShard:
 
     def __init__(self, rs_name: str, member: dict, path: str, secret: str,
                  limits: Limits, votes: dict, bind_host: str | None = None,
-                 oplog_cap: dict | None = None):
+                 oplog_cap: dict | None = None, tls: dict | None = None):
         self.rs_name, self.member_id, self.path, self.limits = rs_name, member["id"], path, limits
         self.spec = member
         logbook.install(rs_name, self.member_id, "")
@@ -100,6 +100,8 @@ class OplogShard:
                                     on_durable=self._on_durable, member_id=self.member_id,
                                     votes={int(k): v for k, v in votes.items()},
                                     on_fatal=stop_process)
+        # the applier rings after each batch: reads parked until a GTID is applied
+        self._applied_bell = doorbell.Listener(path, "applied", self.service.after_waits.kick)
         cfg = self.engine.get_meta("rs_config") or {}
         self.service.read_refusal = self.core.read_refusal
         self.service.latency = metrics.CommitLatency(rs_name, self.member_id)
@@ -110,7 +112,8 @@ class OplogShard:
             self.service.set_oplog_cap(cap)
         host = bind_host or ray.util.get_node_ip_address()
         self.port = ClientPort(self.service, secret, host, limits.frame_bytes_max,
-                               {"member": self.member_id, "replset": rs_name})
+                               {"member": self.member_id, "replset": rs_name},
+                               limits=limits, tls=tls)
         self.wire = WirePort(self.service, secret, host,  # MongoDB drivers (raymx/wire)
                              {"member": self.member_id, "replset": rs_name})
 
@@ -555,11 +558,7 @@ class OplogShard:
     @ray.method(concurrency_group="control")
     def oplog(self, after=None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
         """Entries as msgpack bytes, spilled ops resolved (for rs.oplog())."""
-        out = []
-        for g, e in self.engine.read_oplog(after=None if after is None else GTID(*after),
-                                           limit=limit):
-            out.append((g.to_bytes(), codec.pack(e)))
-        return out
+        return [(g.to_bytes(), codec.pack(e)) for g, e in self.engine.oplog_page(after, limit)]
 
     @ray.method(concurrency_group="control")
     def state_digest(self) -> dict:
@@ -572,6 +571,7 @@ class OplogShard:
         self._bell.close()
         self._majority_bell.close()
         self.wire.close()
+        self._applied_bell.close()
         self.port.close()
         self.service.close()
         self.engine.store.close()

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from typing import Callable
 
 from raymx import errors
+from raymx.actors.core import client_limits
+from raymx.actors.core.replication import applied_point
 from raymx.storage import codec
 from raymx.storage.engine import Reader, split_ns
 from raymx.storage.gtid import GTID
@@ -49,8 +52,6 @@ class ReadPath:
     def _read(self, req: dict, reply: Reply, conn: dict) -> None:
         try:
             op = req["op"]
-            if req.get("after") is not None:
-                self.wait_applied(GTID(*req["after"]), req.get("after_timeout_ms") or 10_000)
             if op == "getMore":
                 out = self._get_more(req.get("cursor"), req.get("batch"))
                 if not out["cursor"]:
@@ -85,6 +86,7 @@ class ReadPath:
                             self._close_cursor(cid)
                         raise
                 if cid:
+                    self._budget_cursor(cid, conn)
                     with self._cursors_lock:
                         if conn.get("closed"):  # its client left: nobody can ask for more
                             self._cursors.pop(cid, None)
@@ -111,6 +113,34 @@ class ReadPath:
             reply(err=errors.PrimaryUnavailable(
                 f"member {self.member_id} cannot reach the set's coordinator now: "
                 f"{type(e).__name__}"))
+
+    def _budget_cursor(self, cid: int, conn: dict) -> None:
+        """A find left cursor ``cid`` open: refuse it past the connection's
+        limit (closed, LimitExceeded), else keep the member within its budget
+        of LMDB snapshots (its least recently used cursor is closed)."""
+        try:
+            client_limits.check_cursors(self._open_cursors(conn), self.limits)
+        except errors.LimitExceeded:
+            self._close_cursor(cid)
+            raise
+        with self._cursors_lock:
+            over = len(self._cursors) + len(self._cursors_busy) > self.limits.cursors_max
+            lru = min(self._cursors.values(), key=lambda x: x.used) if over else None
+        if lru is not None:
+            log.warning("cursor %d closed: the member has %d open cursors "
+                        "(Limits.cursors_max)", lru.id, self.limits.cursors_max)
+            self._close_cursor(lru.id)
+
+    def _open_cursors(self, conn: dict) -> int:
+        """The connection's cursors still open (those expired or closed for the
+        member's budget are forgotten here)."""
+        with self._cursors_lock:
+            mine = conn.get("cursors")
+            if not mine:
+                return 0
+            mine.intersection_update([c for c in mine if c in self._cursors
+                                      or c in self._cursors_busy])
+            return len(mine)
 
     def _forget_cursors(self, conn: dict, cids) -> None:
         with self._cursors_lock:
@@ -295,16 +325,35 @@ class ReadPath:
         finally:
             self._watching -= 1
 
+    def submit_read(self, req: dict, reply: Reply, conn: dict) -> None:
+        """Run a read on the reader pool; one after a GTID not applied yet is
+        parked (``AppliedWaits``, no thread held) and runs once it is."""
+        if req.get("after") is not None:
+            try:
+                g, timeout_ms = client_limits.read_after(req, self.limits)
+                if applied_point(self.e) < g:
+                    return self.after_waits.park(
+                        g, timeout_ms, conn,
+                        lambda: self.readers.submit(self._read, req, reply, conn),
+                        lambda cur: reply(err=self._not_applied(cur, g, timeout_ms)))
+            except errors.RaymxError as e:
+                return reply(err=e)
+        self.readers.submit(self._read, req, reply, conn)
+
+    def _not_applied(self, cur: GTID, g: GTID, timeout_ms) -> errors.ReadConcernTimeout:
+        return errors.ReadConcernTimeout(
+            f"member {self.member_id} has applied up to {cur}, not {g}, after "
+            f"{timeout_ms} ms", applied=list(cur), wanted=list(g))
+
     def wait_applied(self, g: GTID, timeout_ms: int) -> None:
-        """Read-after-GTID: block until this member has applied ``g``."""
-        from raymx.actors.core.replication import applied_point
-        deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            cur = applied_point(self.e)
-            if cur >= g:
-                return
-            if time.monotonic() >= deadline:
-                raise errors.ReadConcernTimeout(
-                    f"member {self.member_id} has applied up to {cur}, not {g}, after "
-                    f"{timeout_ms} ms", applied=list(cur), wanted=list(g))
-            time.sleep(0.002)
+        """Read-after-GTID on the calling thread: block until this member has
+        applied ``g`` (woken by the applied point, not polling)."""
+        if applied_point(self.e) >= g:
+            return
+        done, out = threading.Event(), {}
+        self.after_waits.park(g, timeout_ms, {}, done.set,
+                              lambda cur: (out.update(err=self._not_applied(cur, g, timeout_ms)),
+                                           done.set()))
+        done.wait()
+        if "err" in out:
+            raise out["err"]

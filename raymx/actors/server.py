@@ -20,7 +20,10 @@ import tempfile
 import threading
 
 from raymx import errors
+from raymx.actors import tls as tls_mod
+from raymx.actors.admission import Admission, peer_address
 from raymx.storage import codec
+from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS
 
 log = logging.getLogger("raymx.server")
 
@@ -36,7 +39,14 @@ class ClientPort:
     """
 
     def __init__(self, handler, secret: str, host: str, frame_bytes_max: int, info: dict,
-                 unix: bool = True):
+                 unix: bool = True, limits=None, tls: dict | None = None):
+        """``limits``: the connection limits (``Limits``; default ``DEFAULT``).
+        ``tls``: settings for ``raymx.actors.tls.server_context``; the TCP port
+        then requires TLS (the Unix socket, owner-only on this machine, stays
+        plain)."""
+        lim = limits or DEFAULT_LIMITS
+        self.admission = Admission(lim.connections_max, lim.unauthenticated_per_address_max)
+        self.tls = None if tls is None else tls_mod.server_context(tls)
         self.handler = handler
         self.secret = secret.encode()
         self.host = host
@@ -67,7 +77,16 @@ class ClientPort:
         self._tid = threading.get_ident()
 
         async def start():
-            self._server = await self._loop.create_server(lambda: _Conn(self), self.host, 0)
+            if self.tls is None:
+                self._server = await self._loop.create_server(lambda: _Conn(self), self.host, 0,
+                                                              backlog=1024)
+            else:
+                self._server = await tls_mod.serve(
+                    self._loop, self.host, self.tls, lambda: _Conn(self),
+                    lambda: _Conn(self, refuse=errors.TLSError(
+                        f"member {self.info.get('member')}'s client port requires TLS: connect "
+                        "with tls=True (and the CA of its certificate); nothing was read")),
+                    HELLO_TIMEOUT_S)
             self.port = self._server.sockets[0].getsockname()[1]
             self._unix_server = None
             if self.unix_path is not None:
@@ -192,8 +211,10 @@ HELLO_TIMEOUT_S = 10.0
 class _Conn(asyncio.Protocol):
     """One client connection: frames in, answers out (matched by ``id``)."""
 
-    def __init__(self, port: ClientPort):
+    def __init__(self, port: ClientPort, refuse: errors.RaymxError | None = None):
         self.port = port
+        self.refuse = refuse  # answered at once, then closed (see connection_made)
+        self.peer = None      # the peer's address while admitted (Admission)
         self.buf = bytearray()
         self.authed = False
         self.state: dict = {}  # per-connection state of the handler (cursors, sessions)
@@ -206,6 +227,12 @@ class _Conn(asyncio.Protocol):
         self.port._conns.add(self)
         self.port.connections += 1
         self.hello_timer = asyncio.get_running_loop().call_later(HELLO_TIMEOUT_S, self.no_hello)
+        if self.refuse is None:
+            self.refuse = self.port.admission.admit(peer_address(transport))
+            if self.refuse is None:
+                self.peer = peer_address(transport)
+        if self.refuse is not None:  # over a limit, or plain text on a TLS port
+            self.send_and_close({"id": None, "err": self.refuse.to_wire()})
 
     def no_hello(self):
         if not self.authed and not self.closing:
@@ -215,6 +242,9 @@ class _Conn(asyncio.Protocol):
     def connection_lost(self, exc):
         self.closing = True
         self.hello_timer.cancel()
+        if self.peer is not None:
+            self.port.admission.left(self.peer, self.authed)
+            self.peer = None
         if self in self.port._conns:
             self.port._conns.discard(self)
             self.port.connections -= 1
@@ -286,6 +316,7 @@ class _Conn(asyncio.Protocol):
                 return self.send_and_close({"id": rid, "err": errors.AuthenticationFailed(
                     "the first frame must be hello with this replica set's secret").to_wire()})
             self.authed = True
+            self.port.admission.authenticated(self.peer)
             self.hello_timer.cancel()
             return self.write(codec.pack_frame({"id": rid, "ok": dict(self.port.info)}))
         if not isinstance(req.get("op"), str):
@@ -293,6 +324,8 @@ class _Conn(asyncio.Protocol):
                 "a request needs a string 'op'").to_wire()})
         try:
             self.port.handler.handle(req, self.reply_for(rid), self.state)
+        except errors.ProtocolError as e:  # the client ignores the protocol: cut it off
+            self.send_and_close({"id": rid, "err": e.to_wire()})
         except errors.RaymxError as e:
             self.write(codec.pack_frame({"id": rid, "err": e.to_wire()}))
         except Exception as e:

@@ -26,7 +26,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from raymx import errors
+from raymx.actors.after_waits import AppliedWaits
 from raymx.actors.commit import GroupCommit, WriteConcernWaiters, _mono_ms
+from raymx.actors.core import client_limits
 from raymx.actors.core.gtid_manager import GTIDManager
 from raymx.actors.core.primary import deposed, sees_majority
 from raymx.actors.reads import ReadPath, Reply, _Cursor, gtid_out  # noqa: F401
@@ -153,6 +155,8 @@ class ShardService(ReadPath, TrimPath):
         self._unwritten: list[GTID] = []  # taken GTIDs whose n entry waits (_write_noop)
         self._cursors_swept = time.monotonic()
         self.readers = ThreadPoolExecutor(4, thread_name_prefix="raymx-reader")
+        # reads after a GTID not applied yet wait here, holding no reader
+        self.after_waits = AppliedWaits(engine.applied_point, limits.after_waits_per_connection_max)
         self.commits = 0
         self.write_groups = 0  # LMDB transactions that carried several queued writes
         self.port_writes = 0   # writes run on the client port's thread (see _drain)
@@ -261,6 +265,7 @@ class ShardService(ReadPath, TrimPath):
     def handle(self, req: dict, reply: Reply, conn: dict) -> None:
         """Route one request. ``conn`` is per-connection state (cursors, sessions)."""
         op = req.get("op")
+        client_limits.check_nesting(req, self.limits)  # InvalidFilter / InvalidUpdate
         if op == "insert" and "packed" in req:
             req = self._receive_insert(req, reply, conn)
             if req is None:
@@ -286,10 +291,11 @@ class ShardService(ReadPath, TrimPath):
             if self.latency is not None:  # times it from here to its acknowledgement
                 reply = self.latency.timed(op, req, reply)
             if op == "txnBegin":
-                s = _Session(next(self._ids), req.get("id"))
                 sessions = conn.setdefault("sessions", {})
                 for old in [x for x in sessions.values() if x.closed]:  # timed out
                     del sessions[old.id]
+                client_limits.check_transactions(sessions, self.limits)
+                s = _Session(next(self._ids), req.get("id"))
                 sessions[s.id] = s
                 self._to_writer(("session", s, req, reply))
             elif "txn" in req:
@@ -319,7 +325,7 @@ class ShardService(ReadPath, TrimPath):
             if op == "watch":
                 self.watchers.submit(self._watch, req, reply)
             else:
-                self.readers.submit(self._read, req, reply, conn)
+                self.submit_read(req, reply, conn)
         elif op == "topology":  # clients outside Ray learn the set's members here
             self.readers.submit(self._topology, reply)
         else:
@@ -332,8 +338,7 @@ class ShardService(ReadPath, TrimPath):
         if it is still queued behind another transaction). Not answered."""
         sessions = conn.get("sessions", {})
         s = next((x for x in sessions.values() if x.rid == rid), None)
-        if s is not None:
-            del sessions[s.id]
+        if s is not None:  # it stays counted (transactions_per_connection_max) until it ends
             s.submit({"op": "txnAbort"}, lambda **kw: None)
 
     def _receive_insert(self, req: dict, reply: Reply, conn: dict) -> dict | None:
@@ -342,6 +347,10 @@ class ShardService(ReadPath, TrimPath):
         while the driver packs the next; its last frame runs the statement over
         all of them (nothing is written before). A ``cancel`` frame drops what
         came (the driver could not pack a document). None: nothing to run now."""
+        verdict = client_limits.insert_part(conn, req.get("id"), bool(req.get("more")),
+                                            bool(req.get("cancel")), self.limits)
+        if verdict is not None:  # a part of a refused insert, or the refusal itself
+            return None if verdict is client_limits.DROP else reply(err=verdict)
         held = conn.get("inserts")
         got = None if held is None else held.pop(req.get("id"), None)
         if req.get("cancel"):
@@ -639,6 +648,7 @@ class ShardService(ReadPath, TrimPath):
             out["gtid"] = gtid_out(g)
         if self._on_commit is not None:
             self._on_commit(g)
+        self.after_waits.kick(g)  # reads after g (applied as it committed) may run
         # a write that waits (j, or w > 1: durable here too) has the writer flush
         self.group.note_commit(g, wake=not (req.get("j") or req.get("w", 1) not in (0, 1, None)))
         return self._answer_when(g, out, req, reply)
@@ -666,13 +676,14 @@ class ShardService(ReadPath, TrimPath):
         tx = self.e.begin()
         reply(ok={"txn": s.id})
         deadline = time.monotonic() + self.limits.transaction_lifetime_ms / 1000
+        idle_s = self.limits.transaction_idle_ms / 1000
         while True:
             try:
-                sreq, sreply = s.q.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
+                sreq, sreply = s.q.get(timeout=max(0.0, min(idle_s, deadline - time.monotonic())))
+            except queue.Empty:  # it holds the writer: past its lifetime, or idle too long
                 tx.abort()
-                log.warning("transaction %d aborted after %d ms", s.id,
-                            self.limits.transaction_lifetime_ms)
+                log.warning("transaction %d aborted: %s", s.id, client_limits.txn_ended_why(
+                    deadline - time.monotonic(), self.limits))
                 return
             op = sreq.get("op")
             try:
@@ -745,7 +756,8 @@ class ShardService(ReadPath, TrimPath):
                 "write_groups": self.write_groups, "port_writes": self.port_writes,
                 "majority": gtid_out(self.wc.majority_point()) if self.primary else None,
                 "majority_known": gtid_out(self.majority_known),
-                "open_cursors": len(self._cursors) + len(self._cursors_busy)}
+                "open_cursors": len(self._cursors) + len(self._cursors_busy),
+                "after_waits": self.after_waits.counters()}
 
     def close(self) -> None:
         self._stopping.set()
@@ -758,6 +770,7 @@ class ShardService(ReadPath, TrimPath):
         for t in self._threads:  # the trimmer, then the writer (after the stop mark)
             t.join(10)
         self.group.stop()
+        self.after_waits.stop()
         self.readers.shutdown(wait=True)
         for cid in list(self._cursors):
             self._close_cursor(cid)

@@ -29,8 +29,9 @@ class Client:
     def __init__(self, topology: Callable[[], dict], write_concern: WriteConcern | None = None,
                  timeout_s: float = 30.0, read_preference: "ReadPreference | None" = None,
                  status: Callable[[], dict] | None = None,
-                 read_concern: "ReadConcern | str | None" = None):
+                 read_concern: "ReadConcern | str | None" = None, tls=None):
         self._topology = topology
+        self.tls = tls  # an ssl.SSLContext for members whose port requires TLS
         self._status = status
         self.write_concern = write_concern or WriteConcern()
         self.read_preference = read_preference or ReadPreference()
@@ -46,7 +47,7 @@ class Client:
     def _conn_to(self, m: dict, secret: str) -> Connection:
         c = self._conns.get(m["id"])
         if c is None or c.closed:
-            c = self._conns[m["id"]] = connect_member(m, secret)
+            c = self._conns[m["id"]] = connect_member(m, secret, tls=self.tls)
         return c
 
     def _read_conn(self, rp: "ReadPreference", skip=()) -> Connection:
@@ -107,8 +108,8 @@ class Client:
                     return c
             try:
                 topo = self._topology()
-            except errors.ConfigError:
-                raise  # the set was shut down, or never ran: final, not waited out
+            except (errors.ConfigError, errors.TLSError):
+                raise  # the set was shut down, never ran, or wants TLS: final, not waited out
             except Exception as e:
                 raise errors.PrimaryUnavailable(f"cannot reach the replica set: {e}") from None
             prim = [m for m in topo["members"] if m.get("role") == "primary"]
@@ -173,7 +174,7 @@ class Client:
                      read_concern: "ReadConcern | str | None" = None) -> "Client":
         c = Client(self._topology, write_concern or self.write_concern, self.timeout_s,
                    read_preference or self.read_preference, self._status,
-                   ReadConcern.of(read_concern) or self.read_concern)
+                   ReadConcern.of(read_concern) or self.read_concern, self.tls)
         return c
 
     def get_database(self, name: str) -> "Database":

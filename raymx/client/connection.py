@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -46,12 +47,19 @@ class Connection:
     """
 
     def __init__(self, host: str, port: int, secret: str, timeout_s: float = 10.0,
-                 frame_bytes_max: int = DEFAULT_LIMITS.frame_bytes_max, unix: str | None = None):
+                 frame_bytes_max: int = DEFAULT_LIMITS.frame_bytes_max, unix: str | None = None,
+                 tls: ssl.SSLContext | None = None):
+        """``tls``: a client ``SSLContext`` (``raymx.actors.tls.client_context``)
+        for a member whose TCP port requires TLS; the secret is sent only after
+        the handshake verified the member's certificate. A Unix socket (this
+        machine, owner-only) stays plain."""
         self.addr = (host, port) if unix is None else unix
         self.frame_bytes_max = frame_bytes_max
         if unix is None:
             self._sock = socket.create_connection(self.addr, timeout=timeout_s)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if tls is not None:
+                self._sock = _TLSSocket(_tls_handshake(self._sock, tls, host, port))
         else:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._sock.settimeout(timeout_s)
@@ -62,9 +70,10 @@ class Connection:
                 raise
         # A receive or a send waits at most _RECV_SLICE (SO_RCVTIMEO,
         # SO_SNDTIMEO), then its caller looks at its deadline: no poll first.
-        self._sock.settimeout(None)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _RECV_SLICE)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _RECV_SLICE)
+        if type(self._sock) is not _TLSSocket:
+            self._sock.settimeout(None)
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _RECV_SLICE)
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _RECV_SLICE)
         # A member that hung up: a send on a Unix socket fails at once (EPIPE),
         # so only TCP needs the check before sending into an idle connection.
         self._tcp = unix is None
@@ -85,6 +94,12 @@ class Connection:
         try:
             self.hello = self.request({"op": "hello", "secret": secret, "v": 1},
                                       timeout_s=timeout_s)
+        except errors.ConnectionLost:
+            why = self._closed  # the member refused the connection before the hello: say why
+            self.close()
+            if why is not None and not isinstance(why, errors.ConnectionLost):
+                raise why from None
+            raise
         except BaseException:
             self.close()
             raise
@@ -384,10 +399,72 @@ class Connection:
         self._fail(errors.ConnectionLost("connection closed by the client"))
 
 
-def connect_member(m: dict, secret: str, timeout_s: float = 10.0) -> Connection:
+class _TLSSocket:
+    """A TLS socket as ``Connection`` uses a plain one: a receive or a send
+    waits at most one slice, then raises BlockingIOError. The ``SSLSocket`` is
+    non-blocking and every call into it holds a lock (OpenSSL must not run a
+    read and a write of one connection at once, and a reading thread and a
+    sending one share it); the waits are polls outside the lock."""
+
+    _SLICE_MS = 50
+
+    def __init__(self, ssock: ssl.SSLSocket):
+        ssock.setblocking(False)
+        self._s = ssock
+        self._lock = threading.Lock()
+
+    def fileno(self) -> int:
+        return self._s.fileno()
+
+    def _call(self, fn, arg):
+        for attempt in (0, 1):
+            with self._lock:
+                try:
+                    return fn(arg)
+                except ssl.SSLWantReadError:
+                    ev = select.POLLIN
+                except ssl.SSLWantWriteError:
+                    ev = select.POLLOUT
+            if attempt == 0:
+                p = select.poll()
+                p.register(self._s.fileno(), ev)
+                if not p.poll(self._SLICE_MS):
+                    break
+        raise BlockingIOError
+
+    def recv_into(self, buf) -> int:
+        return self._call(self._s.recv_into, buf)
+
+    def send(self, data) -> int:
+        return self._call(self._s.send, data)
+
+    def shutdown(self, how) -> None:
+        socket.socket.shutdown(self._s, how)  # the file descriptor's: wakes a waiting poll
+
+    def close(self) -> None:
+        with self._lock:
+            self._s.close()
+
+
+def _tls_handshake(sock: socket.socket, ctx: ssl.SSLContext, host: str, port: int):
+    """``sock`` wrapped in TLS, the member's certificate checked; TLSError if not."""
+    try:
+        return ctx.wrap_socket(sock, server_hostname=host)
+    except ssl.SSLCertVerificationError as e:
+        sock.close()
+        raise errors.TLSError(f"the certificate of {host}:{port} is not trusted: "
+                              f"{e.verify_message}; nothing was sent") from None
+    except (ssl.SSLError, ConnectionError, OSError) as e:
+        sock.close()
+        raise errors.TLSError(f"TLS handshake with {host}:{port} failed ({e}): its client port "
+                              "may not use TLS (connect without tls); nothing was sent") from None
+
+
+def connect_member(m: dict, secret: str, timeout_s: float = 10.0,
+                   tls: ssl.SSLContext | None = None) -> Connection:
     """A connection to member ``m`` (a topology entry): over its Unix socket
     when it runs on this machine (same kernel boot id, and its hello names the
-    same member), else over TCP."""
+    same member), else over TCP (with ``tls``, if given)."""
     from raymx.actors.server import boot_id
     path = m.get("unix")
     if path and m.get("boot") and m.get("boot") == boot_id():
@@ -399,4 +476,4 @@ def connect_member(m: dict, secret: str, timeout_s: float = 10.0) -> Connection:
             if isinstance(c.hello, dict) and c.hello.get("member") == m["id"]:
                 return c
             c.close()
-    return Connection(m["host"], m["port"], secret, timeout_s)
+    return Connection(m["host"], m["port"], secret, timeout_s, tls=tls)

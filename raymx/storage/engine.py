@@ -44,6 +44,8 @@ from raymx.storage.limits import DEFAULT, Limits
 from raymx.storage.reader import Reader
 from raymx.storage.transaction import Transaction, WriteGroup, _pk
 
+OPLOG_PAGE_MAX = 10_000  # entries in one page of rs.oplog (Engine.oplog_page)
+
 # Re-exported: the names moved to catalog.py, reader.py and transaction.py
 # that code outside them imports from here (_applied_in and _pk too, private
 # helpers that importers already use).
@@ -297,6 +299,29 @@ class Engine:
                 n += 1
                 if limit is not None and n >= limit:
                     return
+
+    def oplog_page(self, after, limit: int) -> list[tuple[GTID, dict]]:
+        """Up to ``limit`` (1 to ``OPLOG_PAGE_MAX``) entries after ``after``
+        (None: from the oldest kept), for ``rs.oplog``. ``OplogTrimmed`` (naming
+        the oldest entry) if entries right after ``after`` were trimmed: a
+        reader never skips history silently."""
+        if type(limit) is not int or not 1 <= limit <= OPLOG_PAGE_MAX:
+            raise errors.InvalidOperation(f"limit must be an int from 1 to {OPLOG_PAGE_MAX}, "
+                                          f"got {limit!r:.40}")
+        try:
+            g = None if after is None else GTID.parse(after)
+        except (ValueError, TypeError):
+            raise errors.InvalidOperation(f"after must be a GTID, got {after!r:.60}") from None
+        with self.store.read() as t:
+            first = t.first("oplog")
+            if g is not None and first is not None:
+                fg = GTID.from_bytes(first[0])
+                if g.seq + 1 < fg.seq:
+                    raise errors.OplogTrimmed(
+                        f"the entries after {g} were trimmed from the oplog; the oldest entry "
+                        f"available is {fg} (read from after={GTID(fg.term, fg.seq - 1)}, or "
+                        "from the start with after=None)", after=list(g), oldest=list(fg))
+        return list(self.read_oplog(g, limit))
 
     def verify_oplog(self) -> int:
         """Check density and the hash chain; return the count.

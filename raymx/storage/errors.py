@@ -24,7 +24,7 @@ __all__ = [
     "NotPrimaryOrSecondary", "PrimaryUnavailable", "WriteConcernTimeout", "ReadConcernTimeout",
     "StaleRead", "Diverged", "TooStale", "OplogTrimmed", "StaleTerm", "IrreversibleOp",
     "ShutDown", "ConnectionLost", "RequestTimeout", "TransactionAborted", "DiskFailed",
-    "DiskFull", "ConfigError", "ArchiveError", "from_wire",
+    "DiskFull", "ConfigError", "ArchiveError", "LimitExceeded", "TLSError", "from_wire",
 ]
 
 
@@ -98,6 +98,21 @@ class ProtocolError(RaymxError):
 
 class AuthenticationFailed(ProtocolError):
     pass
+
+
+class TLSError(ProtocolError):
+    """TLS does not match between the driver and the member's client port: the
+    port requires TLS and the driver connected without it (or the other way
+    round), or the handshake failed (an untrusted certificate, a name that does
+    not match it). Nothing was sent in clear text when the port requires TLS."""
+
+
+class LimitExceeded(RaymxError):
+    """A resource a client may hold is used up (``info["limit"]``: the name of
+    the ``Limits`` field, ``info["max"]``: its value). Nothing of the request
+    was done; the connection stays usable, except when the refused thing is
+    the connection itself (too many connections: it is closed after this
+    answer). See ARCHITECTURE.md, "Client limits"."""
 
 
 class CorruptEntry(RaymxError):

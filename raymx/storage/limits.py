@@ -40,8 +40,11 @@ class Limits:
     # the writer thread is idle: no hand-off between threads; the rest go to
     # the writer thread.
     port_insert_docs_max: int = 64
-    # Interactive transactions hold the shard's writer; abort after this long.
+    # Interactive transactions hold the shard's writer; abort after this long,
+    # or when no statement came for transaction_idle_ms (a client that begins
+    # a transaction and goes quiet stalls every writer meanwhile).
     transaction_lifetime_ms: int = 60_000
+    transaction_idle_ms: int = 5_000
     # Applier batches (DESIGN section 4).
     apply_batch_ms: int = 1000
     apply_batch_ops: int = 5000
@@ -78,6 +81,33 @@ class Limits:
     # Change streams: events per answer and how long a quiet watch waits.
     watch_batch_max: int = 1000
     watch_wait_ms: int = 500
+    # What one client may hold (each refused with LimitExceeded naming the
+    # limit, the connection kept; ARCHITECTURE.md, "Client limits"):
+    # connections to one member's client port (past it a new connection gets
+    # the error and is closed), and connections from one peer address that
+    # have not sent their hello yet (all Unix-socket peers count as one);
+    connections_max: int = 4096
+    unauthenticated_per_address_max: int = 64
+    # open interactive transactions and multi-part inserts still arriving, per
+    # connection (the driver uses one of each at a time per thread);
+    transactions_per_connection_max: int = 16
+    inserts_pending_per_connection_max: int = 16
+    # levels of maps and arrays in a filter or an update (InvalidFilter /
+    # InvalidUpdate): a document may nest 100 (codec.NESTING_MAX), and a
+    # filter or update wraps it in a few operators; at most 200 (Python's
+    # recursion limit is the ceiling);
+    nesting_depth_max: int = 110
+    # a read after a GTID (``after``) waits at most this long, and one
+    # connection may have at most this many such reads waiting (a wait holds
+    # no thread: it is parked until the applier reaches the GTID).
+    after_timeout_ms_max: int = 60_000
+    after_waits_per_connection_max: int = 256
+    # Open cursors (each holds an LMDB read snapshot, and LMDB's reader table
+    # has 1024 slots for all of the member's processes): per connection (a
+    # find past it is refused), and per member (past it the least recently
+    # used cursor is closed; its next getMore says so).
+    cursors_per_connection_max: int = 64
+    cursors_max: int = 512
 
     def __post_init__(self):
         for k, v in asdict(self).items():
@@ -90,6 +120,12 @@ class Limits:
                               "(a frame carries one document plus overhead)")
         if self.replay_entries_max < self.replay_entries_min:
             raise ConfigError("replay_entries_max must be at least replay_entries_min")
+        if self.nesting_depth_max > 200:
+            raise ConfigError("nesting_depth_max must be at most 200 (filters and updates "
+                              "are evaluated recursively)")
+        if self.cursors_max > 768:
+            raise ConfigError("cursors_max must be at most 768 (LMDB's reader table has 1024 "
+                              "slots for the member's cursors, threads and processes)")
         if self.heartbeat_timeout_ms <= self.heartbeat_interval_ms:
             raise ConfigError("heartbeat_timeout_ms must be greater than heartbeat_interval_ms")
 
