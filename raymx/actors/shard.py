@@ -32,72 +32,20 @@ from raymx.actors.core import client_limits
 from raymx.actors.core.gtid_manager import GTIDManager
 from raymx.actors.core.primary import deposed, sees_majority
 from raymx.actors.reads import ReadPath, Reply, _Cursor, gtid_out  # noqa: F401
-from raymx.actors.statements import result_out, run_statement
+from raymx.actors.sessions import SessionPath
+from raymx.actors.statements import (READ_OPS, TXN_OPS, WRITE_OPS,  # noqa: F401
+                                     result_out, run_statement, runs_on_port)
 from raymx.actors.trimming import TrimPath
-from raymx.storage import codec
 from raymx.storage.engine import Engine, Transaction, WriteResult
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import Limits, write_concern_problem
 
 log = logging.getLogger("raymx.shard")
 
-WRITE_OPS = {"insert", "update", "delete", "createIndex", "dropIndex", "dropCollection",
-             "createCollection", "revertTo"}
-READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes",
-            "revertPlan"}
-TXN_OPS = {"txnBegin", "txnCommit", "txnAbort"}
-def _runs_on_port(item: tuple, insert_docs_max: int) -> bool:
-    """A write small enough to run on the client port's thread: an autocommit
-    insert of a few documents, or an update or delete of the one document its
-    filter names by ``_id`` (a point lookup: never a scan that would hold
-    the port)."""
-    kind, _, req, _ = item
-    if kind != "write":
-        return False
-    op = req["op"]
-    if op == "insert":
-        docs = req.get("packed", req.get("docs"))
-        return isinstance(docs, (list, codec.PackedDocuments)) and len(docs) <= insert_docs_max
-    if op not in ("update", "delete") or req.get("multi"):
-        return False
-    flt = req.get("filter")
-    return type(flt) is dict and "_id" in flt and type(flt["_id"]) in _ID_POINT
-
-
-_ID_POINT = frozenset((int, str, float, bytes))  # an _id equality the engine looks up
-
-
-class _Session:
-    """An interactive transaction: its statements run on the writer thread."""
-
-    def __init__(self, sid: int, rid=None):
-        self.id = sid
-        self.rid = rid  # the id of the txnBegin request (see _cancel_begin)
-        self.q: queue.Queue = queue.Queue()
-        self.closed = False
-        self.lock = threading.Lock()
-
-    def submit(self, req: dict, reply: Reply) -> None:
-        with self.lock:
-            if not self.closed:
-                return self.q.put((req, reply))
-        reply(err=errors.TransactionAborted(
-            f"transaction {self.id} is no longer open (finished, timed out or aborted)"))
-
-    def end(self) -> None:
-        with self.lock:
-            self.closed = True
-        while True:
-            try:
-                req, reply = self.q.get_nowait()
-            except queue.Empty:
-                return
-            reply(err=errors.TransactionAborted(f"transaction {self.id} is no longer open"))
-
-
-class ShardService(ReadPath, TrimPath):
+class ShardService(ReadPath, TrimPath, SessionPath):
     """Writes through one writer thread with group commit; reads on snapshots
-    (``ReadPath``, raymx/actors/reads.py); oplog trimming (``TrimPath``,
+    (``ReadPath``, raymx/actors/reads.py); interactive transactions and
+    multi-part inserts (``SessionPath``, raymx/actors/sessions.py); oplog trimming (``TrimPath``,
     raymx/actors/trimming.py)."""
 
     def __init__(self, engine: Engine, limits: Limits, primary: bool = True,
@@ -290,22 +238,8 @@ class ShardService(ReadPath, TrimPath):
                     f"member {self.member_id} cannot reach a majority", member=self.member_id))
             if self.latency is not None:  # times it from here to its acknowledgement
                 reply = self.latency.timed(op, req, reply)
-            if op == "txnBegin":
-                sessions = conn.setdefault("sessions", {})
-                for old in [x for x in sessions.values() if x.closed]:  # timed out
-                    del sessions[old.id]
-                client_limits.check_transactions(sessions, self.limits)
-                s = _Session(next(self._ids), req.get("id"))
-                sessions[s.id] = s
-                self._to_writer(("session", s, req, reply))
-            elif "txn" in req:
-                s = conn.get("sessions", {}).get(req["txn"])
-                if s is None:
-                    return reply(err=errors.TransactionAborted(
-                        f"transaction {req['txn']} is not open (finished, timed out or aborted)"))
-                if op in ("txnCommit", "txnAbort"):
-                    conn["sessions"].pop(s.id, None)
-                s.submit(req, reply)
+            if op == "txnBegin" or "txn" in req:
+                self._to_session(op, req, reply, conn)
             else:
                 self._to_writer(("write", None, req, reply))
         elif op in READ_OPS or op == "watch":
@@ -331,52 +265,8 @@ class ShardService(ReadPath, TrimPath):
         else:
             reply(err=errors.InvalidOperation(f"unknown operation {op!r}"))
 
-    @staticmethod
-    def _cancel_begin(rid, conn: dict) -> None:
-        """The ``txnBegin`` request ``rid`` of this connection timed out at its
-        caller, who will never learn the transaction's id: abort it (at once
-        if it is still queued behind another transaction). Not answered."""
-        sessions = conn.get("sessions", {})
-        s = next((x for x in sessions.values() if x.rid == rid), None)
-        if s is not None:  # it stays counted (transactions_per_connection_max) until it ends
-            s.submit({"op": "txnAbort"}, lambda **kw: None)
-
-    def _receive_insert(self, req: dict, reply: Reply, conn: dict) -> dict | None:
-        """Decode an insert's documents as they arrive. A large insert comes in
-        parts: frames with ``more`` and the same id, unanswered, each decoded
-        while the driver packs the next; its last frame runs the statement over
-        all of them (nothing is written before). A ``cancel`` frame drops what
-        came (the driver could not pack a document). None: nothing to run now."""
-        verdict = client_limits.insert_part(conn, req.get("id"), bool(req.get("more")),
-                                            bool(req.get("cancel")), self.limits)
-        if verdict is not None:  # a part of a refused insert, or the refusal itself
-            return None if verdict is client_limits.DROP else reply(err=verdict)
-        held = conn.get("inserts")
-        got = None if held is None else held.pop(req.get("id"), None)
-        if req.get("cancel"):
-            return None
-        if not isinstance(got, errors.RaymxError):
-            try:
-                part = codec.unpack_documents(req["packed"], self.limits.document_bytes_max,
-                                              0 if got is None else len(got))
-                got = part if got is None else got.extend(part)
-                if got.nbytes > self.limits.transaction_bytes_max:
-                    raise errors.TransactionTooLarge(
-                        f"insert of {got.nbytes} bytes so far exceeds the transaction limit "
-                        f"of {self.limits.transaction_bytes_max}")
-            except Exception as e:  # answered when the last part comes; the parts between are dropped
-                got = e if isinstance(e, errors.RaymxError) else self._write_error(e, req)
-        if req.get("more"):
-            conn.setdefault("inserts", {})[req.get("id")] = got
-            return None
-        if isinstance(got, errors.RaymxError):
-            reply(err=got)
-            return None
-        return dict(req, packed=got)
-
     def connection_closed(self, conn: dict) -> None:
-        for s in conn.get("sessions", {}).values():
-            s.submit({"op": "txnAbort"}, lambda **kw: None)
+        self._abort_sessions(conn)
         with self._cursors_lock:  # a find still running keeps no cursor now (_read)
             conn["closed"] = True
             cids = list(conn.get("cursors", ()))
@@ -409,7 +299,7 @@ class ShardService(ReadPath, TrimPath):
             try:
                 if self._q.unfinished_tasks == 0:  # nothing queued could come after these
                     most = self.limits.port_insert_docs_max
-                    n = next((i for i, it in enumerate(items) if not _runs_on_port(it, most)),
+                    n = next((i for i, it in enumerate(items) if not runs_on_port(it, most)),
                              len(items))
                     cap = self.limits.write_group_max
                     for i in range(0, n, cap):
@@ -665,45 +555,6 @@ class ShardService(ReadPath, TrimPath):
             return self.group.when_durable(g, lambda: reply(ok=out), lambda e: reply(err=e))
         reply(ok=out)
         return False
-
-    def _run_session(self, s: _Session, req: dict, reply: Reply) -> None:
-        try:
-            self._session_loop(s, req, reply)
-        finally:
-            s.end()
-
-    def _session_loop(self, s: _Session, req: dict, reply: Reply) -> None:
-        tx = self.e.begin()
-        reply(ok={"txn": s.id})
-        deadline = time.monotonic() + self.limits.transaction_lifetime_ms / 1000
-        idle_s = self.limits.transaction_idle_ms / 1000
-        while True:
-            try:
-                sreq, sreply = s.q.get(timeout=max(0.0, min(idle_s, deadline - time.monotonic())))
-            except queue.Empty:  # it holds the writer: past its lifetime, or idle too long
-                tx.abort()
-                log.warning("transaction %d aborted: %s", s.id, client_limits.txn_ended_why(
-                    deadline - time.monotonic(), self.limits))
-                return
-            op = sreq.get("op")
-            try:
-                if op == "txnCommit":
-                    return self._commit(tx, WriteResult(), sreq, sreply)
-                if op == "txnAbort":
-                    tx.abort()
-                    return sreply(ok={"aborted": True})
-                if op in WRITE_OPS and op != "revertTo":
-                    sreply(ok=result_out(run_statement(tx, sreq)))
-                elif op in ("find", "count"):
-                    sreply(ok=self._read_in(tx, sreq, {}))
-                else:
-                    sreply(err=errors.InvalidOperation(f"{op!r} is not allowed in a transaction"))
-            except errors.RaymxError as e:
-                sreply(err=e)
-            except Exception as e:
-                log.exception("transaction statement failed")
-                tx.abort()
-                return sreply(err=errors.TransactionAborted(f"internal error: {e}"))
 
     # --- the primary's own no-ops (a new term; a linearizable read) -------
     def own_noop(self) -> GTID:

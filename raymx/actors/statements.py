@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from raymx import errors
 from raymx.actors.reads import _gtid_in, gtid_out
+from raymx.storage import codec
 from raymx.storage.engine import Transaction, WriteResult
+
+WRITE_OPS = {"insert", "update", "delete", "createIndex", "dropIndex", "dropCollection",
+             "createCollection", "revertTo"}
+READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes",
+            "revertPlan"}
+TXN_OPS = {"txnBegin", "txnCommit", "txnAbort"}
 
 RETRY_NS = "config.transactions"  # retryable writes' records (raymx/wire/crud.py)
 
@@ -53,3 +60,24 @@ def _statement(tx: Transaction, req: dict):
     if op == "revertTo":
         return tx.revert_to(_gtid_in(req.get("target"), "target"))
     raise errors.InvalidOperation(f"unknown write operation {op!r}")
+
+
+def runs_on_port(item: tuple, insert_docs_max: int) -> bool:
+    """A write small enough to run on the client port's thread: an autocommit
+    insert of a few documents, or an update or delete of the one document its
+    filter names by ``_id`` (a point lookup: never a scan that would hold
+    the port)."""
+    kind, _, req, _ = item
+    if kind != "write":
+        return False
+    op = req["op"]
+    if op == "insert":
+        docs = req.get("packed", req.get("docs"))
+        return isinstance(docs, (list, codec.PackedDocuments)) and len(docs) <= insert_docs_max
+    if op not in ("update", "delete") or req.get("multi"):
+        return False
+    flt = req.get("filter")
+    return type(flt) is dict and "_id" in flt and type(flt["_id"]) in _ID_POINT
+
+
+_ID_POINT = frozenset((int, str, float, bytes))  # an _id equality the engine looks up
