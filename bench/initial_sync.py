@@ -11,12 +11,17 @@ documents (``RAYMX_BENCH_SYNC_N``, default 1,000,000). Then, timed:
    copy them between the members' actors (checksummed), bulk-load, verify
    every partition against the source's checksum, start replication at the
    snapshot's GTID, catch up and give the member its vote;
-3. the same through Spark (``spark=``: partitions out through a Ray Data
-   datasource, range-partitioned and sorted by Spark, loaded run by run), if
-   ``RAYMX_BENCH_SYNC_SPARK=1`` (off by default: Spark start-up alone takes
-   ~20 s here and the Spark path moves every row through Arrow twice).
+3. the same through Spark (``spark=``: Spark tasks read the partitions from
+   the source's LMDB folder as of the snapshot's GTID, the target loads the
+   runs), unless ``RAYMX_BENCH_SYNC_SPARK=0`` (the Spark session is started
+   and warmed up before the clock starts: a user passes a running one).
 
-Prints documents/s for each and the ratio to the baseline (target >= 0.3).
+Prints documents/s for each, the ratio to the baseline (target >= 0.3), the
+Spark path's ratio to the Ray path (target >= 0.5), and the CPU each path
+used per document: every process of this run (driver, Ray, members, the
+Spark JVMs and their Python workers) summed from /proc before and after,
+less what the same processes use idle in as long, and the Spark processes'
+share of it (what more Spark cores would run in parallel).
 """
 import os
 import sys
@@ -29,8 +34,63 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 from _util import docs, progress, raw_batched_rate, row  # noqa: E402
 
 N = int(os.environ.get("RAYMX_BENCH_SYNC_N", 1_000_000))
-SPARK = os.environ.get("RAYMX_BENCH_SYNC_SPARK") == "1"
+SPARK = os.environ.get("RAYMX_BENCH_SYNC_SPARK", "1") == "1"
 NS = ("bench", "sync")
+
+
+def _cpu() -> tuple[float, float]:
+    """CPU seconds (all, Spark's) of this process and every descendant,
+    including what exited descendants left in their parents' counters."""
+    import psutil
+    me = psutil.Process()
+    procs = [me] + me.children(recursive=True)
+    java = set()
+    for p in procs:
+        try:
+            if p.name().startswith("java") or (p.ppid() in java):
+                java.add(p.pid)
+        except psutil.Error:
+            pass
+    total = spark = 0.0
+    for p in procs:
+        try:
+            c = p.cpu_times()
+            s = c.user + c.system + c.children_user + c.children_system
+        except psutil.Error:
+            continue
+        total += s
+        if p.pid in java or any(a.pid in java for a in _parents(p)):
+            spark += s
+    return total, spark
+
+
+def _parents(p):
+    try:
+        return p.parents()
+    except Exception:
+        return []
+
+
+class CPU:
+    """CPU used by this run's processes over a timed block, less the idle rate."""
+    idle = (0.0, 0.0)  # CPU seconds per second when nothing runs
+
+    @classmethod
+    def measure_idle(cls, seconds=3.0):
+        a, t0 = _cpu(), time.perf_counter()
+        time.sleep(seconds)
+        b, dt = _cpu(), time.perf_counter() - t0
+        cls.idle = ((b[0] - a[0]) / dt, (b[1] - a[1]) / dt)
+
+    def __enter__(self):
+        self.a, self.t0 = _cpu(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        b = _cpu()
+        self.seconds = time.perf_counter() - self.t0
+        self.total = b[0] - self.a[0] - self.idle[0] * self.seconds
+        self.spark = b[1] - self.a[1] - self.idle[1] * self.seconds
 
 
 def main():
@@ -60,30 +120,42 @@ def main():
         load_rate = N / (time.perf_counter() - t0)
         del all_docs
 
+        spark = None
+        if SPARK:
+            from raymx.spark_bridge import spark_session
+            progress("starting Spark")
+            spark = spark_session()
+            spark.range(0, 2, 1, 2).mapInArrow(lambda bs: bs, "id long").count()  # warm
+        CPU.measure_idle()
         progress("add_member(initial_sync='snapshot'), Ray path")
-        t0 = time.perf_counter()
-        mid = rs.add_member(initial_sync="snapshot")
-        dt = time.perf_counter() - t0
+        with CPU() as ray_cpu:
+            mid = rs.add_member(initial_sync="snapshot", progress=False)
+        dt = ray_cpu.seconds
         st = {m["id"]: m for m in rs.status()["members"]}
         ok = st[mid]["state"] == "running" and st[mid]["applied"] == st[0]["last"]
         print(f"{N:,} documents (~200 bytes, one secondary index); "
               f"doc+index rows copied and checksummed")
         row("raw LMDB batched puts (baseline)", raw, "docs/s")
         row("primary load through the client (insert_many 1,000)", load_rate, "docs/s")
-        row("snapshot member creation, end to end (Ray)", N / dt, "docs/s",
+        ray_rate = N / dt
+        row("snapshot member creation, end to end (Ray)", ray_rate, "docs/s",
             f"{dt:.1f} s, ratio {N / dt / raw:.2f} (target >= 0.3), caught up: {ok}")
+        row("  CPU per document (all processes, idle rate subtracted)",
+            ray_cpu.total / N * 1e6, "us", f"(idle {CPU.idle[0]:.2f} CPU-s/s)")
 
-        if SPARK:
-            from raymx.spark_bridge import spark_session
-            progress("starting Spark")
-            spark = spark_session()
+        if spark is not None:
             progress("add_member(initial_sync='snapshot', spark=...), Spark path")
-            t0 = time.perf_counter()
-            mid2 = rs.add_member(initial_sync="snapshot", spark=spark)
-            dt = time.perf_counter() - t0
+            with CPU() as sp_cpu:
+                mid2 = rs.add_member(initial_sync="snapshot", spark=spark, progress=False)
+            dt = sp_cpu.seconds
             st = {m["id"]: m for m in rs.status()["members"]}
+            ok = st[mid2]["state"] == "running" and st[mid2]["applied"] == st[0]["last"]
             row("snapshot member creation, end to end (Spark job)", N / dt, "docs/s",
-                f"{dt:.1f} s, ratio {N / dt / raw:.2f}, state {st[mid2]['state']}")
+                f"{dt:.1f} s, ratio to raw {N / dt / raw:.2f}, to the Ray path "
+                f"{N / dt / ray_rate:.2f} (target >= 0.5), caught up: {ok}")
+            row("  CPU per document (all processes, idle rate subtracted)",
+                sp_cpu.total / N * 1e6, "us",
+                f"of which Spark's JVM + Python workers {sp_cpu.spark / N * 1e6:.2f} us")
     finally:
         rs.shutdown()
         ray.shutdown()

@@ -10,9 +10,11 @@
    ``docs`` and ``index`` sub-databases.
 3. The partitions travel as stored bytes, never through the driver: either
    straight from the source's actor to the target's (``spark=None``), or as a
-   Spark job (``spark=`` a session from ``raymx.spark_bridge``): the partitions
-   come out through a Ray Data datasource, Spark range-partitions and sorts
-   them by key for the target, and the target bulk-loads each sorted run.
+   Spark job (``spark=`` a session from ``raymx.spark_bridge``): Spark tasks on
+   the source's node read the partitions as of the snapshot's GTID from the
+   source's LMDB folder themselves, checksum them and spool the runs on that
+   node (``copy_tasks``); the target bulk-loads them in key order. (The
+   partitions are key ranges already in order: nothing is sorted.)
 4. The target compares each partition's checksum (computed by the source while
    reading it) with its own copy, writes the snapshot's oplog entry, and its
    producer starts pulling after that GTID; entries committed during the copy
@@ -27,7 +29,6 @@ import time
 
 from raymx import errors
 from raymx.progress import Progress
-from raymx.storage import codec
 from raymx.storage.gtid import GTID
 
 
@@ -74,11 +75,12 @@ def copy_snapshot(rs, source: int, target: int, spark=None, rows_per_part: int |
         bar = Progress(f"member {target}: copying from {source}", info["rows"], progress)
         ray.get(dst.load_begin.remote(info))
         phases["plan"] = time.monotonic() - t0
+        sums = {}
         if spark is None:
             _copy_with_ray(src, dst, info, bar)
         else:
-            _copy_with_spark(spark, src, dst, info, bar)
-        sums = ray.get(src.checksums.remote())
+            sums = _copy_with_spark(spark, rs, source, src, dst, info, bar, phases)
+        sums.update(ray.get(src.checksums.remote()))
         phases["copy"] = time.monotonic() - t0 - phases["plan"]
     finally:
         try:
@@ -127,53 +129,81 @@ def _copy_with_ray(src, dst, info, bar, window: int = 4) -> None:
         bar.update(ray.get(ref))
 
 
-def snapshot_datasource(src, info):
-    """A Ray Data datasource over an open snapshot's partitions: one read task
-    per partition, rows ``(part, db, key, value)`` with the stored bytes."""
-    import pyarrow as pa
+def _copy_with_spark(spark, rs, source: int, src, dst, info, bar, phases: dict,
+                     window: int = 4) -> dict:
+    """The copy as a Spark job (``copy_tasks``): Spark tasks on the source's
+    node read their partitions as stored at the snapshot's GTID from the
+    source's folder, checksum them and spool the runs there; the driver then
+    loads the runs in partition order (the target bulk-loads sorted runs),
+    reading any partition a task could not prove unchanged from ``src``.
+    Returns the checksums the Spark tasks computed, by partition."""
     import ray
-    from ray.data import Datasource, ReadTask
-    from ray.data.block import BlockMetadata
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    schema = pa.schema([("part", pa.int32()), ("db", pa.string()), ("key", pa.binary()),
-                        ("value", pa.binary())])
+    from raymx.spark_bridge import copy_tasks
+    cfg = rs.config()
+    m = next(x for x in cfg["members"] if x["id"] == source)
+    m = dict(m, limits=cfg["limits"])
+    on_node = NodeAffinitySchedulingStrategy(m["node_id"], soft=False)
+    spool = ray.get(_node_call(on_node, _make_spool))
     parts = info["parts"]
+    try:
+        counter = spark.sparkContext.accumulator(0)
+        slices = max(1, min(len(parts), 2 * spark.sparkContext.defaultParallelism))
+        df = copy_tasks.copy_dataframe(spark, m, info, spool, counter, slices)
+        t0 = time.monotonic()
+        rows = copy_tasks.run_job(df.collect, bar, counter)
+        phases["spark_read"] = time.monotonic() - t0
+        phases["unproven_parts"] = sum(1 for r in rows if not r["local"])
+        bar.step(f"{bar.label}: loading", info["rows"])
+        got = {r["part"]: r for r in rows}
+        missing = [i for i in range(len(parts)) if i not in got]
+        if missing:
+            raise errors.CorruptEntry(f"the Spark copy returned no row for partitions {missing}")
+        sums, pending = {}, []
+        for p in parts:
+            r = got[p[0]]
+            if r["local"]:
+                run = _node_call(on_node, copy_tasks.take_file, r["path"])
+                sums[p[0]] = [r["rows"], r["digest"]]
+            else:  # written to since the snapshot: from the snapshot's own transaction
+                run, _ = src.read.remote(p)
+            pending.append(dst.load_rows.remote(p[1], run, 1, p[0]))
+            while len(pending) >= window:
+                done, pending = ray.wait(pending, num_returns=1)
+                bar.update(ray.get(done[0]))
+        for ref in pending:
+            bar.update(ray.get(ref))
+        phases["load"] = time.monotonic() - t0 - phases["spark_read"]
+        return sums
+    finally:
+        ray.get(_node_call(on_node, _drop_spool, spool))
 
-    class SnapshotPartitions(Datasource):
-        def estimate_inmemory_data_size(self):
-            return None
 
-        def get_read_tasks(self, parallelism, per_task_row_limit=None, data_context=None):
-            tasks = []
-            for p in parts:
-                def read(p=p):
-                    run_ref, _ = src.read.remote(p)
-                    rows = codec.unpack_rows(ray.get(run_ref))
-                    yield pa.table({"part": pa.array([p[0]] * len(rows), pa.int32()),
-                                    "db": pa.array([p[1]] * len(rows), pa.string()),
-                                    "key": pa.array([k for k, _ in rows], pa.binary()),
-                                    "value": pa.array([v for _, v in rows], pa.binary())},
-                                   schema=schema)
-                tasks.append(ReadTask(read, BlockMetadata(None, None, None, None, None),
-                                      schema=schema))
-            return tasks
-
-    return SnapshotPartitions()
+def _make_spool() -> str:
+    import tempfile
+    return tempfile.mkdtemp(prefix="raymx-copy-")
 
 
-def _copy_with_spark(spark, src, dst, info, bar) -> None:
-    """The copy as a Spark job: partitions out through the datasource, range
-    partitioned and sorted by (db, key) for the target, bulk-loaded run by run."""
+def _drop_spool(path: str) -> None:
+    import shutil
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _call(fn, *args):
+    return fn(*args)
+
+
+_remote_call = None
+
+
+def _node_call(node_strategy, fn, *args):
+    """``fn(*args)`` run as a Ray task on the node ``node_strategy`` pins (an ObjectRef)."""
+    global _remote_call
     import ray
-    ds = ray.data.read_datasource(snapshot_datasource(src, info),
-                                  override_num_blocks=max(1, len(info["parts"])))
-    df = ds.to_spark(spark)
-    n_out = max(1, len(info["parts"]))
-    out = df.repartitionByRange(n_out, "db", "key").sortWithinPartitions("db", "key") \
-        .select("db", "key", "value")
-    back = ray.data.from_spark(out)
-    for ref in back.to_arrow_refs():
-        bar.update(ray.get(dst.load_table.remote(ref)))
+    if _remote_call is None:
+        _remote_call = ray.remote(num_cpus=0, max_retries=0)(_call)
+    return _remote_call.options(scheduling_strategy=node_strategy).remote(fn, *args)
 
 
 def catch_up_with_spark(spark, rs, member: int, goal: GTID, timeout_s: float) -> dict | None:
