@@ -36,6 +36,7 @@ from _util import docs, progress, raw_batched_rate, row  # noqa: E402
 N = int(os.environ.get("RAYMX_BENCH_SYNC_N", 1_000_000))
 SPARK = os.environ.get("RAYMX_BENCH_SYNC_SPARK", "1") == "1"
 NS = ("bench", "sync")
+E = int(os.environ.get("RAYMX_BENCH_SYNC_REPLAY", 20_000))  # entries behind, 0: no replay part
 
 
 def _cpu() -> tuple[float, float]:
@@ -156,9 +157,60 @@ def main():
             row("  CPU per document (all processes, idle rate subtracted)",
                 sp_cpu.total / N * 1e6, "us",
                 f"of which Spark's JVM + Python workers {sp_cpu.spark / N * 1e6:.2f} us")
+            if E:
+                replay_bench(rs, spark, coll, [mid, mid2])
     finally:
         rs.shutdown()
+        if SPARK:
+            from raymx.spark_bridge import stop_spark
+            stop_spark()
         ray.shutdown()
+
+
+def replay_bench(rs, spark, coll, members):
+    """Two far-behind members (appliers held while the same ``E`` entries are
+    written): one catches up through its applier's parallel replay (no
+    Spark), the other through ``spark_replay``."""
+    import random
+
+    from raymx.spark_bridge import spark_replay
+    from raymx.spark_bridge.initial_sync import hold_applier
+    progress(f"replay: writing {E:,} entries (10 ops each) behind two held members")
+    for m in members:
+        hold_applier(rs, m, True)
+    rnd = random.Random(3)
+    next_id = 10 ** 9
+    for j in range(E):
+        if j % 2:
+            ids = [rnd.randrange(N) for _ in range(10)]
+            coll.update_many({"_id": {"$in": ids}}, {"$set": {"score": rnd.random()}})
+        else:
+            coll.insert_many([{"_id": next_id + k, "age": k, "bio": "y" * 140}
+                              for k in range(10)])
+            next_id += 10
+    last = rs.status_of(0)["last"]
+    while any(rs.status_of(m)["last"] != last for m in members):
+        time.sleep(0.1)
+
+    def wait_applied(m):
+        while rs.status_of(m)["applied"] != last:
+            time.sleep(0.02)
+    progress("replay without Spark (the applier's parallel replay)")
+    with CPU() as a:
+        hold_applier(rs, members[0], False)
+        wait_applied(members[0])
+    progress("replay as a Spark job (spark_replay)")
+    with CPU() as b:
+        out = spark_replay.spark_replay(spark, rs, members[1], progress=False)
+        wait_applied(members[1])
+    print(f"far-behind member: {E:,} entries (half insert_many of 10 new documents, half "
+          "update_many of 10 by _id)")
+    row("replay without Spark (applier, parallel replay)", E / a.seconds, "entries/s",
+        f"{a.seconds:.1f} s, CPU {a.total / E * 1e6:.0f} us/entry")
+    row("replay as a Spark job (spark_replay)", E / b.seconds, "entries/s",
+        f"{b.seconds:.1f} s, ratio {a.seconds / b.seconds:.2f} (target >= 0.5), CPU "
+        f"{b.total / E * 1e6:.0f} us/entry of which Spark {b.spark / E * 1e6:.0f}; "
+        f"phases {', '.join(f'{k} {v:.1f} s' for k, v in out.get('phases', {}).items())}")
 
 
 if __name__ == "__main__":
