@@ -138,6 +138,23 @@ class SnapshotSource:
     def checksums(self) -> dict:
         return dict(self.sums)
 
+    # --- a Spark copy's spool on this node (raymx.spark_bridge.copy_tasks) ------
+    def make_spool(self) -> str:
+        import tempfile
+        return tempfile.mkdtemp(prefix="raymx-copy-")
+
+    def spooled(self, spool: str, i: int) -> list:
+        from raymx.spark_bridge import copy_tasks
+        return copy_tasks.ready(spool, i)
+
+    def take_file(self, path: str) -> bytes:
+        from raymx.spark_bridge import copy_tasks
+        return copy_tasks.take_file(path)
+
+    def drop_spool(self, spool: str) -> None:
+        import shutil
+        shutil.rmtree(spool, ignore_errors=True)
+
     def close(self) -> None:
         with self._lock:
             self.snap.close()

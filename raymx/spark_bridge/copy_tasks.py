@@ -100,15 +100,37 @@ def read_parts(m: dict, gtid: list, entry: bytes | None, parts: list, spool: str
         touched = touched_since(e, t, GTID(*gtid), entry)
         for i in idx:
             p = snapshot.Part.of(parts[i])
+            path = part_path(spool, i)
             if not unchanged(p, touched):
+                with open(path + ".unproven", "wb"):
+                    pass
                 yield _row(i, False, 0, "", "")
                 continue
             run, (n, digest) = snapshot.read_run(t, p)
-            path = os.path.join(spool, f"part-{i:06d}")
             with open(path + ".tmp", "wb") as f:
                 f.write(run)
             os.replace(path + ".tmp", path)  # a retried task writes the same bytes again
             yield _row(i, True, n, digest, path)
+
+
+def part_path(spool: str, i: int) -> str:
+    return os.path.join(spool, f"part-{i:06d}")
+
+
+def ready(spool: str, i: int) -> list[str]:
+    """What the Spark tasks have spooled for partitions ``i``, ``i+1``, ...
+    (stopping at the first not done): ``"run"`` (a file to load) or
+    ``"unproven"`` (to read from the snapshot). A Ray task on the node."""
+    names = set(os.listdir(spool))
+    out = []
+    while True:
+        n = os.path.basename(part_path(spool, i + len(out)))
+        if n in names:
+            out.append("run")
+        elif n + ".unproven" in names:
+            out.append("unproven")
+        else:
+            return out
 
 
 def _row(i, local, n, digest, path) -> pa.RecordBatch:
@@ -116,10 +138,9 @@ def _row(i, local, n, digest, path) -> pa.RecordBatch:
                                         "path": path}], schema=PART_SCHEMA)
 
 
-def copy_dataframe(spark, m: dict, info: dict, spool: str, counter, slices: int):
+def copy_dataframe(spark, m: dict, info: dict, spool: str, slices: int):
     """The copy's DataFrame: ``slices`` Spark tasks, each reading a contiguous
-    run of partitions (``read_parts``); ``counter`` (a Spark accumulator)
-    counts the rows read, for progress."""
+    run of partitions (``read_parts``)."""
     from raymx.spark_bridge import session
     parts, n = info["parts"], len(info["parts"])
     gtid, entry = info["gtid"], info["entry"]
@@ -129,9 +150,7 @@ def copy_dataframe(spark, m: dict, info: dict, spool: str, counter, slices: int)
         for b in batches:
             for s in b.column(0).to_pylist():
                 idx = list(range(s * n // slices, (s + 1) * n // slices))
-                for out in read_parts(m, gtid, entry, parts, spool, idx):
-                    counter.add(max(1, out.column(2)[0].as_py()))
-                    yield out
+                yield from read_parts(m, gtid, entry, parts, spool, idx)
     return spark.range(0, slices, 1, slices).mapInArrow(run, session.spark_schema(PART_SCHEMA))
 
 
@@ -143,23 +162,41 @@ def take_file(path: str) -> bytes:
     return b
 
 
-def run_job(job, bar, counter, every_s: float = 0.2):
-    """``job()`` (a Spark action) in a thread while ``bar`` follows
-    ``counter`` (an accumulator the tasks add to; the driver sees a task's
-    additions when it ends); returns what the action returned."""
-    out: dict = {}
+class Job:
+    """``action()`` (a Spark action) run in a thread of the driver."""
 
-    def go():
+    def __init__(self, action):
+        self._out: dict = {}
+        self._th = threading.Thread(target=self._go, args=(action,), name="raymx-spark-job",
+                                    daemon=True)
+        self._th.start()
+
+    def _go(self, action):
         try:
-            out["v"] = job()
+            self._out["v"] = action()
         except BaseException as e:  # re-raised in the caller's thread
-            out["e"] = e
-    th = threading.Thread(target=go, name="raymx-spark-job", daemon=True)
-    th.start()
-    while th.is_alive():
-        th.join(every_s)
+            self._out["e"] = e
+
+    def alive(self) -> bool:
+        return self._th.is_alive()
+
+    def wait(self, s: float) -> None:
+        self._th.join(s)
+
+    def result(self):
+        self._th.join()
+        if "e" in self._out:
+            raise self._out["e"]
+        return self._out["v"]
+
+
+def run_job(action, bar, counter, every_s: float = 0.2):
+    """``action()`` (a Spark action) while ``bar`` follows ``counter`` (an
+    accumulator the tasks add to; the driver sees a task's additions when it
+    ends); returns what the action returned."""
+    job = Job(action)
+    while job.alive():
+        job.wait(every_s)
         bar.done = counter.value
         bar.update(0)
-    if "e" in out:
-        raise out["e"]
-    return out["v"]
+    return job.result()

@@ -130,54 +130,71 @@ def _copy_with_ray(src, dst, info, bar, window: int = 4) -> None:
 
 
 def _copy_with_spark(spark, rs, source: int, src, dst, info, bar, phases: dict,
-                     window: int = 4) -> dict:
+                     window: int = 4, poll_s: float = 0.1) -> dict:
     """The copy as a Spark job (``copy_tasks``): Spark tasks on the source's
     node read their partitions as stored at the snapshot's GTID from the
-    source's folder, checksum them and spool the runs there; the driver then
-    loads the runs in partition order (the target bulk-loads sorted runs),
-    reading any partition a task could not prove unchanged from ``src``.
-    Returns the checksums the Spark tasks computed, by partition."""
+    source's folder, checksum them and spool the runs there. While the job
+    runs, the driver loads the spooled runs in partition order as they
+    appear (the target bulk-loads sorted runs), reading a partition a task
+    could not prove unchanged from ``src``. Returns the checksums the Spark
+    tasks computed, by partition."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from raymx.spark_bridge import copy_tasks
     cfg = rs.config()
     m = next(x for x in cfg["members"] if x["id"] == source)
     m = dict(m, limits=cfg["limits"])
-    on_node = NodeAffinitySchedulingStrategy(m["node_id"], soft=False)
-    spool = ray.get(_node_call(on_node, _make_spool))
+    # the source's process runs on its node: it makes, reads and drops the spool
+    spool = ray.get(src.make_spool.remote())
     parts = info["parts"]
+    pending: list = []
+    from_file: set = set()
+
+    def load(i: int, kind: str) -> None:
+        p = parts[i]
+        if kind == "run":
+            run = src.take_file.remote(copy_tasks.part_path(spool, i))
+            from_file.add(i)
+        else:  # written to since the snapshot: from the snapshot's own transaction
+            run, _ = src.read.remote(p)
+        pending.append(dst.load_rows.remote(p[1], run, 1, p[0]))
+        while len(pending) >= window:
+            done, pending[:] = ray.wait(pending, num_returns=1)
+            bar.update(ray.get(done[0]))
     try:
-        counter = spark.sparkContext.accumulator(0)
         slices = max(1, min(len(parts), 2 * spark.sparkContext.defaultParallelism))
-        df = copy_tasks.copy_dataframe(spark, m, info, spool, counter, slices)
+        df = copy_tasks.copy_dataframe(spark, m, info, spool, slices)
         t0 = time.monotonic()
-        rows = copy_tasks.run_job(df.collect, bar, counter)
-        phases["spark_read"] = time.monotonic() - t0
-        phases["unproven_parts"] = sum(1 for r in rows if not r["local"])
-        bar.step(f"{bar.label}: loading", info["rows"])
+        job = copy_tasks.Job(df.collect)
+        i = 0
+        while job.alive() and i < len(parts):
+            ready = ray.get(src.spooled.remote(spool, i))
+            for kind in ready:
+                load(i, kind)
+                i += 1
+            if not ready:
+                job.wait(poll_s)
+        rows = job.result()  # raises what failed the job
+        phases["spark_job"] = time.monotonic() - t0
         got = {r["part"]: r for r in rows}
-        missing = [i for i in range(len(parts)) if i not in got]
+        missing = [j for j in range(len(parts)) if j not in got]
         if missing:
             raise errors.CorruptEntry(f"the Spark copy returned no row for partitions {missing}")
-        sums, pending = {}, []
-        for p in parts:
-            r = got[p[0]]
-            if r["local"]:
-                run = _node_call(on_node, copy_tasks.take_file, r["path"])
-                sums[p[0]] = [r["rows"], r["digest"]]
-            else:  # written to since the snapshot: from the snapshot's own transaction
-                run, _ = src.read.remote(p)
-            pending.append(dst.load_rows.remote(p[1], run, 1, p[0]))
-            while len(pending) >= window:
-                done, pending = ray.wait(pending, num_returns=1)
-                bar.update(ray.get(done[0]))
+        phases["unproven_parts"] = sum(1 for r in rows if not r["local"])
+        for j in range(i, len(parts)):
+            load(j, "run" if got[j]["local"] else "unproven")
         for ref in pending:
             bar.update(ray.get(ref))
-        phases["load"] = time.monotonic() - t0 - phases["spark_read"]
+        sums = {}
+        for j in range(len(parts)):
+            if got[j]["local"]:
+                sums[j] = [got[j]["rows"], got[j]["digest"]]
+            elif j in from_file:  # a retried task found it changed: the source's checksum
+                ray.get(src.read.remote(parts[j])[1])
+        phases["spark_and_load"] = time.monotonic() - t0
         return sums
     finally:
-        ray.get(_node_call(on_node, _drop_spool, spool))
+        ray.get(src.drop_spool.remote(spool))
 
 
 def _make_spool() -> str:
@@ -206,7 +223,8 @@ def _node_call(node_strategy, fn, *args):
     return _remote_call.options(scheduling_strategy=node_strategy).remote(fn, *args)
 
 
-def catch_up_with_spark(spark, rs, member: int, goal: GTID, timeout_s: float) -> dict | None:
+def catch_up_with_spark(spark, rs, member: int, goal: GTID, timeout_s: float,
+                        progress: bool = True) -> dict | None:
     """The entries committed during a Spark copy, replayed by a Spark job too.
 
     The new member's applier was held through the copy (``hold_applier``);
@@ -229,7 +247,7 @@ def catch_up_with_spark(spark, rs, member: int, goal: GTID, timeout_s: float) ->
         applied = GTID(*st["applied"]) if st.get("applied") else GTID(0, 0)
         if last.seq - applied.seq < rs.config()["limits"].replay_entries_min:
             return None
-        return spark_replay(spark, rs, member)
+        return spark_replay(spark, rs, member, progress=progress)
     finally:
         hold_applier(rs, member, False)
 
