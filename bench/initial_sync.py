@@ -94,6 +94,28 @@ class CPU:
         self.spark = b[1] - self.a[1] - self.idle[1] * self.seconds
 
 
+COPIES = []  # what each copy_snapshot returned (its phases)
+
+
+def _record_copies():
+    from raymx.spark_bridge import initial_sync as isync
+    orig = isync.copy_snapshot
+
+    def copy_snapshot(*a, **k):
+        out = orig(*a, **k)
+        COPIES.append(out)
+        return out
+    isync.copy_snapshot = copy_snapshot
+
+
+def _phases(total_s: float) -> str:
+    out = COPIES[-1]
+    ph = {k: v for k, v in out["phases"].items()}
+    txt = ", ".join(f"{k} {v:.1f} s" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in ph.items())
+    return f"copy {out['seconds']:.1f} s ({txt}); start, catch-up, join {total_s - out['seconds']:.1f} s"
+
+
 def main():
     import ray
 
@@ -105,6 +127,7 @@ def main():
     progress("baseline: raw LMDB batched puts of the same documents")
     raw = raw_batched_rate(os.path.join(base, "raw"), all_docs)
 
+    _record_copies()
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              object_store_memory=1 << 30)
     # elections are not under test: a busy machine must not depose the primary
@@ -143,6 +166,7 @@ def main():
             f"{dt:.1f} s, ratio {N / dt / raw:.2f} (target >= 0.3), caught up: {ok}")
         row("  CPU per document (all processes, idle rate subtracted)",
             ray_cpu.total / N * 1e6, "us", f"(idle {CPU.idle[0]:.2f} CPU-s/s)")
+        print(f"    {_phases(dt)}")
 
         if spark is not None:
             progress("add_member(initial_sync='snapshot', spark=...), Spark path")
@@ -157,6 +181,7 @@ def main():
             row("  CPU per document (all processes, idle rate subtracted)",
                 sp_cpu.total / N * 1e6, "us",
                 f"of which Spark's JVM + Python workers {sp_cpu.spark / N * 1e6:.2f} us")
+            print(f"    {_phases(dt)}")
             if E:
                 replay_bench(rs, spark, coll, [mid, mid2])
     finally:

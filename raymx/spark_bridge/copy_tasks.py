@@ -17,7 +17,8 @@ its own read transaction, and for each of its partitions:
    checksums them, writes the run to a spool file on the node, and returns
    one small row ``(part, local, rows, digest, path)``.
 
-A partition it cannot prove (writes landed in it since G) comes back with
+A partition it cannot prove (writes landed in it since G), or any partition
+of a task on a node without the source's folder, comes back with
 ``local=False`` and is read by the driver's ``SnapshotSource`` instead, from
 the snapshot's own transaction. The driver then loads the runs into the
 target in partition order (``load_rows``, checksummed as loaded), and
@@ -95,7 +96,12 @@ def read_parts(m: dict, gtid: list, entry: bytes | None, parts: list, spool: str
     source's folder on this host (``m``: the source's config). Yields one
     ``PART_SCHEMA`` batch per partition."""
     from raymx.spark_bridge.direct import local_engine
-    e = local_engine(m["path"], m["limits"], m["id"])
+    try:
+        e = local_engine(m["path"], m["limits"], m["id"])
+    except errors.ConfigError:  # a Spark worker on another node: the source reads them
+        for i in idx:
+            yield _row(i, False, 0, "", "")
+        return
     with e.store.read() as t:
         touched = touched_since(e, t, GTID(*gtid), entry)
         for i in idx:

@@ -25,11 +25,14 @@
 """
 from __future__ import annotations
 
+import logging
 import time
 
 from raymx import errors
 from raymx.progress import Progress
 from raymx.storage.gtid import GTID
+
+log = logging.getLogger("raymx.initial_sync")
 
 
 def choose_source(status: dict, exclude: int | None = None) -> int:
@@ -231,7 +234,8 @@ def catch_up_with_spark(spark, rs, member: int, goal: GTID, timeout_s: float,
     once its producer has written ``goal`` (the primary's last GTID when the
     load finished) the backlog is replayed by ``spark_replay`` if it holds at
     least ``Limits.replay_entries_min`` entries, else applied entry by entry.
-    The applier is released either way."""
+    The applier is released either way, and catches up itself if the Spark
+    replay fails (logged; returned as ``{"error": ...}``)."""
     import ray
 
     from raymx.spark_bridge.spark_replay import spark_replay
@@ -247,7 +251,12 @@ def catch_up_with_spark(spark, rs, member: int, goal: GTID, timeout_s: float,
         applied = GTID(*st["applied"]) if st.get("applied") else GTID(0, 0)
         if last.seq - applied.seq < rs.config()["limits"].replay_entries_min:
             return None
-        return spark_replay(spark, rs, member, progress=progress)
+        try:
+            return spark_replay(spark, rs, member, progress=progress)
+        except Exception as e:  # the applier (released below) catches up instead
+            log.warning("member %d: the Spark replay failed (%s: %.300s); its applier "
+                        "catches up instead", member, type(e).__name__, e)
+            return {"error": f"{type(e).__name__}: {e}"[:300]}
     finally:
         hold_applier(rs, member, False)
 
