@@ -54,6 +54,21 @@ class Applier:
         self.delay_ms = int(delay_s * 1000)
         self._wake.set()
 
+    # --- a Spark replay's spool on this node (raymx.spark_bridge.spark_replay) ----
+    def make_spool(self) -> str:
+        import tempfile
+        return tempfile.mkdtemp(prefix="raymx-replay-")
+
+    def merge_replay(self, paths: list, offsets: list):
+        """The Spark tasks' spooled range tables merged (an Arrow table), for
+        the member's ``replay_block``."""
+        from raymx.spark_bridge.spark_replay import merge_runs
+        return merge_runs(paths, offsets)
+
+    def drop_spool(self, spool: str) -> None:
+        import shutil
+        shutil.rmtree(spool, ignore_errors=True)
+
     @ray.method(concurrency_group="control")
     def pause(self, paused: bool) -> None:
         """Hold applying (a rollback is rewriting the oplog); waits for a running batch."""

@@ -200,32 +200,6 @@ def _copy_with_spark(spark, rs, source: int, src, dst, info, bar, phases: dict,
         ray.get(src.drop_spool.remote(spool))
 
 
-def _make_spool() -> str:
-    import tempfile
-    return tempfile.mkdtemp(prefix="raymx-copy-")
-
-
-def _drop_spool(path: str) -> None:
-    import shutil
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _call(fn, *args):
-    return fn(*args)
-
-
-_remote_call = None
-
-
-def _node_call(node_strategy, fn, *args):
-    """``fn(*args)`` run as a Ray task on the node ``node_strategy`` pins (an ObjectRef)."""
-    global _remote_call
-    import ray
-    if _remote_call is None:
-        _remote_call = ray.remote(num_cpus=0, max_retries=0)(_call)
-    return _remote_call.options(scheduling_strategy=node_strategy).remote(fn, *args)
-
-
 def catch_up_with_spark(spark, rs, member: int, goal: GTID, timeout_s: float,
                         progress: bool = True) -> dict | None:
     """The entries committed during a Spark copy, replayed by a Spark job too.

@@ -11,8 +11,8 @@ spools the result as an Arrow file on that node; it returns one small row
 (the range's entry count, its commands, its first uses).
 
 The driver numbers the segments across ranges (range r's local segment s is
-global segment s + the commands of the ranges before it), and a Ray task on
-the member's node merges the spooled tables (``merge_runs``: one Arrow sort
+global segment s + the commands of the ranges before it), and the member's
+applier process (on its node, held meanwhile) merges the spooled tables (``merge_runs``: one Arrow sort
 by (segment, ns, pk, seq, i) and keeping each key's last row, vectorised) so
 a document changed in several ranges is written once per segment. The
 member writes the result in that order (``SegmentWriter``: index
@@ -167,10 +167,10 @@ def spark_replay(spark, rs, member: int, max_entries: int | None = None,
     ``entries_per_read``: entries per Spark task (default: the range cut into
     twice Spark's default parallelism)."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from raymx.spark_bridge.initial_sync import _drop_spool, _make_spool, _node_call
     h = rs.member(member)
+    # the member's applier process (on its node, held during the replay)
+    # makes, merges and drops the spool: no other process starts for it
+    applier = ray.get_actor(f"{rs.name}/m{member}/applier", namespace="raymx")
     t0 = time.monotonic()
     cfg = rs.config()
     m = dict(next(x for x in cfg["members"] if x["id"] == member), limits=cfg["limits"])
@@ -183,8 +183,7 @@ def spark_replay(spark, rs, member: int, max_entries: int | None = None,
     plan = ray.get(h.replay_prepare.remote(max_entries, entries_per_read))  # holds the applier
     if plan is None:
         return {"entries": 0, "seconds": time.monotonic() - t0}
-    on_node = NodeAffinitySchedulingStrategy(m["node_id"], soft=False)
-    spool = ray.get(_node_call(on_node, _make_spool))
+    spool = ray.get(applier.make_spool.remote())
     bar = Progress(f"member {member}: Spark replay", plan["entries"], progress, unit="entries")
     phases = {}
     try:
@@ -202,7 +201,7 @@ def spark_replay(spark, rs, member: int, max_entries: int | None = None,
         commands, cmds, first_use, offsets = combine(rows)
         first, last = GTID(*plan["first"]), GTID(*plan["last"])
         done = replay.done_through(first.seq, last.seq, cmds)
-        merged = _node_call(on_node, merge_runs, [r["path"] for r in rows], offsets)
+        merged = applier.merge_replay.remote([r["path"] for r in rows], offsets)
         ray.get(h.replay_begin.remote([[list(c.order), codec.pack(c.op)] for c in commands],
                                       done, [[s, ns, list(o)] for (s, ns), o in first_use.items()],
                                       list(first)))
@@ -219,6 +218,6 @@ def spark_replay(spark, rs, member: int, max_entries: int | None = None,
         raise
     finally:
         bar.close()
-        ray.get(_node_call(on_node, _drop_spool, spool))
+        ray.get(applier.drop_spool.remote(spool))
     return {"entries": plan["entries"], "documents": written, "first": first, "last": last,
             "seconds": time.monotonic() - t0, "phases": phases, "ranges": len(rows)}
