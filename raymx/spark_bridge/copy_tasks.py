@@ -169,19 +169,33 @@ def take_file(path: str) -> bytes:
 
 
 class Job:
-    """``action()`` (a Spark action) run in a thread of the driver."""
+    """``action()`` (a Spark action) run in a thread of the driver, in a Spark
+    job group of its own (``sc``), so ``cancel()`` stops its tasks only."""
 
-    def __init__(self, action):
+    def __init__(self, action, sc=None, label: str = "raymx"):
+        import uuid
         self._out: dict = {}
-        self._th = threading.Thread(target=self._go, args=(action,), name="raymx-spark-job",
-                                    daemon=True)
+        self._sc, self.group = sc, f"raymx-{uuid.uuid4().hex[:12]}"
+        self._th = threading.Thread(target=self._go, args=(action, label),
+                                    name="raymx-spark-job", daemon=True)
         self._th.start()
 
-    def _go(self, action):
+    def _go(self, action, label):
         try:
+            if self._sc is not None:  # per thread (pyspark pins Python threads to JVM ones)
+                self._sc.setJobGroup(self.group, label, interruptOnCancel=True)
             self._out["v"] = action()
         except BaseException as e:  # re-raised in the caller's thread
             self._out["e"] = e
+
+    def cancel(self, wait_s: float = 30.0) -> None:
+        """Stop the job's tasks (the caller failed meanwhile) and wait for it."""
+        if self._sc is not None and self.alive():
+            try:
+                self._sc.cancelJobGroup(self.group)
+            except Exception:
+                pass
+        self._th.join(wait_s)
 
     def alive(self) -> bool:
         return self._th.is_alive()
@@ -196,13 +210,18 @@ class Job:
         return self._out["v"]
 
 
-def run_job(action, bar, counter, every_s: float = 0.2):
+def run_job(action, bar, counter, every_s: float = 0.2, sc=None):
     """``action()`` (a Spark action) while ``bar`` follows ``counter`` (an
     accumulator the tasks add to; the driver sees a task's additions when it
-    ends); returns what the action returned."""
-    job = Job(action)
-    while job.alive():
-        job.wait(every_s)
-        bar.done = counter.value
-        bar.update(0)
+    ends); returns what the action returned. Interrupted (Ctrl-C), its Spark
+    job is cancelled."""
+    job = Job(action, sc, bar.label)
+    try:
+        while job.alive():
+            job.wait(every_s)
+            bar.done = counter.value
+            bar.update(0)
+    except BaseException:
+        job.cancel()
+        raise
     return job.result()

@@ -396,4 +396,4 @@ def write_partitions(df, url: str, ns: str, mode: str, wc: dict, keep_nulls: boo
     fn = _writer(url, ns, mode, wc, keep_nulls, batch_docs, counter)
     job = df.mapInArrow(fn, session.spark_schema(WRITE_RESULT_SCHEMA)).collect
     with Progress(f"Spark write to {ns} ({mode})", None, progress, unit="docs") as bar:
-        return run_job(job, bar, counter)
+        return run_job(job, bar, counter, sc=df.sparkSession.sparkContext)

@@ -164,11 +164,12 @@ def _copy_with_spark(spark, rs, source: int, src, dst, info, bar, phases: dict,
         while len(pending) >= window:
             done, pending[:] = ray.wait(pending, num_returns=1)
             bar.update(ray.get(done[0]))
+    job = None
     try:
         slices = max(1, min(len(parts), 2 * spark.sparkContext.defaultParallelism))
         df = copy_tasks.copy_dataframe(spark, m, info, spool, slices)
         t0 = time.monotonic()
-        job = copy_tasks.Job(df.collect)
+        job = copy_tasks.Job(df.collect, spark.sparkContext, bar.label)
         i = 0
         while job.alive() and i < len(parts):
             ready = ray.get(src.spooled.remote(spool, i))
@@ -197,6 +198,8 @@ def _copy_with_spark(spark, rs, source: int, src, dst, info, bar, phases: dict,
         phases["spark_and_load"] = time.monotonic() - t0
         return sums
     finally:
+        if job is not None:
+            job.cancel()  # the load failed: no task writes into the spool after this
         ray.get(src.drop_spool.remote(spool))
 
 

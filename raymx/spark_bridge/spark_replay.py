@@ -190,7 +190,8 @@ def spark_replay(spark, rs, member: int, max_entries: int | None = None,
         counter = spark.sparkContext.accumulator(0)
         from raymx.spark_bridge.copy_tasks import run_job
         df = replay_dataframe(spark, m, plan["ranges"], spool, counter)
-        rows = sorted(run_job(df.collect, bar, counter), key=lambda r: r["r"])
+        rows = sorted(run_job(df.collect, bar, counter, sc=spark.sparkContext),
+                      key=lambda r: r["r"])
         phases["spark"] = time.monotonic() - t0
         read = sum(r["entries"] for r in rows)
         if len(rows) != len(plan["ranges"]) or read != plan["entries"]:
