@@ -14,10 +14,15 @@ documents (``RAYMX_BENCH_SYNC_N``, default 1,000,000). Then, timed:
 3. the same through Spark (``spark=``: Spark tasks read the partitions from
    the source's LMDB folder as of the snapshot's GTID, the target loads the
    runs), unless ``RAYMX_BENCH_SYNC_SPARK=0`` (the Spark session is started
-   and warmed up before the clock starts: a user passes a running one).
+   and warmed up before the clock starts: a user passes a running one);
+4. with Spark: two far-behind members (the two just created, appliers held
+   while the same ``E`` entries are written, ``RAYMX_BENCH_SYNC_REPLAY``,
+   default 20,000, 0 skips it): one catches up through its applier's
+   parallel replay, the other through ``spark_replay``.
 
 Prints documents/s for each, the ratio to the baseline (target >= 0.3), the
-Spark path's ratio to the Ray path (target >= 0.5), and the CPU each path
+Spark path's ratio to the Ray path (target >= 0.5; the same for the
+replay), the copy's phases, and the CPU each path
 used per document: every process of this run (driver, Ray, members, the
 Spark JVMs and their Python workers) summed from /proc before and after,
 less what the same processes use idle in as long, and the Spark processes'
