@@ -105,5 +105,10 @@ def test_snapshot_member_creation_as_a_spark_job(spark, ray_session, tmp_path):
         assert out["via"] == "spark"
         assert out["replay"] is not None and out["replay"]["entries"] >= 20, out
         assert assert_converged(ray_session, rs, mid)[1] > 1
+        # nothing written meanwhile: every partition was read by a Spark task
+        # from the source's own files (none from the snapshot's process)
+        out = rs.resync_member(mid, spark=spark, progress=False)
+        assert out["phases"]["unproven_parts"] == 0 and out["parts"] >= 2, out
+        assert assert_converged(ray_session, rs, mid)[1] > 1
     finally:
         rs.shutdown()
