@@ -345,7 +345,8 @@ class ReplicaSet:
             return out
         goal = GTID(*self.status_of(self._primary_id())["last"])
         if spark is not None:
-            out["replay"] = isync.catch_up_with_spark(spark, self, mid, goal, timeout_s)
+            out["replay"] = isync.catch_up_with_spark(spark, self, mid, goal, timeout_s,
+                                                      progress)
         isync.wait_caught_up(self, mid, goal, timeout_s, progress)
         deadline = time.monotonic() + timeout_s
         while any(x["id"] == mid and "joining" in x for x in self.config()["members"]):

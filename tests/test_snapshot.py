@@ -200,3 +200,47 @@ def test_a_hot_copy_joins_from_its_repl_info_point(tmp_path):
     catch_up(p, c)  # skips the GTIDs it has, re-applies 31.. from their images
     assert workload.state(c)["state"] == workload.state(p)["state"]
     assert c.verify_oplog() == p.last()[0].seq
+
+
+def test_spark_tasks_read_as_of_the_snapshot_only_what_they_prove_unchanged(tmp_path):
+    # a Spark copy task reads a partition from its own, later transaction: it
+    # may only if no entry after the snapshot's GTID touches the partition's
+    # keys (copy_tasks.touched_since/unchanged); then its rows are exactly
+    # the snapshot's (same checksum)
+    from raymx.spark_bridge import copy_tasks
+    p = lmdb_engine(tmp_path, "p")
+    p.set_term(1)
+    with p.begin() as tx:
+        tx.create_index("db.a", "v")
+    with p.begin() as tx:
+        tx.insert("db.a", [{"_id": i, "v": i % 5} for i in range(100)])
+    with p.begin() as tx:
+        tx.insert("db.b", [{"_id": i} for i in range(100)])
+    snap = snapshot.Snapshot(p, rows_per_part=10)
+    info = snap.info()
+    want = {x.index: snap.read(x)[1] for x in snap.parts}
+    with p.begin() as tx:  # after the snapshot: one document of db.a changes
+        tx.update("db.a", {"_id": 95}, {"$set": {"v": 7}})
+    g = GTID(*info["gtid"])
+    with p.store.read() as t:
+        touched = copy_tasks.touched_since(p, t, g, info["entry"])
+        proven = [x for x in snap.parts if copy_tasks.unchanged(x, touched)]
+        for x in proven:
+            assert snapshot.read_run(t, x)[1] == want[x.index]
+        unproven = {x.index for x in snap.parts} - {x.index for x in proven}
+        # db.a's docs partition holding _id 95 and every partition of db.a's index
+        assert [x.db for x in snap.parts if x.index in unproven].count("docs") == 1
+        assert all(x.index in unproven for x in snap.parts if x.db == "index")
+        assert len(proven) == 19
+        changed = [x for x in snap.parts if x.index in unproven
+                   and snapshot.read_run(t, x)[1] != want[x.index]]
+        assert changed  # reading those as stored would have copied the wrong rows
+        with pytest.raises(errors.Diverged):  # the entry at G is not the planned one
+            copy_tasks.touched_since(p, t, g, b"other bytes")
+    with p.begin() as tx:  # a command since the snapshot (an implicit create): nothing
+        tx.insert("db.c", [{"_id": "new"}])  # is proven
+    with p.store.read() as t:
+        touched = copy_tasks.touched_since(p, t, g, info["entry"])
+        assert touched is None
+        assert not any(copy_tasks.unchanged(x, touched) for x in snap.parts)
+    snap.close()

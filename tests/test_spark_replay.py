@@ -4,43 +4,47 @@ import time
 import pytest
 
 import raymx
-from raymx.actors.core import replication as rep
 from raymx.spark_bridge import spark_replay
-from raymx.storage import replay
+from raymx.storage import codec, replay
 from raymx.storage.engine import Engine
 from raymx.storage.limits import Limits
 from raymx.storage.store import MemoryStore
 from tests import workload
 from tests.test_initial_sync import Writer, assert_converged
-from tests.test_replay import ONE, primary, serial
+from tests.test_replay import primary, serial
 from tests.test_replication import wait_until
 
 
 @pytest.mark.parametrize("seed", [11, 12])
-def test_spark_explode_and_last_images_equal_one_at_a_time_apply(spark, seed):
+@pytest.mark.parametrize("cuts", [1, 4])
+def test_ranges_planned_apart_and_merged_equal_one_at_a_time_apply(seed, cuts):
+    # what the Spark tasks (plan_range per GTID range) and the merge on the
+    # member's node compute: the state of applying the entries one at a time,
+    # and row for row the single-process plan
     p = primary(seed, 300, command_p=0.05)
     want = workload.state(serial(p))
     s = Engine(MemoryStore())
     workload.ship(p, s)
-    with s.store.read() as t:
-        rows = rep._rows(t, None, None, 1 << 62, 1 << 62)
-    df = spark.createDataFrame([(k, v, list(c)) for k, v, c in rows],
-                               "gtid binary, entry binary, chunks array<binary>")
-    out, ex, commands, cmds, first_use = spark_replay.last_images_df(spark, df, 3)
-    try:
-        got = out.collect()
-    finally:
-        ex.unpersist()
     entries = list(replay.unapplied_entries(s))
+    n = len(entries)
+    outs = [spark_replay.plan_range(entries[k * n // cuts:(k + 1) * n // cuts])
+            for k in range(cuts)]
+    rows = [{"cmds": codec.pack(c), "first_use": codec.pack(
+        [[sg, ns, list(o)] for (sg, ns), o in fu.items()])} for _, c, fu, _ in outs]
+    commands, cmds, first_use, offsets = spark_replay.combine(rows)
+    merged = spark_replay.merge_tables([o[0] for o in outs], offsets).to_pylist()
+    assert sum(o[3] for o in outs) == n
     done = replay.done_through(entries[0][0].seq, entries[-1][0].seq, cmds)
     w = replay.SegmentWriter(s, commands, done, first_use, entries[0][0].to_bytes(), 50)
-    w.write([replay.Change(r["seg"], r["ns"], bytes(r["pk"]), (r["seq"], r["i"]),
-                           None if r["kind"] == "d" else bytes(r["post"])) for r in got])
+    w.write([replay.Change(r["seg"], r["ns"], r["pk"], (r["seq"], r["i"]),
+                           None if r["kind"] == "d" else r["post"]) for r in merged])
     w.close()
     assert workload.state(s) == want
-    # and the same as the single-process plan, row for row
-    assert [(r["seg"], r["ns"], bytes(r["pk"])) for r in got] == \
-        [(c.segment, c.ns, c.pk) for c in replay.plan(entries)[0]]
+    changes, plan_cmds, _, plan_first_use, *_ = replay.plan(entries)
+    assert [(r["seg"], r["ns"], r["pk"], (r["seq"], r["i"])) for r in merged] == \
+        [(c.segment, c.ns, c.pk, c.order) for c in changes]
+    assert [c.order for c in commands] == [c.order for c in plan_cmds]
+    assert first_use == plan_first_use
 
 
 def test_far_behind_member_replays_with_spark_then_tails(spark, ray_session, tmp_path):
@@ -100,6 +104,11 @@ def test_snapshot_member_creation_as_a_spark_job(spark, ray_session, tmp_path):
             w.finish()
         assert out["via"] == "spark"
         assert out["replay"] is not None and out["replay"]["entries"] >= 20, out
+        assert assert_converged(ray_session, rs, mid)[1] > 1
+        # nothing written meanwhile: every partition was read by a Spark task
+        # from the source's own files (none from the snapshot's process)
+        out = rs.resync_member(mid, spark=spark, progress=False)
+        assert out["phases"]["unproven_parts"] == 0 and out["parts"] >= 2, out
         assert assert_converged(ray_session, rs, mid)[1] > 1
     finally:
         rs.shutdown()

@@ -56,6 +56,21 @@ class Applier:
         self.delay_ms = int(delay_s * 1000)
         self._wake.set()
 
+    # --- a Spark replay's spool on this node (raymx.spark_bridge.spark_replay) ----
+    def make_spool(self) -> str:
+        import tempfile
+        return tempfile.mkdtemp(prefix="raymx-replay-")
+
+    def merge_replay(self, paths: list, offsets: list):
+        """The Spark tasks' spooled range tables merged (an Arrow table), for
+        the member's ``replay_block``."""
+        from raymx.spark_bridge.spark_replay import merge_runs
+        return merge_runs(paths, offsets)
+
+    def drop_spool(self, spool: str) -> None:
+        import shutil
+        shutil.rmtree(spool, ignore_errors=True)
+
     @ray.method(concurrency_group="control")
     def pause(self, paused: bool) -> None:
         """Hold applying (a rollback is rewriting the oplog); waits for a running batch."""
@@ -142,6 +157,23 @@ class SnapshotSource:
 
     def checksums(self) -> dict:
         return dict(self.sums)
+
+    # --- a Spark copy's spool on this node (raymx.spark_bridge.copy_tasks) ------
+    def make_spool(self) -> str:
+        import tempfile
+        return tempfile.mkdtemp(prefix="raymx-copy-")
+
+    def spooled(self, spool: str, i: int) -> list:
+        from raymx.spark_bridge import copy_tasks
+        return copy_tasks.ready(spool, i)
+
+    def take_file(self, path: str) -> bytes:
+        from raymx.spark_bridge import copy_tasks
+        return copy_tasks.take_file(path)
+
+    def drop_spool(self, spool: str) -> None:
+        import shutil
+        shutil.rmtree(spool, ignore_errors=True)
 
     def close(self) -> None:
         with self._lock:

@@ -321,7 +321,8 @@ def replace_batch(client, ns: str, docs: list[dict], wc: dict, merge: bool
             time.sleep(0.2)  # the client finds the new primary on the next call
 
 
-def _writer(url: str, ns: str, mode: str, wc: dict, keep_nulls: bool, batch_docs: int):
+def _writer(url: str, ns: str, mode: str, wc: dict, keep_nulls: bool, batch_docs: int,
+            counter=None):
     db, coll = ns.split(".", 1)
 
     def write(chunk):
@@ -343,11 +344,15 @@ def _writer(url: str, ns: str, mode: str, wc: dict, keep_nulls: bool, batch_docs
                     if fut is not None:  # one statement on the wire while the next converts
                         g, n, miss = fut.result()
                         written, missing = written + n, missing + miss
+                        if counter is not None:
+                            counter.add(n)
                         newest = g if newest is None or (g is not None and g > newest) else newest
                     fut = nxt
             if fut is not None:
                 g, n, miss = fut.result()
                 written, missing = written + n, missing + miss
+                if counter is not None:
+                    counter.add(n)
                 newest = g if newest is None or (g is not None and g > newest) else newest
         finally:
             pool.shutdown(wait=True)
@@ -380,9 +385,15 @@ def clear_collection(rs, ns: str, wc: dict) -> list[dict]:
 
 
 def write_partitions(df, url: str, ns: str, mode: str, wc: dict, keep_nulls: bool,
-                     batch_docs: int) -> list:
+                     batch_docs: int, progress: bool = True) -> list:
     """Run the write as one Spark job; the per-partition results (successful
-    task attempts only)."""
+    task attempts only). Progress: documents written, as tasks end
+    (``raymx.progress``: a bar on a terminal, a line every few seconds else)."""
+    from raymx.progress import Progress
     from raymx.spark_bridge import session
-    fn = _writer(url, ns, mode, wc, keep_nulls, batch_docs)
-    return df.mapInArrow(fn, session.spark_schema(WRITE_RESULT_SCHEMA)).collect()
+    from raymx.spark_bridge.copy_tasks import run_job
+    counter = df.sparkSession.sparkContext.accumulator(0)
+    fn = _writer(url, ns, mode, wc, keep_nulls, batch_docs, counter)
+    job = df.mapInArrow(fn, session.spark_schema(WRITE_RESULT_SCHEMA)).collect
+    with Progress(f"Spark write to {ns} ({mode})", None, progress, unit="docs") as bar:
+        return run_job(job, bar, counter, sc=df.sparkSession.sparkContext)

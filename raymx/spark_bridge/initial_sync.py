@@ -10,9 +10,11 @@
    ``docs`` and ``index`` sub-databases.
 3. The partitions travel as stored bytes, never through the driver: either
    straight from the source's actor to the target's (``spark=None``), or as a
-   Spark job (``spark=`` a session from ``raymx.spark_bridge``): the partitions
-   come out through a Ray Data datasource, Spark range-partitions and sorts
-   them by key for the target, and the target bulk-loads each sorted run.
+   Spark job (``spark=`` a session from ``raymx.spark_bridge``): Spark tasks on
+   the source's node read the partitions as of the snapshot's GTID from the
+   source's LMDB folder themselves, checksum them and spool the runs on that
+   node (``copy_tasks``); the target bulk-loads them in key order. (The
+   partitions are key ranges already in order: nothing is sorted.)
 4. The target compares each partition's checksum (computed by the source while
    reading it) with its own copy, writes the snapshot's oplog entry, and its
    producer starts pulling after that GTID; entries committed during the copy
@@ -23,12 +25,14 @@
 """
 from __future__ import annotations
 
+import logging
 import time
 
 from raymx import errors
 from raymx.progress import Progress
-from raymx.storage import codec
 from raymx.storage.gtid import GTID
+
+log = logging.getLogger("raymx.initial_sync")
 
 
 def choose_source(status: dict, exclude: int | None = None) -> int:
@@ -74,11 +78,12 @@ def copy_snapshot(rs, source: int, target: int, spark=None, rows_per_part: int |
         bar = Progress(f"member {target}: copying from {source}", info["rows"], progress)
         ray.get(dst.load_begin.remote(info))
         phases["plan"] = time.monotonic() - t0
+        sums = {}
         if spark is None:
             _copy_with_ray(src, dst, info, bar)
         else:
-            _copy_with_spark(spark, src, dst, info, bar)
-        sums = ray.get(src.checksums.remote())
+            sums = _copy_with_spark(spark, rs, source, src, dst, info, bar, phases)
+        sums.update(ray.get(src.checksums.remote()))
         phases["copy"] = time.monotonic() - t0 - phases["plan"]
     finally:
         try:
@@ -127,63 +132,87 @@ def _copy_with_ray(src, dst, info, bar, window: int = 4) -> None:
         bar.update(ray.get(ref))
 
 
-def snapshot_datasource(src, info):
-    """A Ray Data datasource over an open snapshot's partitions: one read task
-    per partition, rows ``(part, db, key, value)`` with the stored bytes."""
-    import pyarrow as pa
+def _copy_with_spark(spark, rs, source: int, src, dst, info, bar, phases: dict,
+                     window: int = 4, poll_s: float = 0.1) -> dict:
+    """The copy as a Spark job (``copy_tasks``): Spark tasks on the source's
+    node read their partitions as stored at the snapshot's GTID from the
+    source's folder, checksum them and spool the runs there. While the job
+    runs, the driver loads the spooled runs in partition order as they
+    appear (the target bulk-loads sorted runs), reading a partition a task
+    could not prove unchanged from ``src``. Returns the checksums the Spark
+    tasks computed, by partition."""
     import ray
-    from ray.data import Datasource, ReadTask
-    from ray.data.block import BlockMetadata
 
-    schema = pa.schema([("part", pa.int32()), ("db", pa.string()), ("key", pa.binary()),
-                        ("value", pa.binary())])
+    from raymx.spark_bridge import copy_tasks
+    cfg = rs.config()
+    m = next(x for x in cfg["members"] if x["id"] == source)
+    m = dict(m, limits=cfg["limits"])
+    # the source's process runs on its node: it makes, reads and drops the spool
+    spool = ray.get(src.make_spool.remote())
     parts = info["parts"]
+    pending: list = []
+    from_file: set = set()
 
-    class SnapshotPartitions(Datasource):
-        def estimate_inmemory_data_size(self):
-            return None
+    def load(i: int, kind: str) -> None:
+        p = parts[i]
+        if kind == "run":
+            run = src.take_file.remote(copy_tasks.part_path(spool, i))
+            from_file.add(i)
+        else:  # written to since the snapshot: from the snapshot's own transaction
+            run, _ = src.read.remote(p)
+        pending.append(dst.load_rows.remote(p[1], run, 1, p[0]))
+        while len(pending) >= window:
+            done, pending[:] = ray.wait(pending, num_returns=1)
+            bar.update(ray.get(done[0]))
+    job = None
+    try:
+        slices = max(1, min(len(parts), 2 * spark.sparkContext.defaultParallelism))
+        df = copy_tasks.copy_dataframe(spark, m, info, spool, slices)
+        t0 = time.monotonic()
+        job = copy_tasks.Job(df.collect, spark.sparkContext, bar.label)
+        i = 0
+        while job.alive() and i < len(parts):
+            ready = ray.get(src.spooled.remote(spool, i))
+            for kind in ready:
+                load(i, kind)
+                i += 1
+            if not ready:
+                job.wait(poll_s)
+        rows = job.result()  # raises what failed the job
+        phases["spark_job"] = time.monotonic() - t0
+        got = {r["part"]: r for r in rows}
+        missing = [j for j in range(len(parts)) if j not in got]
+        if missing:
+            raise errors.CorruptEntry(f"the Spark copy returned no row for partitions {missing}")
+        phases["unproven_parts"] = sum(1 for r in rows if not r["local"])
+        for j in range(i, len(parts)):
+            load(j, "run" if got[j]["local"] else "unproven")
+        for ref in pending:
+            bar.update(ray.get(ref))
+        sums = {}
+        for j in range(len(parts)):
+            if got[j]["local"]:
+                sums[j] = [got[j]["rows"], got[j]["digest"]]
+            elif j in from_file:  # a retried task found it changed: the source's checksum
+                ray.get(src.read.remote(parts[j])[1])
+        phases["spark_and_load"] = time.monotonic() - t0
+        return sums
+    finally:
+        if job is not None:
+            job.cancel()  # the load failed: no task writes into the spool after this
+        ray.get(src.drop_spool.remote(spool))
 
-        def get_read_tasks(self, parallelism, per_task_row_limit=None, data_context=None):
-            tasks = []
-            for p in parts:
-                def read(p=p):
-                    run_ref, _ = src.read.remote(p)
-                    rows = codec.unpack_rows(ray.get(run_ref))
-                    yield pa.table({"part": pa.array([p[0]] * len(rows), pa.int32()),
-                                    "db": pa.array([p[1]] * len(rows), pa.string()),
-                                    "key": pa.array([k for k, _ in rows], pa.binary()),
-                                    "value": pa.array([v for _, v in rows], pa.binary())},
-                                   schema=schema)
-                tasks.append(ReadTask(read, BlockMetadata(None, None, None, None, None),
-                                      schema=schema))
-            return tasks
 
-    return SnapshotPartitions()
-
-
-def _copy_with_spark(spark, src, dst, info, bar) -> None:
-    """The copy as a Spark job: partitions out through the datasource, range
-    partitioned and sorted by (db, key) for the target, bulk-loaded run by run."""
-    import ray
-    ds = ray.data.read_datasource(snapshot_datasource(src, info),
-                                  override_num_blocks=max(1, len(info["parts"])))
-    df = ds.to_spark(spark)
-    n_out = max(1, len(info["parts"]))
-    out = df.repartitionByRange(n_out, "db", "key").sortWithinPartitions("db", "key") \
-        .select("db", "key", "value")
-    back = ray.data.from_spark(out)
-    for ref in back.to_arrow_refs():
-        bar.update(ray.get(dst.load_table.remote(ref)))
-
-
-def catch_up_with_spark(spark, rs, member: int, goal: GTID, timeout_s: float) -> dict | None:
+def catch_up_with_spark(spark, rs, member: int, goal: GTID, timeout_s: float,
+                        progress: bool = True) -> dict | None:
     """The entries committed during a Spark copy, replayed by a Spark job too.
 
     The new member's applier was held through the copy (``hold_applier``);
     once its producer has written ``goal`` (the primary's last GTID when the
     load finished) the backlog is replayed by ``spark_replay`` if it holds at
     least ``Limits.replay_entries_min`` entries, else applied entry by entry.
-    The applier is released either way."""
+    The applier is released either way, and catches up itself if the Spark
+    replay fails (logged; returned as ``{"error": ...}``)."""
     import ray
 
     from raymx.spark_bridge.spark_replay import spark_replay
@@ -199,7 +228,12 @@ def catch_up_with_spark(spark, rs, member: int, goal: GTID, timeout_s: float) ->
         applied = GTID(*st["applied"]) if st.get("applied") else GTID(0, 0)
         if last.seq - applied.seq < rs.config()["limits"].replay_entries_min:
             return None
-        return spark_replay(spark, rs, member)
+        try:
+            return spark_replay(spark, rs, member, progress=progress)
+        except Exception as e:  # the applier (released below) catches up instead
+            log.warning("member %d: the Spark replay failed (%s: %.300s); its applier "
+                        "catches up instead", member, type(e).__name__, e)
+            return {"error": f"{type(e).__name__}: {e}"[:300]}
     finally:
         hold_applier(rs, member, False)
 
