@@ -29,7 +29,8 @@ from raymx import errors
 from raymx.actors.commit import GroupCommit, WriteConcernWaiters, _mono_ms
 from raymx.actors.core.gtid_manager import GTIDManager
 from raymx.actors.core.primary import deposed, sees_majority
-from raymx.actors.reads import ReadPath, Reply, _Cursor, _gtid_in, gtid_out  # noqa: F401
+from raymx.actors.reads import (ID_POINT_TYPES, ReadPath, Reply, _Cursor,  # noqa: F401
+                                _gtid_in, gtid_out)
 from raymx.actors.trimming import TrimPath
 from raymx.storage import codec
 from raymx.storage.engine import Engine, Transaction, WriteResult
@@ -92,10 +93,7 @@ def _runs_on_port(item: tuple, insert_docs_max: int) -> bool:
     if op not in ("update", "delete") or req.get("multi"):
         return False
     flt = req.get("filter")
-    return type(flt) is dict and "_id" in flt and type(flt["_id"]) in _ID_POINT
-
-
-_ID_POINT = frozenset((int, str, float, bytes))  # an _id equality the engine looks up
+    return type(flt) is dict and "_id" in flt and type(flt["_id"]) in ID_POINT_TYPES
 
 
 class _Session:
@@ -189,6 +187,7 @@ class ShardService(ReadPath, TrimPath):
         self.commits = 0
         self.write_groups = 0  # LMDB transactions that carried several queued writes
         self.port_writes = 0   # writes run on the client port's thread (see _drain)
+        self.port_reads = 0    # point reads run there (see submit_read)
         self.watchers = ThreadPoolExecutor(32, thread_name_prefix="raymx-watch")
         self.oplog_cap = {"max_bytes": limits.oplog_bytes_max, "max_age_s": None, "force": False}
         self.trim = {"trimmed": 0, "txns": 0, "max_txn_entries": 0, "max_txn_ms": 0.0, "ms": 0.0,
@@ -352,7 +351,7 @@ class ShardService(ReadPath, TrimPath):
             if op == "watch":
                 self.watchers.submit(self._watch, req, reply)
             else:
-                self.readers.submit(self._read, req, reply, conn)
+                self.submit_read(req, reply, conn)
         elif op == "topology":  # clients outside Ray learn the set's members here
             self.readers.submit(self._topology, reply)
         else:
@@ -776,6 +775,7 @@ class ShardService(ReadPath, TrimPath):
                 "replicatable": gtid_out(self.gm.replicatable()),
                 "commits": self.commits, "syncs": self.group.syncs,
                 "write_groups": self.write_groups, "port_writes": self.port_writes,
+                "port_reads": self.port_reads,
                 "majority": gtid_out(self.wc.majority_point()) if self.primary else None,
                 "majority_known": gtid_out(self.majority_known),
                 "open_cursors": len(self._cursors) + len(self._cursors_busy)}
