@@ -91,6 +91,28 @@ class PostgreSQL:
             raise Unavailable(f"{prog} failed ({p.returncode}): {(p.stderr or p.stdout)[-300:]}")
         return p.stdout
 
+    def cpu_s(self) -> float:
+        """CPU seconds of the server so far: the postmaster, its reaped children
+        (the backends of past connections) and its live ones (Linux /proc)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        try:
+            with open(os.path.join(self.dir, "postmaster.pid")) as f:
+                pid = int(f.readline())
+            with open(f"/proc/{pid}/stat") as f:
+                total = sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:15]) / tick
+        except (OSError, ValueError):
+            return 0.0
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open(f"/proc/{d}/stat") as f:
+                        rest = f.read().rsplit(")", 1)[1].split()
+                    if int(rest[1]) == pid:
+                        total += (int(rest[11]) + int(rest[12])) / tick
+                except (OSError, ValueError):
+                    pass
+        return total
+
     def stop(self) -> None:
         try:
             self._run("pg_ctl", "-D", self.dir, "-m", "immediate", "-w", "stop")
@@ -120,8 +142,10 @@ def pg_work(k, dsn, mode, start_at, end_at, make_doc):
         have = cur.execute("SELECT max(id) FROM docs WHERE id >= %s AND id < %s",
                            (base, base + 1_000_000_000)).fetchone()[0]
         i = 0 if have is None else have - base + 1
-        if mode == "select" and have is None:
-            return (k, 0, [], 1, "no rows to select", 0.0)
+        if mode == "select" and have is None:  # its insert level ran too late under load
+            d = make_doc(base, rnd)
+            cur.execute(INSERT, (d["_id"], d["name"], d["age"], d["city"], d["score"], d["bio"]))
+            i = 1
         n, errs, last_err, lat = 0, 0, None, []
         now = time.monotonic()
         if start_at > now:

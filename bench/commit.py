@@ -8,19 +8,27 @@ Measures, with ~200-byte documents:
    they never join Ray);
 2. beside it, the raw LMDB rate of one fsync-ed transaction per document and
    the rate of trivial Ray actor calls;
-3. the ratio of (1) to the raw fsync rate at 8 and 16 clients (targets 2.0
-   and 4.0), next to published peer figures; plus, for diagnosis, the
-   non-durable (``j=False``) rate at 8 and 16 clients: the request-path
-   ceiling that group commit can at best approach (each target is printed
-   beside it), and a bare msgpack echo (an asyncio server in its own process,
+3. the same clients against PostgreSQL, started by this benchmark when its
+   binaries are present (bench/_pg.py: ``initdb`` into a temporary folder, a
+   loopback port, ``synchronous_commit=on``, ``fsync=on``; psycopg, one
+   ~200-byte single-row insert per autocommit transaction): raymx j=True
+   against it at 1, 8 and 16 clients, target ratio 1.0 (printed as skipped,
+   with the reason, when PostgreSQL is absent);
+4. for diagnosis: the ratio of (1) to the raw fsync rate (old targets 2.0
+   and 4.0 at 8 and 16), the non-durable (``j=False``) rate at 8 and 16
+   clients (the request-path ceiling that group commit can at best
+   approach), and a bare msgpack echo (an asyncio server in its own process,
    the same Unix socket kind, the same client processes sending the same
    documents): the ceiling of any request/response on this machine;
-4. ``insert_many`` in batches of 1,000 (default write concern) against raw
-   batched LMDB puts of the same documents.
+5. ``find_one`` by ``_id`` against PostgreSQL's primary-key ``SELECT`` with
+   the same clients (target 1.0);
+6. ``insert_many`` in batches of 1,000 (default write concern) against raw
+   batched LMDB puts of the same documents (target 0.7).
 
 Prints figures and ratios; asserts nothing (these machines are noisy: the
 load average is printed at start and end). Progress lines go to stderr.
 
+    .venv/bin/pip install -e '.[bench]'   # psycopg, for the PostgreSQL peer
     .venv/bin/python bench/commit.py
     RAYMX_BENCH_PROFILE=/tmp/prof .venv/bin/python bench/commit.py   # + cProfile of client 0
     RAY_worker_niceness=0 .venv/bin/python bench/commit.py         # member not niced by Ray
@@ -275,7 +283,7 @@ def raw_fsync_rate(path, per_txn_env_sync):
 
 
 def echo_rates(pool, base) -> dict:
-    """Requests/s of the client pool against a bare echo server, at 8 and 16."""
+    """Requests/s of the client pool against a bare echo server, at every level."""
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     path = os.path.join(base, "echo.sock")
@@ -286,7 +294,7 @@ def echo_rates(pool, base) -> dict:
         if not ready.wait(30):
             raise RuntimeError("the echo server did not start")
         out = {}
-        for n in (8, 16):
+        for n in LEVELS:
             progress(f"bare msgpack echo, {n} clients, {ECHO_S:.0f} s")
             total, _, _ = pool.run(n, ECHO_S, mode="echo", arg=path)
             out[n] = total / ECHO_S
@@ -329,30 +337,6 @@ def cpu_note(total, member_s, client_s, server="member") -> str:
             f"client {client_s / total * 1e6:.0f} us")
 
 
-def tree_cpu_s(pid) -> float:
-    """CPU seconds of a process, its reaped children and its live children
-    (PostgreSQL: the postmaster and its backends)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            rest = f.read().rsplit(")", 1)[1].split()
-        total += sum(int(x) for x in rest[11:15]) / tick
-    except (OSError, ValueError):
-        return 0.0
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                rest = f.read().rsplit(")", 1)[1].split()
-            if int(rest[1]) == pid:
-                total += (int(rest[11]) + int(rest[12])) / tick
-        except (OSError, ValueError):
-            pass
-    return total
-
-
 def load():
     return "load avg " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -383,8 +367,6 @@ def main():
         import _pg
         progress("PostgreSQL: initdb, pg_ctl start")
         pg = _pg.start(base)
-        with open(os.path.join(pg.dir, "postmaster.pid")) as f:
-            pg_pid = int(f.readline())
     except Exception as e:  # _pg.Unavailable: the reason is printed in the results
         pg_skip = str(e)
         progress(f"PostgreSQL skipped: {pg_skip}")
@@ -426,11 +408,11 @@ def main():
                     cpu_note(total, proc_cpu_s(member_pid) - c0, pool.cpu_s))
 
         def pg_level(n, mode):
-            c0 = tree_cpu_s(pg_pid)
+            c0 = pg.cpu_s()
             total, lat, errs = pool.run(n, DURATION_S, mode=mode, arg=pg.dsn)
             time.sleep(0.2)  # the backends exit and are reaped: their CPU is counted
             return (total / DURATION_S, lat, errs,
-                    cpu_note(total, tree_cpu_s(pg_pid) - c0, pool.cpu_s, "server"))
+                    cpu_note(total, pg.cpu_s() - c0, pool.cpu_s, "server"))
 
         def find_level(n):
             c0 = proc_cpu_s(member_pid)
@@ -547,11 +529,13 @@ def main():
         print(f"{pg.version}, same run: {pg.settings}; psycopg {psycopg_version()} client "
               f"processes (the same ones), TCP loopback; raymx clients use a Unix socket")
         print(f"  {'clients':<8} {'raymx j=True':>13} {'PostgreSQL':>11} {'ratio':>6}   "
-              f"target >= {PEER_TARGET:.1f}")
+              f"{'target >= ' + format(PEER_TARGET, '.1f'):<16} {'echo (no work)':>14}")
         for n in LEVELS:
             r, p = results[n][0], pg_res[n][0]
             print(f"  {n:<8} {r:>13,.0f} {p:>11,.0f} {r / p if p else 0:>6.2f}   "
-                  f"{'met' if p and r / p >= PEER_TARGET else 'NOT met'}")
+                  f"{'met' if p and r / p >= PEER_TARGET else 'NOT met':<16} {echo[n]:>14,.0f}")
+        print("  (echo: the same client processes against a bare msgpack echo server doing no "
+              "work: the ceiling of any request/response here)")
         for n in LEVELS:
             r, lat, errs, cpu = pg_res[n]
             row(f"  PostgreSQL insert, {n:>2} client(s)", r, "txn/s",
