@@ -8,19 +8,27 @@ Measures, with ~200-byte documents:
    they never join Ray);
 2. beside it, the raw LMDB rate of one fsync-ed transaction per document and
    the rate of trivial Ray actor calls;
-3. the ratio of (1) to the raw fsync rate at 8 and 16 clients (targets 2.0
-   and 4.0), next to published peer figures; plus, for diagnosis, the
-   non-durable (``j=False``) rate at 8 and 16 clients: the request-path
-   ceiling that group commit can at best approach (each target is printed
-   beside it), and a bare msgpack echo (an asyncio server in its own process,
+3. the same clients against PostgreSQL, started by this benchmark when its
+   binaries are present (bench/_pg.py: ``initdb`` into a temporary folder, a
+   loopback port, ``synchronous_commit=on``, ``fsync=on``; psycopg, one
+   ~200-byte single-row insert per autocommit transaction): raymx j=True
+   against it at 1, 8 and 16 clients, target ratio 1.0 (printed as skipped,
+   with the reason, when PostgreSQL is absent);
+4. for diagnosis: the ratio of (1) to the raw fsync rate (old targets 2.0
+   and 4.0 at 8 and 16), the non-durable (``j=False``) rate at 8 and 16
+   clients (the request-path ceiling that group commit can at best
+   approach), and a bare msgpack echo (an asyncio server in its own process,
    the same Unix socket kind, the same client processes sending the same
    documents): the ceiling of any request/response on this machine;
-4. ``insert_many`` in batches of 1,000 (default write concern) against raw
-   batched LMDB puts of the same documents.
+5. ``find_one`` by ``_id`` against PostgreSQL's primary-key ``SELECT`` with
+   the same clients (target 1.0);
+6. ``insert_many`` in batches of 1,000 (default write concern) against raw
+   batched LMDB puts of the same documents (target 0.7).
 
 Prints figures and ratios; asserts nothing (these machines are noisy: the
 load average is printed at start and end). Progress lines go to stderr.
 
+    .venv/bin/pip install -e '.[bench]'   # psycopg, for the PostgreSQL peer
     .venv/bin/python bench/commit.py
     RAYMX_BENCH_PROFILE=/tmp/prof .venv/bin/python bench/commit.py   # + cProfile of client 0
     RAY_worker_niceness=0 .venv/bin/python bench/commit.py         # member not niced by Ray
@@ -46,7 +54,8 @@ PING_N = 2000             # sequential Ray actor calls
 ECHO_S = 2.0              # per bare-echo level
 N_BATCH = 50_000          # insert_many docs (50 batches of 1,000)
 BATCH_ROUNDS = 3          # alternating driver / raw rounds, the best of each kept
-PEERS = (("PostgreSQL 15", 3300), ("MariaDB 10.11", 2000))  # durable txns/s, 8 clients
+PEER_TARGET = 1.0          # raymx j=True : PostgreSQL durable txn/s, and find_one : PK SELECT
+BATCH_TARGET = 0.7         # insert_many : raw batched LMDB puts
 
 
 # --- client processes -------------------------------------------------------
@@ -77,10 +86,18 @@ def client_worker(k, topo, cmd_q, res_q):
         cmd = cmd_q.get()
         if cmd is None:
             break
-        start_at, end_at, durable, profile, echo = cmd
-        if echo:
-            res_q.put(echo_client(k, echo, start_at, end_at, rnd))
+        start_at, end_at, durable, profile, mode, arg = cmd
+        if mode == "echo":
+            res_q.put(echo_client(k, arg, start_at, end_at, rnd))
             continue
+        if mode in ("pg-insert", "pg-select"):
+            from _pg import pg_work
+            try:
+                res_q.put(pg_work(k, arg, mode[3:], start_at, end_at, make_doc))
+            except Exception as e:
+                res_q.put((k, 0, [], 1, repr(e)[:300], 0.0))
+            continue
+        find = mode == "find"
         c = coll if durable else fast
         prof = None
         if profile:
@@ -95,13 +112,20 @@ def client_worker(k, topo, cmd_q, res_q):
             prof.enable()
         cpu0 = time.process_time()
         while True:
-            d = make_doc(base + i, rnd)
-            i += 1
+            if find:
+                want = base + rnd.randrange(i)
+            else:
+                d = make_doc(base + i, rnd)
+                i += 1
             t0 = time.monotonic()
             if t0 >= end_at:
+                i -= not find  # this document was never inserted: find never asks for it
                 break
             try:
-                c.insert_one(d)
+                if not find:
+                    c.insert_one(d)
+                elif c.find_one({"_id": want}) is None:
+                    raise LookupError(f"document {want} not found")
             except Exception as e:  # count it, say what it was, keep going
                 errs += 1
                 last_err = repr(e)[:300]
@@ -191,14 +215,18 @@ class Clients:
                     self.close()
                     raise RuntimeError(f"client processes failed to start (dead: {dead})")
 
-    def run(self, n, duration, durable=True, profile=None, echo=None):
+    def run(self, n, duration, durable=True, profile=None, mode="insert", arg=None):
         """Synchronised start: every client starts at the same monotonic instant
         (CLOCK_MONOTONIC is system-wide on Linux) and stops at the same one.
-        ``echo``: the path of an echo server to talk to instead of the member."""
-        start_at = time.monotonic() + 0.3
+        ``mode``: "insert" (single-document inserts), "find" (``find_one`` by
+        ``_id`` among the documents this client inserted), "echo" (``arg``: the
+        path of an echo server), "pg-insert" / "pg-select" (``arg``: a
+        PostgreSQL DSN; the same clients through psycopg)."""
+        start_at = time.monotonic() + 0.5
         end_at = start_at + duration
         for k in range(n):
-            self.cmd_qs[k].put((start_at, end_at, durable, profile if k == 0 else None, echo))
+            self.cmd_qs[k].put((start_at, end_at, durable, profile if k == 0 else None,
+                                mode, arg))
         got = [self.res_q.get(timeout=duration + 60) for _ in range(n)]
         total = sum(g[1] for g in got)
         lat = sorted(x for g in got for x in g[2])
@@ -255,7 +283,7 @@ def raw_fsync_rate(path, per_txn_env_sync):
 
 
 def echo_rates(pool, base) -> dict:
-    """Requests/s of the client pool against a bare echo server, at 8 and 16."""
+    """Requests/s of the client pool against a bare echo server, at every level."""
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     path = os.path.join(base, "echo.sock")
@@ -266,9 +294,9 @@ def echo_rates(pool, base) -> dict:
         if not ready.wait(30):
             raise RuntimeError("the echo server did not start")
         out = {}
-        for n in (8, 16):
+        for n in LEVELS:
             progress(f"bare msgpack echo, {n} clients, {ECHO_S:.0f} s")
-            total, _, _ = pool.run(n, ECHO_S, echo=path)
+            total, _, _ = pool.run(n, ECHO_S, mode="echo", arg=path)
             out[n] = total / ECHO_S
         return out
     finally:
@@ -302,10 +330,10 @@ def proc_cpu_s(pid) -> float:
         return 0.0
 
 
-def cpu_note(total, member_s, client_s) -> str:
+def cpu_note(total, member_s, client_s, server="member") -> str:
     if not total:
         return ""
-    return (f"; CPU per txn: member {member_s / total * 1e6:.0f} us, "
+    return (f"; CPU per txn: {server} {member_s / total * 1e6:.0f} us, "
             f"client {client_s / total * 1e6:.0f} us")
 
 
@@ -334,6 +362,15 @@ def main():
     progress("raw LMDB: one fsync-ed txn per doc (sync=True env)")
     raw_st = raw_fsync_rate(os.path.join(base, "raw-synctrue"), False)
 
+    pg, pg_skip = None, None
+    try:
+        import _pg
+        progress("PostgreSQL: initdb, pg_ctl start")
+        pg = _pg.start(base)
+    except Exception as e:  # _pg.Unavailable: the reason is printed in the results
+        pg_skip = str(e)
+        progress(f"PostgreSQL skipped: {pg_skip}")
+
     progress("ray.init")
     ray.init(address="local", num_cpus=2, include_dashboard=False,
              object_store_memory=100 * 1024**2, log_to_driver=False)
@@ -361,12 +398,25 @@ def main():
             member_nice = "?"
         progress(f"start {max(LEVELS)} client processes (spawn)")
         pool = Clients(topo, max(LEVELS))
-        results, raw_at = {}, {}
+        results, raw_at, pg_res, finds, pg_finds = {}, {}, {}, {}, {}
 
         def level(n, durable, prof=None):
             """(txn/s, latencies, errors, CPU note) of n clients inserting one doc at a time."""
             c0 = proc_cpu_s(member_pid)
             total, lat, errs = pool.run(n, DURATION_S, durable, prof)
+            return (total / DURATION_S, lat, errs,
+                    cpu_note(total, proc_cpu_s(member_pid) - c0, pool.cpu_s))
+
+        def pg_level(n, mode):
+            c0 = pg.cpu_s()
+            total, lat, errs = pool.run(n, DURATION_S, mode=mode, arg=pg.dsn)
+            time.sleep(0.2)  # the backends exit and are reaped: their CPU is counted
+            return (total / DURATION_S, lat, errs,
+                    cpu_note(total, pg.cpu_s() - c0, pool.cpu_s, "server"))
+
+        def find_level(n):
+            c0 = proc_cpu_s(member_pid)
+            total, lat, errs = pool.run(n, DURATION_S, mode="find")
             return (total / DURATION_S, lat, errs,
                     cpu_note(total, proc_cpu_s(member_pid) - c0, pool.cpu_s))
         try:
@@ -379,10 +429,19 @@ def main():
                 r, lat, errs, cpu = level(n, True, prof)
                 results[n] = (r, lat, per_sync(m0, member_counters(rs)), errs,
                               cpu + f"; {load()}")
+                if pg is not None:
+                    progress(f"PostgreSQL durable inserts, {n} client(s), {DURATION_S:.0f} s")
+                    pg_res[n] = pg_level(n, "pg-insert")
             fast = {}  # the same clients with no sync at all: what group commit can approach
             for n in TARGETS:
                 progress(f"non-durable (j=False) inserts, {n} clients, {DURATION_S:.0f} s")
                 fast[n] = level(n, False)
+            for n in LEVELS:
+                progress(f"find_one by _id, {n} client(s), {DURATION_S:.0f} s")
+                finds[n] = find_level(n)
+                if pg is not None:
+                    progress(f"PostgreSQL SELECT by primary key, {n} client(s)")
+                    pg_finds[n] = pg_level(n, "pg-select")
             echo = echo_rates(pool, base)
         finally:
             pool.close()
@@ -423,6 +482,8 @@ def main():
         if rs is not None:
             rs.shutdown()
         ray.shutdown()
+        if pg is not None:
+            pg.stop()
         shutil.rmtree(base, ignore_errors=True)
 
     ref = {n: max(raw_first, raw_at[n]) for n in LEVELS}  # never flatter the ratio
@@ -461,16 +522,53 @@ def main():
             verdict += (f" (needs {need:,.0f} txn/s; with no sync at all the same clients "
                         f"make {ceiling:,.0f}: {need / ceiling:.2f}x of that)")
         print(f"  {n:>2} client(s) {x:>47.2f}x  {verdict}")
-    print("peers, durable txn/s at 8 clients (published figures, other hardware):")
-    r8 = results[8][0]
-    for name, v in PEERS:
-        row(f"  {name}", v, "txn/s", f"raymx at 8 clients = {r8 / v:.2f}x")
+    print()
+    if pg is None:
+        print(f"PostgreSQL: SKIPPED ({pg_skip})")
+    else:
+        print(f"{pg.version}, same run: {pg.settings}; psycopg {psycopg_version()} client "
+              f"processes (the same ones), TCP loopback; raymx clients use a Unix socket")
+        print(f"  {'clients':<8} {'raymx j=True':>13} {'PostgreSQL':>11} {'ratio':>6}   "
+              f"{'target >= ' + format(PEER_TARGET, '.1f'):<16} {'echo (no work)':>14}")
+        for n in LEVELS:
+            r, p = results[n][0], pg_res[n][0]
+            print(f"  {n:<8} {r:>13,.0f} {p:>11,.0f} {r / p if p else 0:>6.2f}   "
+                  f"{'met' if p and r / p >= PEER_TARGET else 'NOT met':<16} {echo[n]:>14,.0f}")
+        print("  (echo: the same client processes against a bare msgpack echo server doing no "
+              "work: the ceiling of any request/response here)")
+        for n in LEVELS:
+            r, lat, errs, cpu = pg_res[n]
+            row(f"  PostgreSQL insert, {n:>2} client(s)", r, "txn/s",
+                f"p50 {pct(lat, .5):.1f} ms, p99 {pct(lat, .99):.1f} ms"
+                + (f", {errs} FAILED" if errs else "") + cpu)
+    print()
+    print("find_one by _id (raymx) and SELECT by primary key (PostgreSQL), same clients")
+    for n in LEVELS:
+        r, lat, errs, cpu = finds[n]
+        extra = ""
+        if pg is not None:
+            p = pg_finds[n][0]
+            extra = (f"PostgreSQL {p:,.0f}: ratio {r / p if p else 0:.2f} (target >= "
+                     f"{PEER_TARGET:.1f}: {'met' if p and r / p >= PEER_TARGET else 'NOT met'}); ")
+        row(f"  raymx find_one, {n:>2} client(s)", r, "reads/s",
+            extra + f"p50 {pct(lat, .5):.2f} ms" + (f", {errs} FAILED" if errs else "") + cpu)
+    if pg is not None:
+        for n in LEVELS:
+            r, lat, errs, cpu = pg_finds[n]
+            row(f"  PostgreSQL SELECT, {n:>2} client(s)", r, "reads/s",
+                f"p50 {pct(lat, .5):.2f} ms" + (f", {errs} FAILED" if errs else "") + cpu)
     print()
     print(f"batched inserts, 1,000 docs per transaction (best of {BATCH_ROUNDS} alternating rounds)")
     row("raw LMDB+msgpack batched puts, no sync", raw_b, "docs/s", raw_b_cpu)
     row("driver insert_many, default write concern", drv_b, "docs/s",
-        f"ratio {drv_b / raw_b:.2f} (target >= 0.5: {'met' if drv_b / raw_b >= 0.5 else 'NOT met'})")
+        f"ratio {drv_b / raw_b:.2f} (target >= {BATCH_TARGET}: "
+        f"{'met' if drv_b / raw_b >= BATCH_TARGET else 'NOT met'})")
     print(f"  {drv_cpu}")
+
+
+def psycopg_version() -> str:
+    import psycopg
+    return f"{psycopg.__version__} ({psycopg.pq.__impl__})"
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ import pytest
 from raymx import errors
 from raymx.client import Connection
 from raymx.storage.limits import Limits
-from tests.port_helpers import SECRET, client_of, frame, raw_after_hello, serving, wait_for
+from tests.port_helpers import (SECRET, busy_writer, client_of, frame, raw_after_hello, serving,
+                                wait_for)
 from tests.port_helpers import port  # noqa: F401 (the fixture)
 
 
@@ -103,4 +104,44 @@ def test_large_documents_come_back_in_batches_that_fit_a_frame(port):
             list(tx["big"]["c"].find())
         assert len(list(tx["big"]["c"].find({"_id": {"$lt": 3}}))) == 3
     assert coll.count_documents({}) == 40
+    c.close()
+
+
+def test_point_reads_run_on_the_port_thread_and_others_on_the_readers(port):
+    """A find of the one document its filter names by _id (readConcern local)
+    runs on the port's thread: the right document, or none, with its
+    projection and the rest of its filter, also while the writer is busy. A
+    find that may scan, waits for a GTID, or reads at the majority point goes
+    to the reader pool and answers the same."""
+    p, svc = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    ids = list(range(20)) + [f"s{k}" for k in range(5)] + [2.5, b"\x01b"]
+    c.request({"op": "insert", "ns": "pt.c", "docs": [{"_id": i, "n": k} for k, i in enumerate(ids)]})
+
+    def find(flt, **kw):
+        return c.request({"op": "find", "ns": "pt.c", "filter": flt, "limit": 1, **kw})
+    before = svc.port_reads
+    blocker = busy_writer(svc)  # a point read never waits for the writer
+    try:
+        for k, i in enumerate(ids):
+            assert find({"_id": i}) == {"cursor": 0, "docs": [{"_id": i, "n": k}]}
+        assert find({"_id": 999}) == {"cursor": 0, "docs": []}
+        assert find({"_id": 3, "n": 4})["docs"] == []  # the rest of the filter applies
+        assert find({"_id": 3}, projection={"n": 0})["docs"] == [{"_id": 3}]
+        assert find({"_id": "s1"}, readConcern="local")["docs"] == [{"_id": "s1", "n": 21}]
+    finally:
+        blocker.set()
+    assert svc.port_reads == before + len(ids) + 4
+    with pytest.raises(errors.InvalidFilter):  # a bad request is answered, the port serves on
+        find({"_id": 1}, skip=-1)
+    last, _ = svc.e.last()
+    before = svc.port_reads
+    for flt, kw in (({"_id": {"$gt": 17}}, {}), ({"n": 3}, {}),
+                    ({"_id": 3}, {"readConcern": "majority"}),
+                    ({"_id": 3}, {"after": [last.term, last.seq]}),
+                    ({"_id": [1, 2]}, {})):
+        out = find(flt, **kw)
+        assert out["cursor"] == 0 and len(out["docs"]) <= 1, (flt, kw)
+    assert find({"_id": {"$gt": 17}})["docs"] == [{"_id": 18, "n": 18}]
+    assert svc.port_reads == before  # none of those ran on the port
     c.close()

@@ -108,6 +108,7 @@ class ShardService(ReadPath, TrimPath, SessionPath):
         self.commits = 0
         self.write_groups = 0  # LMDB transactions that carried several queued writes
         self.port_writes = 0   # writes run on the client port's thread (see _drain)
+        self.port_reads = 0    # point reads run there (see submit_read)
         self.watchers = ThreadPoolExecutor(32, thread_name_prefix="raymx-watch")
         self.oplog_cap = {"max_bytes": limits.oplog_bytes_max, "max_age_s": None, "force": False}
         self.trim = {"trimmed": 0, "txns": 0, "max_txn_entries": 0, "max_txn_ms": 0.0, "ms": 0.0,
@@ -605,6 +606,7 @@ class ShardService(ReadPath, TrimPath, SessionPath):
                 "replicatable": gtid_out(self.gm.replicatable()),
                 "commits": self.commits, "syncs": self.group.syncs,
                 "write_groups": self.write_groups, "port_writes": self.port_writes,
+                "port_reads": self.port_reads,
                 "majority": gtid_out(self.wc.majority_point()) if self.primary else None,
                 "majority_known": gtid_out(self.majority_known),
                 "open_cursors": len(self._cursors) + len(self._cursors_busy),

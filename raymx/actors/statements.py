@@ -7,7 +7,7 @@ group's child transaction.
 from __future__ import annotations
 
 from raymx import errors
-from raymx.actors.reads import _gtid_in, gtid_out
+from raymx.actors.reads import _gtid_in, gtid_out, id_point
 from raymx.storage import codec
 from raymx.storage.engine import Transaction, WriteResult
 
@@ -76,8 +76,5 @@ def runs_on_port(item: tuple, insert_docs_max: int) -> bool:
         return isinstance(docs, (list, codec.PackedDocuments)) and len(docs) <= insert_docs_max
     if op not in ("update", "delete") or req.get("multi"):
         return False
-    flt = req.get("filter")
-    return type(flt) is dict and "_id" in flt and type(flt["_id"]) in _ID_POINT
+    return id_point(req.get("filter"))
 
-
-_ID_POINT = frozenset((int, str, float, bytes))  # an _id equality the engine looks up
