@@ -103,3 +103,20 @@ def test_oplog_gap_and_unopenable_folder_are_reported(folder, tmp_path):
     (bad / "data.mdb").write_bytes(os.urandom(64 * 1024))
     fc = check_folder(str(bad), ledger.view(), open_engine=_open)
     assert not fc.opened and fc.problems and fc.problems[0].startswith("does not open")
+
+
+def test_isolated_check_reports_a_crashing_read(folder):
+    """The harnesses check in a child process: the same verdict on an intact
+    folder, and a folder whose pages point past the end of the file (cut
+    short, as after a power loss that kept a newer meta page) is reported,
+    whether LMDB refuses it or the reading process dies of SIGBUS."""
+    from checks import check_folder_isolated
+    path, ledger = folder
+    fc = check_folder_isolated(path, ledger.view())
+    assert fc.ok and fc.checked == 301 and fc.oplog_entries == 5
+    with open(os.path.join(path, "data.mdb"), "r+b") as f:
+        f.truncate(3 * 4096)
+    fc = check_folder_isolated(path, ledger.view())
+    assert not fc.ok and fc.problems, fc
+    assert ("the checking process died (killed by signal" in fc.problems[0]
+            or fc.problems[0].startswith("does not open")), fc.problems

@@ -190,3 +190,41 @@ def check_folder(path: str, view: LedgerView | None,
     finally:
         (close or (lambda x: x.store.close()))(e)
     return out
+
+
+def _check_child(conn, path: str, view: LedgerView | None, indexes: bool) -> None:
+    conn.send(check_folder(path, view, indexes=indexes))
+    conn.close()
+
+
+def check_folder_isolated(path: str, view: LedgerView | None, indexes: bool = True,
+                          timeout_s: float = 900.0) -> FolderCheck:
+    """``check_folder`` (with the member's own ``open_member``) in a child
+    process: a corrupt file can make LMDB read through a page pointer past the
+    end of its map (SIGBUS) or follow garbage (SIGSEGV), which is a finding to
+    report, not the end of the harness."""
+    import multiprocessing as mp
+    ctx = mp.get_context("forkserver")  # forked from a fresh server: no Ray threads
+    recv, send = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_check_child, args=(send, path, view, indexes), daemon=True)
+    p.start()
+    send.close()
+    out = None
+    try:
+        if recv.poll(timeout_s):
+            out = recv.recv()
+    except EOFError:
+        pass
+    finally:
+        recv.close()
+    if out is None and p.is_alive():
+        p.kill()
+    p.join(30)
+    if out is None:
+        out = FolderCheck(path)
+        code = p.exitcode
+        why = (f"killed by signal {-code}" if code is not None and code < 0
+               else f"exit code {code}")
+        out.problems.append(f"the checking process died ({why}): reading the folder crashed "
+                            "LMDB, e.g. SIGBUS on a page pointer past the end of the file")
+    return out

@@ -41,7 +41,7 @@ import time
 import click
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checks import Ledger, check_folder  # noqa: E402
+from checks import Ledger, check_folder_isolated  # noqa: E402
 from lazyfs import LazyFS, missing_prerequisites  # noqa: E402
 
 NS_DB, NS_COLL = "pl", "docs"
@@ -286,11 +286,11 @@ def check_members(rs, data: str, members: int, ledger: Ledger, rebuild) -> list:
     out = []
     for m in range(members):
         path = os.path.join(data, f"m{m}")
-        fc = check_folder(path, view, indexes=m in rebuild)
+        fc = check_folder_isolated(path, view, indexes=m in rebuild)
         deadline = time.monotonic() + (CATCH_UP_S if members > 1 else 0)
         while fc.missing and not fc.problems and time.monotonic() < deadline:
             time.sleep(0.5)
-            again = check_folder(path, view, indexes=False)
+            again = check_folder_isolated(path, view, indexes=False)
             fc.missing, fc.problems = again.missing, fc.problems + again.problems
         out.append(fc)
     return out

@@ -39,7 +39,7 @@ import time
 import click
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checks import Ledger, check_folder  # noqa: E402
+from checks import Ledger, check_folder_isolated  # noqa: E402
 from lazyfs import LazyFS, missing_prerequisites  # noqa: E402
 
 NS = "pl.docs"
@@ -151,7 +151,7 @@ def run_trial(binary: str, work: str, k: int, mode: str, rnd: random.Random) -> 
     view = Ledger()
     for d in _expected_state(ack).values():
         view.doc(NS, d)
-    fc = check_folder(path, view.view())
+    fc = check_folder_isolated(path, view.view())
     lz.stop()
     if fc.ok:  # the failing ones stay under --work for a look
         shutil.rmtree(lz.root)
