@@ -149,3 +149,18 @@ class LazyFS:
         if self._done_fd is not None:
             os.close(self._done_fd)
             self._done_fd = None
+
+
+def unmount_under(work: str) -> list[str]:
+    """Unmount LazyFS mounts left under ``work`` by a run that died (before
+    the folder is emptied: removing files through a live mount would reach
+    LazyFS's root)."""
+    work = os.path.abspath(work) + os.sep
+    gone = []
+    with open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 2 and parts[2] == "fuse.lazyfs" and parts[1].startswith(work):
+                subprocess.run(["fusermount3", "-u", "-z", parts[1]], check=False)
+                gone.append(parts[1])
+    return gone

@@ -42,7 +42,7 @@ import click
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import Ledger, check_folder_isolated  # noqa: E402
-from lazyfs import LazyFS, missing_prerequisites  # noqa: E402
+from lazyfs import LazyFS, missing_prerequisites, unmount_under  # noqa: E402
 
 NS_DB, NS_COLL = "pl", "docs"
 NS = f"{NS_DB}.{NS_COLL}"
@@ -360,6 +360,7 @@ def main(binary, which, cycles, work, seed, pause, rate):
     seed = int(time.time()) if seed is None else seed
     say(f"power-loss harness: seed {seed}, {cycles} cycles per configuration, LazyFS {binary}")
     if os.path.exists(work):
+        unmount_under(work)
         shutil.rmtree(work)
     os.makedirs(work)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -40,7 +40,7 @@ import click
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import Ledger, check_folder_isolated  # noqa: E402
-from lazyfs import LazyFS, missing_prerequisites  # noqa: E402
+from lazyfs import LazyFS, missing_prerequisites, unmount_under  # noqa: E402
 
 NS = "pl.docs"
 
@@ -113,6 +113,13 @@ def choose(pages: dict, strategy: str, rnd: random.Random) -> dict:
 
 def run_trial(binary: str, work: str, k: int, mode: str, rnd: random.Random) -> dict:
     lz = LazyFS(binary, work, f"{mode}{k}", os.path.join(work, f"{mode}{k}.mnt"), cache="512mb")
+    try:
+        return _trial(lz, k, mode, rnd)
+    finally:
+        lz.stop()
+
+
+def _trial(lz: LazyFS, k: int, mode: str, rnd: random.Random) -> dict:
     lz.start()
     path = os.path.join(lz.mount, "m0")
     acked = [0]
@@ -188,6 +195,7 @@ def main(binary, mode, trials, work, seed, child_path):
         sys.exit(2)
     seed = int(time.time()) if seed is None else seed
     if os.path.exists(work):
+        unmount_under(work)
         shutil.rmtree(work)
     os.makedirs(work)
     rnd = random.Random(seed)
