@@ -38,8 +38,8 @@ def missing_prerequisites(binary: str | None) -> list[str]:
     out = []
     if not binary:
         out.append("the LazyFS binary: build LazyFS from https://github.com/dsrhaslab/lazyfs "
-                   "(its README: libpcache, then lazyfs/build.sh; needs fuse3, libfuse3-dev, "
-                   "cmake, g++) and pass --lazyfs PATH/lazyfs/build/lazyfs or set RAYMX_LAZYFS")
+                   "as its README says (it needs fuse3, libfuse3-dev, cmake and g++), then "
+                   "pass --lazyfs PATH/lazyfs/build/lazyfs or set RAYMX_LAZYFS")
     elif not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
         out.append(f"the LazyFS binary: {binary} is not an executable file (build LazyFS "
                    "from https://github.com/dsrhaslab/lazyfs; the binary is lazyfs/build/lazyfs)")

@@ -11,17 +11,22 @@ at random points the harness crashes members, then checks them:
 
 Ray restarts the killed actors over their folders (every member actor has
 unlimited restarts), as after a crash. After every restart, every member's
-folder is checked through raymx's storage API (``checks.py``): it opens,
-``verify_oplog`` passes, every index equals the index rebuilt from the
-documents, and every acknowledged write is stored: on a single member
+folder is checked through raymx's storage API (``checks.py``, in a child
+process): it opens, ``verify_oplog`` passes, the crashed members' indexes
+equal the indexes rebuilt from their documents, and every acknowledged
+write is stored: on a single member
 every acknowledged ``j=True`` and majority write, on the 3-member set every
 acknowledged majority write on every member once it caught up.
 
 Needs root, FUSE (``/dev/fuse``, fuse3) and a LazyFS binary built from
 https://github.com/dsrhaslab/lazyfs (see its README); never runs in CI:
 
-    sudo RAY_AUTH_MODE=disabled PYTHONPATH=. .venv/bin/python bench/faults/powerloss.py \\
-        --lazyfs ~/lazyfs/lazyfs/build/lazyfs --cycles 100 --config both
+    sudo env RAY_AUTH_MODE=disabled PYTHONPATH=. .venv/bin/python \\
+        bench/faults/powerloss.py --lazyfs ~/lazyfs/lazyfs/build/lazyfs --cycles 100
+
+Dropping every unsynced write at once leaves exactly what the last fsync
+covered; ``torn.py`` covers the other half of a power loss (some unsynced
+pages written back, in any order).
 
 Prints one line per crash and a summary: crash points tried, corruptions
 found, acknowledged writes lost and checked, and the wall time.
