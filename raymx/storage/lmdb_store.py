@@ -1,12 +1,19 @@
 """The LMDB store (the only lmdb import).
 
-Opened with ``sync=False``: a commit is atomic and visible at once but reaches
-the disk only at ``sync()`` (one fdatasync of the data file: no write map),
-which is how group commit shares one flush among many transactions. A process
-crash loses nothing committed (the pages are in the OS's cache). A machine
-crash loses the unsynced tail, and LMDB documents that without the sync it
-keeps its integrity only on file systems that write pages in the order they
-were written (MDB_NOSYNC; ARCHITECTURE.md, "Known limits").
+Opened with ``sync=True, metasync=False`` (MDB_NOMETASYNC): each commit
+writes its pages, fdatasyncs them, then writes its meta page unsynced, so the
+meta page never reaches the disk before the pages it points to, and LMDB never
+reuses a page of the two newest meta pages' trees. ``sync()`` (one fdatasync
+of the data file: no write map) makes the last commit's meta page durable,
+which is when group commit acknowledges ``j=True`` writers; a machine crash
+before it loses at most the commits since, never the file's integrity. A
+process crash loses nothing committed (the pages are in the OS's cache).
+
+The former mode (``sync=False``: no sync at all between raymx's syncs)
+corrupted the file when a machine lost power after the kernel had written
+back some unsynced pages and not others: a newer meta page over lost pages,
+or reused pages of the last synced tree overwritten
+(``bench/faults/torn.py``, ARCHITECTURE.md "Power loss").
 
 No room (``errors.DiskFull``): every write-side call (put, put_many,
 put_sorted, put_new, delete, nested, commit and the callables ``putter``
@@ -378,7 +385,16 @@ class _Txn(_TxnBase):
             self._t.commit()
         except lmdb.Error as e:
             self._t.abort()
-            raise _refusal(self._s, e, "commit") from e
+            err = _refusal(self._s, e, "commit")
+            if err is e and self._parent is None:
+                # not a lack of room: a write or LMDB's fdatasync of the commit
+                # failed. As for a failed sync(): the kernel may have dropped
+                # pages, so this store syncs no more (the member stops)
+                self._s.failed = self._s.failed or f"commit: {type(e).__name__}: {e}"
+                raise errors.DiskFailed(f"{self._s.path}: a commit's write or sync failed "
+                                        f"({type(e).__name__}: {e}); this store syncs "
+                                        "no more") from e
+            raise err from e
         finally:
             self._ended()
 
@@ -425,7 +441,7 @@ class LMDBStore:
             ent = _ENVS.get(self.path)
             if ent is None:
                 env = lmdb.open(self.path, map_size=map_bytes, max_dbs=len(DBS) + 2,
-                                subdir=True, sync=False, metasync=False, mode=0o600,
+                                subdir=True, sync=True, metasync=False, mode=0o600,
                                 max_readers=1024, readahead=False)
                 ent = _Env(env, None, max(map_bytes, MAP_BYTES_MAX if map_bytes_max is None
                                           else map_bytes_max))
