@@ -245,6 +245,13 @@ def test_a_secondary_wakes_parked_reads_when_its_applier_applies(ray_session, tm
         topo = rs._topology()
         sec = [m for m in topo["members"] if m["role"] == "secondary"][0]
         conn = Connection(sec["host"], sec["port"], topo["secret"])
+
+        def readable():  # its sync source has confirmed it (recovering until then)
+            try:
+                return conn.request({"op": "count", "ns": "p.c"})["value"] == 1
+            except errors.NotPrimaryOrSecondary:
+                return False
+        wait_for(readable, 30)
         nxt = [g.term, g.seq + 1]
         waits = [conn.submit({"op": "find", "ns": "p.c", "after": nxt,
                               "after_timeout_ms": 30_000}) for _ in range(12)]
