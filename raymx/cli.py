@@ -41,7 +41,6 @@ def _run_showing_sync(rs, member: int, call, what: str):
     the catch-up (entries behind the primary). Returns ``call()``'s result or
     raises its error."""
     import threading
-    import time
 
     from raymx.progress import Progress
     out: dict = {}

@@ -200,7 +200,7 @@ class ReplicaSet:
         It comes back as a secondary; if it had written entries the others do
         not hold, it rolls them back (see its rollback file) and catches up.
         """
-        ray = _ray()
+        _ray()  # Ray is up (a clear error if not)
         cfg = self.config()
         m = next((x for x in cfg["members"] if x["id"] == member_id), None)
         if m is None:
@@ -297,7 +297,7 @@ class ReplicaSet:
         return out
 
     def _start(self, spec: dict, cfg: dict, members: list, initial_sync: bool = False) -> None:
-        ray = _ray()
+        _ray()  # Ray is up (a clear error if not)
         votes_map = {m["id"]: m["votes"] for m in members}
         hs = _start_member(self.name, dict(spec, initial_sync=initial_sync), cfg["secret"],
                            cfg["limits"], votes_map, cfg["extra"].get("bind_host"),
