@@ -22,6 +22,8 @@ def test_majority_reads_never_see_writes_that_are_rolled_back(ray_session, tmp_p
         coll.insert_many([{"_id": i, "v": 0} for i in range(10)], w="majority")
         coll.create_index("v", w="majority")
         others = [i for i in range(3) if i != old]
+        local = coll.watch(read_concern="local", wait_ms=300)
+        majority = coll.watch(wait_ms=300)  # read concern "majority" by default
         _pause(ray, rs, others)
         coll.insert_one({"_id": "lost", "v": 1})
         coll.update_one({"_id": 3}, {"$set": {"v": 1}})
@@ -37,6 +39,14 @@ def test_majority_reads_never_see_writes_that_are_rolled_back(ray_session, tmp_p
         assert coll.find_one({"_id": 3}, read_concern="majority") == {"_id": 3, "v": 0}
         assert [d["_id"] for d in coll.find({}, sort=[("_id", 1)], limit=3,
                                             read_concern="majority")] == [0, 1, 2]
+        # a change stream at "local" delivers the insert; one at "majority" never does
+        ev = local.try_next() or local.try_next()
+        assert ev is not None and ev["op"] == "insert" and ev["_id"] == "lost"
+        assert majority.try_next() is None and majority.try_next() is None
+        local.close()
+        majority.close()
+        with pytest.raises(errors.InvalidOperation, match="change stream"):
+            coll.watch(read_concern="snapshot")
         rs.kill_member(old)
         _pause(ray, rs, others, False)
         _new_primary(rs, old)

@@ -290,12 +290,13 @@ class ReadPath:
             log.exception("watch failed")
             reply(err=errors.RaymxError(f"internal error: {type(e).__name__}: {e}"))
 
-    def watch_gate(self, majority: bool) -> GTID | None:
-        """The newest entry a change stream may deliver here: the majority point
-        (capped at this member's oplog end), or with ``majority=False`` what is
-        durable here (the primary) or written (a secondary)."""
+    def watch_gate(self, level: str = "majority") -> GTID | None:
+        """The newest entry a change stream may deliver here: at read concern
+        ``"majority"`` the majority point (capped at this member's oplog end),
+        at ``"local"`` what is durable here (the primary) or written (a
+        secondary)."""
         last, _ = self.e.last()
-        if not majority:
+        if level == "local":
             d = self.group.durable if self.primary else last
             return d if d is not None and d != GTID(0, 0) else None
         mk = self.majority_known
@@ -308,14 +309,17 @@ class ReadPath:
         older than the live oplog is served from the set's archive while it
         holds the entries after it."""
         from raymx.storage import changes
-        majority = req.get("majority", True) is not False
+        level = req.get("readConcern", "majority")
+        if level not in ("majority", "local"):
+            raise errors.InvalidOperation(f"a change stream reads at readConcern 'majority' "
+                                          f"or 'local', not {level!r}")
         flt = changes.Filter(req.get("namespaces"), req.get("ops"))
         n_max = min(int(req.get("batch") or self.limits.watch_batch_max),
                     self.limits.watch_batch_max)
         wait_ms = min(int(req.get("wait_ms") or self.limits.watch_wait_ms), 60_000)
         after = req.get("after")
         if after is None:
-            gate = self.watch_gate(majority)
+            gate = self.watch_gate(level)
             after = [0, 0] if gate is None else list(gate)  # from now on
         token = changes.parse_token(after)
         if req.get("after") is None:  # opening a stream: its start token, at once
@@ -324,7 +328,7 @@ class ReadPath:
         self._watching += 1
         try:
             while True:
-                gate = self.watch_gate(majority)
+                gate = self.watch_gate(level)
                 try:
                     out = changes.scan(self.e, token, gate, flt, n_max, self.member_id)
                 except errors.OplogTrimmed:
@@ -339,9 +343,9 @@ class ReadPath:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return out
-                    if self.watch_gate(majority) == gate:
+                    if self.watch_gate(level) == gate:
                         self.majority_cond.wait(min(left, 0.05 if not self.primary
-                                                    and not majority else left))
+                                                    and level == "local" else left))
         finally:
             self._watching -= 1
 

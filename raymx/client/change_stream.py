@@ -27,13 +27,13 @@ class ChangeStream:
     than the oplog raises ``OplogTrimmed`` naming the oldest GTID available.
     """
 
-    def __init__(self, client: Client, after, namespaces, ops, majority, rp, batch, wait_ms):
+    def __init__(self, client: Client, after, namespaces, ops, level, rp, batch, wait_ms):
         from raymx.storage.changes import Filter, parse_token
         Filter(namespaces, ops)  # validate here, before any request
         self.client = client
         self.resume_token = None if after is None else list(parse_token(after))
         self._req = {"op": "watch", "namespaces": None if namespaces is None else list(namespaces),
-                     "ops": None if ops is None else list(ops), "majority": bool(majority),
+                     "ops": None if ops is None else list(ops), "readConcern": level,
                      "batch": batch, "wait_ms": wait_ms}
         self._rp = rp
         self._wait_s = (wait_ms or DEFAULT_LIMITS.watch_wait_ms) / 1000

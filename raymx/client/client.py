@@ -184,7 +184,7 @@ class Client:
         names = self._call({"op": "listCollections"})["value"]
         return sorted({n.split(".", 1)[0] for n in names})
 
-    def watch(self, after=None, namespaces=None, ops=None, majority: bool = True,
+    def watch(self, after=None, namespaces=None, ops=None,
               read_preference: "str | ReadPreference | None" = None, batch: int | None = None,
               wait_ms: int | None = None, read_concern: "ReadConcern | str | None" = None
               ) -> "ChangeStream":
@@ -193,19 +193,19 @@ class Client:
         ``after``: a resume token (an event's ``token``, a stream's
         ``resume_token``, or a GTID such as ``"3:1042"``); None starts at the
         current majority-committed point. ``namespaces``: ``"db"`` or
-        ``"db.coll"`` names; ``ops``: event op names. ``majority=False`` (or
-        ``read_concern="local"``) also delivers entries not yet
-        majority-committed (they may be rolled back).
+        ``"db.coll"`` names; ``ops``: event op names. ``read_concern``:
+        ``"majority"`` (the default: only majority-committed entries) or
+        ``"local"`` (also entries not yet majority-committed: they may be
+        rolled back).
         """
         rc = ReadConcern.of(read_concern)
-        if rc is not None:
-            if rc.level == "linearizable":
-                raise errors.InvalidOperation("a change stream cannot be linearizable: "
-                                              "read concern 'majority' or 'local'")
-            majority = rc.level != "local"
+        level = "majority" if rc is None else rc.level
+        if level not in ("majority", "local"):
+            raise errors.InvalidOperation(f"a change stream reads at read concern 'majority' "
+                                          f"or 'local', not {level!r}")
         rp = read_preference or self.read_preference
         rp = rp if isinstance(rp, ReadPreference) else ReadPreference(rp)
-        return ChangeStream(self, after, namespaces, ops, majority, rp, batch, wait_ms)
+        return ChangeStream(self, after, namespaces, ops, level, rp, batch, wait_ms)
 
     def transaction(self, **wc) -> "ClientTransaction":
         return ClientTransaction(self, _wc_fields(self.write_concern, wc))
