@@ -20,13 +20,14 @@ SECRET = "s3cret"
 
 
 @contextlib.contextmanager
-def serving(tmp_path, lim: Limits, tls: dict | None = None):
+def serving(tmp_path, lim: Limits, tls: dict | None = None, make_port=None):
     """(port, service) of a fresh engine under ``tmp_path`` with limits ``lim``
-    (and TLS settings ``tls``); all closed afterwards."""
+    (and TLS settings ``tls``); all closed afterwards. ``make_port(svc)``: a
+    port of another kind (the MongoDB wire port) instead of the client port."""
     e = Engine(LMDBStore(str(tmp_path / "m"), map_bytes=1 << 30), lim)
     svc = ShardService(e, lim)
-    p = ClientPort(svc, SECRET, "127.0.0.1", lim.frame_bytes_max, {"member": 0}, limits=lim,
-                   tls=tls)
+    p = make_port(svc) if make_port is not None else ClientPort(
+        svc, SECRET, "127.0.0.1", lim.frame_bytes_max, {"member": 0}, limits=lim, tls=tls)
     try:
         yield p, svc
     finally:

@@ -9,28 +9,17 @@ import pytest
 from pymongo import ReturnDocument
 from pymongo.errors import (DuplicateKeyError, OperationFailure, WriteError)
 
-from raymx.actors.shard import ShardService
-from raymx.storage.engine import Engine
 from raymx.storage.limits import Limits
-from raymx.storage.lmdb_store import LMDBStore
 from raymx.wire import framing
 from raymx.wire.server import WirePort
-
-SECRET = "s3cret"
+from tests.port_helpers import SECRET, serving
 
 
 @pytest.fixture
 def served(tmp_path):
-    lim = Limits(sync_interval_ms=20)
-    e = Engine(LMDBStore(str(tmp_path / "m"), map_bytes=1 << 30), lim)
-    svc = ShardService(e, lim)
-    p = WirePort(svc, SECRET, "127.0.0.1", {"member": 0, "replset": "rs"})
-    try:
-        yield p, svc
-    finally:
-        p.close()
-        svc.close()
-        e.store.close()
+    with serving(tmp_path, Limits(sync_interval_ms=20), make_port=lambda svc: WirePort(
+            svc, SECRET, "127.0.0.1", {"member": 0, "replset": "rs"})) as ps:
+        yield ps
 
 
 def uri(p, secret=SECRET):

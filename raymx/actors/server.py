@@ -28,6 +28,19 @@ from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS
 log = logging.getLogger("raymx.server")
 
 
+def serve_loop(loop, start, ready, what: str) -> None:
+    """Run a port's event loop on this thread: ``start`` (a coroutine) binds
+    and sets ``ready``; a port that cannot bind logs it and sets ``ready``
+    (its ``port`` stays None)."""
+    try:
+        loop.run_until_complete(start)
+    except Exception:
+        log.exception("cannot bind %s", what)
+        ready.set()
+        return
+    loop.run_forever()
+
+
 class ClientPort:
     """An asyncio server on its own thread; ``handler.handle(req, reply, conn)``.
 
@@ -98,13 +111,7 @@ class ClientPort:
                     log.warning("no Unix socket at %s; clients use TCP", self.unix_path)
                     self.unix_path = None
             self._ready.set()
-        try:
-            self._loop.run_until_complete(start())
-        except Exception:
-            log.exception("cannot bind the client port on %s", self.host)
-            self._ready.set()
-            return
-        self._loop.run_forever()
+        serve_loop(self._loop, start(), self._ready, f"the client port on {self.host}")
 
     def on_loop(self) -> bool:
         """True on the port's own thread."""

@@ -157,10 +157,13 @@ def _is_number(v: Any) -> bool:
     return type(v) in (int, float)
 
 
-def _inc(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+def _arith(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+    """$inc and $mul: a missing field counts as 0 (as MongoDB: it becomes 0
+    of the factor's type for $mul); ints stay within 64 bits."""
     w = _where(op, path)
     if not _is_number(arg):
-        raise InvalidUpdate(f"{w}: the increment must be a number, got {arg!r:.40}",
+        what = "increment" if op == "$inc" else "factor"
+        raise InvalidUpdate(f"{w}: the {what} must be a number, got {arg!r:.40}",
                             operator=op, field=path)
     c, k = d.loc(w, parts, True)
     cur = _get(c, k)
@@ -169,26 +172,7 @@ def _inc(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
     elif not _is_number(cur):
         raise InvalidUpdate(f"{w}: the field holds a non-number {cur!r:.40}", operator=op,
                             field=path)
-    new = cur + arg
-    if type(new) is int and not _INT_MIN <= new <= _INT_MAX:
-        raise InvalidUpdate(f"{w}: the result {new} does not fit in 64 bits", operator=op,
-                            field=path)
-    _put(c, k, new, w)
-
-
-def _mul(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
-    w = _where(op, path)
-    if not _is_number(arg):
-        raise InvalidUpdate(f"{w}: the factor must be a number, got {arg!r:.40}",
-                            operator=op, field=path)
-    c, k = d.loc(w, parts, True)
-    cur = _get(c, k)
-    if cur is MISSING:
-        cur = 0  # as MongoDB: a missing field becomes 0 of the factor's type
-    elif not _is_number(cur):
-        raise InvalidUpdate(f"{w}: the field holds a non-number {cur!r:.40}", operator=op,
-                            field=path)
-    new = cur * arg
+    new = cur + arg if op == "$inc" else cur * arg
     if type(new) is int and not _INT_MIN <= new <= _INT_MAX:
         raise InvalidUpdate(f"{w}: the result {new} does not fit in 64 bits", operator=op,
                             field=path)
@@ -317,9 +301,9 @@ def _rename(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
 
 
 _APPLY: dict[str, Callable[[_Cow, str, str, list[str], Any], None]] = {
-    "$set": _set, "$unset": _unset, "$inc": _inc, "$min": _min_max, "$max": _min_max,
+    "$set": _set, "$unset": _unset, "$inc": _arith, "$min": _min_max, "$max": _min_max,
     "$push": _push, "$addToSet": _add_to_set, "$pull": _pull, "$rename": _rename,
-    "$mul": _mul, "$pop": _pop, "$setOnInsert": _set_on_insert,
+    "$mul": _arith, "$pop": _pop, "$setOnInsert": _set_on_insert,
 }
 
 

@@ -20,6 +20,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from raymx.actors.server import serve_loop
 from raymx.wire import framing
 from raymx.wire.auth import Credential
 from raymx.wire.commands import Dispatcher
@@ -70,13 +71,7 @@ class WirePort:
                                                           port)
             self.port = self._server.sockets[0].getsockname()[1]
             self._ready.set()
-        try:
-            self._loop.run_until_complete(start())
-        except Exception:
-            log.exception("cannot bind the MongoDB wire port on %s", self.host)
-            self._ready.set()
-            return
-        self._loop.run_forever()
+        serve_loop(self._loop, start(), self._ready, f"the MongoDB wire port on {self.host}")
 
     def close(self) -> None:
         async def stop():
