@@ -577,7 +577,8 @@ class ReplicaSet:
     def mongodb_uri(self, with_secret: bool = True) -> str:
         """A connection string pymongo and mongosh take as is (the wire ports)."""
         from raymx.wire import mongodb_uri
-        return mongodb_uri(self.name, self._topology(), with_secret)
+        return mongodb_uri(self.name, self._topology(), with_secret,
+                           self.config()["extra"].get("tls"))
 
     def member(self, member_id: int):
         return _ray().get_actor(f"{self.name}/m{member_id}", namespace=NAMESPACE)

@@ -149,5 +149,32 @@ def test_a_replica_set_launched_with_tls_serves_clients_by_url(ray_session, tmp_
         rc = rs.client()
         assert rc.tls is not None and rc["s"]["c"].count_documents({}) == 1
         rc.close()
+        # the MongoDB wire ports use the same certificate: pymongo by rs.mongodb_uri()
+        import pymongo
+        from pymongo.errors import ServerSelectionTimeoutError
+        uri = rs.mongodb_uri()
+        assert "&tls=true&tlsCAFile=" in uri
+        with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20_000) as mc:
+            assert mc["s"]["c"].find_one({"_id": 1}) == {"_id": 1}
+        with pymongo.MongoClient(uri.split("&tls=")[0], serverSelectionTimeoutMS=2_000) as mc:
+            with pytest.raises(ServerSelectionTimeoutError):
+                mc["s"]["c"].find_one({})
     finally:
         rs.shutdown()
+
+
+def test_the_wire_port_carries_documents_only_encrypted(tmp_path, ca):
+    """pymongo over TLS to the MongoDB wire port, through a recording relay."""
+    import pymongo
+    from raymx.wire.server import WirePort
+    with serving(tmp_path, Limits(sync_interval_ms=20), make_port=lambda svc: WirePort(
+            svc, SECRET, "127.0.0.1", {"member": 0, "replset": "rs"}, tls=ca)) as (p, _):
+        relay = Relay(p.port)
+        uri = (f"mongodb://raymx:{SECRET}@127.0.0.1:{relay.port}/?directConnection=true"
+               f"&authMechanism=SCRAM-SHA-256&tls=true&tlsCAFile={ca['ca_file']}"
+               "&tlsAllowInvalidHostnames=true")
+        with pymongo.MongoClient(uri, serverSelectionTimeoutMS=10_000) as mc:
+            mc["s"]["c"].insert_one({"_id": 1, "v": "qqqqqqqq"})
+            assert mc["s"]["c"].find_one({"_id": 1})["v"] == "qqqqqqqq"
+        relay.close()
+        assert relay.sent and b"qqqqqqqq" not in relay.sent

@@ -115,7 +115,7 @@ class OplogShard:
                                {"member": self.member_id, "replset": rs_name},
                                limits=limits, tls=tls)
         self.wire = WirePort(self.service, secret, host,  # MongoDB drivers (raymx/wire)
-                             {"member": self.member_id, "replset": rs_name})
+                             {"member": self.member_id, "replset": rs_name}, tls=tls)
 
     def _on_durable(self, g: GTID) -> None:
         if not self.service.primary or len(self.service.votes) == 1:

@@ -21,6 +21,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from raymx.actors.server import serve_loop
+from raymx.actors.tls import server_context
 from raymx.wire import framing
 from raymx.wire.auth import Credential
 from raymx.wire.commands import Dispatcher
@@ -36,8 +37,11 @@ class WirePort:
     ``info``: ``{"member": id, "replset": name}``."""
 
     def __init__(self, service, secret: str, host: str, info: dict, port: int = 0,
-                 workers: int = 64):
+                 workers: int = 64, tls: dict | None = None):
         self.service = service
+        # TLS settings as the client port's (raymx.actors.tls): drivers connect
+        # with tls=true and the set's CA; the handshake comes first
+        self._ssl = None if tls is None else server_context(tls)
         self.host = host
         self.info = dict(info)
         self.port: int | None = None
@@ -68,7 +72,7 @@ class WirePort:
 
         async def start():
             self._server = await self._loop.create_server(lambda: _WireConn(self), self.host,
-                                                          port)
+                                                          port, ssl=self._ssl)
             self.port = self._server.sockets[0].getsockname()[1]
             self._ready.set()
         serve_loop(self._loop, start(), self._ready, f"the MongoDB wire port on {self.host}")
