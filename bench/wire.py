@@ -1,9 +1,12 @@
 """pymongo through the MongoDB wire port against raymx's native driver, same
-1-member set, same run: insert_one (w=1; j=True), insert_many and find of N
-documents. Prints both and the ratio (the issue's target: >= 0.7 of native).
+1-member set, same run: insert_one (w=1; j=True) from one client process and
+from 8 client processes (the issue's shape: each process its own client,
+closed loop, the same seconds), insert_many and find of N documents. Prints
+both and the ratio (the issue's target: >= 0.7 of native).
 
     PYTHONPATH=. RAY_AUTH_MODE=disabled python bench/wire.py [N]
 """
+import multiprocessing as mp
 import sys
 import tempfile
 import time
@@ -15,6 +18,45 @@ import raymx
 from bench._util import docs, row
 
 N_ONE = 3000
+PROCS = 8
+SECONDS = 5.0
+
+
+def _client_proc(kind, url, j, k, start_at, end_at, out):
+    """One closed-loop client process: insert_one until end_at; puts its count."""
+    if kind == "native":
+        import raymx
+        coll = raymx.connect_url(url)["b"][f"p{int(j)}"]
+        one = lambda d: coll.insert_one(d, j=j)  # noqa: E731
+    else:
+        cl = pymongo.MongoClient(url)
+        coll = cl.get_database("b", write_concern=pymongo.WriteConcern(w=1, j=j))[f"q{int(j)}"]
+        one = coll.insert_one
+        coll.find_one({"_id": -1})  # connected and authenticated before the clock starts
+    base, n = (k + 1) * 10_000_000 + (1_000_000 if kind != "native" else 0), 0
+    while time.time() < start_at:
+        time.sleep(0.001)
+    while time.time() < end_at:
+        one({"_id": base + n, "name": f"user{n:08d}", "age": n % 100, "city": "Oslo",
+             "score": 0.5, "bio": "x" * 140})
+        n += 1
+    out.put(n)
+
+
+def many_clients(kind, url, j) -> float:
+    """insert_one/s of PROCS client processes over the same SECONDS."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    start_at = time.time() + 6.0  # the children import and connect meanwhile
+    procs = [ctx.Process(target=_client_proc,
+                         args=(kind, url, j, k, start_at, start_at + SECONDS, out))
+             for k in range(PROCS)]
+    for p in procs:
+        p.start()
+    total = sum(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(30)
+    return total / SECONDS
 
 
 def timed(n, fn):
@@ -31,8 +73,9 @@ def main(n_many=100_000):
         native = rs.client()
         mc = pymongo.MongoClient(rs.mongodb_uri())
         mc_noretry = pymongo.MongoClient(rs.mongodb_uri() + "&retryWrites=false")
-        print(f"raymx wire port vs native driver, 1 member, one client process "
-              f"(insert_one x {N_ONE:,}, insert_many/find x {n_many:,})")
+        print(f"raymx wire port vs native driver, 1 member: insert_one x {N_ONE:,} from one "
+              f"client process and for {SECONDS:g} s from {PROCS} client processes, "
+              f"insert_many/find x {n_many:,}")
         results = []
         for label, j in (("w=1", False), ("j=True", True)):
             a = native["b"][f"n{label}"]
@@ -42,6 +85,11 @@ def main(n_many=100_000):
                     f"{name[-5:]}{label}"]
                 r = timed(N_ONE, lambda: [c.insert_one(d) for d in docs(N_ONE)])
                 results.append((f"insert_one {label}: {name}", r, r_native))
+        for label, j in (("w=1", False), ("j=True", True)):
+            r_native = many_clients("native", rs.url(), j)
+            r_wire = many_clients("pymongo", rs.mongodb_uri(), j)
+            results.append((f"insert_one {label}, {PROCS} client processes: pymongo",
+                            r_wire, r_native))
         big = docs(n_many)
         r_native = timed(n_many, lambda: native["b"]["many"].insert_many(big))
         r_wire = timed(n_many, lambda: mc.b.many2.insert_many(docs(n_many)))

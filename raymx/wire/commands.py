@@ -2,8 +2,11 @@
 administrative commands. CRUD commands are in ``raymx.wire.crud``.
 
 Every command becomes one or more of the member's own requests
-(``ShardService.handle``: the msgpack port's path), waited for on the
-port's thread pool; nothing here touches storage directly.
+(``ShardService.handle``: the msgpack port's path); nothing here touches
+storage directly. Commands written as steps (``raymx.wire.crud``: insert,
+update, delete, find, getMore, killCursors, count) run on the port's loop,
+each member request answered back onto it (``Dispatcher.start``); the others
+run on a pool thread that waits for their answers.
 """
 from __future__ import annotations
 
@@ -50,7 +53,8 @@ def plain(v):
 
 
 class Dispatcher:
-    """Runs one command document (on a pool thread) and returns the answer."""
+    """Runs one command document: ``start`` from the port's loop (the
+    answer to a callback on it), ``run`` on a thread that waits for it."""
 
     def __init__(self, service, port):
         self.service = service
@@ -65,7 +69,8 @@ class Dispatcher:
         self.retry_seen: dict[bytes, tuple[int, int]] = {}
 
     # --- running -----------------------------------------------------------
-    def run(self, cmd: dict, conn, legacy: bool = False) -> dict:
+    def _command(self, cmd: dict, conn):
+        """(name, the command's steps) or, if it cannot run, its error document."""
         if not cmd:
             return error_doc(bad_value("an empty command document"))
         name = next(iter(cmd))
@@ -76,18 +81,99 @@ class Dispatcher:
         fn = COMMANDS.get(key) or crud.COMMANDS.get(key)
         if fn is None:
             return error_doc(command_not_found(name))
-        try:
-            out = fn(self, cmd, conn)
-        except (TypeError, ValueError, AttributeError, KeyError) as e:
+        return name, crud.steps_of(fn)(self, cmd, conn)
+
+    @staticmethod
+    def _answer(name: str, out=None, e: Exception | None = None) -> dict:
+        if e is None:
+            out.setdefault("ok", 1.0)
+            return out
+        if isinstance(e, (TypeError, ValueError, AttributeError, KeyError)):
             # a field of the wrong type or shape (int("x"), a number where a
             # document belongs): the sender's mistake, said with a code
             log.info("%s: bad argument: %r", name, e)
             return error_doc(CommandError(f"{name}: a field has the wrong type or form: {e}",
                                           14, "TypeMismatch"))
+        return error_doc(e)
+
+    def run(self, cmd: dict, conn, legacy: bool = False) -> dict:
+        """The answer, on a thread that may wait for the member."""
+        got = self._command(cmd, conn)
+        if isinstance(got, dict):
+            return got
+        try:
+            return self._answer(got[0], self.drive(got[1]))
         except Exception as e:
-            return error_doc(e)
-        out.setdefault("ok", 1.0)
-        return out
+            return self._answer(got[0], e=e)
+
+    def drive(self, steps):
+        """Run steps (see ``raymx.wire.crud``) on this thread, waiting for each
+        member request; their result."""
+        val = exc = None
+        while True:
+            try:
+                step = steps.send(val) if exc is None else steps.throw(exc)
+            except StopIteration as s:
+                return s.value
+            val = exc = None
+            try:
+                val = self.call(step[1], step[2]) if step[0] == "call" else step[1](*step[2])
+            except Exception as e:
+                exc = e
+
+    def start(self, cmd: dict, conn, done, pool) -> None:
+        """From the port's loop: run a command; ``done(answer)`` on the loop.
+        Its member requests go to the member from the loop and their answers
+        come back onto it (no thread waits); a blocking step runs on ``pool``."""
+        got = self._command(cmd, conn)
+        if isinstance(got, dict):
+            return done(got)
+        self._step(got[0], got[1], done, pool, None, None)
+
+    def _step(self, name, steps, done, pool, val, exc) -> None:
+        try:
+            step = steps.send(val) if exc is None else steps.throw(exc)
+        except StopIteration as s:
+            return done(self._answer(name, s.value))
+        except Exception as e:
+            return done(self._answer(name, e=e))
+        loop = self.port._loop
+        once = threading.Lock()
+        timer = None
+
+        def back(ok=None, err=None):  # from any thread, the first answer only
+            if once.acquire(blocking=False):
+                try:
+                    loop.call_soon_threadsafe(resume, ok, err)
+                except RuntimeError:  # the loop is closed: the member stops
+                    pass
+
+        def resume(ok, err):
+            if timer is not None:
+                timer.cancel()
+            self._step(name, steps, done, pool, ok, err)
+
+        if step[0] == "call":
+            req, state = step[1], step[2]
+            timer = loop.call_later(CALL_TIMEOUT_S, lambda: back(err=errors.RequestTimeout(
+                f"{req.get('op')} got no answer in {CALL_TIMEOUT_S:g} s")))
+            try:
+                self.service.handle(req, back, state)
+            except Exception as e:  # refused before it was queued (a filter too deep...)
+                back(err=e)
+            return
+        fn, args = step[1], step[2]
+
+        def work():
+            try:
+                v = fn(*args)
+            except Exception as e:
+                return back(err=e)
+            back(ok=v)
+        try:
+            pool.submit(work)
+        except RuntimeError:  # the pool is shut down: the member stops
+            pass
 
     def call(self, req: dict, state: dict, timeout_s: float = CALL_TIMEOUT_S) -> dict:
         """One member request, answered (or its error raised)."""

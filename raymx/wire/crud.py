@@ -2,9 +2,19 @@
 killCursors, count, distinct, findAndModify, aggregate) and multi-document
 transactions through driver sessions, each translated into the member's own
 requests (``insert``/``update``/``delete``/``find``/``getMore``/``count``,
-``txnBegin``/``txnCommit``/``txnAbort``)."""
+``txnBegin``/``txnCommit``/``txnAbort``).
+
+The commands drivers send most (insert, update, delete, find, getMore,
+killCursors, count) are written as steps: generators that yield each member
+request (``res = yield call(req, state)``) and return the answer. The port
+runs them on its own loop, each request answered back onto it, with no thread
+waiting (``Dispatcher.start``); ``Dispatcher.drive`` runs the same steps on a
+thread that may wait (the other commands, and tests). A step that must wait
+on a thread of its own is ``blocking(fn, ...)``: it runs on the port's pool.
+"""
 from __future__ import annotations
 
+import inspect
 import threading
 import uuid
 
@@ -73,6 +83,28 @@ def _docs(v, what: str) -> list:
     return v
 
 
+def call(req: dict, state: dict) -> tuple:
+    """A step: one member request; ``yield call(...)`` gives its answer (or
+    raises its error)."""
+    return ("call", req, state)
+
+
+def blocking(fn, *args) -> tuple:
+    """A step: ``fn(*args)`` on a pool thread (it waits for the member itself)."""
+    return ("block", fn, args)
+
+
+def steps_of(fn):
+    """``fn(d, cmd, conn)`` as steps: itself if it is written so, else one
+    blocking step running it whole."""
+    if inspect.isgeneratorfunction(fn):
+        return fn
+
+    def run(d, cmd, conn):
+        return (yield blocking(fn, d, cmd, conn))
+    return run
+
+
 def _plain(v):
     from raymx.wire.commands import plain
     return plain(v)
@@ -100,18 +132,18 @@ class Transactions:
             return _sid(ls["id"])
         return None
 
-    def fields(self, cmd: dict) -> tuple[dict, dict | None]:
-        """(fields to add to each request, the state to run them in) for a
-        command that is part of a transaction; ({}, None) otherwise."""
+    def fields(self, cmd: dict):
+        """Steps giving (fields to add to each request, the state to run them
+        in) for a command that is part of a transaction; ({}, None) otherwise."""
         if cmd.get("autocommit") is not False:
             return {}, None
         lsid, num = self._lsid(cmd), int(cmd.get("txnNumber", -1))
         if lsid is None:
             raise bad_value("a transaction needs an lsid")
         if cmd.get("startTransaction"):
-            self.abort(lsid)
+            yield from self._abort(lsid)
             state: dict = {}
-            txn = self.d.call({"op": "txnBegin"}, state)["txn"]
+            txn = (yield call({"op": "txnBegin"}, state))["txn"]
             with self.lock:
                 self.open[lsid] = (num, txn, state)
         with self.lock:
@@ -140,14 +172,17 @@ class Transactions:
         self.d.call(req, got[2])
         return {}
 
-    def abort(self, lsid: bytes) -> None:
+    def _abort(self, lsid: bytes):
         with self.lock:
             got = self.open.pop(lsid, None)
         if got is not None:
             try:
-                self.d.call({"op": "txnAbort", "txn": got[1]}, got[2])
+                yield call({"op": "txnAbort", "txn": got[1]}, got[2])
             except errors.RaymxError:
                 pass
+
+    def abort(self, lsid: bytes) -> None:
+        self.d.drive(self._abort(lsid))
 
     def end_sessions(self, ids) -> None:
         for x in ids:
@@ -155,24 +190,24 @@ class Transactions:
                 self.abort(_sid(x["id"]))
 
 
-def _txn_of(d, cmd: dict) -> tuple[dict, dict | None]:
+def _txn_of(d, cmd: dict):
     """(fields, state) of the member transaction a command runs in: the
     driver's transaction, or the one a retryable write wraps it in."""
     inner = cmd.get("$txn")
     if inner is not None:
         return {"txn": inner[0]}, inner[1]
-    return d.txns.fields(cmd)
+    return (yield from d.txns.fields(cmd))
 
 
-def _run(d, req: dict, cmd: dict, conn) -> dict:
-    """A request, inside the command's transaction if it has one."""
-    extra, state = _txn_of(d, cmd)
+def _run(d, req: dict, cmd: dict, conn):
+    """Steps: a request, inside the command's transaction if it has one."""
+    extra, state = yield from _txn_of(d, cmd)
     if state is None:
         if "$retry" in cmd:  # its record commits in the same statement
             req = dict(req, retry=cmd["$retry"])
-        return d.call(req, conn.state)
+        return (yield call(req, conn.state))
     req = {k: v for k, v in req.items() if k not in ("w", "j", "wtimeout_ms", "rp")}
-    return d.call(dict(req, **extra), state)
+    return (yield call(dict(req, **extra), state))
 
 
 
@@ -209,10 +244,12 @@ def retryable(fn):
     of one statement carries its record in that statement (``retry``: one
     member write, group commit as any other); others (and findAndModify) run
     as one member transaction."""
-    def run(d, cmd: dict, conn) -> dict:
+    fn = steps_of(fn)
+
+    def run(d, cmd: dict, conn):
         lsid = Transactions._lsid(cmd)
         if lsid is None or cmd.get("txnNumber") is None or "autocommit" in cmd:
-            return fn(d, cmd, conn)
+            return (yield from fn(d, cmd, conn))
         num = int(cmd["txnNumber"])
         field = _STATEMENTS.get(next(iter(cmd)).lower())
         if field is not None and isinstance(cmd.get(field), list) and len(cmd[field]) == 1:
@@ -221,26 +258,26 @@ def retryable(fn):
             if known is None or known[0] != term or known[1] >= num:
                 # not known to be new: read the record (a retry, or a session this
                 # member has not written for as primary in this term)
-                rec = d.call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid},
-                              "limit": 1, "rp": "primary"}, conn.state)["docs"]
+                rec = (yield call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid},
+                                   "limit": 1, "rp": "primary"}, conn.state))["docs"]
                 if rec and rec[0].get("n") == num:
                     return _replayed(cmd, rec[0]["res"]) if "res" in rec[0] \
                         else bson.decode(rec[0]["reply"], CODEC)
                 if rec and rec[0].get("n", -1) > num:
                     raise _too_old(num, rec[0]["n"])
             d.retry_seen.pop(lsid, None)  # unknown until this write's outcome is
-            out = fn(d, dict(cmd, **{"$retry": {"_id": lsid, "n": num}}), conn)
+            out = yield from fn(d, dict(cmd, **{"$retry": {"_id": lsid, "n": num}}), conn)
             if "writeErrors" not in out:  # committed: its record says num now
                 if len(d.retry_seen) >= RETRY_SEEN_MAX:
                     d.retry_seen.clear()  # forgetting only costs a record read
                 d.retry_seen[lsid] = (term, num)
             return out
         state: dict = {}
-        txn = d.call({"op": "txnBegin"}, state)["txn"]
+        txn = (yield call({"op": "txnBegin"}, state))["txn"]
         done = False
         try:
-            rec = d.call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid}, "limit": 1,
-                          "txn": txn}, state)["docs"]
+            rec = (yield call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid},
+                               "limit": 1, "txn": txn}, state))["docs"]
             if rec and rec[0].get("n") == num:
                 return _replayed(cmd, rec[0]["res"]) if "res" in rec[0] \
                     else bson.decode(rec[0]["reply"], CODEC)
@@ -248,27 +285,28 @@ def retryable(fn):
                 raise _too_old(num, rec[0]["n"])
             inner = {k: v for k, v in cmd.items() if k != "writeConcern"}
             inner["$txn"] = (txn, state)
-            out = fn(d, inner, conn)
-            d.call({"op": "update", "ns": RETRY_NS, "filter": {"_id": lsid}, "replace": True,
-                    "upsert": True, "txn": txn,
-                    "update": {"_id": lsid, "n": num, "reply": bson.encode(out, codec_options=CODEC)}}, state)
+            out = yield from fn(d, inner, conn)
+            yield call({"op": "update", "ns": RETRY_NS, "filter": {"_id": lsid}, "replace": True,
+                        "upsert": True, "txn": txn,
+                        "update": {"_id": lsid, "n": num,
+                                   "reply": bson.encode(out, codec_options=CODEC)}}, state)
             done = True
             try:
-                d.call({"op": "txnCommit", "txn": txn, **wc_fields(cmd)}, state)
+                yield call({"op": "txnCommit", "txn": txn, **wc_fields(cmd)}, state)
             except errors.WriteConcernTimeout as e:
                 out["writeConcernError"] = write_concern_error(e)
             return out
         finally:
             if not done:
                 try:
-                    d.call({"op": "txnAbort", "txn": txn}, state)
+                    yield call({"op": "txnAbort", "txn": txn}, state)
                 except errors.RaymxError:
                     pass
     return run
 
 
-def _write(d, cmd: dict, conn, statements: list, to_req, count) -> dict:
-    """Run write statements in order; MongoDB's answer shape (n, writeErrors,
+def _write(d, cmd: dict, conn, statements: list, to_req, count):
+    """Steps: run write statements in order; MongoDB's answer shape (n, writeErrors,
     writeConcernError). ``count(result, i, out)`` adds one statement's result."""
     ordered = cmd.get("ordered", True) is not False
     wc = wc_fields(cmd)
@@ -276,7 +314,7 @@ def _write(d, cmd: dict, conn, statements: list, to_req, count) -> dict:
     werrs = []
     for i, st in enumerate(statements):
         try:
-            res = _run(d, dict(to_req(st), **wc), cmd, conn)
+            res = yield from _run(d, dict(to_req(st), **wc), cmd, conn)
             count(res, i, out)
         except errors.WriteConcernTimeout as e:
             out["writeConcernError"] = write_concern_error(e)
@@ -294,13 +332,13 @@ def _write(d, cmd: dict, conn, statements: list, to_req, count) -> dict:
     return out
 
 
-def _insert(d, cmd: dict, conn) -> dict:
+def _insert(d, cmd: dict, conn):
     ns = ns_of(cmd, "insert")
     docs = [_plain(x) for x in _docs(cmd.get("documents"), "documents")]
     wc = wc_fields(cmd)
     if len(docs) > 1:  # all in one statement; one by one only if that fails
         try:
-            _run(d, {"op": "insert", "ns": ns, "docs": docs, **wc}, cmd, conn)
+            yield from _run(d, {"op": "insert", "ns": ns, "docs": docs, **wc}, cmd, conn)
             return {"n": len(docs)}
         except errors.WriteConcernTimeout as e:
             return {"n": len(docs), "writeConcernError": write_concern_error(e)}
@@ -310,10 +348,11 @@ def _insert(d, cmd: dict, conn) -> dict:
 
     def count(res, i, out):
         out["n"] += 1
-    return _write(d, cmd, conn, docs, lambda x: {"op": "insert", "ns": ns, "docs": [x]}, count)
+    return (yield from _write(d, cmd, conn, docs,
+                              lambda x: {"op": "insert", "ns": ns, "docs": [x]}, count))
 
 
-def _update(d, cmd: dict, conn) -> dict:
+def _update(d, cmd: dict, conn):
     ns = ns_of(cmd, "update")
 
     def to_req(st):
@@ -336,12 +375,12 @@ def _update(d, cmd: dict, conn) -> dict:
         if res.get("upserted_id") is not None:
             out["n"] += 1
             out.setdefault("upserted", []).append({"index": i, "_id": res["upserted_id"]})
-    out = _write(d, cmd, conn, _docs(cmd.get("updates"), "updates"), to_req, count)
+    out = yield from _write(d, cmd, conn, _docs(cmd.get("updates"), "updates"), to_req, count)
     out.setdefault("nModified", 0)
     return out
 
 
-def _delete(d, cmd: dict, conn) -> dict:
+def _delete(d, cmd: dict, conn):
     ns = ns_of(cmd, "delete")
 
     def to_req(st):
@@ -352,7 +391,7 @@ def _delete(d, cmd: dict, conn) -> dict:
 
     def count(res, i, out):
         out["n"] += res.get("deleted") or 0
-    return _write(d, cmd, conn, _docs(cmd.get("deletes"), "deletes"), to_req, count)
+    return (yield from _write(d, cmd, conn, _docs(cmd.get("deletes"), "deletes"), to_req, count))
 
 
 def _sort(v):
@@ -363,7 +402,7 @@ def _sort(v):
     return [[k, int(x)] for k, x in v.items()]
 
 
-def _find(d, cmd: dict, conn) -> dict:
+def _find(d, cmd: dict, conn):
     ns = ns_of(cmd, "find")
     limit = int(cmd.get("limit") or 0)
     single = bool(cmd.get("singleBatch")) or limit < 0
@@ -376,27 +415,27 @@ def _find(d, cmd: dict, conn) -> dict:
         req["batch"] = int(batch)
     elif limit:
         req["batch"] = limit
-    res = _run(d, req, cmd, conn)
+    res = yield from _run(d, req, cmd, conn)
     cid = res.get("cursor") or 0
     if cid and single:
-        d.call({"op": "killCursors", "cursors": [cid]}, conn.state)
+        yield call({"op": "killCursors", "cursors": [cid]}, conn.state)
         cid = 0
     return {"cursor": {"firstBatch": res["docs"], "id": Int64(cid), "ns": ns}}
 
 
-def _get_more(d, cmd: dict, conn) -> dict:
+def _get_more(d, cmd: dict, conn):
     cid = cmd.get("getMore")
     coll = cmd.get("collection")
     if not isinstance(cid, int) or not isinstance(coll, str):
         raise CommandError("getMore needs a cursor id (long) and 'collection'", 14,
                            "TypeMismatch")
     if d.streams.owns(int(cid)):
-        return d.streams.get_more(int(cid), cmd, conn)
+        return (yield blocking(d.streams.get_more, int(cid), cmd, conn))
     req = {"op": "getMore", "cursor": int(cid)}
     if cmd.get("batchSize"):
         req["batch"] = int(cmd["batchSize"])
     try:
-        res = d.call(req, conn.state)
+        res = yield call(req, conn.state)
     except errors.InvalidOperation as e:
         if "not found" in str(e):
             raise CommandError(f"cursor id {int(cid)} not found", 43, "CursorNotFound") \
@@ -406,20 +445,21 @@ def _get_more(d, cmd: dict, conn) -> dict:
     return {"cursor": {"nextBatch": res["docs"], "id": Int64(res.get("cursor") or 0), "ns": ns}}
 
 
-def _kill_cursors(d, cmd: dict, conn) -> dict:
+def _kill_cursors(d, cmd: dict, conn):
     ids = [int(x) for x in _docs(cmd.get("cursors"), "cursors")]
     d.streams.kill([x for x in ids if d.streams.owns(x)])
     mine = [x for x in ids if not d.streams.owns(x)]
     if mine:
-        d.call({"op": "killCursors", "cursors": mine}, conn.state)
+        yield call({"op": "killCursors", "cursors": mine}, conn.state)
     return {"cursorsKilled": [Int64(x) for x in ids], "cursorsNotFound": [],
             "cursorsAlive": [], "cursorsUnknown": []}
 
 
 def scan(d, cmd: dict, conn, ns: str, flt, projection=None, sort=None):
     """Every matching document (a find and its getMores)."""
-    res = _run(d, {"op": "find", "ns": ns, "filter": flt or {}, "projection": projection,
-                   "sort": sort, **read_fields(cmd)}, cmd, conn)
+    res = d.drive(_run(d, {"op": "find", "ns": ns, "filter": flt or {},
+                           "projection": projection, "sort": sort, **read_fields(cmd)},
+                       cmd, conn))
     yield from res["docs"]
     cid = res.get("cursor")
     try:
@@ -432,10 +472,10 @@ def scan(d, cmd: dict, conn, ns: str, flt, projection=None, sort=None):
             d.call({"op": "killCursors", "cursors": [cid]}, conn.state)
 
 
-def _count(d, cmd: dict, conn) -> dict:
+def _count(d, cmd: dict, conn):
     ns = ns_of(cmd, "count")
-    n = _run(d, {"op": "count", "ns": ns, "filter": _plain(cmd.get("query") or {}),
-                 **read_fields(cmd)}, cmd, conn)["value"]
+    n = (yield from _run(d, {"op": "count", "ns": ns, "filter": _plain(cmd.get("query") or {}),
+                             **read_fields(cmd)}, cmd, conn))["value"]
     n = max(0, n - int(cmd.get("skip") or 0))
     lim = abs(int(cmd.get("limit") or 0))
     return {"n": min(n, lim) if lim else n}
@@ -467,7 +507,7 @@ def _find_and_modify(d, cmd: dict, conn) -> dict:
     replace = isinstance(upd, dict) and not any(k.startswith("$") for k in upd)
     fields = _plain(cmd.get("fields")) or None
     flt = _plain(cmd.get("query") or {})
-    extra, state = _txn_of(d, cmd)
+    extra, state = d.drive(_txn_of(d, cmd))
     inner = state is not None
     if not inner:
         state = {}

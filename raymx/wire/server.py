@@ -1,11 +1,12 @@
 """The MongoDB wire port of a member: an asyncio server on its own thread.
 
-Messages are parsed on the loop (``raymx.wire.framing``); each command runs
-on the port's thread pool (``raymx.wire.commands.Dispatcher``), which
-translates it into the member's own requests (``ShardService.handle``, the
-same path the msgpack client port takes) and waits for their answers. One
-connection's commands run one after the other, in arrival order, as
-MongoDB does; different connections run side by side.
+Messages are parsed on the loop (``raymx.wire.framing``) and each command is
+translated into the member's own requests (``ShardService.handle``, the same
+path the msgpack client port takes) by ``raymx.wire.commands.Dispatcher``:
+the commands drivers send most run on the loop, their requests answered back
+onto it; the rest run on the port's thread pool, which waits for the
+answers. One connection's commands run one after the other, in arrival
+order, as MongoDB does; different connections run side by side.
 
 Bad input gets what a MongoDB server answers (an error document with a
 code); only a message that cannot be framed at all (a wrong length, an
@@ -50,9 +51,10 @@ class WirePort:
         self.dispatcher = Dispatcher(service, self)
         self._conn_ids = itertools.count(1)
         self._conns: set = set()
-        # commands wait for the member's answers on these threads (a command
-        # queued behind an open transaction holds one); hello and the SASL steps
-        # have their own, so drivers' heartbeats never wait behind writes
+        # commands not written as steps wait for the member's answers on these
+        # threads (one queued behind an open transaction holds one); hello and
+        # the SASL steps have their own, so drivers' heartbeats never wait
+        # behind writes
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="raymx-wire")
         self.hello_pool = ThreadPoolExecutor(4, thread_name_prefix="raymx-wire-hello")
         self._loop = asyncio.new_event_loop()
@@ -183,20 +185,16 @@ class _WireConn(asyncio.Protocol):
             return
         item = self._queue.popleft()
         cmd = item[3]
-        pool = self.port.hello_pool if isinstance(cmd, dict) and cmd and \
-            next(iter(cmd)).lower() in _LIGHT else self.port.pool
-        try:
-            pool.submit(self._run, item)
-        except RuntimeError:  # shutting down
-            self._busy = False
-
-    def _run(self, item) -> None:
-        """On a pool thread: run one command, send its answer from the loop."""
-        rid, op, flags, cmd = item
         if isinstance(cmd, Exception):  # a message framed right that does not parse
-            doc = {"ok": 0.0, "errmsg": str(cmd), "code": 9, "codeName": "FailedToParse"}
-        else:
-            doc = self.port.dispatcher.run(cmd, self, legacy=op == framing.OP_QUERY)
+            return self._done(item, {"ok": 0.0, "errmsg": str(cmd), "code": 9,
+                                     "codeName": "FailedToParse"})
+        pool = self.port.hello_pool if cmd and next(iter(cmd)).lower() in _LIGHT \
+            else self.port.pool
+        self.port.dispatcher.start(cmd, self, lambda doc: self._done(item, doc), pool)
+
+    def _done(self, item, doc: dict) -> None:
+        """On the loop: send a command's answer, then start the next one."""
+        rid, op, flags, _ = item
         out = None
         if not flags & framing.MORE_TO_COME:  # moreToCome: the driver wants no answer
             try:
@@ -206,12 +204,8 @@ class _WireConn(asyncio.Protocol):
                 doc = {"ok": 0.0, "errmsg": f"the answer could not be encoded as BSON: {e}",
                        "code": 2, "codeName": "BadValue"}
                 out = framing.build_msg(0, rid, doc)
-        try:
-            self.port._loop.call_soon_threadsafe(self._done, out)
-        except RuntimeError:
-            pass
-
-    def _done(self, out: bytes | None) -> None:
         if out is not None and not self.closing and not self.transport.is_closing():
             self.transport.write(out)
-        self._next()
+        # the next command after this wake-up's frames are read (an answer given
+        # at once, an error, never recurses into the next command)
+        self.port._loop.call_soon(self._next)
