@@ -393,3 +393,21 @@ def test_bad_commands_get_mongodb_errors_and_the_connection_stays(client, cmd):
     else:
         assert "writeErrors" in out and out["writeErrors"][0]["code"] != 1, out
     assert client.db.command("ping")["ok"] == 1.0
+
+
+def test_small_writes_and_point_reads_run_on_the_wire_ports_own_thread(served, client):
+    """pymongo's insert_one, update_one by _id and find_one by _id are run on
+    the wire port's loop (ShardService._drain, submit_read), as on the client
+    port: no pool thread waits on them; a scan still runs on the reader pool
+    and answers the same."""
+    _, svc = served
+    coll = client.get_database("o", write_concern=pymongo.WriteConcern(w=1, j=True)).c
+    writes0, reads0 = svc.port_writes, svc.port_reads
+    for k in range(30):
+        coll.insert_one({"_id": k, "v": k})
+    coll.update_one({"_id": 3}, {"$set": {"v": -3}})
+    assert svc.port_writes >= writes0 + 25  # (a trim holding the writer may send one away)
+    assert [coll.find_one({"_id": k})["v"] for k in (2, 3)] == [2, -3]
+    assert svc.port_reads >= reads0 + 2
+    assert sorted(d["_id"] for d in coll.find({"v": {"$gte": 20}})) == list(range(20, 30))
+    assert coll.count_documents({}) == 30

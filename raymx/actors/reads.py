@@ -356,8 +356,8 @@ class ReadPath:
         read); one after a GTID not applied yet is parked (``AppliedWaits``,
         no thread held) and runs on the reader pool once it is; anything else
         on the reader pool."""
-        port = self._port
-        if port is not None and not self._arrived and point_read(req) and port.on_loop():
+        port = self.port_here()
+        if port is not None and not port.arrived and point_read(req):
             self.port_reads += 1
             return self._read(req, reply, conn)
         if req.get("after") is not None:

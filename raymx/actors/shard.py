@@ -17,6 +17,7 @@ Every request is a dict (a decoded client frame); every answer goes to the
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import queue
@@ -94,8 +95,9 @@ class ShardService(ReadPath, TrimPath, SessionPath):
         # the writer: its thread, or the port's thread for small writes (_drain)
         # (_q.unfinished_tasks: items queued for the writer thread, not yet run)
         self._wlock = threading.Lock()
-        self._port = None
-        self._arrived: list = []  # writes of the port's current wake-up
+        # the ports serving this service (the client port, the MongoDB wire
+        # port); each port's .arrived: the writes of its loop's current wake-up
+        self._ports: tuple = ()
         self._ids = itertools.count(1)
         self._cursors: dict[int, _Cursor] = {}
         self._cursors_busy: dict[int, _Cursor] = {}  # in a getMore (out of the table)
@@ -192,7 +194,7 @@ class ShardService(ReadPath, TrimPath, SessionPath):
         self.handing_over = True
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if not self.wc.waiting() and not self._arrived and not self._q.unfinished_tasks \
+            if not self.wc.waiting() and not self._arriving() and not self._q.unfinished_tasks \
                     and not self._wlock.locked():
                 return True
             time.sleep(0.002)
@@ -276,26 +278,38 @@ class ShardService(ReadPath, TrimPath, SessionPath):
 
     # --- writes ----------------------------------------------------------
     def attach_port(self, port) -> None:
-        """Called by the client port serving this service: small writes may then
-        run on the port's own thread (see ``_drain``)."""
-        self._port = port
+        """Called by a port serving this service (one with ``on_loop()`` and
+        ``soon(fn)``): small writes and point reads may then run on the port's
+        own thread (see ``_drain`` and ``submit_read``)."""
+        port.arrived = []
+        self._ports = self._ports + (port,)
+
+    def port_here(self):
+        """The attached port whose loop is the calling thread, or None."""
+        for port in self._ports:
+            if port.on_loop():
+                return port
+        return None
+
+    def _arriving(self) -> bool:
+        return any(port.arrived for port in self._ports)
 
     def _to_writer(self, item: tuple) -> None:
-        port = self._port
-        if port is not None and port.on_loop():
-            self._arrived.append(item)
-            if len(self._arrived) == 1:  # once, after every frame this wake-up read
-                port.soon(self._drain)
+        port = self.port_here()
+        if port is not None:
+            port.arrived.append(item)
+            if len(port.arrived) == 1:  # once, after every frame this wake-up read
+                port.soon(functools.partial(self._drain, port))
         else:
             self._q.put(item)
 
-    def _drain(self) -> None:
+    def _drain(self, port) -> None:
         """The writes that arrived in one wake-up of the port (from every
         connection), on the port's thread. When the writer thread is idle with
         nothing queued, the small ones run right here, as one group (one LMDB
         commit, one sync for those that want it): no hand-off between threads
         on their way. The rest go to the writer thread, in arrival order."""
-        items, self._arrived = self._arrived, []
+        items, port.arrived = port.arrived, []
         if self._wlock.acquire(blocking=False):
             try:
                 if self._q.unfinished_tasks == 0:  # nothing queued could come after these

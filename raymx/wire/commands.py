@@ -144,7 +144,10 @@ class Dispatcher:
         def back(ok=None, err=None):  # from any thread, the first answer only
             if once.acquire(blocking=False):
                 try:
-                    loop.call_soon_threadsafe(resume, ok, err)
+                    if self.port.on_loop():  # answered on the loop (a write run there)
+                        loop.call_soon(resume, ok, err)
+                    else:
+                        loop.call_soon_threadsafe(resume, ok, err)
                 except RuntimeError:  # the loop is closed: the member stops
                     pass
 

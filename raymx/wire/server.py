@@ -58,19 +58,34 @@ class WirePort:
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="raymx-wire")
         self.hello_pool = ThreadPoolExecutor(4, thread_name_prefix="raymx-wire-hello")
         self._loop = asyncio.new_event_loop()
+        self._tid: int | None = None  # the loop's thread
         self._ready = threading.Event()
         self._t = threading.Thread(target=self._run, args=(port,), name="raymx-wire-port",
                                    daemon=True)
         self._t.start()
         if not self._ready.wait(10) or self.port is None:
             raise RuntimeError(f"MongoDB wire port failed to start on {host}")
+        # small writes and point reads then run on this port's loop, as on the
+        # client port's (ShardService._drain, submit_read)
+        attach = getattr(service, "attach_port", None)
+        if attach is not None:
+            attach(self)
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    def on_loop(self) -> bool:
+        """True on the port's own thread."""
+        return threading.get_ident() == self._tid
+
+    def soon(self, fn) -> None:
+        """From the port's thread: run ``fn`` once this wake-up's frames are read."""
+        self._loop.call_soon(fn)
+
     def _run(self, port: int) -> None:
         asyncio.set_event_loop(self._loop)
+        self._tid = threading.get_ident()
 
         async def start():
             self._server = await self._loop.create_server(lambda: _WireConn(self), self.host,
