@@ -3,7 +3,7 @@ raymx/client/cursor.py, ``bulk_write`` in raymx/client/bulk.py)."""
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from raymx import errors
 from raymx.client import bulk, composite
