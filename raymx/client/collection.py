@@ -229,8 +229,12 @@ class Collection:
         means ``{"_id": filter}`` (as in pymongo). Other arguments as ``find``."""
         if filter is not None and not isinstance(filter, dict):
             filter = {"_id": filter}
-        with self.find(filter, *args, **kwargs).limit(1) as c:
-            return next(c, None)
+        c = self.find(filter, *args, **kwargs)
+        c._spec["limit"] = 1
+        doc = next(c, None)
+        if c.cursor_id:  # (none: one document is one batch)
+            c.close()
+        return doc
 
     def count_documents(self, filter=None, read_concern: "ReadConcern | str | None" = None
                         ) -> int:
