@@ -338,6 +338,8 @@ def test_pymongo_names_catch_what_raymx_raises(coll):
         assert issubclass(cls, errors.AutoReconnect), cls
         assert issubclass(cls, errors.ConnectionFailure), cls
     assert issubclass(errors.RequestTimeout, TimeoutError)  # still
+    for cls in (errors.PrimaryUnavailable, errors.StaleRead):  # no member fits, in time
+        assert issubclass(cls, errors.ServerSelectionTimeoutError), cls
     for cls in (errors.InvalidInput, errors.WriteConcernTimeout, errors.TransactionAborted,
                 errors.BulkWriteError):
         assert issubclass(cls, errors.OperationFailure), cls

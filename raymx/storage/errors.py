@@ -25,10 +25,10 @@ __all__ = [
     "StaleRead", "Diverged", "TooStale", "OplogTrimmed", "StaleTerm", "IrreversibleOp",
     "ShutDown", "ConnectionLost", "RequestTimeout", "TransactionAborted", "DiskFailed",
     "DiskFull", "ConfigError", "ArchiveError", "LimitExceeded", "TLSError", "BulkWriteError",
-    "OperationFailure", "ConnectionFailure", "AutoReconnect",
+    "OperationFailure", "ConnectionFailure", "AutoReconnect", "ServerSelectionTimeoutError",
     # pymongo's names for the classes above (the same class objects)
-    "PyMongoError", "DuplicateKeyError", "NotPrimaryError", "WTimeoutError",
-    "ServerSelectionTimeoutError", "NetworkTimeout", "ConfigurationError",
+    "PyMongoError", "DuplicateKeyError", "NotPrimaryError", "WTimeoutError", "NetworkTimeout",
+    "ConfigurationError",
     "from_wire",
 ]
 
@@ -68,6 +68,12 @@ class AutoReconnect(ConnectionFailure):
     connection, not primary, no primary yet, shutting down, no answer in
     time); the driver retries what is safe to retry, and the caller may retry
     the rest once it knows the outcome (pymongo's ``AutoReconnect``)."""
+
+
+class ServerSelectionTimeoutError(AutoReconnect):
+    """No member fit the request in time: no primary (``PrimaryUnavailable``)
+    or none that satisfies the read preference (``StaleRead``); pymongo's
+    name for the same failure."""
 
 
 # --- bad input: the caller can fix these; nothing was written -------------
@@ -166,7 +172,7 @@ class NotPrimaryOrSecondary(AutoReconnect):
     retryable = True
 
 
-class PrimaryUnavailable(AutoReconnect):
+class PrimaryUnavailable(ServerSelectionTimeoutError):
     """No primary is reachable right now (an election may be running)."""
 
     retryable = True
@@ -183,7 +189,7 @@ class ReadConcernTimeout(OperationFailure):
     """The member did not apply the requested GTID within the timeout."""
 
 
-class StaleRead(RaymxError):
+class StaleRead(ServerSelectionTimeoutError):
     """No member satisfies the read's max-staleness bound."""
 
 
@@ -298,7 +304,6 @@ PyMongoError = RaymxError
 DuplicateKeyError = DuplicateKey
 NotPrimaryError = NotPrimary
 WTimeoutError = WriteConcernTimeout
-ServerSelectionTimeoutError = PrimaryUnavailable  # no primary found within the timeout
 NetworkTimeout = RequestTimeout
 ConfigurationError = ConfigError
 
