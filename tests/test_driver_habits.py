@@ -47,6 +47,7 @@ def test_client_db_and_db_coll_attribute_access(client):
     with pytest.raises(AttributeError, match="client\\['_private'\\]"):
         client._private
     assert client["_private"].name == "_private"  # by item, any name
+    assert client.get_database("shop").get_collection("orders").full_name == "shop.orders"
     assert not hasattr(client, "__length_hint__")
 
 
@@ -102,10 +103,11 @@ def test_cursor_is_an_iterator_with_close_alive_and_with(coll):
     with pytest.raises(errors.InvalidOperation, match="not found"):
         c2._conn.request({"op": "getMore", "cursor": cid, "batch": 10})
 
-    # to_list keeps working, over getMores, after a next()
+    # to_list keeps working, over getMores, after a next(); with a length, in steps
     c = coll.find({"_id": {"$gte": 100}}, batch_size=7).sort("_id")
     assert next(c) == {"_id": 100}
-    assert [d["_id"] for d in c.to_list()] == list(range(101, 250))
+    assert [d["_id"] for d in c.to_list(10)] == list(range(101, 111))
+    assert [d["_id"] for d in c.to_list()] == list(range(111, 250))
     # the last batch: alive while documents of it are left
     c = coll.find({"_id": {"$lt": 3}})
     assert c.alive and next(c) and c.alive and next(c) and c.alive and next(c)

@@ -56,6 +56,9 @@ class Database:
             raise AttributeError(n)
         return self[n]
 
+    def get_collection(self, name: str) -> "Collection":
+        return self[name]
+
     def watch(self, after=None, ops=None, **kw) -> "ChangeStream":
         """Change events of every collection of this database."""
         return self.client.watch(after, [self.name], ops, **kw)

@@ -100,8 +100,13 @@ class Cursor:
         self._it = iter(r["docs"])
         return True
 
-    def to_list(self) -> list[dict]:
-        """The remaining documents as a list (batch by batch, no call per document)."""
+    def to_list(self, length: int | None = None) -> list[dict]:
+        """The remaining documents as a list (batch by batch, no call per
+        document); ``length``: at most that many (pymongo's), the rest left
+        to read."""
+        if length is not None:
+            _check_count("length", length)
+            return [d for _, d in zip(range(length), self)]  # range first: no doc lost
         out = list(self._it)
         while self._fetch():
             out.extend(self._it)
