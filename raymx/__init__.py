@@ -9,14 +9,18 @@ from __future__ import annotations
 from raymx import errors  # noqa: F401  (light: no ray)
 
 __all__ = ["ReplicaSet", "connect", "connect_url", "errors", "GTID", "WriteConcern",
-           "ReadPreference", "ReadConcern", "Limits"]
+           "ReadPreference", "ReadConcern", "Limits", "ReturnDocument", "InsertOne", "UpdateOne",
+           "UpdateMany", "ReplaceOne", "DeleteOne", "DeleteMany"]
+
+_FROM_CLIENT = ("WriteConcern", "ReadPreference", "ReadConcern", "connect_url", "ReturnDocument",
+                "InsertOne", "UpdateOne", "UpdateMany", "ReplaceOne", "DeleteOne", "DeleteMany")
 
 
 def __getattr__(name):
     if name in ("ReplicaSet", "connect"):
         from raymx import replset
         return getattr(replset, name)
-    if name in ("WriteConcern", "ReadPreference", "ReadConcern", "connect_url"):
+    if name in _FROM_CLIENT:
         from raymx import client
         return getattr(client, name)
     if name == "Limits":

@@ -249,16 +249,22 @@ def ls(address):
 @click.argument("name")
 @click.option("--secret", "with_secret", is_flag=True, help="include the credential")
 @click.option("--mongodb", is_flag=True,
-              help="the mongodb:// string for pymongo, mongosh and other MongoDB drivers")
+              help="the mongodb:// string for pymongo and other MongoDB drivers")
+@click.option("--mongosh", is_flag=True,
+              help="the mongodb:// string for mongosh and the Node.js driver")
 @ADDRESS
-def url(name, with_secret, mongodb, address):
-    """NAME's connection string for raymx.connect_url (--mongodb: for MongoDB drivers)."""
+def url(name, with_secret, mongodb, mongosh, address):
+    """NAME's connection string for raymx.connect_url (--mongodb, --mongosh: for
+    MongoDB drivers)."""
     import raymx
     with _one_line_errors():
         _attach(address)
         rs = raymx.connect(name)
-        click.echo(rs.mongodb_uri(with_secret=with_secret) if mongodb
-                   else rs.url(with_secret=with_secret))
+        if mongodb or mongosh:
+            click.echo(rs.mongodb_uri(with_secret=with_secret,
+                                      driver="mongosh" if mongosh else "pymongo"))
+        else:
+            click.echo(rs.url(with_secret=with_secret))
 
 
 @main.command()

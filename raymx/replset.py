@@ -574,11 +574,13 @@ class ReplicaSet:
                                               if tls.get("ca_file") else "")
         return f"raymx://{cred}{hosts}/{self.name}{q}"
 
-    def mongodb_uri(self, with_secret: bool = True) -> str:
-        """A connection string pymongo and mongosh take as is (the wire ports)."""
+    def mongodb_uri(self, with_secret: bool = True, driver: str = "pymongo") -> str:
+        """A connection string of the wire ports that ``driver`` takes as is:
+        ``"pymongo"`` (the default; with ``uuidRepresentation=standard``) or
+        ``"mongosh"``/``"node"`` (the Node.js driver refuses that option)."""
         from raymx.wire import mongodb_uri
         return mongodb_uri(self.name, self._topology(), with_secret,
-                           self.config()["extra"].get("tls"))
+                           self.config()["extra"].get("tls"), driver)
 
     def member(self, member_id: int):
         return _ray().get_actor(f"{self.name}/m{member_id}", namespace=NAMESPACE)

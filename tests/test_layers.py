@@ -134,18 +134,23 @@ def test_client_still_exports_what_its_importers_use():
     (bar the private ones) is still importable from raymx.client, as the same
     object as in its new module, and raymx's lazy names come from there."""
     import raymx.client as client
-    from raymx.client import (change_stream, collection, connection, options, results,
-                              url)
+    from raymx.client import (bulk, change_stream, collection, connection, cursor, options,
+                              results, url)
     from raymx.client import client as client_module
     used = {"Client", "ClientTransaction", "Database", "Collection", "Cursor", "ChangeStream",
             "Connection", "connect_member", "parse_url", "URLTopology", "connect_url",
             "WriteConcern", "ReadPreference", "ReadConcern", "InsertOneResult",
             "InsertManyResult", "UpdateResult", "DeleteResult", "INSERT_PART_DOCS",
             "INSERT_PART_BYTES"}
+    # pymongo's habits (issue 26): bulk_write's requests, its result, ReturnDocument
+    used |= {"BulkWriteResult", "ReturnDocument", "InsertOne", "UpdateOne", "UpdateMany",
+             "ReplaceOne", "DeleteOne", "DeleteMany"}
     assert used == set(client.__all__)
-    homes = (change_stream, client_module, collection, connection, options, results, url)
+    homes = (bulk, change_stream, client_module, collection, connection, cursor, options,
+             results, url)
     for n in client.__all__:
         found = [m for m in homes if n in vars(m)]
         assert found and all(vars(m)[n] is getattr(client, n) for m in found), n
-    for n in ("WriteConcern", "ReadPreference", "ReadConcern", "connect_url"):
+    for n in ("WriteConcern", "ReadPreference", "ReadConcern", "connect_url", "ReturnDocument",
+              "InsertOne", "UpdateOne", "UpdateMany", "ReplaceOne", "DeleteOne", "DeleteMany"):
         assert getattr(raymx, n) is getattr(client, n), n

@@ -411,3 +411,48 @@ def test_small_writes_and_point_reads_run_on_the_wire_ports_own_thread(served, c
     assert svc.port_reads >= reads0 + 2
     assert sorted(d["_id"] for d in coll.find({"v": {"$gte": 20}})) == list(range(20, 30))
     assert coll.count_documents({}) == 30
+
+
+def test_mongosh_start_up_commands_getlog_and_rs_status(served):
+    """mongosh asks for ``getLog: "startupWarnings"`` at start-up and users
+    type ``rs.status()`` (``replSetGetStatus``): both answered as MongoDB 7."""
+    p, svc = served
+    host, port_ = p.address.rsplit(":", 1)
+    svc.topology_source = lambda: {"members": [{"id": 0, "wire": [host, int(port_)],
+                                                "role": "primary", "state": "running"}],
+                                   "primary": 0}
+    c = pymongo.MongoClient(uri(p), serverSelectionTimeoutMS=10_000)
+    try:
+        assert c.admin.command("getLog", "startupWarnings") == {
+            "totalLinesWritten": 0, "log": [], "ok": 1.0}
+        assert c.admin.command("getLog", "*")["names"] == ["global", "startupWarnings"]
+        with pytest.raises(OperationFailure, match="No log named 'nope'") as ei:
+            c.admin.command("getLog", "nope")
+        assert ei.value.code == 96
+        with pytest.raises(OperationFailure) as ei:
+            c.admin.command("getLog", 5)
+        assert ei.value.code == 14
+        st = c.admin.command("replSetGetStatus")
+        assert st["set"] == "rs" and st["myState"] == 1 and st["term"] >= 0
+        assert st["members"] == [{"_id": 0, "name": p.address, "health": 1.0, "state": 1,
+                                  "stateStr": "PRIMARY", "self": True}]
+        # atlasVersion is not a MongoDB 7 server command either: mongosh expects 59
+        with pytest.raises(OperationFailure) as ei:
+            c.admin.command("atlasVersion")
+        assert ei.value.code == 59 and "atlasVersion" in str(ei.value)
+    finally:
+        c.close()
+
+
+def test_mongodb_uri_for_pymongo_and_for_mongosh():
+    from raymx.wire import mongodb_uri
+    topo = {"secret": "s/x", "members": [{"wire": ["h", 1]}, {"wire": ["h", 2]},
+                                         {"wire": ["h", 3], "hidden": True}]}
+    py = mongodb_uri("rs0", topo)
+    assert py == ("mongodb://raymx:s%2Fx@h:1,h:2/?replicaSet=rs0&authSource=admin"
+                  "&authMechanism=SCRAM-SHA-256&uuidRepresentation=standard")
+    # the Node.js driver (mongosh's) refuses options it does not know
+    assert mongodb_uri("rs0", topo, driver="mongosh") == py.replace(
+        "&uuidRepresentation=standard", "")
+    with pytest.raises(ValueError, match="driver 'java'"):
+        mongodb_uri("rs0", topo, driver="java")

@@ -20,7 +20,8 @@ _READ_OPS = {"find", "getMore", "count", "listCollections", "listIndexes", "kill
 
 
 class Client:
-    """Talks to a replica set; ``client["db"]["coll"]`` as in pymongo.
+    """Talks to a replica set; ``client["db"]["coll"]`` or ``client.db.coll``
+    as in pymongo.
 
     ``topology`` returns ``{"secret": ..., "members": [{"id", "host", "port",
     "role"}]}``; the client asks it again when the primary changes.
@@ -168,6 +169,14 @@ class Client:
 
     def __getitem__(self, name: str) -> "Database":
         return Database(self, name, self.write_concern)
+
+    def __getattr__(self, name: str) -> "Database":
+        """``client.app`` is ``client["app"]`` (as pymongo's MongoClient); names
+        starting with ``_`` are not databases."""
+        if name.startswith("_"):
+            raise AttributeError(f"Client has no attribute {name!r}; use client[{name!r}] "
+                                 "for a database of that name")
+        return self[name]
 
     def with_options(self, write_concern: WriteConcern | None = None,
                      read_preference: ReadPreference | None = None,

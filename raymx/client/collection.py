@@ -1,14 +1,18 @@
-"""``Database``, ``Collection`` (its writes and reads) and ``Cursor``."""
+"""``Database`` and ``Collection`` (its writes and reads; ``Cursor`` is in
+raymx/client/cursor.py, ``bulk_write`` in raymx/client/bulk.py)."""
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from raymx import errors
-from raymx.client.options import ReadConcern, ReadPreference, WriteConcern, _wc_fields
-from raymx.client.results import (DeleteResult, InsertManyResult, InsertOneResult,
-                                  UpdateResult, _gtid)
-from raymx.storage import codec
+from raymx.client import bulk, composite
+from raymx.client.cursor import Cursor, sort_spec
+from raymx.client.options import (ReadConcern, ReadPreference, ReturnDocument, WriteConcern,
+                                  _wc_fields)
+from raymx.client.results import (BulkWriteResult, DeleteResult, InsertManyResult,
+                                  InsertOneResult, UpdateResult, _gtid)
+from raymx.storage import codec, query
 from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS
 
 if TYPE_CHECKING:
@@ -51,6 +55,9 @@ class Database:
         if n.startswith("_"):
             raise AttributeError(n)
         return self[n]
+
+    def get_collection(self, name: str) -> "Collection":
+        return self[name]
 
     def watch(self, after=None, ops=None, **kw) -> "ChangeStream":
         """Change events of every collection of this database."""
@@ -115,10 +122,20 @@ class Collection:
     # Documents travel packed one by one ("packed": a msgpack binary each): the
     # member decodes them to check them and stores these bytes, never packing
     # them again. What msgpack cannot encode fails here, before it is sent.
+    #
+    # A document without ``_id`` gets the one the member generated (a
+    # time-ordered 24-hex-digit string, the same generator as for upserts) set
+    # on the caller's dict after the answer, as pymongo sets one: nothing more
+    # travels, the bytes packed here stay the bytes stored, and the result
+    # keeps its GTID. (Generating a bson.ObjectId here, as pymongo does,
+    # would give inserts and upserts ids of two types.)
     def insert_one(self, doc: dict, **wc) -> InsertOneResult:
         r = self._write({"op": "insert", "packed": _pack([doc])},
                         _wc_fields(self.write_concern, wc))
-        return InsertOneResult(r["inserted_ids"][0], _gtid(r["gtid"]))
+        _id = r["inserted_ids"][0]
+        if "_id" not in doc:
+            doc["_id"] = _id
+        return InsertOneResult(_id, _gtid(r["gtid"]))
 
     # A large insert goes in parts of INSERT_PART_DOCS documents (a frame each,
     # or more past INSERT_PART_BYTES), still one atomic statement: the member
@@ -132,7 +149,11 @@ class Collection:
             parts = [functools.partial(_packed_part, docs[i:i + INSERT_PART_DOCS])
                      for i in range(0, len(docs), INSERT_PART_DOCS)]
             r = self._write({"op": "insert"}, wc_fields, parts)
-        return InsertManyResult(r["inserted_ids"], _gtid(r["gtid"]))
+        ids = r["inserted_ids"]
+        for d, _id in zip(docs, ids):
+            if "_id" not in d:
+                d["_id"] = _id
+        return InsertManyResult(ids, _gtid(r["gtid"]))
 
     def _update(self, flt, update, multi, upsert, replace, wc) -> UpdateResult:
         r = self._write({"op": "update", "filter": flt, "update": update, "multi": multi,
@@ -158,6 +179,27 @@ class Collection:
                         _wc_fields(self.write_concern, wc))
         return DeleteResult(r["deleted"], _gtid(r["gtid"]))
 
+    def bulk_write(self, requests, ordered: bool = True, **wc) -> BulkWriteResult:
+        """Run ``InsertOne``, ``UpdateOne``, ``UpdateMany``, ``ReplaceOne``,
+        ``DeleteOne`` and ``DeleteMany`` requests in order (pymongo's).
+
+        Not atomic as a whole: each request is its own statement under its own
+        GTID (consecutive ``InsertOne``s run as one statement), as pymongo's
+        bulk against MongoDB; for all or nothing, call it inside
+        ``client.transaction()``. ``ordered`` (default): the first request the
+        member refuses (a duplicate key, a bad update...) stops the bulk; what
+        ran before it stays written, it wrote nothing, the rest did not run.
+        Unordered: the refused ones are skipped and the others run. Either way
+        a refusal raises ``BulkWriteError`` once the bulk stops; its
+        ``details`` name each refused request's ``index`` and the counts of
+        what was written (a write concern timeout is listed in
+        ``writeConcernErrors``: that write stays). An error that is no
+        request's fault (the primary lost, the connection dropped) is raised
+        as it is, ``info["bulk_details"]`` saying what was written before it.
+        """
+        _wc_fields(self.write_concern, dict(wc))  # a bad argument fails before any write
+        return bulk.bulk_write(self, requests, ordered, wc)
+
     def create_index(self, keys, unique: bool = False, name: str | None = None, **wc) -> str:
         if isinstance(keys, list):
             keys = [list(k) if isinstance(k, tuple) else k for k in keys]
@@ -178,86 +220,83 @@ class Collection:
         return self.client.watch(after, [self.full_name], ops, **kw)
 
     # reads
-    def find(self, filter=None, projection=None, sort=None, skip: int = 0, limit: int = 0,
-             batch_size: int = 0, read_concern: "ReadConcern | str | None" = None) -> "Cursor":
+    def find(self, filter=None, projection=None, skip: int = 0, limit: int = 0, *,
+             sort=None, batch_size: int = 0,
+             read_concern: "ReadConcern | str | None" = None) -> Cursor:
+        """A ``Cursor`` over the matching documents; the arguments in pymongo's
+        order (``filter, projection, skip, limit``; ``sort`` by name)."""
         return Cursor(self, filter, projection, sort, skip, limit, batch_size, read_concern)
 
-    def find_one(self, filter=None, projection=None, sort=None,
-                 read_concern: "ReadConcern | str | None" = None):
+    def find_one(self, filter=None, *args, **kwargs):
         """The first matching document or None; a filter that is not a map
-        means ``{"_id": filter}`` (as in pymongo)."""
+        means ``{"_id": filter}`` (as in pymongo). Other arguments as ``find``."""
         if filter is not None and not isinstance(filter, dict):
             filter = {"_id": filter}
-        for d in self.find(filter, projection, sort, limit=1, read_concern=read_concern):
-            return d
-        return None
+        c = self.find(filter, *args, **kwargs)
+        c._spec["limit"] = 1
+        doc = next(c, None)
+        if c.cursor_id:  # (none: one document is one batch)
+            c.close()
+        return doc
 
     def count_documents(self, filter=None, read_concern: "ReadConcern | str | None" = None
                         ) -> int:
         return self._read({"op": "count", "ns": self.full_name,
                            "filter": {} if filter is None else filter}, read_concern)["value"]
 
+    def estimated_document_count(self, read_concern: "ReadConcern | str | None" = None) -> int:
+        """The number of documents (exact here: the member counts them)."""
+        return self.count_documents({}, read_concern)
 
-class Cursor:
-    """Streams a query's results in batches (``getMore``) from one snapshot."""
+    def distinct(self, key: str, filter=None,
+                 read_concern: "ReadConcern | str | None" = None) -> list:
+        """The distinct values of ``key`` (a dotted path; each element of an
+        array counts) among the matching documents, in MongoDB's order of
+        values."""
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"distinct: key must be a non-empty str, not {key!r:.40}")
+        with self.find(filter, {key: 1}, read_concern=read_concern) as c:
+            return composite.distinct_values(c, key)
 
-    def __init__(self, coll: Collection, flt, projection, sort, skip, limit, batch_size,
-                 read_concern=None):
-        self._c = coll
-        self._spec = {"op": "find", "ns": coll.full_name, "filter": {} if flt is None else flt,
-                      "projection": projection, "sort": _sort_spec(sort), "skip": skip,
-                      "limit": limit, "batch": batch_size}
-        self._fields = coll._read_fields(read_concern)
-        self._started = False
+    # findAndModify: the member has no request for it; its find and update or
+    # delete run in one member transaction (raymx/client/composite.py, as the
+    # wire port's findAndModify), or in the caller's.
+    def _find_and_modify(self, flt, update, remove: bool, projection, sort, upsert: bool,
+                         new: bool, wc: dict):
+        if not isinstance(flt, dict):
+            raise TypeError(f"filter must be a dict, not {type(flt).__name__}")
+        run = dict(ns=self.full_name, flt=flt, update=update, remove=remove,
+                   sort=sort_spec(sort), upsert=upsert, new=bool(new))
+        if self._txn is not None:
+            _, value = composite.find_and_modify(self._txn._call, **run)
+        else:
+            from raymx.client.client import ClientTransaction
+            with ClientTransaction(self.client, _wc_fields(self.write_concern, wc)) as tx:
+                _, value = composite.find_and_modify(tx._call, **run)
+        if value is not None and projection is not None:
+            value = query.project(value, projection)
+        return value
 
-    def sort(self, key, direction: int = 1) -> "Cursor":
-        self._spec["sort"] = _sort_spec(key if isinstance(key, list) else [(key, direction)])
-        return self
+    def find_one_and_update(self, filter, update, projection=None, sort=None,
+                            upsert: bool = False, return_document=ReturnDocument.BEFORE, **wc):
+        """Update the first match (in ``sort`` order) and return it as it was
+        (``return_document=ReturnDocument.AFTER``: as it is after), or None;
+        atomic: no other write comes between finding and updating it."""
+        if not isinstance(update, dict) or composite.is_replacement(update) or not update:
+            raise errors.InvalidUpdate("find_one_and_update needs update operators ($set...); "
+                                       "to replace the document use find_one_and_replace")
+        return self._find_and_modify(filter, update, False, projection, sort, upsert,
+                                     return_document, wc)
 
-    def skip(self, n: int) -> "Cursor":
-        self._spec["skip"] = n
-        return self
+    def find_one_and_replace(self, filter, replacement, projection=None, sort=None,
+                             upsert: bool = False, return_document=ReturnDocument.BEFORE, **wc):
+        """As ``find_one_and_update``, replacing the document (its ``_id`` stays)."""
+        if not isinstance(replacement, dict) or not composite.is_replacement(replacement):
+            raise errors.InvalidUpdate("find_one_and_replace needs a replacement document "
+                                       "without $ operators")
+        return self._find_and_modify(filter, replacement, False, projection, sort, upsert,
+                                     return_document, wc)
 
-    def limit(self, n: int) -> "Cursor":
-        self._spec["limit"] = n
-        return self
-
-    def batch_size(self, n: int) -> "Cursor":
-        self._spec["batch"] = n
-        return self
-
-    def __iter__(self) -> Iterator[dict]:
-        if self._started:
-            raise errors.InvalidOperation("a cursor can be iterated once")
-        self._started = True
-        txn = self._c._txn
-        if txn is not None:
-            yield from txn._call(dict(self._spec))["docs"]
-            return
-        rp = self._c.read_preference
-        r, conn = self._c.client._read_call(rp, {**self._spec, **self._fields})
-        cid = r["cursor"]
-        try:
-            while True:
-                yield from r["docs"]
-                if not cid:
-                    return
-                r = conn.request({"op": "getMore", "cursor": cid, "batch": self._spec["batch"]},
-                                 self._c.client.timeout_s)
-                cid = r["cursor"]
-        finally:
-            if cid and not conn.closed:
-                conn.submit({"op": "killCursors", "cursors": [cid]})
-
-    def to_list(self) -> list[dict]:
-        return list(self)
-
-
-def _sort_spec(sort):
-    if sort is None:
-        return None
-    if isinstance(sort, str):
-        return [[sort, 1]]
-    if isinstance(sort, dict):
-        return [[k, v] for k, v in sort.items()]
-    return [list(x) if isinstance(x, (tuple, list)) else [x, 1] for x in sort]
+    def find_one_and_delete(self, filter, projection=None, sort=None, **wc):
+        """Delete the first match (in ``sort`` order) and return it, or None."""
+        return self._find_and_modify(filter, None, True, projection, sort, False, False, wc)

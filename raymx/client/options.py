@@ -106,3 +106,12 @@ def _wc_fields(base: WriteConcern, kw: dict) -> dict:
         raise TypeError(f"unexpected arguments: {sorted(kw)}")
     return WriteConcern(base.w if w is None else w, base.j if j is None else j,
                         base.wtimeout_ms if wt is None else wt).fields()
+
+
+class ReturnDocument:
+    """Which document ``find_one_and_update`` and ``find_one_and_replace``
+    return (pymongo's names and values): the one ``BEFORE`` the change (the
+    default) or ``AFTER`` it."""
+
+    BEFORE = False
+    AFTER = True

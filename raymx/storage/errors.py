@@ -24,7 +24,12 @@ __all__ = [
     "NotPrimaryOrSecondary", "PrimaryUnavailable", "WriteConcernTimeout", "ReadConcernTimeout",
     "StaleRead", "Diverged", "TooStale", "OplogTrimmed", "StaleTerm", "IrreversibleOp",
     "ShutDown", "ConnectionLost", "RequestTimeout", "TransactionAborted", "DiskFailed",
-    "DiskFull", "ConfigError", "ArchiveError", "LimitExceeded", "TLSError", "from_wire",
+    "DiskFull", "ConfigError", "ArchiveError", "LimitExceeded", "TLSError", "BulkWriteError",
+    "OperationFailure", "ConnectionFailure", "AutoReconnect", "ServerSelectionTimeoutError",
+    # pymongo's names for the classes above (the same class objects)
+    "PyMongoError", "DuplicateKeyError", "NotPrimaryError", "WTimeoutError", "NetworkTimeout",
+    "ConfigurationError",
+    "from_wire",
 ]
 
 
@@ -42,8 +47,37 @@ class RaymxError(Exception):
         return {"err": type(self).__name__, "msg": self.msg, "info": self.info}
 
 
+# --- pymongo's base classes -----------------------------------------------
+# Code written for pymongo catches these names; here they are bases of the
+# raymx classes with that meaning, so ``except OperationFailure`` catches what
+# a member refused and ``except AutoReconnect`` what a retry may cure. The
+# pymongo names of single classes are aliases at the end of this module.
+class OperationFailure(RaymxError):
+    """A member refused or failed an operation (pymongo's ``OperationFailure``):
+    bad input, a duplicate key, a write concern or read concern timeout, an
+    aborted transaction, a full disk, a used-up limit."""
+
+
+class ConnectionFailure(RaymxError):
+    """A member could not be reached or the connection to it failed
+    (pymongo's ``ConnectionFailure``)."""
+
+
+class AutoReconnect(ConnectionFailure):
+    """The connection or the member's role changed under the request (lost
+    connection, not primary, no primary yet, shutting down, no answer in
+    time); the driver retries what is safe to retry, and the caller may retry
+    the rest once it knows the outcome (pymongo's ``AutoReconnect``)."""
+
+
+class ServerSelectionTimeoutError(AutoReconnect):
+    """No member fit the request in time: no primary (``PrimaryUnavailable``)
+    or none that satisfies the read preference (``StaleRead``); pymongo's
+    name for the same failure."""
+
+
 # --- bad input: the caller can fix these; nothing was written -------------
-class InvalidInput(RaymxError):
+class InvalidInput(OperationFailure):
     """Base of errors caused by what the caller sent."""
 
 
@@ -107,7 +141,7 @@ class TLSError(ProtocolError):
     not match it). Nothing was sent in clear text when the port requires TLS."""
 
 
-class LimitExceeded(RaymxError):
+class LimitExceeded(OperationFailure):
     """A resource a client may hold is used up (``info["limit"]``: the name of
     the ``Limits`` field, ``info["max"]``: its value). Nothing of the request
     was done; the connection stays usable, except when the refused thing is
@@ -124,13 +158,13 @@ class BatchRefused(RaymxError):
 
 
 # --- replication state ----------------------------------------------------
-class NotPrimary(RaymxError):
+class NotPrimary(AutoReconnect):
     """This member does not accept writes; retry on the primary."""
 
     retryable = True
 
 
-class NotPrimaryOrSecondary(RaymxError):
+class NotPrimaryOrSecondary(AutoReconnect):
     """This member serves no reads now (``info["state"]``: recovering, resync or
     synchronizing): its data may still be rolled back or replaced. Retry on
     another member (the driver does)."""
@@ -138,24 +172,24 @@ class NotPrimaryOrSecondary(RaymxError):
     retryable = True
 
 
-class PrimaryUnavailable(RaymxError):
+class PrimaryUnavailable(ServerSelectionTimeoutError):
     """No primary is reachable right now (an election may be running)."""
 
     retryable = True
 
 
-class WriteConcernTimeout(RaymxError):
+class WriteConcernTimeout(OperationFailure):
     """The write committed (``info['gtid']``) but was not acknowledged in time.
 
     It is not undone: a timeout is not a rollback.
     """
 
 
-class ReadConcernTimeout(RaymxError):
+class ReadConcernTimeout(OperationFailure):
     """The member did not apply the requested GTID within the timeout."""
 
 
-class StaleRead(RaymxError):
+class StaleRead(ServerSelectionTimeoutError):
     """No member satisfies the read's max-staleness bound."""
 
 
@@ -189,19 +223,19 @@ class IrreversibleOp(RaymxError):
     """Rollback or revert across an op that cannot be undone."""
 
 
-class ShutDown(RaymxError):
+class ShutDown(AutoReconnect):
     """The member or replica set is shutting down or shut down."""
 
     retryable = True
 
 
-class ConnectionLost(RaymxError):
+class ConnectionLost(AutoReconnect):
     """The connection dropped; the outcome of an in-flight write is unknown."""
 
     retryable = True
 
 
-class RequestTimeout(RaymxError, TimeoutError):
+class RequestTimeout(AutoReconnect, TimeoutError):
     """No answer in time (``info``: ``request_id``; for a write ``outcome:
     "unknown"``: it may still be applied, as with a lost connection)."""
 
@@ -210,7 +244,7 @@ class RequestTimeout(RaymxError, TimeoutError):
         return self.info.get("request_id")
 
 
-class TransactionAborted(RaymxError):
+class TransactionAborted(OperationFailure):
     """The transaction was aborted (timeout, conflict, member change)."""
 
 
@@ -221,7 +255,7 @@ class DiskFailed(RaymxError):
     acknowledged as durable; a restart recovers from what reached the disk."""
 
 
-class DiskFull(RaymxError):
+class DiskFull(OperationFailure):
     """A write was refused because there is no room for it; nothing of it was
     written, and what was stored before is intact.
 
@@ -249,6 +283,29 @@ class DiskFull(RaymxError):
 
 class ConfigError(RaymxError):
     """An invalid replica set spec or limit."""
+
+
+class BulkWriteError(OperationFailure):
+    """``bulk_write`` stopped at (ordered) or went past (unordered) statements
+    the member refused. ``details`` (also ``info``) is pymongo's shape:
+    ``writeErrors`` (each ``index`` in the request list, ``code``: the raymx
+    class name, ``errmsg``, ``op``), ``nInserted``, ``nMatched``,
+    ``nModified``, ``nRemoved``, ``nUpserted``, ``upserted`` and ``gtids``:
+    what was written before (and, unordered, after) the refusals stays
+    written, each statement under its own GTID."""
+
+    @property
+    def details(self) -> dict:
+        return self.info
+
+
+# pymongo's names for raymx classes of the same meaning: the same objects
+PyMongoError = RaymxError
+DuplicateKeyError = DuplicateKey
+NotPrimaryError = NotPrimary
+WTimeoutError = WriteConcernTimeout
+NetworkTimeout = RequestTimeout
+ConfigurationError = ConfigError
 
 
 def _all() -> dict[str, type[RaymxError]]:

@@ -9,15 +9,26 @@ from urllib.parse import quote
 from raymx.wire.auth import MECHANISM, USER
 
 
+DRIVERS = ("pymongo", "mongosh", "node")
+
+
 def mongodb_uri(name: str, topology: dict, with_secret: bool = True,
-                tls: dict | None = None) -> str:
+                tls: dict | None = None, driver: str = "pymongo") -> str:
     """``mongodb://raymx:SECRET@host:port,.../?replicaSet=NAME&...`` from the
-    coordinator's topology: every member's wire port but hidden ones. UUIDs
-    travel as binary subtype 4 (``uuidRepresentation=standard``), as stored."""
+    coordinator's topology: every member's wire port but hidden ones.
+
+    ``driver="pymongo"`` (and other drivers that take it): UUIDs travel as
+    binary subtype 4 (``uuidRepresentation=standard``), as stored.
+    ``"mongosh"`` or ``"node"``: without that option, which the Node.js
+    driver (mongosh's) refuses as unknown (it always sends a UUID as subtype
+    4 and shows one as ``UUID(...)``)."""
+    if driver not in DRIVERS:
+        raise ValueError(f"driver {driver!r}: one of {', '.join(DRIVERS)}")
+    uuid_opt = "&uuidRepresentation=standard" if driver == "pymongo" else ""
     hosts = ",".join(f"{m['wire'][0]}:{m['wire'][1]}" for m in topology["members"]
                      if m.get("wire") and not m.get("hidden"))
     cred = f"{USER}:{quote(topology['secret'], safe='')}@" if with_secret else ""
     return (f"mongodb://{cred}{hosts}/?replicaSet={quote(name, safe='')}"
-            f"&authSource=admin&authMechanism={MECHANISM}&uuidRepresentation=standard"
+            f"&authSource=admin&authMechanism={MECHANISM}{uuid_opt}"
             + ("" if not tls else "&tls=true" + (
                 f"&tlsCAFile={quote(tls['ca_file'], safe='')}" if tls.get("ca_file") else "")))

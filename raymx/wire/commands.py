@@ -440,6 +440,51 @@ def _get_parameter(d, cmd, conn) -> dict:
     return out
 
 
+def _get_log(d, cmd, conn) -> dict:
+    """mongosh asks for ``startupWarnings`` at start-up: raymx keeps no server
+    log to show here (its members log through Python's logging), so each log
+    is empty, as a MongoDB 7 with nothing to warn about answers."""
+    which = cmd.get("getLog")
+    if which == "*":
+        return {"names": ["global", "startupWarnings"]}
+    if which in ("global", "startupWarnings"):
+        return {"totalLinesWritten": 0, "log": []}
+    if not isinstance(which, str):
+        raise CommandError("Argument to getLog must be of type String; found "
+                           f"{which!r:.40} of type {type(which).__name__}", 14, "TypeMismatch")
+    raise CommandError(f"No log named '{which}'", 96, "OperationFailed")
+
+
+_STATES = {"primary": (1, "PRIMARY"), "running": (2, "SECONDARY"),
+           "recovering": (3, "RECOVERING"), "resync": (3, "RECOVERING"),
+           "synchronizing": (5, "STARTUP2")}
+
+
+def _repl_set_get_status(d: Dispatcher, cmd: dict, conn) -> dict:
+    """``rs.status()``: the members the set's topology knows now (a member
+    that is down is left out: raymx does not list it as MongoDB's
+    ``(not reachable/healthy)``)."""
+    svc, port = d.service, d.port
+    topo = d.topology()
+    now = datetime.datetime.now(datetime.timezone.utc)
+    members = []
+    for m in topo.get("members", ()):
+        if not m.get("wire"):
+            continue
+        role = "primary" if m.get("role") == "primary" else m.get("state", "running")
+        code, name = _STATES.get(role, (0, "STARTUP"))
+        x = {"_id": m["id"], "name": f"{m['wire'][0]}:{m['wire'][1]}", "health": 1.0,
+             "state": code, "stateStr": name}
+        if m.get("id") == port.info.get("member"):
+            x["self"] = True
+        members.append(x)
+    writable = bool(svc.primary and not svc.handing_over)
+    my = 1 if writable else (2 if svc.read_refusal() is None else 3)
+    return {"set": port.info.get("replset", "raymx"), "date": now, "myState": my,
+            "term": Int64(int(svc.gm.term)), "heartbeatIntervalMillis": Int64(2000),
+            "members": members}
+
+
 def _logout(d, cmd, conn) -> dict:
     conn.authed = False
     return {}
@@ -454,4 +499,5 @@ COMMANDS = {
     "dropindexes": _drop_indexes, "endsessions": _end_sessions, "killsessions": _end_sessions,
     "refreshsessions": _ok, "whatsmyuri": _whats_my_uri,
     "connectionstatus": _connection_status, "getparameter": _get_parameter,
+    "getlog": _get_log, "replsetgetstatus": _repl_set_get_status,
 }

@@ -24,7 +24,7 @@ from bson import Int64
 from raymx import errors
 from raymx.actors.statements import RETRY_NS  # lsid -> the last retryable write's record
 from raymx.storage import query
-from raymx.storage.keys import encode_key
+from raymx.client import composite
 from raymx.wire import aggregate
 from raymx.wire.framing import CODEC
 from raymx.wire.errors import (CommandError, bad_value, is_statement_error, write_concern_error,
@@ -363,10 +363,9 @@ def _update(d, cmd: dict, conn):
             raise CommandError("pipeline updates are not supported by raymx", 2, "BadValue")
         if st.get("arrayFilters"):
             raise CommandError("arrayFilters are not supported by raymx", 2, "BadValue")
-        replace = isinstance(u, dict) and not any(k.startswith("$") for k in u)
         return {"op": "update", "ns": ns, "filter": _plain(st["q"]), "update": _plain(u),
                 "multi": bool(st.get("multi")), "upsert": bool(st.get("upsert")),
-                "replace": replace}
+                "replace": composite.is_replacement(u)}
 
     def count(res, i, out):
         out.setdefault("nModified", 0)
@@ -486,14 +485,8 @@ def _distinct(d, cmd: dict, conn) -> dict:
     key = cmd.get("key")
     if not isinstance(key, str) or not key:
         raise CommandError("distinct needs a string 'key'", 14, "TypeMismatch")
-    seen = {}
-    for doc in scan(d, cmd, conn, ns, _plain(cmd.get("query") or {}), {key: 1}):
-        for v in query.reach(doc, key):
-            if v is query.MISSING:
-                continue
-            for x in (v if isinstance(v, list) else [v]):
-                seen.setdefault(encode_key(x), x)
-    return {"values": [seen[k] for k in sorted(seen)]}
+    docs = scan(d, cmd, conn, ns, _plain(cmd.get("query") or {}), {key: 1})
+    return {"values": composite.distinct_values(docs, key)}
 
 
 def _find_and_modify(d, cmd: dict, conn) -> dict:
@@ -504,7 +497,6 @@ def _find_and_modify(d, cmd: dict, conn) -> dict:
     if isinstance(upd, list):
         raise CommandError("pipeline updates are not supported by raymx", 2, "BadValue")
     upd = _plain(upd)
-    replace = isinstance(upd, dict) and not any(k.startswith("$") for k in upd)
     fields = _plain(cmd.get("fields")) or None
     flt = _plain(cmd.get("query") or {})
     extra, state = d.drive(_txn_of(d, cmd))
@@ -514,32 +506,10 @@ def _find_and_modify(d, cmd: dict, conn) -> dict:
         extra = {"txn": d.call({"op": "txnBegin"}, state)["txn"]}
     done = False
     try:
-        def one(f, sort=None):
-            docs = d.call({"op": "find", "ns": ns, "filter": f, "sort": sort, "limit": 1,
-                           **extra}, state)["docs"]
-            return docs[0] if docs else None
-        doc = one(flt, _sort(cmd.get("sort")))
-        leo: dict = {"n": 0}
-        value = None
-        if doc is not None:
-            sel = {"_id": doc["_id"]}
-            leo["n"] = 1
-            if remove:
-                d.call({"op": "delete", "ns": ns, "filter": sel, **extra}, state)
-                value = doc
-            else:
-                d.call({"op": "update", "ns": ns, "filter": sel, "update": upd,
-                        "replace": replace, **extra}, state)
-                leo["updatedExisting"] = True
-                value = one(sel) if cmd.get("new") else doc
-        elif cmd.get("upsert") and not remove:
-            res = d.call({"op": "update", "ns": ns, "filter": flt, "update": upd,
-                          "replace": replace, "upsert": True, **extra}, state)
-            leo.update(n=1, updatedExisting=False, upserted=res.get("upserted_id"))
-            if cmd.get("new"):
-                value = one({"_id": res.get("upserted_id")})
-        elif not remove:
-            leo["updatedExisting"] = False
+        leo, value = composite.find_and_modify(
+            lambda req: d.call(dict(req, **extra), state), ns, flt, upd, remove=remove,
+            sort=_sort(cmd.get("sort")), upsert=bool(cmd.get("upsert")),
+            new=bool(cmd.get("new")))
         if not inner:
             d.call({"op": "txnCommit", **extra, **wc_fields(cmd)}, state)
         done = True

@@ -1,0 +1,75 @@
+"""Operations the member has no request of its own for, built from the ones it
+has; one piece of code shared by the native driver (``Collection.distinct``,
+``Collection.find_one_and_*``) and the MongoDB wire port (``distinct``,
+``findAndModify`` in raymx/wire/crud.py), so both answer alike.
+
+- ``distinct_values``: the distinct values of a path over documents (a find
+  with the path projected), in raymx's order of values (MongoDB's);
+- ``find_and_modify``: find the first match (in ``sort`` order), then update,
+  replace or delete that document by its ``_id``: the member's ``find``,
+  ``update`` and ``delete`` requests inside one member transaction (the
+  caller opens and ends it), so no other write comes between the find and
+  the change.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from raymx.storage import query
+from raymx.storage.keys import encode_key
+
+
+def distinct_values(docs: Iterable[dict], key: str) -> list:
+    """The distinct values at ``key`` (a dotted path; arrays count each
+    element, as MongoDB's ``distinct``), in the order of values."""
+    seen: dict = {}
+    for doc in docs:
+        for v in query.reach(doc, key):
+            if v is query.MISSING:
+                continue
+            for x in (v if isinstance(v, list) else [v]):
+                seen.setdefault(encode_key(x), x)
+    return [seen[k] for k in sorted(seen)]
+
+
+def is_replacement(update) -> bool:
+    """A document without ``$`` operators replaces the matched one."""
+    return isinstance(update, dict) and not any(k.startswith("$") for k in update)
+
+
+def find_and_modify(call: Callable[[dict], dict], ns: str, flt: dict, update=None, *,
+                    remove: bool = False, sort=None, upsert: bool = False,
+                    new: bool = False) -> tuple[dict, dict | None]:
+    """Run inside an open member transaction: ``call(req)`` sends ``req`` in it
+    and returns the member's answer. ``sort``: ``[[path, 1 | -1], ...]`` or
+    None. Returns ``(lastErrorObject, value)`` in MongoDB's shape: ``value``
+    is the document before the change (``new``: after it), or None when none
+    matched and none was upserted."""
+    replace = is_replacement(update)
+
+    def one(f, s=None):
+        docs = call({"op": "find", "ns": ns, "filter": f, "sort": s, "limit": 1})["docs"]
+        return docs[0] if docs else None
+    doc = one(flt, sort)
+    leo: dict = {"n": 0}
+    value = None
+    if doc is not None:
+        sel = {"_id": doc["_id"]}
+        leo["n"] = 1
+        if remove:
+            call({"op": "delete", "ns": ns, "filter": sel})
+            value = doc
+        else:
+            call({"op": "update", "ns": ns, "filter": sel, "update": update,
+                  "replace": replace})
+            leo["updatedExisting"] = True
+            value = one(sel) if new else doc
+    elif upsert and not remove:
+        res = call({"op": "update", "ns": ns, "filter": flt, "update": update,
+                    "replace": replace, "upsert": True})
+        leo.update(n=1, updatedExisting=False, upserted=res.get("upserted_id"))
+        if new:
+            value = one({"_id": res.get("upserted_id")})
+    elif not remove:
+        leo["updatedExisting"] = False
+    return leo, value

@@ -1,0 +1,106 @@
+"""mongosh (the npm package; ``./dev setup`` installs it into .tools/mongosh
+when node and npm are present) runs a script against a 3-member set through
+``rs.mongodb_uri(driver="mongosh")``: documents with a Date and an ObjectId,
+an index, a find, an aggregate with $group, ``rs.status()``; it prints JSON
+that the test checks, and the native driver reads what mongosh wrote. Skipped,
+saying why, when mongosh is not installed."""
+import datetime
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+from bson import ObjectId
+
+import raymx
+from tests.test_replication import wait_until
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+LOCAL = ROOT / ".tools" / "mongosh" / "node_modules" / ".bin" / "mongosh"
+
+SCRIPT = r"""
+const t = db.getSiblingDB("shapp").events;
+const oid = ObjectId("65a1b2c3d4e5f60718293a4b");
+const at = new Date("2026-11-25T06:00:00.123Z");
+const ins = t.insertMany([
+  {_id: oid, kind: "a", n: 1, at: at},
+  {kind: "b", n: 2, at: new Date("2026-11-26T00:00:00Z")},
+  {kind: "a", n: 3, at: at},
+]);
+const ix = t.createIndex({kind: 1, n: -1}, {name: "kind_n"});
+let dup = null;
+try { t.insertOne({_id: oid}); } catch (e) { dup = e.code; }
+const one = t.findOne({_id: oid});
+const found = t.find({kind: "a"}, {_id: 0, n: 1}).sort({n: -1}).toArray();
+const groups = t.aggregate([
+  {$group: {_id: "$kind", total: {$sum: "$n"}, count: {$sum: 1}, last: {$max: "$at"}}},
+  {$sort: {_id: 1}}]).toArray();
+const st = rs.status();
+print(JSON.stringify({
+  inserted: Object.keys(ins.insertedIds).length,
+  index: ix,
+  indexes: t.getIndexes().map(i => i.name),
+  dup: dup,
+  oid: one._id instanceof ObjectId ? one._id.toHexString() : null,
+  at: one.at instanceof Date ? one.at.toISOString() : null,
+  found: found,
+  groups: groups.map(g => [g._id, g.total, g.count, g.last.toISOString()]),
+  count: t.countDocuments({}),
+  members: st.members.map(m => m.stateStr).sort(),
+  startupWarnings: db.adminCommand({getLog: "startupWarnings"}).log.length,
+}));
+"""
+
+
+def _mongosh() -> str:
+    exe = str(LOCAL) if LOCAL.exists() else shutil.which("mongosh")
+    if exe is None:
+        why = ("mongosh is not installed: ./dev setup installs it into .tools/mongosh when "
+               "node and npm are on PATH")
+        print(f"test_mongosh: skipped: {why}", file=sys.stderr)
+        pytest.skip(why)
+    try:
+        subprocess.run([exe, "--version"], check=True, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        why = f"mongosh at {exe} does not run: {e}"
+        print(f"test_mongosh: skipped: {why}", file=sys.stderr)
+        pytest.skip(why)
+    return exe
+
+
+def test_mongosh_runs_a_script_against_a_three_member_set(ray_session, tmp_path):
+    exe = _mongosh()
+    rs = raymx.ReplicaSet.launch("mongosh3", members=3, data_dir=str(tmp_path / "rs"))
+    try:
+        rs.wait_for_primary()
+        wait_until(lambda: len(rs._topology()["members"]) == 3
+                   and all(m.get("wire") for m in rs._topology()["members"]), timeout_s=60)
+        uri = rs.mongodb_uri(driver="mongosh")
+        script = tmp_path / "script.js"
+        script.write_text(SCRIPT)
+        r = subprocess.run([exe, uri, "--quiet", "--norc", "--file", str(script)],
+                           capture_output=True, text=True, timeout=180,
+                           env=dict(os.environ, HOME=str(tmp_path)))  # its logs go there
+        assert r.returncode == 0, f"mongosh failed:\n{r.stdout}\n{r.stderr}"
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        assert out == {
+            "inserted": 3, "index": "kind_n", "indexes": ["_id_", "kind_n"],
+            "dup": 11000,  # a duplicate _id: MongoDB's code, mongosh's MongoServerError
+            "oid": "65a1b2c3d4e5f60718293a4b", "at": "2026-11-25T06:00:00.123Z",
+            "found": [{"n": 3}, {"n": 1}],
+            "groups": [["a", 4, 2, "2026-11-25T06:00:00.123Z"],
+                       ["b", 2, 1, "2026-11-26T00:00:00.000Z"]],
+            "count": 3, "members": ["PRIMARY", "SECONDARY", "SECONDARY"],
+            "startupWarnings": 0,
+        }, out
+        # what mongosh wrote is stored natively: the native driver reads the types back
+        coll = rs.client()["shapp"]["events"]
+        doc = coll.find_one(ObjectId("65a1b2c3d4e5f60718293a4b"))
+        assert doc["at"] == datetime.datetime(2026, 11, 25, 6, 0, 0, 123000)
+        assert [i["name"] for i in coll.list_indexes()] == ["_id_", "kind_n"]
+        assert all(type(d["_id"]) is ObjectId for d in coll.find())  # mongosh made the others
+    finally:
+        rs.shutdown()
