@@ -2,7 +2,10 @@
 1-member set, same run: insert_one (w=1; j=True) from one client process and
 from 8 client processes (the issue's shape: each process its own client,
 closed loop, the same seconds), insert_many and find of N documents. Prints
-both and the ratio (the issue's target: >= 0.7 of native).
+both and the ratio (the issue's target: >= 0.7 of native). Then the ceiling:
+the same client processes against a member that does no work
+(bench/_noop.py: both ports over a service answering at once), so what is
+the drivers' own cost and what the member's shows.
 
     PYTHONPATH=. RAY_AUTH_MODE=disabled python bench/wire.py [N]
 """
@@ -43,14 +46,14 @@ def _client_proc(kind, url, j, k, start_at, end_at, out):
     out.put(n)
 
 
-def many_clients(kind, url, j) -> float:
-    """insert_one/s of PROCS client processes over the same SECONDS."""
+def many_clients(kind, url, j, procs=PROCS) -> float:
+    """insert_one/s of ``procs`` client processes over the same SECONDS."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     start_at = time.time() + 6.0  # the children import and connect meanwhile
     procs = [ctx.Process(target=_client_proc,
                          args=(kind, url, j, k, start_at, start_at + SECONDS, out))
-             for k in range(PROCS)]
+             for k in range(procs)]
     for p in procs:
         p.start()
     total = sum(out.get(timeout=120) for _ in procs)
@@ -99,11 +102,37 @@ def main(n_many=100_000):
         results.append(("find (all)", r_wire, r_native))
         for name, r, base in results:
             row(f"{name} (native {base:,.0f}/s)", r, "docs/s", f"ratio {r / base:.2f}")
+        ceiling()
         mc.close()
         mc_noretry.close()
     finally:
         rs.shutdown()
         ray.shutdown()
+
+
+def ceiling() -> None:
+    """The same insert_one client processes against a member doing no work."""
+    from bench import _noop
+    from raymx.wire import mongodb_uri
+    ctx = mp.get_context("spawn")
+    out, stop = ctx.Queue(), ctx.Event()
+    srv = ctx.Process(target=_noop.serve, args=(out, stop), daemon=True)
+    srv.start()
+    try:
+        cport, wport = out.get(timeout=60)
+        url = f"raymx://:{_noop.SECRET}@127.0.0.1:{cport}/noop"
+        uri = mongodb_uri("noop", {"secret": _noop.SECRET,
+                                   "members": [{"wire": ["127.0.0.1", wport]}]})
+        print("ceiling: the same insert_one clients against a member doing no work "
+              "(bench/_noop.py)")
+        for procs in (1, PROCS):
+            native = many_clients("native", url, False, procs)
+            wire = many_clients("pymongo", uri, False, procs)
+            row(f"insert_one, {procs} client process(es): pymongo (native {native:,.0f}/s)",
+                wire, "docs/s", f"ratio {wire / native:.2f}")
+    finally:
+        stop.set()
+        srv.join(10)
 
 
 if __name__ == "__main__":
