@@ -249,20 +249,21 @@ def ls(address):
 @click.argument("name")
 @click.option("--secret", "with_secret", is_flag=True, help="include the credential")
 @click.option("--mongodb", is_flag=True,
-              help="the mongodb:// string for pymongo and other MongoDB drivers")
-@click.option("--mongosh", is_flag=True,
-              help="the mongodb:// string for mongosh and the Node.js driver")
+              help="the mongodb:// string for pymongo, mongosh and other MongoDB drivers")
+@click.option("--pymongo", is_flag=True,
+              help="the mongodb:// string with uuidRepresentation=standard (pymongo "
+                   "sends UUIDs as stored; mongosh refuses the option)")
 @ADDRESS
-def url(name, with_secret, mongodb, mongosh, address):
-    """NAME's connection string for raymx.connect_url (--mongodb, --mongosh: for
+def url(name, with_secret, mongodb, pymongo, address):
+    """NAME's connection string for raymx.connect_url (--mongodb, --pymongo: for
     MongoDB drivers)."""
     import raymx
     with _one_line_errors():
         _attach(address)
         rs = raymx.connect(name)
-        if mongodb or mongosh:
+        if mongodb or pymongo:
             click.echo(rs.mongodb_uri(with_secret=with_secret,
-                                      driver="mongosh" if mongosh else "pymongo"))
+                                      driver="pymongo" if pymongo else "any"))
         else:
             click.echo(rs.url(with_secret=with_secret))
 

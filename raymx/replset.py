@@ -574,10 +574,11 @@ class ReplicaSet:
                                               if tls.get("ca_file") else "")
         return f"raymx://{cred}{hosts}/{self.name}{q}"
 
-    def mongodb_uri(self, with_secret: bool = True, driver: str = "pymongo") -> str:
-        """A connection string of the wire ports that ``driver`` takes as is:
-        ``"pymongo"`` (the default; with ``uuidRepresentation=standard``) or
-        ``"mongosh"``/``"node"`` (the Node.js driver refuses that option)."""
+    def mongodb_uri(self, with_secret: bool = True, driver: str = "any") -> str:
+        """A connection string of the wire ports that pymongo, mongosh and
+        other MongoDB drivers take as is; ``driver="pymongo"`` adds
+        ``uuidRepresentation=standard`` (UUIDs as stored, binary subtype 4),
+        an option the Node.js driver (mongosh's) refuses."""
         from raymx.wire import mongodb_uri
         return mongodb_uri(self.name, self._topology(), with_secret,
                            self.config()["extra"].get("tls"), driver)

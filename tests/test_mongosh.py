@@ -1,6 +1,6 @@
 """mongosh (the npm package; ``./dev setup`` installs it into .tools/mongosh
 when node and npm are present) runs a script against a 3-member set through
-``rs.mongodb_uri(driver="mongosh")``: documents with a Date and an ObjectId,
+``rs.mongodb_uri()`` (the string pymongo takes too): documents with a Date and an ObjectId,
 an index, a find, an aggregate with $group, ``rs.status()``; it prints JSON
 that the test checks, and the native driver reads what mongosh wrote. Skipped,
 saying why, when mongosh is not installed."""
@@ -78,7 +78,7 @@ def test_mongosh_runs_a_script_against_a_three_member_set(ray_session, tmp_path)
         rs.wait_for_primary()
         wait_until(lambda: len(rs._topology()["members"]) == 3
                    and all(m.get("wire") for m in rs._topology()["members"]), timeout_s=60)
-        uri = rs.mongodb_uri(driver="mongosh")
+        uri = rs.mongodb_uri()
         script = tmp_path / "script.js"
         script.write_text(SCRIPT)
         r = subprocess.run([exe, uri, "--quiet", "--norc", "--file", str(script)],

@@ -444,15 +444,13 @@ def test_mongosh_start_up_commands_getlog_and_rs_status(served):
         c.close()
 
 
-def test_mongodb_uri_for_pymongo_and_for_mongosh():
+def test_mongodb_uri_for_every_driver_and_for_pymongo_uuids():
     from raymx.wire import mongodb_uri
     topo = {"secret": "s/x", "members": [{"wire": ["h", 1]}, {"wire": ["h", 2]},
                                          {"wire": ["h", 3], "hidden": True}]}
-    py = mongodb_uri("rs0", topo)
-    assert py == ("mongodb://raymx:s%2Fx@h:1,h:2/?replicaSet=rs0&authSource=admin"
-                  "&authMechanism=SCRAM-SHA-256&uuidRepresentation=standard")
-    # the Node.js driver (mongosh's) refuses options it does not know
-    assert mongodb_uri("rs0", topo, driver="mongosh") == py.replace(
-        "&uuidRepresentation=standard", "")
+    anyone = mongodb_uri("rs0", topo)  # the Node.js driver (mongosh's) takes it too
+    assert anyone == ("mongodb://raymx:s%2Fx@h:1,h:2/?replicaSet=rs0&authSource=admin"
+                      "&authMechanism=SCRAM-SHA-256")
+    assert mongodb_uri("rs0", topo, driver="pymongo") == anyone + "&uuidRepresentation=standard"
     with pytest.raises(ValueError, match="driver 'java'"):
         mongodb_uri("rs0", topo, driver="java")

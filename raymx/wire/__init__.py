@@ -9,19 +9,20 @@ from urllib.parse import quote
 from raymx.wire.auth import MECHANISM, USER
 
 
-DRIVERS = ("pymongo", "mongosh", "node")
+DRIVERS = ("any", "pymongo")
 
 
 def mongodb_uri(name: str, topology: dict, with_secret: bool = True,
-                tls: dict | None = None, driver: str = "pymongo") -> str:
+                tls: dict | None = None, driver: str = "any") -> str:
     """``mongodb://raymx:SECRET@host:port,.../?replicaSet=NAME&...`` from the
     coordinator's topology: every member's wire port but hidden ones.
 
-    ``driver="pymongo"`` (and other drivers that take it): UUIDs travel as
-    binary subtype 4 (``uuidRepresentation=standard``), as stored.
-    ``"mongosh"`` or ``"node"``: without that option, which the Node.js
-    driver (mongosh's) refuses as unknown (it always sends a UUID as subtype
-    4 and shows one as ``UUID(...)``)."""
+    ``driver="any"`` (the default): options every driver takes as is,
+    pymongo and mongosh (the Node.js driver) alike; as with MongoDB, pymongo
+    then refuses to send a ``uuid.UUID`` until told how (its own error says
+    so). ``"pymongo"``: also ``uuidRepresentation=standard``, so pymongo
+    sends and shows UUIDs as binary subtype 4, as stored; the Node.js driver
+    refuses that option as unknown (it always uses subtype 4)."""
     if driver not in DRIVERS:
         raise ValueError(f"driver {driver!r}: one of {', '.join(DRIVERS)}")
     uuid_opt = "&uuidRepresentation=standard" if driver == "pymongo" else ""
