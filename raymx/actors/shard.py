@@ -17,7 +17,6 @@ Every request is a dict (a decoded client frame); every answer goes to the
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import queue
@@ -32,10 +31,11 @@ from raymx.actors.commit import GroupCommit, WriteConcernWaiters, _mono_ms
 from raymx.actors.core import client_limits
 from raymx.actors.core.gtid_manager import GTIDManager
 from raymx.actors.core.primary import deposed, sees_majority
+from raymx.actors.ports import PortPath
 from raymx.actors.reads import ReadPath, Reply, _Cursor, gtid_out  # noqa: F401
 from raymx.actors.sessions import SessionPath
 from raymx.actors.statements import (READ_OPS, TXN_OPS, WRITE_OPS,  # noqa: F401
-                                     result_out, run_statement, runs_on_port)
+                                     result_out, run_statement)
 from raymx.actors.trimming import TrimPath
 from raymx.storage.engine import Engine, Transaction, WriteResult
 from raymx.storage.gtid import GTID
@@ -43,7 +43,7 @@ from raymx.storage.limits import Limits, write_concern_problem
 
 log = logging.getLogger("raymx.shard")
 
-class ShardService(ReadPath, TrimPath, SessionPath):
+class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
     """Writes through one writer thread with group commit; reads on snapshots
     (``ReadPath``, raymx/actors/reads.py); interactive transactions and
     multi-part inserts (``SessionPath``, raymx/actors/sessions.py); oplog trimming (``TrimPath``,
@@ -277,55 +277,6 @@ class ShardService(ReadPath, TrimPath, SessionPath):
             self._close_cursor(cid)
 
     # --- writes ----------------------------------------------------------
-    def attach_port(self, port) -> None:
-        """Called by a port serving this service (one with ``on_loop()`` and
-        ``soon(fn)``): small writes and point reads may then run on the port's
-        own thread (see ``_drain`` and ``submit_read``)."""
-        port.arrived = []
-        self._ports = self._ports + (port,)
-
-    def port_here(self):
-        """The attached port whose loop is the calling thread, or None."""
-        for port in self._ports:
-            if port.on_loop():
-                return port
-        return None
-
-    def _arriving(self) -> bool:
-        return any(port.arrived for port in self._ports)
-
-    def _to_writer(self, item: tuple) -> None:
-        port = self.port_here()
-        if port is not None:
-            port.arrived.append(item)
-            if len(port.arrived) == 1:  # once, after every frame this wake-up read
-                port.soon(functools.partial(self._drain, port))
-        else:
-            self._q.put(item)
-
-    def _drain(self, port) -> None:
-        """The writes that arrived in one wake-up of the port (from every
-        connection), on the port's thread. When the writer thread is idle with
-        nothing queued, the small ones run right here, as one group (one LMDB
-        commit, one sync for those that want it): no hand-off between threads
-        on their way. The rest go to the writer thread, in arrival order."""
-        items, port.arrived = port.arrived, []
-        if self._wlock.acquire(blocking=False):
-            try:
-                if self._q.unfinished_tasks == 0:  # nothing queued could come after these
-                    most = self.limits.port_insert_docs_max
-                    n = next((i for i, it in enumerate(items) if not runs_on_port(it, most)),
-                             len(items))
-                    cap = self.limits.write_group_max
-                    for i in range(0, n, cap):
-                        self._run_safely(items[i:min(i + cap, n)])
-                    self.port_writes += n
-                    items = items[n:]
-            finally:
-                self._wlock.release()
-        for item in items:
-            self._q.put(item)
-
     def _write_loop(self):
         q, held = self._q, []
         while self._write_step(q.get, held):
