@@ -81,7 +81,10 @@ def test_datasink_appends_and_upserts_through_the_primary(rs, coll, ray_session)
     from raymx.spark_bridge import write_dataset
     ray = ray_session
     c, ns = coll
-    ds = ray.data.from_items([{"_id": i, "v": i, "s": {"a": str(i)}} for i in range(200)])
+    # a few blocks (from_items makes one per row here: 100 Ray tasks, a minute
+    # on 2 cores once Spark's executor holds one of them)
+    ds = ray.data.from_items([{"_id": i, "v": i, "s": {"a": str(i)}} for i in range(200)],
+                             override_num_blocks=4)
     res = write_dataset(ds, rs, ns, mode="append", w=1, batch_docs=64)
     assert res.written == 200 and res.gtid is not None
     assert c.count_documents({}) == 200
@@ -89,7 +92,8 @@ def test_datasink_appends_and_upserts_through_the_primary(rs, coll, ray_session)
     with pytest.raises(Exception) as ei:  # appending the same _ids again
         write_dataset(ds, rs, ns, mode="append")
     assert "DuplicateKey" in repr(ei.value) or "duplicate" in str(ei.value).lower()
-    up = ray.data.from_items([{"_id": i, "v": -i, "s": None} for i in range(150, 250)])
+    up = ray.data.from_items([{"_id": i, "v": -i, "s": None} for i in range(150, 250)],
+                             override_num_blocks=3)
     res2 = write_dataset(up, rs, ns, mode="upsert", w="majority")
     assert res2.written == 100 and res2.gtid > res.gtid
     write_dataset(up, rs, ns, mode="upsert")  # idempotent
