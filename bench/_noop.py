@@ -29,7 +29,10 @@ class NoWork:
             return reply(ok={"inserted_ids": list(range(n)), "gtid": [1, self.seq]})
         if op == "find":
             return reply(ok={"docs": [], "cursor": 0})
-        reply(ok={})
+        if op == "txnBegin":
+            self.seq += 1
+            return reply(ok={"txn": self.seq})
+        reply(ok={"gtid": [1, self.seq]})
 
     def read_refusal(self):
         return None

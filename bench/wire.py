@@ -22,6 +22,7 @@ from bench._util import docs, row
 
 N_ONE = 3000
 PROCS = 8
+N_MANY_CEILING = 100_000
 SECONDS = 5.0
 
 
@@ -123,13 +124,21 @@ def ceiling() -> None:
         url = f"raymx://:{_noop.SECRET}@127.0.0.1:{cport}/noop"
         uri = mongodb_uri("noop", {"secret": _noop.SECRET,
                                    "members": [{"wire": ["127.0.0.1", wport]}]})
-        print("ceiling: the same insert_one clients against a member doing no work "
+        print("ceiling: the same clients against a member doing no work "
               "(bench/_noop.py)")
         for procs in (1, PROCS):
             native = many_clients("native", url, False, procs)
             wire = many_clients("pymongo", uri, False, procs)
             row(f"insert_one, {procs} client process(es): pymongo (native {native:,.0f}/s)",
                 wire, "docs/s", f"ratio {wire / native:.2f}")
+        import raymx
+        native_c = raymx.connect_url(url)["b"]["c"]
+        with pymongo.MongoClient(uri) as mc:
+            native = timed(N_MANY_CEILING, lambda: native_c.insert_many(docs(N_MANY_CEILING)))
+            wire = timed(N_MANY_CEILING, lambda: mc.b.c.insert_many(docs(N_MANY_CEILING)))
+        native_c.client.close()
+        row(f"insert_many x {N_MANY_CEILING:,}: pymongo (native {native:,.0f}/s)", wire,
+            "docs/s", f"ratio {wire / native:.2f}")
     finally:
         stop.set()
         srv.join(10)
