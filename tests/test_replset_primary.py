@@ -107,6 +107,34 @@ def test_launch_refuses_a_running_name_and_bad_specs(replset):
         raymx.ReplicaSet.launch("bad name!")
 
 
+def test_a_relaunch_places_members_on_this_clusters_nodes(ray_session, tmp_path):
+    """The members keep the set's configuration, node ids included; a relaunch
+    on a new Ray cluster (a new session: ``./dev demo`` run twice) must not
+    take node ids of the old one, or restarting a member is unschedulable.
+    A stale node id is planted in the stored configuration here."""
+    ray = ray_session
+    rs = raymx.ReplicaSet.launch("relaunch", members=1, data_dir=str(tmp_path))
+    try:
+        rs.client()["a"]["b"].insert_one({"_id": 1}, w=1, j=True)
+        cfg = rs.config()
+        cfg = {"version": cfg["version"] + 1, "oplog_cap": cfg.get("oplog_cap"),
+               "members": [dict(m, node_id="ab" * 28) for m in cfg["members"]]}
+        ray.get(rs.member(0).set_config.remote(cfg))
+        assert ray.get(rs.member(0).get_config.remote())["members"][0]["node_id"] == "ab" * 28
+    finally:
+        rs.shutdown()
+    rs = raymx.ReplicaSet.launch("relaunch", members=1, data_dir=str(tmp_path))
+    try:
+        here = ray.get_runtime_context().get_node_id()
+        assert [m["node_id"] for m in rs.config()["members"]] == [here]
+        rs.kill_member(0)
+        rs.start_member(0)  # unschedulable on the stale node before
+        rs.wait_for_primary(30)
+        assert rs.client()["a"]["b"].find_one({"_id": 1}) == {"_id": 1}
+    finally:
+        rs.shutdown()
+
+
 def test_gtid_manager_actor(ray_session):
     from raymx.actors.applier import GTIDManagerActor
     ray = ray_session

@@ -88,7 +88,14 @@ class Coordinator:
             if c is not None and (best is None or c["version"] > best["version"]):
                 best = c
         if best is not None:
-            self.members, self.version = best["members"], best["version"]
+            # the stored members, on the nodes this launch placed them on: a
+            # relaunch on a new Ray cluster (a new session, or the machine
+            # rebooted) has new node ids, and the stored ones name nodes that
+            # are gone (restarting such a member would be unschedulable)
+            placed = {m["id"]: m.get("node_id") for m in self.members}
+            self.members = [dict(m, node_id=placed.get(m["id"]) or m.get("node_id"))
+                            for m in best["members"]]
+            self.version = best["version"]
             self.oplog_cap = best.get("oplog_cap") or self.oplog_cap
 
     def _config(self) -> dict:
