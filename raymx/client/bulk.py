@@ -136,25 +136,25 @@ class _Bulk:
         self.wc_errors: list[dict] = []
 
     def details(self) -> dict:
-        r = self.res
-        return {"writeErrors": self.write_errors, "writeConcernErrors": self.wc_errors,
-                "nInserted": r.inserted_count, "nUpserted": r.upserted_count,
-                "nMatched": r.matched_count, "nModified": r.modified_count,
-                "nRemoved": r.deleted_count,
-                "upserted": [{"index": i, "_id": v} for i, v in r.upserted_ids.items()],
-                "gtids": [None if g is None else str(g) for g in r.gtids]}
+        """pymongo's raw result with this bulk's errors, and the GTIDs."""
+        return {**self.res.bulk_api_result, "writeErrors": self.write_errors,
+                "writeConcernErrors": self.wc_errors,
+                "gtids": [None if g is None else str(g) for g in self.res.gtids]}
+
+    def _wc_error(self, i: int, e: errors.WriteConcernTimeout) -> None:
+        """Request ``i`` committed; its write concern did not hold."""
+        self.wc_errors.append({"index": i, "code": "WriteConcernTimeout", "errmsg": e.msg,
+                               "gtid": e.info.get("gtid")})
 
     def _count(self, i: int, req, out) -> None:
+        # (insert_one and insert_many have set each inserted _id on its document)
         r = self.res
         if out.gtid is not None:
             r.gtids.append(out.gtid)
         if isinstance(req, list):  # a run of InsertOne
             r.inserted_count += len(out.inserted_ids)
-            for q, _id in zip(req, out.inserted_ids):
-                q.document.setdefault("_id", _id)
         elif isinstance(req, InsertOne):
             r.inserted_count += 1
-            req.document.setdefault("_id", out.inserted_id)
         elif isinstance(req, _Delete):
             r.deleted_count += out.deleted_count
         else:
@@ -171,9 +171,8 @@ class _Bulk:
                 out = self.coll.insert_one(req.document, **self.wc)
             else:
                 out = req._run(self.coll, self.wc)
-        except errors.WriteConcernTimeout as e:  # committed; its write concern did not hold
-            self.wc_errors.append({"index": i, "code": "WriteConcernTimeout", "errmsg": e.msg,
-                                   "gtid": e.info.get("gtid")})
+        except errors.WriteConcernTimeout as e:
+            self._wc_error(i, e)
             return True
         except errors.InvalidInput as e:  # this request's own fault: it wrote nothing
             self.write_errors.append({"index": i, "code": type(e).__name__, "errmsg": e.msg,
@@ -206,8 +205,7 @@ class _Bulk:
         try:
             out = self.coll.insert_many([q.document for q in run], **self.wc)
         except errors.WriteConcernTimeout as e:
-            self.wc_errors.append({"index": i, "code": "WriteConcernTimeout", "errmsg": e.msg,
-                                   "gtid": e.info.get("gtid")})
+            self._wc_error(i, e)
             self.res.inserted_count += len(run)
             return True
         except errors.InvalidInput:
