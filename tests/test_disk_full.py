@@ -64,7 +64,9 @@ def test_map_full_refuses_the_statement_keeps_data_and_reads(tmp_path):
         tx.create_index("t.c", "k")
     e.insert_many("t.junk", [{"_id": i, "pad": PAD} for i in range(400)])
     n, err = fill(e)
-    assert n > 1000
+    # ~1,100 fit before the write-ahead log; its checkpoint's pin now holds up
+    # to 2/64 of the map (wal.CHECKPOINT_GROWTH_MAP_FRACTION) from reuse
+    assert n > 900
     assert err.info["full"] == "map" and err.info["path"] == s.path
     msg = str(err)
     assert s.path in msg and "map is full" in msg and "nothing was written" in msg
@@ -107,11 +109,13 @@ def test_failed_commit_then_noop_fails_too_then_both_work_in_a_bigger_map(tmp_pa
     s = small(tmp_path)
     e = Engine(s)
     n, _ = fill(e)
-    while True:  # fill the rest with n entries until even one does not fit
+    fails = 0  # fill the rest with n entries until even one does not fit, twice:
+    while fails < 2:  # after a map full the next write checkpoints (freeing pages)
         try:
             e.write_noop()
+            fails = 0
         except errors.DiskFull:
-            break
+            fails += 1
     last, rng = e.last(), e.range()
     g = GTID(last[0].term, last[0].seq + 1)
     tx = e.begin(autocommit=True)

@@ -52,7 +52,7 @@ def failing_disk(monkeypatch):
     def commit(self):
         if self._parent is None and self._write and left["n"] > 0:
             left["n"] -= 1
-            self._t.abort()
+            self.abort()  # as LMDB aborts a failed commit (and the log lock goes)
             raise lmdb.DiskError("injected: no space left on device")
         return real(self)
     monkeypatch.setattr(lmdb_store._Txn, "commit", commit)
@@ -164,20 +164,19 @@ def test_a_failed_sync_stops_the_member_and_is_never_retried(member):
     fatal = []
     svc, e = member(on_fatal=fatal.append)
     assert ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 1}], "j": True})["ok"]
-    env = e.store._env
+    wal = e.store._ent.wal  # a sync is one fdatasync of the write-ahead log
 
     class FailingOnce:
         calls = 0
+        real = wal.sync
 
-        def sync(self, force):
+        @staticmethod
+        def sync():
             FailingOnce.calls += 1
             if FailingOnce.calls == 1:
-                raise lmdb.Error("injected: Input/output error (EIO)")
-            return env.sync(force)
-
-        def __getattr__(self, name):
-            return getattr(env, name)
-    e.store._env = FailingOnce()
+                raise OSError(5, "injected: Input/output error (EIO)")
+            return FailingOnce.real()
+    wal.sync = FailingOnce.sync
     try:
         r = ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 2}], "j": True})
         assert isinstance(r["err"], errors.DiskFailed) and "EIO" in str(r["err"])
@@ -189,4 +188,4 @@ def test_a_failed_sync_stops_the_member_and_is_never_retried(member):
         assert FailingOnce.calls == 1
         assert svc.group.durable == GTID(0, 1) and len(fatal) == 1
     finally:
-        e.store._env = env
+        del wal.sync

@@ -20,7 +20,7 @@ __all__ = [
     "RaymxError", "InvalidInput", "InvalidDocument", "DocumentTooLarge", "TransactionTooLarge",
     "InvalidName", "InvalidFilter", "InvalidUpdate", "InvalidOperation", "DuplicateKey",
     "SchemaMismatch", "CollectionNotFound", "IndexNotFound", "ProtocolError",
-    "AuthenticationFailed", "CorruptEntry", "BatchRefused", "NotPrimary",
+    "AuthenticationFailed", "CorruptEntry", "CorruptStore", "BatchRefused", "NotPrimary",
     "NotPrimaryOrSecondary", "PrimaryUnavailable", "WriteConcernTimeout", "ReadConcernTimeout",
     "StaleRead", "Diverged", "TooStale", "OplogTrimmed", "StaleTerm", "IrreversibleOp",
     "ShutDown", "ConnectionLost", "RequestTimeout", "TransactionAborted", "DiskFailed",
@@ -151,6 +151,12 @@ class LimitExceeded(OperationFailure):
 
 class CorruptEntry(RaymxError):
     """An oplog entry that does not decode or names an unknown op."""
+
+
+class CorruptStore(RaymxError):
+    """A member's files are not in a state raymx wrote: a damaged checkpoint,
+    a data file missing beside its checkpoint, an LMDB whose layout the
+    write-ahead log does not know. Nothing is written over them."""
 
 
 class BatchRefused(RaymxError):

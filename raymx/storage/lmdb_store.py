@@ -32,14 +32,18 @@ from __future__ import annotations
 import errno
 import functools
 import itertools
+import logging
 import os
 import threading
 import time
 
 import lmdb
 
-from raymx.storage import errors
+from raymx.storage import errors, wal as wal_mod
 from raymx.storage.store import DBS, _TxnBase
+
+log = logging.getLogger("raymx.storage")
+_DB_INDEX = {name: i for i, name in enumerate(DBS)}
 
 # LMDB refuses to open one path twice in a process, so environments are shared
 # per path (with a reference count) by every store object in the process.
@@ -73,7 +77,7 @@ class _Env:
 
     __slots__ = ("env", "dbs", "refs", "lock", "_begun", "_ended", "begun", "ended",
                  "resizing", "grow_wanted", "grow_retry_at", "adopt_retry_at",
-                 "map_bytes_max")
+                 "map_bytes_max", "wal")
 
     def __init__(self, env, dbs, map_bytes_max):
         self.env, self.dbs, self.refs = env, dbs, 0
@@ -85,6 +89,7 @@ class _Env:
         self.grow_retry_at = 0.0  # after a try that found a transaction open
         self.adopt_retry_at = 0.0  # the same for adopting another process's grow
         self.map_bytes_max = map_bytes_max
+        self.wal: wal_mod.Wal | None = None
 
     def live(self) -> int:
         """Transactions of this process open now (exact under the resize protocol)."""
@@ -138,7 +143,13 @@ class _Env:
         """Run ``fn`` (with ``lock`` held) once the caller's begin is the only
         transaction of this process: new begins wait meanwhile (``resizing``),
         open ones are given ``RESIZE_WAIT_S`` to end; else nothing is done
-        (False)."""
+        (False). A remap ends this process's pin of the log's checkpoint, so
+        it runs under the log's lock (taken in that time too) and the log
+        renews the pin before any write (``Wal.remapped``)."""
+        wal = self.wal
+        took = not wal.held()
+        if took and not wal.lock(timeout=RESIZE_WAIT_S):
+            return False
         self.resizing = True
         try:
             deadline = time.monotonic() + RESIZE_WAIT_S
@@ -147,9 +158,12 @@ class _Env:
                     return False
                 time.sleep(0.0005)
             fn()
+            wal.remapped()
             return True
         finally:
             self.resizing = False
+            if took:
+                wal.unlock()
 
     def _grow(self):
         self.grow_wanted = False
@@ -178,6 +192,7 @@ def _refusal(store: "LMDBStore", e: Exception, where: str) -> Exception:
     """The raymx error for an LMDB write error, or ``e`` itself."""
     if isinstance(e, lmdb.MapFullError):
         ent = store._ent
+        ent.wal.checkpoint_first = True  # pages the checkpoint's pin holds come free
         ent.grow_wanted = ent.map_bytes() < ent.map_bytes_max
         m = ent.map_bytes()
         grow = ("the map grows at this process's next transaction once none of its "
@@ -218,13 +233,21 @@ def make_private_dir(path: str) -> str:
 
 class _Txn(_TxnBase):
     """A transaction. A top-level one is counted in its environment's ``live``
-    until it commits, aborts or is dropped."""
+    until it commits, aborts or is dropped.
+
+    A write transaction records its changes for the log (``wal``): ``_log``
+    is a flat list ``[db index, key, value or None (a delete), ...]``; past
+    ``wal.UNLOGGED_OPS`` changes it stops recording (``_log`` None) and its
+    commit is made durable by a checkpoint instead. A top-level write
+    transaction holds the log's lock from its begin to its end."""
 
     def __init__(self, store: "LMDBStore", txn, write: bool, parent=None):
         self._s = store
         self._t = txn
         self._write = write
         self._parent = parent
+        self._log: list | None = [] if write else None
+        self._unlogged = False
         self._end = store._ent.ended if parent is None else None
 
     def _ended(self):
@@ -232,12 +255,14 @@ class _Txn(_TxnBase):
         if end is not None:
             self._end = None
             end()
+            if self._write:
+                self._s._ent.wal.unlock()
 
     def __del__(self):  # dropped unfinished: py-lmdb aborts it; stop counting it
-        end = self._end
-        if end is not None:
-            self._end = None
-            end()
+        self._ended()
+
+    def _too_many(self):
+        self._log, self._unlogged = None, True
 
     def get(self, db, key):
         return self._t.get(bytes(key), db=self._s._dbs[db])
@@ -288,23 +313,46 @@ class _Txn(_TxnBase):
                     return
                 yield k
 
-    # Write side: LMDB's "no room" errors become DiskFull (see _refusal)
+    # Write side: LMDB's "no room" errors become DiskFull (see _refusal); each
+    # change is recorded for the log once LMDB made it
     def put(self, db, key, value, overwrite=True):
         try:
-            return self._t.put(key, value, db=self._s._dbs[db], overwrite=overwrite)
+            done = self._t.put(key, value, db=self._s._dbs[db], overwrite=overwrite)
         except lmdb.Error as e:
             raise _refusal(self._s, e, "put") from e
+        log = self._log
+        if done and log is not None:
+            log += (_DB_INDEX[db], key, value)
+            if len(log) > _LOG_MAX:
+                self._too_many()
+        return done
 
     def putter(self, db, overwrite=True):
         put = functools.partial(self._t.put, db=self._s._dbs[db], overwrite=overwrite)
-        store = self._s
+        store, i = self._s, _DB_INDEX[db]
 
         def put_row(key, value):
             try:
-                return put(key, value)
+                done = put(key, value)
             except lmdb.Error as e:
                 raise _refusal(store, e, "put") from e
+            log = self._log
+            if done and log is not None:
+                log += (i, key, value)
+                if len(log) > _LOG_MAX:
+                    self._too_many()
+            return done
         return put_row
+
+    def _note_rows(self, db, rows):
+        log = self._log
+        if log is not None:
+            if len(log) + 3 * len(rows) > _LOG_MAX:
+                self._too_many()
+                return
+            i = _DB_INDEX[db]
+            for k, v in rows:
+                log += (i, k, v)
 
     def put_many(self, db, rows):
         if rows:
@@ -313,12 +361,16 @@ class _Txn(_TxnBase):
                     c.putmulti(rows)
             except lmdb.Error as e:
                 raise _refusal(self._s, e, "put_many") from e
+            self._note_rows(db, rows)
 
     def put_sorted(self, db, rows):
         try:
-            return self._put_sorted(db, rows)
+            added = self._put_sorted(db, rows)
         except lmdb.Error as e:
             raise _refusal(self._s, e, "put_sorted") from e
+        if added:
+            self._note_rows(db, rows)
+        return added
 
     def _put_sorted(self, db, rows):
         if not rows:
@@ -337,9 +389,12 @@ class _Txn(_TxnBase):
 
     def put_new(self, db, rows):
         try:
-            return self._put_new(db, rows)
+            done = self._put_new(db, rows)
         except lmdb.Error as e:
             raise _refusal(self._s, e, "put_new") from e
+        if done and rows:
+            self._note_rows(db, rows)
+        return done
 
     def _put_new(self, db, rows):
         if not rows:
@@ -368,9 +423,15 @@ class _Txn(_TxnBase):
 
     def delete(self, db, key):
         try:
-            return self._t.delete(key, db=self._s._dbs[db])
+            done = self._t.delete(key, db=self._s._dbs[db])
         except lmdb.Error as e:
             raise _refusal(self._s, e, "delete") from e
+        log = self._log
+        if done and log is not None:
+            log += (_DB_INDEX[db], key, None)
+            if len(log) > _LOG_MAX:
+                self._too_many()
+        return done
 
     def nested(self):
         try:
@@ -380,30 +441,134 @@ class _Txn(_TxnBase):
 
     def commit(self):
         """Commit; on an error LMDB has aborted the transaction (nothing of it is
-        stored), and ``abort`` after it is harmless."""
+        stored), and ``abort`` after it is harmless.
+
+        A top-level write appends its record to the log before LMDB commits it
+        (both under the log's lock); a failed commit takes the record back.
+        Durable at the next ``LMDBStore.sync()``."""
+        parent = self._parent
+        if parent is not None:  # a child: its changes join the parent's
+            try:
+                self._t.commit()
+            except lmdb.Error as e:
+                self._t.abort()
+                raise _refusal(self._s, e, "commit") from e
+            if self._unlogged:
+                parent._too_many()
+            elif parent._log is not None and self._log:
+                parent._log += self._log
+                if len(parent._log) > _LOG_MAX:
+                    parent._too_many()
+            return
+        if not self._write:
+            try:
+                self._t.commit()
+            finally:
+                self._ended()
+            return
+        store, wal = self._s, self._s._ent.wal
         try:
-            self._t.commit()
-        except lmdb.Error as e:
-            self._t.abort()
-            err = _refusal(self._s, e, "commit")
-            if err is e and self._parent is None:
-                # not a lack of room: a write or LMDB's fdatasync of the commit
-                # failed. As for a failed sync(): the kernel may have dropped
-                # pages, so this store syncs no more (the member stops)
-                self._s.failed = self._s.failed or f"commit: {type(e).__name__}: {e}"
-                raise errors.DiskFailed(f"{self._s.path}: a commit's write or sync failed "
-                                        f"({type(e).__name__}: {e}); this store syncs "
-                                        "no more") from e
-            raise err from e
+            if store.failed is not None:
+                self._t.abort()
+                raise errors.DiskFailed(f"{store.path}: an earlier write or sync failed "
+                                        f"({store.failed}); this store writes no more")
+            log, nbytes = self._log, 0
+            if log:
+                try:
+                    nbytes = wal.append(self._t.id(), log)
+                except OSError as e:
+                    self._t.abort()
+                    raise store._log_error(e, "a commit's log append") from e
+            try:
+                self._t.commit()
+            except lmdb.Error as e:
+                self._t.abort()
+                if nbytes:
+                    try:
+                        wal.unappend(nbytes)
+                    except OSError as e2:
+                        raise store._log_error(e2, "taking back a failed commit's "
+                                               "log record") from e
+                err = _refusal(store, e, "commit")
+                if err is e:
+                    # not a lack of room: a write failed. As for a failed
+                    # sync(): the kernel may have dropped pages, so this store
+                    # writes no more (the member stops)
+                    store.failed = store.failed or f"commit: {type(e).__name__}: {e}"
+                    raise errors.DiskFailed(f"{store.path}: a commit's write failed "
+                                            f"({type(e).__name__}: {e}); this store "
+                                            "writes no more") from e
+                raise err from e
+            try:
+                if self._unlogged:  # too large to log: durable by a checkpoint now
+                    wal.checkpoint_locked()
+                else:
+                    wal.after_commit()
+            except Exception as e:
+                raise store._log_error(e, "a checkpoint after a commit", final=True) from e
         finally:
             self._ended()
 
     def abort(self):
         self._t.abort()
-        end = self._end
-        if end is not None:
-            self._end = None
-            end()
+        self._ended()
+
+
+_LOG_MAX = 3 * wal_mod.UNLOGGED_OPS
+
+
+def _open_env(path: str, map_bytes: int, map_bytes_max: int | None) -> _Env:
+    """Open a folder's environment in this process: the first process to open
+    it recovers it from its checkpoint and log (``wal``)."""
+    wal = wal_mod.Wal(path)
+    try:
+        first = wal.enter()
+        try:
+            gen = wal_mod.restore_meta(path) if first else None
+            env = lmdb.open(path, map_size=map_bytes, max_dbs=len(DBS) + 2,
+                            subdir=True, sync=False, metasync=False, mode=0o600,
+                            max_readers=1024, readahead=False)
+            ent = _Env(env, None, max(map_bytes, MAP_BYTES_MAX if map_bytes_max is None
+                                      else map_bytes_max))
+            ent.wal = wal
+            wal.attach(env)
+            used = ent.used_bytes()
+            if used > GROW_AT_OPEN_FRACTION * map_bytes:  # no transaction is open yet
+                env.set_mapsize(min(max(2 * used, map_bytes), ent.map_bytes_max))
+            ent.dbs = _open_dbs(env, wal, first)
+            wal.dbs = tuple(ent.dbs[name] for name in DBS)
+            if first:
+                wal.recover(env, wal.dbs, gen, log=lambda n: log.warning(
+                    "%s: recovered %d transactions from the write-ahead log", path, n))
+        finally:
+            if first:
+                wal.entered()
+    except BaseException:
+        wal.close()
+        raise
+    return ent
+
+
+def _open_dbs(env, wal: wal_mod.Wal, first: bool) -> dict:
+    """The sub-databases; creating one writes, so a process that is not the
+    first holds the log's lock and checkpoints after a creation."""
+    if first:
+        return {name: env.open_db(name.encode()) for name in DBS}
+    dbs, missing = {}, []
+    for name in DBS:
+        try:
+            dbs[name] = env.open_db(name.encode(), create=False)
+        except lmdb.NotFoundError:
+            missing.append(name)
+    if missing:
+        wal.lock()
+        try:
+            for name in missing:
+                dbs[name] = env.open_db(name.encode())
+            wal.checkpoint_locked()
+        finally:
+            wal.unlock()
+    return dbs
 
 
 class LMDBStore:
@@ -440,15 +605,7 @@ class LMDBStore:
         with _ENVS_LOCK:
             ent = _ENVS.get(self.path)
             if ent is None:
-                env = lmdb.open(self.path, map_size=map_bytes, max_dbs=len(DBS) + 2,
-                                subdir=True, sync=True, metasync=False, mode=0o600,
-                                max_readers=1024, readahead=False)
-                ent = _Env(env, None, max(map_bytes, MAP_BYTES_MAX if map_bytes_max is None
-                                          else map_bytes_max))
-                used = ent.used_bytes()
-                if used > GROW_AT_OPEN_FRACTION * map_bytes:  # no transaction is open yet
-                    env.set_mapsize(min(max(2 * used, map_bytes), ent.map_bytes_max))
-                ent.dbs = {name: env.open_db(name.encode()) for name in DBS}
+                ent = _open_env(self.path, map_bytes, map_bytes_max)
                 _ENVS[self.path] = ent
             ent.refs += 1
         self._ent = ent
@@ -472,31 +629,61 @@ class LMDBStore:
         return _Txn(self, ent.begin_slow(write=False, buffers=False), False)
 
     def write(self):
+        """A write transaction: takes the log's lock (writers of every process
+        of the folder take turns in it), then LMDB's."""
         ent = self._ent
+        wal = ent.wal
+        wal.lock()
+        try:
+            wal.before_write()
+        except BaseException as e:
+            wal.unlock()
+            if isinstance(e, Exception):
+                raise self._log_error(e, "the checkpoint before a write", final=True) from e
+            raise
         ent.begun()
-        if not (ent.resizing or ent.grow_wanted):
-            try:
-                return _Txn(self, self._env.begin(write=True), True)
-            except lmdb.MapResizedError:
-                pass
-            except BaseException:
-                ent.ended()
-                raise
-        return _Txn(self, ent.begin_slow(write=True), True)
+        try:
+            if not (ent.resizing or ent.grow_wanted):
+                try:
+                    return _Txn(self, self._env.begin(write=True), True)
+                except lmdb.MapResizedError:
+                    pass
+            return _Txn(self, ent.begin_slow(write=True), True)
+        except BaseException:
+            ent.ended()
+            wal.unlock()
+            raise
 
     def sync(self):
-        """fdatasync the data file. A failure is final for this store: every later
-        sync raises too (never a retry that may succeed over pages the kernel
-        dropped), and the caller must stop (``errors.DiskFailed``)."""
+        """Make every commit so far durable, by any process of the folder: one
+        fdatasync of the log (``wal``). A failure is final for this store:
+        every later sync raises too (never a retry that may succeed over pages
+        the kernel dropped), and the caller must stop (``errors.DiskFailed``)."""
         if self.failed is not None:
             raise errors.DiskFailed(f"{self.path}: an earlier sync failed "
                                     f"({self.failed}); this store syncs no more")
         try:
-            self._env.sync(True)
+            self._ent.wal.sync()
         except Exception as e:
             self.failed = f"{type(e).__name__}: {e}"
             raise errors.DiskFailed(f"{self.path}: sync failed ({self.failed}); what it "
                                     "covered may not be on disk") from e
+
+    def _log_error(self, e: Exception, where: str, final: bool = False) -> Exception:
+        """The raymx error for a failed write to the log: no room is DiskFull
+        (nothing was written; the store goes on), anything else is final
+        (``DiskFailed``: the store writes no more)."""
+        if isinstance(e, errors.RaymxError):
+            return e
+        if not final and isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            free = _free_bytes(self.path)
+            return errors.DiskFull(
+                f"{self.path}: the disk is full ({where}: {e}; {free} bytes free); nothing "
+                "was written, what was stored is intact and reads go on; free space on its "
+                "file system and writes go on", path=self.path, full="disk", free_bytes=free)
+        self.failed = self.failed or f"{where}: {type(e).__name__}: {e}"
+        return errors.DiskFailed(f"{self.path}: {where} failed ({type(e).__name__}: {e}); "
+                                 "this store writes no more")
 
     def copy_to(self, dest: str) -> None:
         """A consistent hot copy of the environment into the folder ``dest``
@@ -524,5 +711,8 @@ class LMDBStore:
             if ent is not None:
                 ent.refs -= 1
                 if ent.refs == 0:
-                    ent.env.close()
-                    del _ENVS[self.path]
+                    try:
+                        ent.wal.close()
+                    finally:
+                        ent.env.close()
+                        del _ENVS[self.path]

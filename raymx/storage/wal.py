@@ -1,0 +1,502 @@
+"""The write-ahead log of an LMDB store: durable commits at one sequential
+``fdatasync``, and a data file that survives power loss.
+
+LMDB runs with ``MDB_NOSYNC``: a commit writes its pages and meta page into
+the OS's cache and nothing reaches the disk at commit. What makes a commit
+durable is its record here: every top-level write transaction appends, just
+before its LMDB commit and under a lock that orders writers across the
+member's processes, one record of the key/value changes it made (puts and
+deletes per sub-database). ``LMDBStore.sync()`` is one ``fdatasync`` of the
+log file, which covers every record appended before it, by any process.
+
+Checkpoints make the log short again. Under the same lock (no writer
+anywhere in between): ``fdatasync`` of the data file, then the meta page of
+that state (the newest of LMDB's two) is written to ``checkpoint`` (write a
+temporary file, ``fsync``, rename, ``fsync`` the folder) with the name of a
+new, empty log file; the old log is deleted. The checkpointing process keeps
+a read transaction open on that state (the *pin*) until the next checkpoint,
+so LMDB never reuses a page of the checkpointed tree; whatever the kernel
+writes back of later commits, in any order and torn anywhere, lands on
+other pages or on the two meta pages.
+
+Recovery, by the first process to open the folder (a shared ``flock`` on
+``.wal.users`` held by every process that has it open; the first takes it
+exclusively): the checkpoint's meta page is written over both of LMDB's
+meta pages (so the file is the checkpointed state, exactly), LMDB opens it,
+the log's records are applied in order as write transactions, each ending
+the first time a record is torn or fails its CRC (a prefix of the log is
+what reached the disk: records are appended in commit order and a sync
+covers everything before it), and a checkpoint ends it.
+
+The pin lives in one process. It is handed on when that process closes the
+store while others have it open: its last checkpoint is marked *unpinned*
+and the next writer, anywhere, checkpoints (and pins) before it writes. A
+process that dies holding the pin leaves LMDB's reader slot behind, which
+still protects the pages until the next checkpoint clears dead readers
+(``reader_check``). A remap of the map (``set_mapsize``) ends this
+process's transactions, the pin among them: a remap runs only under the
+lock, and a checkpoint follows it at once.
+
+A transaction too large to log (more than ``UNLOGGED_OPS`` changes) is
+made durable by a checkpoint at its commit instead.
+
+The format: ``checkpoint`` = ``<4s magic, u32 version, u64 generation, u64
+txnid, u32 page size, u32 meta bytes>`` + the meta page + ``u32 crc32`` of
+all before it. ``wal.<generation>`` = records of ``<u32 payload bytes, u32
+crc32 of the payload, u64 LMDB txnid>`` + payload, the payload a msgpack
+list ``[db index, key, value or nil (a delete), ...]``, db index into
+``store.DBS``. The layout of LMDB's meta page (LMDB 0.9, 64-bit) is checked
+at every checkpoint against what LMDB reports.
+"""
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import struct
+import threading
+import time
+import zlib
+
+import msgpack
+
+from raymx.storage import errors
+
+MiB = 1 << 20
+CHECKPOINT_BYTES = 64 * MiB  # a log this long asks for a checkpoint
+# The pin keeps every page freed since the checkpoint from reuse, so the data
+# file grows by each commit's new pages until the next checkpoint: one is
+# asked for (taken by a background thread) once it grew by this much, and is
+# taken by the next writer, under the lock, at twice that, or after every
+# commit while the file's end is that close to the map's end (so the pages a
+# drop or delete frees are free for the next write).
+CHECKPOINT_GROWTH_BYTES = 16 * MiB
+CHECKPOINT_GROWTH_MAP_FRACTION = 1 / 64  # ... or by this much of the map, if less
+UNLOGGED_OPS = 200_000  # a transaction with more changes is not logged: checkpointed
+LOCK_WAIT_S = 0.2  # an opportunistic checkpoint or remap waits this long for the lock
+
+CKPT = "checkpoint"
+_CKPT_HEAD = struct.Struct("<4sIQQII")
+_CKPT_MAGIC, _CKPT_VERSION = b"RMXC", 1
+REC = struct.Struct("<IIQ")  # payload bytes, crc32(payload), LMDB txnid
+# LMDB 0.9's meta page, 64-bit: a 16-byte page header, then MDB_meta
+_META_PGNO, _META_MAGIC, _META_LAST_PG, _META_TXNID = 0, 16, 136, 144
+_MDB_MAGIC = 0xBEEFC0DE
+# the shared lock file's mapped words: checkpoint generation, unpinned flag,
+# the checkpoint's last page
+_SHARED = struct.Struct("<QQQ")
+
+
+def wal_name(gen: int) -> str:
+    return f"wal.{gen}"
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_meta(data_path: str, psize: int) -> bytes:
+    """The newest of the data file's two meta pages (as the file holds them now)."""
+    with open(data_path, "rb") as f:
+        pages = [f.read(psize), f.read(psize)]
+    for p in pages:
+        if len(p) != psize or struct.unpack_from("<I", p, _META_MAGIC)[0] != _MDB_MAGIC:
+            raise errors.CorruptStore(f"{data_path}: not an LMDB meta page where one must be")
+    return max(pages, key=meta_txnid)
+
+
+def meta_txnid(page: bytes) -> int:
+    return struct.unpack_from("<Q", page, _META_TXNID)[0]
+
+
+def read_checkpoint(folder: str) -> tuple[int, int, int, bytes] | None:
+    """(generation, txnid, page size, meta page) of the folder's checkpoint, or None."""
+    path = os.path.join(folder, CKPT)
+    try:
+        with open(path, "rb") as f:
+            b = f.read()
+    except FileNotFoundError:
+        return None
+    if len(b) >= _CKPT_HEAD.size + 4:
+        magic, version, gen, txnid, psize, n = _CKPT_HEAD.unpack_from(b)
+        body = b[:_CKPT_HEAD.size + n]
+        if (magic == _CKPT_MAGIC and version == _CKPT_VERSION
+                and len(b) == len(body) + 4
+                and zlib.crc32(body) == struct.unpack_from("<I", b, len(body))[0]):
+            return gen, txnid, psize, body[_CKPT_HEAD.size:]
+    # written to a temporary file, synced and renamed: never torn by a crash
+    raise errors.CorruptStore(f"{path} is damaged (not a checkpoint raymx wrote): the "
+                              "folder cannot be recovered to a known state")
+
+
+def restore_meta(folder: str) -> int | None:
+    """Recovery's first step (no process has the folder open): write the
+    checkpoint's meta page over both of the data file's meta pages and sync
+    it. Returns the checkpoint's generation (None: no checkpoint yet, a
+    store made before the log or never opened)."""
+    ck = read_checkpoint(folder)
+    if ck is None:
+        return None
+    gen, txnid, psize, meta = ck
+    data = os.path.join(folder, "data.mdb")
+    try:
+        fd = os.open(data, os.O_RDWR)
+    except FileNotFoundError:
+        raise errors.CorruptStore(f"{folder} has a checkpoint but no data.mdb: was the "
+                                  "folder copied in part?") from None
+    try:
+        for pgno in (0, 1):
+            page = bytearray(meta)
+            struct.pack_into("<Q", page, _META_PGNO, pgno)
+            os.pwrite(fd, bytes(page), pgno * psize)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    return gen
+
+
+def records(path: str):
+    """(txnid, changes) of each whole record of a log file, in order, up to
+    the first torn or damaged one (the end of what reached the disk)."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with f:
+        while True:
+            head = f.read(REC.size)
+            if len(head) < REC.size:
+                return
+            n, crc, txnid = REC.unpack(head)
+            payload = f.read(n)
+            if n == 0 or len(payload) < n or zlib.crc32(payload) != crc:
+                return
+            yield txnid, msgpack.unpackb(payload, raw=False, use_list=True)
+
+
+def encode(txnid: int, changes: list) -> bytes:
+    payload = msgpack.packb(changes, use_bin_type=True)
+    return REC.pack(len(payload), zlib.crc32(payload), txnid) + payload
+
+
+class Wal:
+    """The log of one folder in this process (shared by its store objects).
+
+    ``lock()``/``unlock()`` order writers across processes: a thread lock, then
+    an exclusive ``flock`` on ``.wal.lock``. Its first page is mapped shared;
+    it holds the current checkpoint's generation and whether it is unpinned,
+    so a writer learns of another process's checkpoint without a system call."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self._tlock = threading.Lock()
+        self._fdlock = threading.Lock()  # fd and pin changes
+        self._owner: int | None = None
+        self._lfd = os.open(os.path.join(folder, ".wal.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        if os.fstat(self._lfd).st_size < mmap.PAGESIZE:
+            os.ftruncate(self._lfd, mmap.PAGESIZE)
+        self._shared = mmap.mmap(self._lfd, mmap.PAGESIZE)
+        self._ufd = os.open(os.path.join(folder, ".wal.users"), os.O_RDWR | os.O_CREAT, 0o600)
+        self.env = None  # set by the store once LMDB is open
+        self.dbs: tuple = ()
+        self.gen = -1  # the generation of self.fd
+        self.fd: int | None = None
+        self._old_fd: int | None = None  # closed at the next switch (a sync may use it)
+        self.pin = None  # LMDB read transaction on the checkpointed state
+        self.pin_gen = -1
+        self.logged = 0  # bytes this process appended to the current log
+        self.want_checkpoint = False
+        self.checkpoint_first = False  # the map was full: checkpoint before a write
+        self._wake = threading.Event()
+        self._bg: threading.Thread | None = None
+        self._closing = False
+        self.failed: str | None = None
+
+    def attach(self, env) -> None:
+        self.env, self._psize = env, env.stat()["psize"]
+
+    # ---- the folder's users: first opener recovers
+    def enter(self) -> bool:
+        """Take the users lock: exclusively (True: no other process has the
+        folder open; recover) or else shared, once any recovery is done."""
+        try:
+            fcntl.flock(self._ufd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            fcntl.flock(self._ufd, fcntl.LOCK_SH)
+            return False
+
+    def entered(self) -> None:
+        fcntl.flock(self._ufd, fcntl.LOCK_SH)  # from exclusive: recovery done
+
+    def alone(self) -> bool:
+        """No other process has the folder open (the users lock converts to
+        exclusive without waiting; it is shared again after)."""
+        try:
+            fcntl.flock(self._ufd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(self._ufd, fcntl.LOCK_SH)
+        return True
+
+    # ---- the writers' lock
+    def lock(self, timeout: float | None = None) -> bool:
+        me = threading.get_ident()
+        if timeout is None:
+            self._tlock.acquire()
+        else:
+            if self._owner == me or not self._tlock.acquire(timeout=timeout):
+                return False
+        try:
+            if timeout is None:
+                fcntl.flock(self._lfd, fcntl.LOCK_EX)
+            else:
+                deadline = time.monotonic() + timeout
+                while True:
+                    try:
+                        fcntl.flock(self._lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() >= deadline:
+                            self._tlock.release()
+                            return False
+                        time.sleep(0.001)
+        except BaseException:
+            self._tlock.release()
+            raise
+        self._owner = me
+        return True
+
+    def unlock(self) -> None:
+        self._owner = None
+        fcntl.flock(self._lfd, fcntl.LOCK_UN)
+        self._tlock.release()
+
+    def held(self) -> bool:
+        return self._owner == threading.get_ident()
+
+    def _shared_state(self) -> tuple[int, int, int]:
+        return _SHARED.unpack_from(self._shared, 0)
+
+    def before_write(self) -> None:
+        """With the lock held, before a write transaction begins: follow a
+        checkpoint another process took; take one if the last is unpinned
+        or the map was full."""
+        gen, unpinned, _ = _SHARED.unpack_from(self._shared, 0)
+        if unpinned or self.checkpoint_first:
+            self.checkpoint_locked()
+        elif gen != self.gen:
+            self._switch(gen)
+
+    def after_commit(self) -> None:
+        """With the lock held, after a commit: ask for a checkpoint, or take
+        one now, as the data file grew since the last (see the limits)."""
+        info = self.env.info()
+        soft = min(CHECKPOINT_GROWTH_BYTES,
+                   int(info["map_size"] * CHECKPOINT_GROWTH_MAP_FRACTION)) // self._psize
+        grown = info["last_pgno"] - _SHARED.unpack_from(self._shared, 0)[2]
+        room = info["map_size"] // self._psize - info["last_pgno"]
+        if grown > 2 * soft or room < 2 * soft:  # near the map's end: free what is freed now
+            self.checkpoint_locked()
+        elif grown > soft or self.want_checkpoint:
+            self.ask_checkpoint()
+
+    def ask_checkpoint(self) -> None:
+        """Have the background thread take a checkpoint soon."""
+        self.want_checkpoint = True
+        if self._bg is None:
+            self._bg = threading.Thread(target=self._checkpointer, daemon=True,
+                                        name=f"raymx-checkpoint {self.folder}")
+            self._bg.start()
+        self._wake.set()
+
+    def _checkpointer(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._closing or self.failed is not None:
+                return
+            if self.want_checkpoint:
+                try:
+                    self.checkpoint()
+                except Exception as e:  # the next sync or write meets it too
+                    self.failed = f"checkpoint: {type(e).__name__}: {e}"
+                    return
+
+    def _switch(self, gen: int, pin=False) -> None:
+        """Append to log ``gen`` from now on. A pin of an older checkpoint is
+        dropped (another process pins the current one), or replaced by
+        ``pin`` (this process's new checkpoint)."""
+        with self._fdlock:
+            if gen != self.gen or self.fd is None:
+                fd = os.open(os.path.join(self.folder, wal_name(gen)),
+                             os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                if self._old_fd is not None:
+                    os.close(self._old_fd)
+                self._old_fd, self.fd, self.gen, self.logged = self.fd, fd, gen, 0
+            if pin is not False or (self.pin is not None and self.pin_gen != gen):
+                if self.pin is not None:
+                    try:
+                        self.pin.abort()
+                    except Exception:
+                        pass  # ended by a remap already
+                self.pin, self.pin_gen = (None if pin is False else pin), gen
+
+    # ---- appends and syncs
+    def append(self, txnid: int, changes: list) -> int:
+        """With the lock held, before the LMDB commit: append the record;
+        returns its bytes."""
+        rec = encode(txnid, changes)
+        fd = self.fd
+        at = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            n = os.write(fd, rec)
+            if n != len(rec):
+                raise OSError(28, "short write to the log (is the disk full?)")
+        except OSError:
+            os.ftruncate(fd, at)  # no partial record stays for a later one to follow
+            raise
+        self.logged += len(rec)
+        if at + len(rec) >= CHECKPOINT_BYTES:
+            self.want_checkpoint = True  # after_commit asks the thread
+        return len(rec)
+
+    def remapped(self) -> None:
+        """A remap (lock held) ended this process's transactions: a pin of the
+        current checkpoint is renewed by a checkpoint now, before any write."""
+        if self.pin is not None:
+            if self.pin_gen == self._shared_state()[0]:
+                self.checkpoint_locked()
+            else:
+                self._switch(self._shared_state()[0])
+
+    def unappend(self, nbytes: int) -> None:
+        """The LMDB commit after ``append`` failed: drop the record (lock held)."""
+        end = os.lseek(self.fd, 0, os.SEEK_END)
+        os.ftruncate(self.fd, end - nbytes)
+        self.logged -= nbytes
+
+    def sync(self) -> None:
+        """fdatasync the current log: every record appended before it, by any
+        process, is durable (an older log's records are in the checkpoint
+        that ended it)."""
+        if self.failed is not None:
+            raise errors.DiskFailed(f"{self.folder}: {self.failed}")
+        gen = self._shared_state()[0]
+        if gen != self.gen or self.fd is None:
+            self._switch(gen)
+        os.fdatasync(self.fd)
+
+    # ---- checkpoints
+    def checkpoint(self) -> bool:
+        """Take a checkpoint if the lock can be had soon (False: not now)."""
+        if self.env is None:
+            return False
+        self.env.sync(True)  # most pages, before holding writers back
+        if not self.lock(timeout=LOCK_WAIT_S):
+            return False
+        try:
+            self.checkpoint_locked()
+        finally:
+            self.unlock()
+        return True
+
+    def checkpoint_locked(self, pin: bool = True) -> None:
+        """Lock held, no write transaction open in any process."""
+        env = self.env
+        env.sync(True)
+        psize = self._psize
+        meta = _read_meta(os.path.join(self.folder, "data.mdb"), psize)
+        txnid = env.info()["last_txnid"]
+        if meta_txnid(meta) != txnid:
+            raise errors.CorruptStore(
+                f"{self.folder}: LMDB's meta page says txnid {meta_txnid(meta)}, LMDB "
+                f"{txnid}: this LMDB's meta layout is not the one raymx's log knows")
+        new_pin = env.begin(write=False, buffers=False) if pin else None
+        if new_pin is not None and new_pin.id() != txnid:
+            new_pin.abort()
+            raise errors.CorruptStore(f"{self.folder}: a commit ran during a checkpoint")
+        gen = max(self._shared_state()[0], self.gen) + 1
+        os.close(os.open(os.path.join(self.folder, wal_name(gen)),
+                         os.O_WRONLY | os.O_CREAT, 0o600))
+        body = _CKPT_HEAD.pack(_CKPT_MAGIC, _CKPT_VERSION, gen, txnid, psize, len(meta)) + meta
+        tmp = os.path.join(self.folder, CKPT + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(body + struct.pack("<I", zlib.crc32(body)))
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, os.path.join(self.folder, CKPT))
+        _fsync_dir(self.folder)
+        _SHARED.pack_into(self._shared, 0, gen, 0 if pin else 1,
+                          struct.unpack_from("<Q", meta, _META_LAST_PG)[0])
+        self._switch(gen, pin=new_pin)
+        self.want_checkpoint = self.checkpoint_first = False
+        for name in os.listdir(self.folder):
+            if name.startswith("wal.") and name != wal_name(gen):
+                try:
+                    os.unlink(os.path.join(self.folder, name))
+                except FileNotFoundError:
+                    pass
+        env.reader_check()  # a dead process's pin of an older checkpoint
+
+    def recover(self, env, dbs: tuple, gen: int | None, log=None) -> int:
+        """First opener: apply the log after the checkpoint, then checkpoint.
+        Returns the number of transactions replayed."""
+        self.dbs = dbs
+        pin = env.begin(write=False, buffers=False)  # the checkpointed state stays intact
+        n = 0
+        try:
+            if gen is not None:
+                for _txnid, changes in records(os.path.join(self.folder, wal_name(gen))):
+                    with env.begin(write=True) as t:
+                        apply(t, dbs, changes)
+                    n += 1
+            self.lock()
+            try:
+                self.checkpoint_locked()
+            finally:
+                self.unlock()
+        finally:
+            pin.abort()
+        if n and log is not None:
+            log(n)
+        return n
+
+    def close(self) -> None:
+        """Last store object of the folder in this process closes: checkpoint
+        (unpinned, the pin goes with this process) if it wrote or pins."""
+        try:
+            if self.env is not None and self.failed is None and (
+                    self.logged or self.pin is not None) and self.lock(timeout=5.0):
+                try:
+                    self.checkpoint_locked(pin=False)
+                finally:
+                    self.unlock()
+        finally:
+            if self.pin is not None:
+                try:
+                    self.pin.abort()
+                except Exception:
+                    pass
+                self.pin = None
+            for fd in (self.fd, self._old_fd):
+                if fd is not None:
+                    os.close(fd)
+            self.fd = self._old_fd = None
+            self._shared.close()
+            os.close(self._lfd)
+            os.close(self._ufd)
+
+
+def apply(t, dbs: tuple, changes: list) -> None:
+    """Redo one record's changes in the LMDB write transaction ``t``."""
+    for i in range(0, len(changes), 3):
+        d, k, v = dbs[changes[i]], changes[i + 1], changes[i + 2]
+        if v is None:
+            t.delete(k, db=d)
+        else:
+            t.put(k, v, db=d)
