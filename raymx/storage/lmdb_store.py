@@ -617,6 +617,8 @@ class LMDBStore:
     # (``_Txn._end``); the common case is inline: no resize, no MAP_RESIZED.
     def read(self):
         ent = self._ent
+        if ent.wal.pin is not None:  # a reader that took a checkpoint long ago
+            ent.wal.drop_stale_pin()
         ent.begun()
         if not (ent.resizing or ent.grow_wanted):
             try:

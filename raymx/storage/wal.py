@@ -210,6 +210,7 @@ class Wal:
         self.pin_gen = -1
         self.logged = 0  # bytes this process appended to the current log
         self.want_checkpoint = False
+        self._commits, self._check_every = 0, 1
         self.checkpoint_first = False  # the map was full: checkpoint before a write
         self._wake = threading.Event()
         self._bg: threading.Thread | None = None
@@ -232,16 +233,6 @@ class Wal:
 
     def entered(self) -> None:
         fcntl.flock(self._ufd, fcntl.LOCK_SH)  # from exclusive: recovery done
-
-    def alone(self) -> bool:
-        """No other process has the folder open (the users lock converts to
-        exclusive without waiting; it is shared again after)."""
-        try:
-            fcntl.flock(self._ufd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        fcntl.flock(self._ufd, fcntl.LOCK_SH)
-        return True
 
     # ---- the writers' lock
     def lock(self, timeout: float | None = None) -> bool:
@@ -295,7 +286,11 @@ class Wal:
     def after_commit(self) -> None:
         """With the lock held, after a commit: ask for a checkpoint, or take
         one now, as the data file grew since the last (see the limits)."""
+        self._commits += 1
+        if self._commits % self._check_every and not self.want_checkpoint:
+            return  # LMDB's info every 8th commit in a large map: the limits are far apart
         info = self.env.info()
+        self._check_every = 8 if info["map_size"] >= 1 << 30 else 1
         soft = min(CHECKPOINT_GROWTH_BYTES,
                    int(info["map_size"] * CHECKPOINT_GROWTH_MAP_FRACTION)) // self._psize
         grown = info["last_pgno"] - _SHARED.unpack_from(self._shared, 0)[2]
@@ -351,19 +346,21 @@ class Wal:
         """With the lock held, before the LMDB commit: append the record;
         returns its bytes."""
         rec = encode(txnid, changes)
-        fd = self.fd
-        at = os.lseek(fd, 0, os.SEEK_END)
-        try:
-            n = os.write(fd, rec)
-            if n != len(rec):
-                raise OSError(28, "short write to the log (is the disk full?)")
-        except OSError:
-            os.ftruncate(fd, at)  # no partial record stays for a later one to follow
-            raise
-        self.logged += len(rec)
-        if at + len(rec) >= CHECKPOINT_BYTES:
+        n = os.write(self.fd, rec)  # an error writes nothing; a short write is taken back
+        if n != len(rec):
+            os.ftruncate(self.fd, os.lseek(self.fd, 0, os.SEEK_END) - n)
+            raise OSError(28, "short write to the log (is the disk full?)")
+        self.logged += n
+        if self.logged >= CHECKPOINT_BYTES:
             self.want_checkpoint = True  # after_commit asks the thread
         return len(rec)
+
+    def drop_stale_pin(self) -> None:
+        """A process that pins an older checkpoint than the current one (it took
+        that one and has not written since) lets its pages go."""
+        gen = self._shared_state()[0]
+        if self.pin is not None and self.pin_gen != gen:
+            self._switch(gen)
 
     def remapped(self) -> None:
         """A remap (lock held) ended this process's transactions: a pin of the
