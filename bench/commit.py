@@ -46,7 +46,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # Keep the module top light: "spawn" children import it again.
 from _util import docs, make_doc, progress, rate, raw_batched_rate, row  # noqa: E402
 
-LEVELS = (1, 8, 16)
+LEVELS = tuple(int(x) for x in os.environ.get("RAYMX_BENCH_LEVELS", "1,8,16").split(","))
 TARGETS = {8: 2.0, 16: 4.0}  # durable txn/s : raw fsync-ed txn/s; j=False measured there too
 DURATION_S = 4.0          # per concurrency level
 RAW_FSYNC_S = 1.5         # per raw LMDB fsync measurement (one before each level too)

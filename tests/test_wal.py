@@ -72,12 +72,13 @@ def test_synced_commits_survive_a_crash_and_are_replayed_from_the_log(tmp_path):
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err
     gen = wal.read_checkpoint(path)[0]
-    assert len(list(wal.records(os.path.join(path, f"wal.{gen}")))) == 300  # all in the log
+    assert len(list(wal.records(os.path.join(path, f"wal.{gen}"), gen))) == 300  # all in the log
     assert keys_of(path) == acked_keys("a", 299)
     # recovery ended in a checkpoint: the next open has nothing to replay
     gen = wal.read_checkpoint(path)[0]
-    assert sorted(n for n in os.listdir(path) if n.startswith("wal.")) == [f"wal.{gen}"]
-    assert os.path.getsize(os.path.join(path, f"wal.{gen}")) == 0
+    assert sorted(n for n in os.listdir(path) if n.startswith("wal.")) == \
+        sorted([f"wal.{gen}", "wal.spare"])  # the replayed log: the next one's file
+    assert list(wal.records(os.path.join(path, f"wal.{gen}"), gen)) == []
     assert wal.read_checkpoint(path)[1] >= 300
 
 
@@ -87,14 +88,14 @@ def test_a_torn_log_tail_ends_recovery_at_the_last_whole_record(tmp_path):
     assert p.wait(120) == 0
     gen = wal.read_checkpoint(path)[0]
     log = os.path.join(path, f"wal.{gen}")
-    recs = list(wal.records(log))
+    recs = list(wal.records(log, gen))
     assert len(recs) >= 5
     size = os.path.getsize(log)
     with open(log, "r+b") as f:  # the last record half written, then garbage
         f.truncate(size - 100)
         f.seek(0, 2)
         f.write(os.urandom(64))
-    assert len(list(wal.records(log))) == len(recs) - 1
+    assert len(list(wal.records(log, gen))) == len(recs) - 1
     got = keys_of(path)
     assert got == acked_keys("a", 48)  # the torn 49th is not replayed
     s = LMDBStore(path, map_bytes=8 << 20)  # and writes go on after it
@@ -116,8 +117,8 @@ def test_two_processes_writing_one_folder_then_killed_lose_nothing_acknowledged(
     acked = {name: -1 for name in ps}
 
     def read(name, p):
-        for line in p.stdout:
-            if line.startswith("acked"):
+        for line in p.stdout:  # a kill may cut the last line short
+            if line.startswith("acked") and line.endswith("\n"):
                 acked[name] = int(line.split()[1])
     readers = [threading.Thread(target=read, args=kv) for kv in ps.items()]
     for r in readers:
@@ -134,6 +135,10 @@ def test_two_processes_writing_one_folder_then_killed_lose_nothing_acknowledged(
     got = keys_of(path)
     for name, upto in acked.items():
         missing = acked_keys(name, upto) - got
+        # the commit after the last acknowledged one may be in the log (it was
+        # committed, its sync not yet answered): it may have deleted a key
+        if (upto + 1) % 7 == 6:
+            missing.discard(f"{name}-{upto - 2:06d}".encode())
         assert not missing, sorted(missing)[:5]
     assert wal.read_checkpoint(path)[0] > 3  # checkpoints ran while both wrote
 
@@ -146,7 +151,7 @@ def test_a_closing_process_hands_the_pin_to_the_next_writer(tmp_path):
     p = run_child(WRITER, path, "a", 20, "close")
     out, err = p.communicate(timeout=120)
     assert "closed" in out, err
-    gen, unpinned, _ = w._shared_state()
+    gen, unpinned, _, _ = w._shared_state()
     assert unpinned and w.pin_gen < gen  # the other process's last checkpoint: nobody pins it
     with s.write() as t:
         t.put("docs", b"x", b"1")

@@ -78,13 +78,15 @@ LOCK_WAIT_S = 0.2  # an opportunistic checkpoint or remap waits this long for th
 CKPT = "checkpoint"
 _CKPT_HEAD = struct.Struct("<4sIQQII")
 _CKPT_MAGIC, _CKPT_VERSION = b"RMXC", 1
-REC = struct.Struct("<IIQ")  # payload bytes, crc32(payload), LMDB txnid
+REC = struct.Struct("<IIIQ")  # payload bytes, crc32(gen, txnid, payload), generation, txnid
+SPARE = "wal.spare"  # the log before the current one, reused as the next (see checkpoint)
 # LMDB 0.9's meta page, 64-bit: a 16-byte page header, then MDB_meta
 _META_PGNO, _META_MAGIC, _META_LAST_PG, _META_TXNID = 0, 16, 136, 144
 _MDB_MAGIC = 0xBEEFC0DE
 # the shared lock file's mapped words: checkpoint generation, unpinned flag,
-# the checkpoint's last page
-_SHARED = struct.Struct("<QQQ")
+# the checkpoint's last page, the log's end (where the next record goes)
+_SHARED = struct.Struct("<QQQQ")
+_END_AT = 24
 
 
 def wal_name(gen: int) -> str:
@@ -159,9 +161,10 @@ def restore_meta(folder: str) -> int | None:
     return gen
 
 
-def records(path: str):
-    """(txnid, changes) of each whole record of a log file, in order, up to
-    the first torn or damaged one (the end of what reached the disk)."""
+def records(path: str, gen: int):
+    """(txnid, changes) of each whole record of log ``gen``, in order, up to
+    the first torn or damaged one (the end of what reached the disk) or one
+    of an older generation (a reused file's old content)."""
     try:
         f = open(path, "rb")
     except FileNotFoundError:
@@ -171,16 +174,19 @@ def records(path: str):
             head = f.read(REC.size)
             if len(head) < REC.size:
                 return
-            n, crc, txnid = REC.unpack(head)
+            n, crc, g, txnid = REC.unpack(head)
+            if n == 0 or g != gen & 0xFFFFFFFF:
+                return
             payload = f.read(n)
-            if n == 0 or len(payload) < n or zlib.crc32(payload) != crc:
+            if len(payload) < n or zlib.crc32(payload, zlib.crc32(head[8:])) != crc:
                 return
             yield txnid, msgpack.unpackb(payload, raw=False, use_list=True)
 
 
-def encode(txnid: int, changes: list) -> bytes:
+def encode(gen: int, txnid: int, changes: list) -> bytes:
     payload = msgpack.packb(changes, use_bin_type=True)
-    return REC.pack(len(payload), zlib.crc32(payload), txnid) + payload
+    tail = struct.pack("<IQ", gen & 0xFFFFFFFF, txnid)
+    return struct.pack("<II", len(payload), zlib.crc32(payload, zlib.crc32(tail))) + tail + payload
 
 
 class Wal:
@@ -270,14 +276,14 @@ class Wal:
     def held(self) -> bool:
         return self._owner == threading.get_ident()
 
-    def _shared_state(self) -> tuple[int, int, int]:
+    def _shared_state(self) -> tuple[int, int, int, int]:
         return _SHARED.unpack_from(self._shared, 0)
 
     def before_write(self) -> None:
         """With the lock held, before a write transaction begins: follow a
         checkpoint another process took; take one if the last is unpinned
         or the map was full."""
-        gen, unpinned, _ = _SHARED.unpack_from(self._shared, 0)
+        gen, unpinned, _, _ = _SHARED.unpack_from(self._shared, 0)
         if unpinned or self.checkpoint_first:
             self.checkpoint_locked()
         elif gen != self.gen:
@@ -329,7 +335,7 @@ class Wal:
         with self._fdlock:
             if gen != self.gen or self.fd is None:
                 fd = os.open(os.path.join(self.folder, wal_name(gen)),
-                             os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                             os.O_WRONLY | os.O_CREAT, 0o600)
                 if self._old_fd is not None:
                     os.close(self._old_fd)
                 self._old_fd, self.fd, self.gen, self.logged = self.fd, fd, gen, 0
@@ -345,15 +351,28 @@ class Wal:
     def append(self, txnid: int, changes: list) -> int:
         """With the lock held, before the LMDB commit: append the record;
         returns its bytes."""
-        rec = encode(txnid, changes)
-        n = os.write(self.fd, rec)  # an error writes nothing; a short write is taken back
+        rec = encode(self.gen, txnid, changes)
+        at = struct.unpack_from("<Q", self._shared, _END_AT)[0]
+        try:
+            n = os.pwrite(self.fd, rec, at)  # over a reused log's old records: no
+        except OSError:                      # size change for fdatasync to journal
+            self._void(at)
+            raise
         if n != len(rec):
-            os.ftruncate(self.fd, os.lseek(self.fd, 0, os.SEEK_END) - n)
+            self._void(at)
             raise OSError(28, "short write to the log (is the disk full?)")
+        struct.pack_into("<Q", self._shared, _END_AT, at + n)
         self.logged += n
-        if self.logged >= CHECKPOINT_BYTES:
+        if at + n >= CHECKPOINT_BYTES:
             self.want_checkpoint = True  # after_commit asks the thread
-        return len(rec)
+        return n
+
+    def _void(self, at: int) -> None:
+        """No record at ``at``: recovery ends there (a zero length)."""
+        try:
+            os.pwrite(self.fd, bytes(REC.size), at)
+        except OSError:
+            pass  # nothing was written there either
 
     def drop_stale_pin(self) -> None:
         """A process that pins an older checkpoint than the current one (it took
@@ -373,8 +392,9 @@ class Wal:
 
     def unappend(self, nbytes: int) -> None:
         """The LMDB commit after ``append`` failed: drop the record (lock held)."""
-        end = os.lseek(self.fd, 0, os.SEEK_END)
-        os.ftruncate(self.fd, end - nbytes)
+        at = struct.unpack_from("<Q", self._shared, _END_AT)[0] - nbytes
+        os.pwrite(self.fd, bytes(REC.size), at)
+        struct.pack_into("<Q", self._shared, _END_AT, at)
         self.logged -= nbytes
 
     def sync(self) -> None:
@@ -418,8 +438,11 @@ class Wal:
             new_pin.abort()
             raise errors.CorruptStore(f"{self.folder}: a commit ran during a checkpoint")
         gen = max(self._shared_state()[0], self.gen) + 1
-        os.close(os.open(os.path.join(self.folder, wal_name(gen)),
-                         os.O_WRONLY | os.O_CREAT, 0o600))
+        new_log = os.path.join(self.folder, wal_name(gen))
+        try:  # the log before the current one (its checkpoint is superseded) is reused:
+            os.rename(os.path.join(self.folder, SPARE), new_log)  # its blocks are written
+        except FileNotFoundError:
+            os.close(os.open(new_log, os.O_WRONLY | os.O_CREAT, 0o600))
         body = _CKPT_HEAD.pack(_CKPT_MAGIC, _CKPT_VERSION, gen, txnid, psize, len(meta)) + meta
         tmp = os.path.join(self.folder, CKPT + ".tmp")
         with open(tmp, "wb") as f:
@@ -429,11 +452,16 @@ class Wal:
         os.rename(tmp, os.path.join(self.folder, CKPT))
         _fsync_dir(self.folder)
         _SHARED.pack_into(self._shared, 0, gen, 0 if pin else 1,
-                          struct.unpack_from("<Q", meta, _META_LAST_PG)[0])
+                          struct.unpack_from("<Q", meta, _META_LAST_PG)[0], 0)
         self._switch(gen, pin=new_pin)
         self.want_checkpoint = self.checkpoint_first = False
+        try:  # the log this checkpoint supersedes: the next one, later
+            os.rename(os.path.join(self.folder, wal_name(gen - 1)),
+                      os.path.join(self.folder, SPARE))
+        except FileNotFoundError:
+            pass
         for name in os.listdir(self.folder):
-            if name.startswith("wal.") and name != wal_name(gen):
+            if name.startswith("wal.") and name not in (wal_name(gen), SPARE):
                 try:
                     os.unlink(os.path.join(self.folder, name))
                 except FileNotFoundError:
@@ -445,10 +473,11 @@ class Wal:
         Returns the number of transactions replayed."""
         self.dbs = dbs
         pin = env.begin(write=False, buffers=False)  # the checkpointed state stays intact
+        _SHARED.pack_into(self._shared, 0, gen or 0, 0, 0, 0)  # nobody else has it open
         n = 0
         try:
             if gen is not None:
-                for _txnid, changes in records(os.path.join(self.folder, wal_name(gen))):
+                for _txnid, changes in records(os.path.join(self.folder, wal_name(gen)), gen):
                     with env.begin(write=True) as t:
                         apply(t, dbs, changes)
                     n += 1
