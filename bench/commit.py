@@ -32,6 +32,7 @@ load average is printed at start and end). Progress lines go to stderr.
     .venv/bin/python bench/commit.py
     RAYMX_BENCH_PROFILE=/tmp/prof .venv/bin/python bench/commit.py   # + cProfile of client 0
     RAY_worker_niceness=0 .venv/bin/python bench/commit.py         # member not niced by Ray
+    RAYMX_BENCH_LEVELS=1,8 .venv/bin/python bench/commit.py        # other client counts
 """
 import os
 import random
