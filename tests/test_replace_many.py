@@ -37,6 +37,9 @@ def test_rows_replace_their_documents_or_are_upserted_logged_as_u_and_i(engine):
         ("u", {"_id": 1, "v": -1, "old": True}, {"_id": 1, "v": 10}),
         ("i", None, {"_id": 7, "v": 70}),
         ("u", {"_id": 2, "v": -2, "old": True}, {"_id": 2, "v": 20})]
+    # the u op is packed from the stored bytes as pack_image_op packs it
+    a, b = codec.update_op_parts(NS)
+    assert a + b"PRE" + b + b"POST" == codec.pack_image_op("u", NS, b"PRE", b"POST")
     # without upsert a row with no document is skipped
     res, _ = run(engine, lambda tx: tx.replace_many(NS, [{"_id": 9, "v": 9}, {"_id": 0}]))
     assert (res.matched, res.modified, res.inserted_ids) == (1, 1, [])

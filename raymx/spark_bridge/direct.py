@@ -274,8 +274,7 @@ def _client(url: str):
     return c
 
 
-_RETRY = (errors.NotPrimary, errors.PrimaryUnavailable, errors.ConnectionLost,
-          errors.TransactionAborted)
+_RETRY = (errors.NotPrimary, errors.PrimaryUnavailable, errors.ConnectionLost)
 
 
 def replace_batch(client, ns: str, docs: list[dict], wc: dict, merge: bool
