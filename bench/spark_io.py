@@ -4,14 +4,16 @@ A one-member replica set, ~200-byte documents, Spark through RayDP (1
 executor, 1 core) on the same 2-core machine. Baselines from this process:
 the driver's ``insert_many`` (1,000 per call) and ``find`` of the whole
 collection. Then, through Spark: ``write_dataframe`` append / upsert / update
-(tasks write straight to the primary), ``read_collection`` counted (tasks read
-the member's files), a pushed-down indexed filter, ``read_changes``; the time
-to the first row of a 1,000-document read (the fixed cost); the previous path
-(Ray Data snapshot blocks -> Spark) for comparison; and ceilings measured in
-the same run: what Spark does with no raymx work at all (``spark.range``
-counted; ``mapInArrow`` yielding nothing; ``mapInArrow`` yielding Arrow
-batches already in memory, the most a Python source can feed this Spark) and
-the raymx side of a read alone in one Python process (no Spark).
+(tasks write straight to the primary; every upsert and update row changes its
+document, and the upsert is run again unchanged: what a retried task costs),
+``read_collection`` counted (tasks read the member's files), a pushed-down
+indexed filter, ``read_changes``; the time to the first row of a
+1,000-document read (the fixed cost); the previous path (Ray Data snapshot
+blocks -> Spark) for comparison; and ceilings measured in the same run: what
+Spark does with no raymx work at all (``spark.range`` counted; ``mapInArrow``
+yielding nothing; ``mapInArrow`` yielding Arrow batches already in memory, the
+most a Python source can feed this Spark) and the raymx side of a read alone
+in one Python process (no Spark).
 
 Prints figures and ratios; asserts nothing. ``RAYMX_BENCH_DOCS`` sets the
 count (100,000; 1,000,000 works, ~1 GB of LMDB). ``RAYMX_BENCH_OLD=0`` skips
@@ -186,15 +188,22 @@ def main():
         dt, got = timed(lambda: sum(r["n"] for r in df.mapInArrow(just_count, StructType(
             [StructField("n", LongType())])).collect()))
         ceil_out = got / dt
+        # every upsert and update row changes its document (a row equal to the
+        # stored document changes nothing: measured apart, as a retried task)
+        df_up = df.selectExpr("_id", "name", "age", "city", "score + 1 AS score", "bio").cache()
+        df_upd = df.selectExpr("_id", "age + 1 AS age", "concat(city, '!') AS city").cache()
+        df_up.count(), df_upd.count()
         progress("write_dataframe append")
         dt, res = timed(lambda: write_dataframe(df, rs, "bench.spark", mode="append", w=1))
         spark_w = res.written / dt
-        progress("write_dataframe upsert of the same rows")
-        dt, res2 = timed(lambda: write_dataframe(df, rs, "bench.spark", mode="upsert", w=1))
+        progress("write_dataframe upsert, every row changes its document")
+        dt, res2 = timed(lambda: write_dataframe(df_up, rs, "bench.spark", mode="upsert", w=1))
         spark_u = res2.written / dt
-        progress("write_dataframe update ($set of two columns)")
-        dt, res3 = timed(lambda: write_dataframe(df.select("_id", "age", "city"), rs,
-                                                 "bench.spark", mode="update", w=1))
+        progress("write_dataframe upsert of the same rows again (a retry: nothing changes)")
+        dt, res2b = timed(lambda: write_dataframe(df_up, rs, "bench.spark", mode="upsert", w=1))
+        spark_u_same = res2b.written / dt
+        progress("write_dataframe update ($set of two columns, both changed)")
+        dt, res3 = timed(lambda: write_dataframe(df_upd, rs, "bench.spark", mode="update", w=1))
         spark_upd = res3.written / dt
 
         old_r = None
@@ -206,6 +215,7 @@ def main():
         row("driver insert_many, 1,000/call (baseline)", base_w, "docs/s")
         vs("write_dataframe append", spark_w, base_w, "docs/s")
         vs("write_dataframe upsert (replace by _id)", spark_u, base_w, "docs/s")
+        vs("  upsert again, rows unchanged (a retried task)", spark_u_same, base_w, "docs/s")
         vs("write_dataframe update ($set by _id)", spark_upd, base_w, "docs/s")
         vs("  ceiling: DataFrame -> Python mapInArrow, counted", ceil_out, base_w, "rows/s")
         row("driver find, whole collection (baseline)", base_r, "docs/s")

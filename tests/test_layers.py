@@ -145,6 +145,7 @@ def test_client_still_exports_what_its_importers_use():
     # pymongo's habits (issue 26): bulk_write's requests, its result, ReturnDocument
     used |= {"BulkWriteResult", "ReturnDocument", "InsertOne", "UpdateOne", "UpdateMany",
              "ReplaceOne", "DeleteOne", "DeleteMany"}
+    used |= {"ReplaceManyResult"}  # Collection.replace_many (Spark's upsert and update)
     assert used == set(client.__all__)
     homes = (bulk, change_stream, client_module, collection, connection, cursor, options,
              results, url)

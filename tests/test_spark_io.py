@@ -410,8 +410,11 @@ def test_upsert_and_update_are_harmless_when_spark_retries_a_task(spark, rs, col
     assert c.count_documents({}) == 600
     assert c.find_one({"_id": 4}) == {"_id": 4, "v": 40, "tag": "new"}  # replaced whole
     from raymx.spark_bridge import read_changes
-    ins = read_changes(spark, rs, after=g0, until=res.gtid, ns=ns).filter("op = 'i'").count()
-    assert ins > 600  # the first attempt's batches were written twice
+    ops = {r["op"]: r["count"] for r in read_changes(spark, rs, after=g0, until=res.gtid, ns=ns)
+           .groupBy("op").count().collect()}
+    # the first attempt's batches were written again by the retry, and changed
+    # nothing: each document has one op, an update of the 300 there, an insert else
+    assert ops == {"u": 300, "i": 300}
     upd = spark.range(0, 1200, 3).selectExpr("id AS _id", "id AS w", "CAST(NULL AS LONG) AS v")
     res = write_dataframe(_failing_once(spark, upd, 120), rs, ns, mode="update", w="majority",
                           batch_docs=50)
@@ -419,6 +422,52 @@ def test_upsert_and_update_are_harmless_when_spark_retries_a_task(spark, rs, col
     assert res.written == 200 and res.missing == 200 and c.count_documents({}) == 600
     assert c.find_one({"_id": 3}) == {"_id": 3, "v": 30, "tag": "new", "w": 3}  # v kept
     assert "w" not in c.find_one({"_id": 4})  # not in the update
+
+
+def test_upsert_and_update_keep_indexes_and_replicate_to_every_member(spark, ray_session,
+                                                                     tmp_path):
+    """On three members: a replaced field's index entries follow it, a
+    repeated write changes nothing, a unique index refusing a row fails the
+    job with nothing of that batch written, and the secondaries end with the
+    same documents, indexes and oplog."""
+    import raymx
+    from raymx.spark_bridge import write_dataframe
+    from tests.test_replication import converged, wait_until
+    rs3 = raymx.ReplicaSet.launch(f"sparkio3x{next(_N)}", members=3,
+                                  data_dir=str(tmp_path / "rs"))
+    try:
+        client = rs3.client(w="majority")
+        c, ns = client["io"]["ix"], "io.ix"
+        c.insert_many([{"_id": i, "email": f"{i}@old", "n": i, "keep": i} for i in range(400)])
+        c.create_index("email", unique=True)
+        c.create_index("n")
+        up = spark.range(0, 600, 2).selectExpr("id AS _id", "concat(id, '@new') AS email",
+                                               "-id AS n")
+        res = write_dataframe(up, rs3, ns, mode="upsert", w="majority", batch_docs=64)
+        assert (res.written, res.missing) == (300, 0) and res.gtid is not None
+        assert c.count_documents({}) == 500 and c.find_one({"email": "8@old"}) is None
+        assert c.find_one({"email": "8@new"}) == {"_id": 8, "email": "8@new", "n": -8}
+        assert c.find_one({"n": -500})["_id"] == 500
+        again = write_dataframe(up, rs3, ns, mode="upsert", w="majority", batch_docs=64)
+        assert (again.written, again.missing, again.gtid) == (300, 0, None)  # nothing logged
+        upd = spark.range(1, 700, 2).selectExpr("id AS _id", "id * 100 AS n")
+        res = write_dataframe(upd, rs3, ns, mode="update", w="majority", batch_docs=64)
+        assert (res.written, res.missing) == (200, 150)
+        assert c.find_one({"n": 300}) == {"_id": 3, "email": "3@old", "n": 300, "keep": 3}
+        assert c.find_one({"n": 3}) is None and c.count_documents({"_id": {"$gte": 600}}) == 0
+        # 101 takes the email 5 holds: the job fails naming the index; nothing of
+        # its batch is written (the other rows of the DataFrame, one batch)
+        bad = spark.createDataFrame([(99, "99@x"), (101, "5@old"), (103, "103@x")],
+                                    "_id long, email string").coalesce(1)
+        with pytest.raises(Exception) as ei:
+            write_dataframe(bad, rs3, ns, mode="update", w="majority")
+        assert "DuplicateKey" in str(ei.value) and "email_1" in str(ei.value)
+        assert c.count_documents({"email": {"$in": ["99@x", "103@x"]}}) == 0
+        ds = wait_until(lambda: converged(ray_session, rs3, [0, 1, 2]))
+        st = codec.unpack(ds[0]["collections"])[ns]
+        assert len(st["docs"]) == 500 and len(st["indexes"]["email_1"][1]) == 500
+    finally:
+        rs3.shutdown()
 
 
 def test_append_is_not_retry_safe_and_says_so(spark, rs, coll):

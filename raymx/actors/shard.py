@@ -34,7 +34,7 @@ from raymx.actors.core.primary import deposed, sees_majority
 from raymx.actors.ports import PortPath
 from raymx.actors.reads import ReadPath, Reply, _Cursor, gtid_out  # noqa: F401
 from raymx.actors.sessions import SessionPath
-from raymx.actors.statements import (READ_OPS, TXN_OPS, WRITE_OPS,  # noqa: F401
+from raymx.actors.statements import (PACKED_OPS, READ_OPS, TXN_OPS, WRITE_OPS,  # noqa: F401
                                      result_out, run_statement)
 from raymx.actors.trimming import TrimPath
 from raymx.storage.engine import Engine, Transaction, WriteResult
@@ -217,7 +217,7 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         """Route one request. ``conn`` is per-connection state (cursors, sessions)."""
         op = req.get("op")
         client_limits.check_nesting(req, self.limits)  # InvalidFilter / InvalidUpdate
-        if op == "insert" and "packed" in req:
+        if op in PACKED_OPS and "packed" in req:
             req = self._receive_insert(req, reply, conn)
             if req is None:
                 return

@@ -11,8 +11,9 @@ from raymx.actors.reads import _gtid_in, gtid_out, id_point
 from raymx.storage import codec
 from raymx.storage.engine import Transaction, WriteResult
 
-WRITE_OPS = {"insert", "update", "delete", "createIndex", "dropIndex", "dropCollection",
-             "createCollection", "revertTo"}
+WRITE_OPS = {"insert", "replaceMany", "update", "delete", "createIndex", "dropIndex",
+             "dropCollection", "createCollection", "revertTo"}
+PACKED_OPS = ("insert", "replaceMany")  # their documents arrive packed, maybe in parts
 READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes",
             "revertPlan"}
 TXN_OPS = {"txnBegin", "txnCommit", "txnAbort"}
@@ -42,6 +43,9 @@ def _statement(tx: Transaction, req: dict):
     op, ns = req["op"], req.get("ns")
     if op == "insert":  # "packed" was decoded on arrival (ShardService._receive_insert)
         return tx.insert(ns, req["packed"] if "packed" in req else req.get("docs"))
+    if op == "replaceMany":  # "packed" as for insert
+        return tx.replace_many(ns, req["packed"] if "packed" in req else req.get("docs"),
+                               upsert=bool(req.get("upsert")), merge=bool(req.get("merge")))
     if op == "update":
         return tx.update(ns, req.get("filter"), req.get("update"),
                          multi=bool(req.get("multi")), upsert=bool(req.get("upsert")),

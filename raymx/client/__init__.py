@@ -6,7 +6,7 @@ Every name is importable from ``raymx.client``; the modules, from the wire up:
   by threads, and ``connect_member`` (Unix socket on the same machine, else TCP);
 - ``options``: ``WriteConcern``, ``ReadPreference``, ``ReadConcern``;
 - ``results``: ``InsertOneResult``, ``InsertManyResult``, ``UpdateResult``,
-  ``DeleteResult``;
+  ``ReplaceManyResult``, ``DeleteResult``;
 - ``results``' ``BulkWriteResult`` and ``options``' ``ReturnDocument``;
 - ``cursor``: ``Cursor``, an iterator over a query's results;
 - ``composite``: ``distinct`` and findAndModify from the member's requests
@@ -30,12 +30,12 @@ from raymx.client.cursor import Cursor
 from raymx.client.connection import Connection, connect_member
 from raymx.client.options import ReadConcern, ReadPreference, ReturnDocument, WriteConcern
 from raymx.client.results import (BulkWriteResult, DeleteResult, InsertManyResult,
-                                  InsertOneResult, UpdateResult)
+                                  InsertOneResult, ReplaceManyResult, UpdateResult)
 from raymx.client.url import URLTopology, connect_url, parse_url
 
 __all__ = ["Client", "ClientTransaction", "Database", "Collection", "Cursor", "ChangeStream",
            "Connection", "connect_member", "parse_url", "URLTopology", "connect_url",
            "WriteConcern", "ReadPreference", "ReadConcern", "InsertOneResult",
-           "InsertManyResult", "UpdateResult", "DeleteResult", "INSERT_PART_DOCS",
+           "InsertManyResult", "UpdateResult", "ReplaceManyResult", "DeleteResult", "INSERT_PART_DOCS",
            "INSERT_PART_BYTES", "BulkWriteResult", "ReturnDocument", "InsertOne", "UpdateOne",
            "UpdateMany", "ReplaceOne", "DeleteOne", "DeleteMany"]

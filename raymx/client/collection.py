@@ -11,7 +11,8 @@ from raymx.client.cursor import Cursor, sort_spec
 from raymx.client.options import (ReadConcern, ReadPreference, ReturnDocument, WriteConcern,
                                   _wc_fields)
 from raymx.client.results import (BulkWriteResult, DeleteResult, InsertManyResult,
-                                  InsertOneResult, UpdateResult, _gtid)
+                                  InsertOneResult, ReplaceManyResult, UpdateResult,
+                                  _gtid)
 from raymx.storage import codec, query
 from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS
 
@@ -142,18 +143,42 @@ class Collection:
     # decodes each part while the next is packed here, and the whole may
     # exceed one frame (up to the member's transaction_bytes_max).
     def insert_many(self, docs, **wc) -> InsertManyResult:
-        docs, wc_fields = list(docs), _wc_fields(self.write_concern, wc)
-        if len(docs) <= INSERT_PART_DOCS:
-            r = self._write({"op": "insert", "packed": _pack(docs)}, wc_fields)
-        else:
-            parts = [functools.partial(_packed_part, docs[i:i + INSERT_PART_DOCS])
-                     for i in range(0, len(docs), INSERT_PART_DOCS)]
-            r = self._write({"op": "insert"}, wc_fields, parts)
+        docs = list(docs)
+        r = self._write_packed({"op": "insert"}, docs, _wc_fields(self.write_concern, wc))
         ids = r["inserted_ids"]
         for d, _id in zip(docs, ids):
             if "_id" not in d:
                 d["_id"] = _id
         return InsertManyResult(ids, _gtid(r["gtid"]))
+
+    def _write_packed(self, req: dict, docs: list, wc_fields: dict):
+        """``req`` with ``docs`` packed: in one frame, or in parts past
+        INSERT_PART_DOCS (one statement all the same)."""
+        if len(docs) <= INSERT_PART_DOCS:
+            return self._write(dict(req, packed=_pack(docs)), wc_fields)
+        parts = [functools.partial(_packed_part, docs[i:i + INSERT_PART_DOCS])
+                 for i in range(0, len(docs), INSERT_PART_DOCS)]
+        return self._write(req, wc_fields, parts)
+
+    def replace_many(self, docs, upsert: bool = False, merge: bool = False,
+                     **wc) -> ReplaceManyResult:
+        """Replace the document with each row's ``_id`` by the row, in ONE
+        atomic statement (one GTID); with ``upsert`` a row whose ``_id`` has
+        no document is inserted, else skipped. ``merge``: ``$set`` each row's
+        top-level fields into its document instead (the other fields kept).
+
+        Every row needs an ``_id`` (else ``InvalidDocument``, nothing written).
+        A unique index refusing a row (``DuplicateKey``) leaves nothing of
+        the batch written. Rows repeating an ``_id`` apply in their order. A
+        row equal to its stored document changes nothing and is not logged,
+        so running the same batch again is harmless. Replicated as the ``u``
+        ops of ``replace_one``/``update_one`` and the ``i`` ops of inserts
+        (change events ``update`` and ``insert``). What ``insert_many`` does
+        with a large batch (parts, limits) applies here too."""
+        docs = list(docs)
+        r = self._write_packed({"op": "replaceMany", "upsert": bool(upsert), "merge": bool(merge)},
+                               docs, _wc_fields(self.write_concern, wc))
+        return ReplaceManyResult(r["matched"], r["modified"], r["inserted_ids"], _gtid(r["gtid"]))
 
     def _update(self, flt, update, multi, upsert, replace, wc) -> UpdateResult:
         r = self._write({"op": "update", "filter": flt, "update": update, "multi": multi,

@@ -33,6 +33,18 @@ class UpdateResult:
 
 
 @dataclass
+class ReplaceManyResult:
+    """``replace_many``: rows that found their document (``matched_count``),
+    documents it changed (``modified_count``: a row equal to the stored
+    document changes nothing), the ``_id``s of the rows inserted (upsert), and
+    the GTID (None when nothing changed)."""
+    matched_count: int
+    modified_count: int
+    upserted_ids: list
+    gtid: GTID | None
+
+
+@dataclass
 class DeleteResult:
     deleted_count: int
     gtid: GTID | None

@@ -256,10 +256,14 @@ def write_dataframe(df, rs, ns: str, mode: str = "append", w="majority", j: bool
 
     ``upsert``, ``update`` and ``overwrite`` need an ``_id`` column (a row
     with a null ``_id`` fails the job); a DataFrame holding one ``_id`` twice
-    leaves the last row written (within a batch, the later row). Each batch of
-    those modes is one transaction (one GTID) that deletes the batch's
-    documents by ``_id`` and inserts their new versions, so the change stream
-    shows a replaced document as a ``d`` and an ``i`` op of the same GTID.
+    leaves the last row written (within a batch, the rows apply in order).
+    Each batch of those modes is one ``Collection.replace_many`` statement
+    (one GTID, the write concern given here): a replaced or updated document
+    is logged as a ``u`` op (change event ``update``, with its images before
+    and after), an upserted one as an ``i`` op; a row equal to its stored
+    document changes nothing and logs nothing (so a retried task adds no
+    ops). A unique index refusing a row fails the job; that row's batch
+    wrote nothing (earlier batches stay, as for any failure).
 
     ``w``/``j``/``wtimeout_ms``: the write concern of every statement. Null
     fields are left out unless ``keep_nulls``. Returns

@@ -274,48 +274,26 @@ def _client(url: str):
     return c
 
 
-_RETRY = (errors.NotPrimary, errors.PrimaryUnavailable, errors.ConnectionLost,
-          errors.TransactionAborted)
-
-
-def _keyed(docs: list[dict]) -> dict:
-    """{_id key: document}, the last row of an ``_id`` winning; a row without
-    ``_id`` is refused."""
-    from raymx.storage.keys import encode_key
-    out = {}
-    for d in docs:
-        if d.get("_id") is None:
-            raise errors.InvalidDocument("a row has no _id (null or missing): upsert, update "
-                                         "and overwrite write documents by _id")
-        out[encode_key(d["_id"])] = d
-    return out
+_RETRY = (errors.NotPrimary, errors.PrimaryUnavailable, errors.ConnectionLost)
 
 
 def replace_batch(client, ns: str, docs: list[dict], wc: dict, merge: bool
                   ) -> tuple[GTID | None, int, int]:
     """Replace (``merge``: ``$set`` the rows' fields into) the documents with
-    the rows' ``_id``s in ONE transaction (one GTID): delete them by ``_id``,
-    insert the new versions. Idempotent. ``merge`` writes only rows whose
-    ``_id`` has a document. Returns (GTID, rows written, rows with no document)."""
+    the rows' ``_id``s, upserting the missing ones unless ``merge``: ONE
+    statement (``Collection.replace_many``, one GTID, or none when every row
+    equals its stored document). Idempotent. Returns (GTID, rows written: found
+    or inserted, rows with no document)."""
     import time
-    rows = _keyed(docs)
+    db, coll = ns.split(".", 1)
+    c = client[db][coll]
     deadline = time.monotonic() + client.timeout_s
     while True:
         try:
-            with client.transaction(**wc) as tx:
-                c = tx.collection(ns)
-                ids = [d["_id"] for d in rows.values()]
-                if merge:
-                    old = _keyed(c.find({"_id": {"$in": ids}}))
-                    new = [{**old[k], **d} for k, d in rows.items() if k in old]
-                    ids = [d["_id"] for d in new]
-                else:
-                    new = list(rows.values())
-                if new:
-                    c.delete_many({"_id": {"$in": ids}})
-                    c.insert_many(new)
-            return tx.gtid, len(new), len(rows) - len(new)
-        except _RETRY:
+            r = c.replace_many(docs, upsert=not merge, merge=merge, **wc)
+            written = r.matched_count + len(r.upserted_ids)
+            return r.gtid, written, len(docs) - written
+        except _RETRY:  # a retry of a statement that did commit changes nothing
             if time.monotonic() >= deadline:
                 raise
             time.sleep(0.2)  # the client finds the new primary on the next call

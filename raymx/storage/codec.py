@@ -280,6 +280,13 @@ def insert_op_prefix(ns: str) -> bytes:
     return map_header(3) + _K_OP + _OPS["i"] + _K_NS + pack(ns) + _K_POST
 
 
+@functools.lru_cache(maxsize=4096)
+def update_op_parts(ns: str) -> tuple[bytes, bytes]:
+    """``(a, b)`` with ``pack_image_op("u", ns, pre, post) == a + pre + b + post``
+    (packed once per ``ns``)."""
+    return map_header(4) + _K_OP + _OPS["u"] + _K_NS + pack(ns) + _K_PRE, _K_POST
+
+
 def map_array_slices(blob: bytes, key: str) -> list[bytes]:
     """The packed elements of the array under ``key`` in the msgpack map
     ``blob``, each as its own bytes (sliced, never re-encoded); [] if the map

@@ -9,6 +9,7 @@ the same document writes (``apply_op``).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from typing import TYPE_CHECKING, Callable
@@ -291,6 +292,93 @@ class Transaction(Reader):
             put_ix = self.t.putter("index")
             for d, pk in zip(docs, pks):
                 self._index_general(c, c.general, pk, d, True, put_ix)
+
+    def replace_many(self, ns: str, docs: list[dict] | codec.PackedDocuments,
+                     upsert: bool = False, merge: bool = False) -> WriteResult:
+        """Replace the document with each row's ``_id`` by the row (``merge``:
+        ``$set`` the row's top-level fields into it, the others kept); with
+        ``upsert`` a row whose ``_id`` has no document is inserted, else it
+        is skipped. One statement (atomic: a refused row, e.g. a unique index
+        violation, leaves nothing of the batch). Rows repeating an ``_id`` run
+        in their order, each over the one before. ``matched``: rows that found
+        their document, ``modified``: those it changed (a row equal to the
+        stored document logs nothing, so a repeated batch is a no-op),
+        ``inserted_ids``: the rows upserted. Logged as the ``u`` op of
+        ``update`` and the ``i`` op of ``insert``."""
+        return self.statement(self._replace_many, ns, docs, upsert, merge)
+
+    def _replace_many(self, ns, docs, upsert, merge):
+        packed = None
+        if type(docs) is codec.PackedDocuments:  # decoded and checked on arrival
+            docs, packed = docs.docs, docs.rows
+        elif not isinstance(docs, (list, tuple)) or not _DICT.issuperset(map(type, docs)):
+            raise errors.InvalidDocument("replace_many needs a list of documents (dicts)")
+        ids = [d.get("_id") for d in docs]
+        if any(i is None for i in ids):
+            i = next(i for i, x in enumerate(ids) if x is None)
+            raise errors.InvalidDocument(f"replace_many: document {i} of the batch has no _id "
+                                         "(null or missing): rows are matched by _id; "
+                                         "nothing was written")
+        res = WriteResult()
+        c = self._coll_for_write(ns, create=upsert)
+        if c is None:  # nothing to match, nothing to insert
+            return res
+        pks = encode_keys(ids) if _SIMPLE_ID.issuperset(map(type, ids)) else list(map(_pk, ids))
+        if not merge and packed is None:
+            packed = codec.pack_documents(docs, self.e.limits.document_bytes_max)
+        if len(set(pks)) == len(pks):
+            self._replace_run(c, ns, docs, ids, pks, packed, upsert, merge, res)
+            return res
+        start, seen = 0, set()  # runs without a repeated _id, in order
+        for i, pk in enumerate(pks):
+            if pk in seen:
+                self._replace_run(c, ns, docs[start:i], ids[start:i], pks[start:i],
+                                  packed and packed[start:i], upsert, merge, res)
+                start, seen = i, set()
+            seen.add(pk)
+        self._replace_run(c, ns, docs[start:], ids[start:], pks[start:],
+                          packed and packed[start:], upsert, merge, res)
+        return res
+
+    def _replace_run(self, c: CollInfo, ns: str, docs, ids, pks, packed, upsert: bool,
+                     merge: bool, res: WriteResult) -> None:
+        """``_replace_many`` over rows with distinct ``_id``s: one point lookup
+        per row, then (as ``_insert``) passes over the batch: one put of every
+        written document, each plain index's entries in one put, one log
+        append, its ops in row order."""
+        keys = list(map(c.prefix.__add__, pks))
+        olds = list(map(functools.partial(self.t.get, "docs"), keys))
+        if merge:  # the rows' fields over the stored documents; a new row as it is
+            news = [d if b is None else {**codec.unpack_document(b), **d}
+                    for d, b in zip(docs, olds)]
+            packed = codec.pack_documents(news, self.e.limits.document_bytes_max)
+        else:
+            news = docs
+        missing = olds.count(None)
+        res.matched += len(olds) - missing
+        # the rows that change something: a new document (upsert) or a different one
+        w = [i for i, o, n in zip(itertools.count(), olds, packed)
+             if o != n and (o is not None or upsert)]
+        if not w:
+            return
+        w_olds = [olds[i] for i in w]
+        w_news = [packed[i] for i in w]
+        w_pks = [pks[i] for i in w]
+        ins = codec.insert_op_prefix(ns)
+        upd, post = codec.update_op_parts(ns)
+        ops = [ins + n if o is None else b"".join((upd, o, post, n))
+               for o, n in zip(w_olds, w_news)]
+        res.modified += len(w) - (w_olds.count(None) if missing else 0)
+        if missing:
+            res.inserted_ids += [ids[i] for i, o in zip(w, w_olds) if o is None]
+        if c.indexes:  # every old entry first: rows may swap unique values
+            for pk, o in zip(w_pks, w_olds):
+                if o is not None:
+                    self._unindex(c, pk, codec.unpack_document(o))
+        self.t.put_many("docs", [(keys[i], n) for i, n in zip(w, w_news)])
+        if c.indexes:
+            self._index_batch(c, [news[i] for i in w], w_pks)
+        self._log_many(ops)
 
     def _hits(self, ns: str, flt, multi: bool) -> tuple[list, CollInfo | None]:
         """The documents a statement changes: collected before the first write
