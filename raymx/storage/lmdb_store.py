@@ -1,19 +1,14 @@
 """The LMDB store (the only lmdb import).
 
-Opened with ``sync=True, metasync=False`` (MDB_NOMETASYNC): each commit
-writes its pages, fdatasyncs them, then writes its meta page unsynced, so the
-meta page never reaches the disk before the pages it points to, and LMDB never
-reuses a page of the two newest meta pages' trees. ``sync()`` (one fdatasync
-of the data file: no write map) makes the last commit's meta page durable,
-which is when group commit acknowledges ``j=True`` writers; a machine crash
-before it loses at most the commits since, never the file's integrity. A
+Opened with ``sync=False`` (MDB_NOSYNC) under a write-ahead log
+(``raymx.storage.wal``): a commit appends one record of its changes to the
+log and commits to LMDB without a sync; ``sync()`` is one fdatasync of the
+log, which is when group commit acknowledges ``j=True`` writers.
+Checkpoints sync the data file and pin its state; the first process to open
+a folder recovers it from the checkpoint and the log. A machine crash loses
+at most the commits since the last sync, never the file's integrity
+(``bench/faults/torn.py``, ARCHITECTURE.md "The write-ahead log"); a
 process crash loses nothing committed (the pages are in the OS's cache).
-
-The former mode (``sync=False``: no sync at all between raymx's syncs)
-corrupted the file when a machine lost power after the kernel had written
-back some unsynced pages and not others: a newer meta page over lost pages,
-or reused pages of the last synced tree overwritten
-(``bench/faults/torn.py``, ARCHITECTURE.md "Power loss").
 
 No room (``errors.DiskFull``): every write-side call (put, put_many,
 put_sorted, put_new, delete, nested, commit and the callables ``putter``
