@@ -315,27 +315,29 @@ class _Txn(_TxnBase):
             done = self._t.put(key, value, db=self._s._dbs[db], overwrite=overwrite)
         except lmdb.Error as e:
             raise _refusal(self._s, e, "put") from e
+        if done:
+            self._note(_DB_INDEX[db], key, value)
+        return done
+
+    def _note(self, i: int, key, value) -> None:
+        """Record one change for the log (``value`` None: a delete)."""
         log = self._log
-        if done and log is not None:
-            log += (_DB_INDEX[db], key, value)
+        if log is not None:
+            log += (i, key, value)
             if len(log) > _LOG_MAX:
                 self._too_many()
-        return done
 
     def putter(self, db, overwrite=True):
         put = functools.partial(self._t.put, db=self._s._dbs[db], overwrite=overwrite)
-        store, i = self._s, _DB_INDEX[db]
+        store, i, note = self._s, _DB_INDEX[db], self._note
 
         def put_row(key, value):
             try:
                 done = put(key, value)
             except lmdb.Error as e:
                 raise _refusal(store, e, "put") from e
-            log = self._log
-            if done and log is not None:
-                log += (i, key, value)
-                if len(log) > _LOG_MAX:
-                    self._too_many()
+            if done:
+                note(i, key, value)
             return done
         return put_row
 
@@ -421,11 +423,8 @@ class _Txn(_TxnBase):
             done = self._t.delete(key, db=self._s._dbs[db])
         except lmdb.Error as e:
             raise _refusal(self._s, e, "delete") from e
-        log = self._log
-        if done and log is not None:
-            log += (_DB_INDEX[db], key, None)
-            if len(log) > _LOG_MAX:
-                self._too_many()
+        if done:
+            self._note(_DB_INDEX[db], key, None)
         return done
 
     def nested(self):
