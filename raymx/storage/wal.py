@@ -495,6 +495,10 @@ class Wal:
     def close(self) -> None:
         """Last store object of the folder in this process closes: checkpoint
         (unpinned, the pin goes with this process) if it wrote or pins."""
+        self._closing = True
+        self._wake.set()
+        if self._bg is not None:
+            self._bg.join(timeout=30)  # a checkpoint under way ends before LMDB closes
         try:
             if self.env is not None and self.failed is None and (
                     self.logged or self.pin is not None) and self.lock(timeout=5.0):
