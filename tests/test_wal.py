@@ -192,15 +192,21 @@ def test_power_loss_with_torn_write_back_recovers_every_synced_commit(tmp_path, 
     want = {d["_id"]: d for d in e.find("t.c", {})}
     w = e.store._ent.wal
     assert w.pin is not None and w.pin_gen == w._shared_state()[0]
-    # the power goes: build what the disk holds in another folder
+    # the power goes: build what the disk holds in another folder (with the
+    # log's lock held, so the background thread takes no checkpoint meanwhile)
     lost = str(tmp_path / "lost")
     os.makedirs(lost)
-    for name in os.listdir(path):
-        if name == "checkpoint" or name.startswith("wal."):
-            shutil.copy(os.path.join(path, name), lost)
-    with open(os.path.join(path, "data.mdb"), "rb") as f:
-        now = f.read()
-    old, psize = disk["data"], 4096
+    w.lock()
+    try:
+        for name in os.listdir(path):
+            if name == "checkpoint" or name.startswith("wal."):
+                shutil.copy(os.path.join(path, name), lost)
+        with open(os.path.join(path, "data.mdb"), "rb") as f:
+            now = f.read()
+        old = disk["data"]
+    finally:
+        w.unlock()
+    psize = 4096
     changed = [n for n in range(len(now) // psize)
                if now[n * psize:(n + 1) * psize] != old[n * psize:(n + 1) * psize]]
     assert len(changed) > 10
