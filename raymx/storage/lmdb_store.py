@@ -438,7 +438,7 @@ class _Txn(_TxnBase):
         stored), and ``abort`` after it is harmless.
 
         A top-level write appends its record to the log before LMDB commits it
-        (both under the log's lock); a failed commit takes the record back.
+        (both under the log's lock); a failed commit voids the record.
         Durable at the next ``LMDBStore.sync()``."""
         parent = self._parent
         if parent is not None:  # a child: its changes join the parent's
@@ -530,9 +530,8 @@ def _open_env(path: str, map_bytes: int, map_bytes_max: int | None) -> _Env:
             if used > GROW_AT_OPEN_FRACTION * map_bytes:  # no transaction is open yet
                 env.set_mapsize(min(max(2 * used, map_bytes), ent.map_bytes_max))
             ent.dbs = _open_dbs(env, wal, first)
-            wal.dbs = tuple(ent.dbs[name] for name in DBS)
             if first:
-                wal.recover(env, wal.dbs, gen, log=lambda n: log.warning(
+                wal.recover(tuple(ent.dbs[name] for name in DBS), gen, log=lambda n: log.warning(
                     "%s: recovered %d transactions from the write-ahead log", path, n))
         finally:
             if first:

@@ -208,7 +208,6 @@ class Wal:
         self._shared = mmap.mmap(self._lfd, mmap.PAGESIZE)
         self._ufd = os.open(os.path.join(folder, ".wal.users"), os.O_RDWR | os.O_CREAT, 0o600)
         self.env = None  # set by the store once LMDB is open
-        self.dbs: tuple = ()
         self.gen = -1  # the generation of self.fd
         self.fd: int | None = None
         self._old_fd: int | None = None  # closed at the next switch (a sync may use it)
@@ -468,10 +467,10 @@ class Wal:
                     pass
         env.reader_check()  # a dead process's pin of an older checkpoint
 
-    def recover(self, env, dbs: tuple, gen: int | None, log=None) -> int:
+    def recover(self, dbs: tuple, gen: int | None, log=None) -> int:
         """First opener: apply the log after the checkpoint, then checkpoint.
         Returns the number of transactions replayed."""
-        self.dbs = dbs
+        env = self.env
         pin = env.begin(write=False, buffers=False)  # the checkpointed state stays intact
         _SHARED.pack_into(self._shared, 0, gen or 0, 0, 0, 0)  # nobody else has it open
         n = 0
