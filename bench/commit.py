@@ -17,9 +17,12 @@ Measures, with ~200-byte documents:
 4. for diagnosis: the ratio of (1) to the raw fsync rate (old targets 2.0
    and 4.0 at 8 and 16), the non-durable (``j=False``) rate at 8 and 16
    clients (the request-path ceiling that group commit can at best
-   approach), and a bare msgpack echo (an asyncio server in its own process,
+   approach), a bare msgpack echo (an asyncio server in its own process,
    the same Unix socket kind, the same client processes sending the same
-   documents): the ceiling of any request/response on this machine;
+   documents): the ceiling of any request/response on this machine, and a
+   durable echo (the same, appending each request to a log file with one
+   group ``fdatasync`` per wake-up before answering): the ceiling of any
+   durable commit here;
 5. ``find_one`` by ``_id`` against PostgreSQL's primary-key ``SELECT`` with
    the same clients (target 1.0);
 6. ``insert_many`` in batches of 1,000 (default write concern) against raw
@@ -189,6 +192,61 @@ def echo_server(path, ready):
     asyncio.run(main())
 
 
+def durable_echo_server(path, log_path, ready):
+    """The echo server with a durable log, the shape of any group-committed
+    store and nothing more: each request frame is appended to a log file
+    (reused, already written once, as PostgreSQL's WAL segments and raymx's
+    log are), one ``fdatasync`` per event-loop wake-up covers every frame that
+    wake-up read, then each gets a small answer. What the same clients make
+    against it is the ceiling of durable commits with this client, this
+    socket kind and this disk."""
+    import asyncio
+
+    import msgpack
+
+    fd = os.open(log_path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.pwrite(fd, bytes(64 << 20), 0)  # written once, as a reused log is
+    os.fsync(fd)
+    pending = []                       # (transport, answer) of this wake-up
+    at = [0]
+
+    def flush():
+        out = list(pending)
+        pending.clear()
+        os.fdatasync(fd)
+        for tr, frame in out:
+            tr.write(frame)
+
+    class Echo(asyncio.Protocol):
+        def connection_made(self, tr):
+            self.tr, self.buf = tr, bytearray()
+
+        def data_received(self, data):
+            buf = self.buf
+            buf += data
+            while len(buf) >= 4:
+                n = int.from_bytes(buf[:4], "big")
+                if len(buf) < 4 + n:
+                    break
+                body = bytes(buf[4:4 + n])
+                del buf[:4 + n]
+                req = msgpack.unpackb(body)
+                if at[0] + len(body) > (64 << 20):
+                    at[0] = 0
+                os.pwrite(fd, body, at[0])
+                at[0] += len(body)
+                out = msgpack.packb({"id": req["id"], "ok": {"n": 1}})
+                if not pending:
+                    asyncio.get_running_loop().call_soon(flush)
+                pending.append((self.tr, len(out).to_bytes(4, "big") + out))
+
+    async def main():
+        await asyncio.get_running_loop().create_unix_server(Echo, path)
+        ready.set()
+        await asyncio.sleep(3600)
+    asyncio.run(main())
+
+
 class Clients:
     """A pool of client processes, started once; each level uses the first n."""
 
@@ -283,20 +341,24 @@ def raw_fsync_rate(path, per_txn_env_sync):
 
 
 
-def echo_rates(pool, base) -> dict:
-    """Requests/s of the client pool against a bare echo server, at every level."""
+def echo_rates(pool, base, durable=False) -> dict:
+    """Requests/s of the client pool against a bare echo server (``durable``:
+    the one with a group-committed, fdatasync-ed log), at every level."""
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
-    path = os.path.join(base, "echo.sock")
+    kind = "durable-echo" if durable else "echo"
+    path = os.path.join(base, f"{kind}.sock")
     ready = ctx.Event()
-    srv = ctx.Process(target=echo_server, args=(path, ready), daemon=True)
+    srv = ctx.Process(target=durable_echo_server if durable else echo_server,
+                      args=(path, os.path.join(base, "echo.log"), ready) if durable
+                      else (path, ready), daemon=True)
     srv.start()
     try:
         if not ready.wait(30):
-            raise RuntimeError("the echo server did not start")
+            raise RuntimeError(f"the {kind} server did not start")
         out = {}
         for n in LEVELS:
-            progress(f"bare msgpack echo, {n} clients, {ECHO_S:.0f} s")
+            progress(f"bare msgpack {kind}, {n} clients, {ECHO_S:.0f} s")
             total, _, _ = pool.run(n, ECHO_S, mode="echo", arg=path)
             out[n] = total / ECHO_S
         return out
@@ -444,6 +506,7 @@ def main():
                     progress(f"PostgreSQL SELECT by primary key, {n} client(s)")
                     pg_finds[n] = pg_level(n, "pg-select")
             echo = echo_rates(pool, base)
+            decho = echo_rates(pool, base, durable=True)
         finally:
             pool.close()
 
@@ -499,6 +562,9 @@ def main():
     for n, r in echo.items():
         row(f"bare msgpack echo, Unix socket, {n} clients (no work)", r, "req/s",
             f"{r / ref[n]:.1f}x raw fsync: the request/response ceiling")
+    for n, r in decho.items():
+        row(f"durable msgpack echo, Unix socket, {n} clients", r, "req/s",
+            "a log append + group fdatasync per request: the durable ceiling")
     print()
     print(f"durable (j=True) single-doc inserts through the driver; separate client processes "
           f"(nice 0), member process nice {member_nice}")
@@ -530,13 +596,17 @@ def main():
         print(f"{pg.version}, same run: {pg.settings}; psycopg {psycopg_version()} client "
               f"processes (the same ones), TCP loopback; raymx clients use a Unix socket")
         print(f"  {'clients':<8} {'raymx j=True':>13} {'PostgreSQL':>11} {'ratio':>6}   "
-              f"{'target >= ' + format(PEER_TARGET, '.1f'):<16} {'echo (no work)':>14}")
+              f"{'target >= ' + format(PEER_TARGET, '.1f'):<16} {'echo (no work)':>14} "
+              f"{'durable echo':>13} {'raymx/it':>8}")
         for n in LEVELS:
             r, p = results[n][0], pg_res[n][0]
             print(f"  {n:<8} {r:>13,.0f} {p:>11,.0f} {r / p if p else 0:>6.2f}   "
-                  f"{'met' if p and r / p >= PEER_TARGET else 'NOT met':<16} {echo[n]:>14,.0f}")
+                  f"{'met' if p and r / p >= PEER_TARGET else 'NOT met':<16} {echo[n]:>14,.0f} "
+                  f"{decho[n]:>13,.0f} {r / decho[n] if decho[n] else 0:>8.2f}")
         print("  (echo: the same client processes against a bare msgpack echo server doing no "
-              "work: the ceiling of any request/response here)")
+              "work: the ceiling of any request/response here; durable echo: the same server "
+              "appending each request to a log with one fdatasync per wake-up before it "
+              "answers: the ceiling of durable commits here)")
         for n in LEVELS:
             r, lat, errs, cpu = pg_res[n]
             row(f"  PostgreSQL insert, {n:>2} client(s)", r, "txn/s",

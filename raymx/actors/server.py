@@ -28,6 +28,21 @@ from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS
 log = logging.getLogger("raymx.server")
 
 
+def new_loop() -> asyncio.AbstractEventLoop:
+    """A port's event loop: uvloop's where it is installed (libuv in C: its
+    reads, writes and callbacks cost a member about a third less CPU per
+    request than asyncio's pure-Python selector loop; see ARCHITECTURE.md,
+    "Commit speed"), else asyncio's. ``RAYMX_ASYNCIO=1`` forces asyncio's."""
+    if not os.environ.get("RAYMX_ASYNCIO"):
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
 def serve_loop(loop, start, ready, what: str) -> None:
     """Run a port's event loop on this thread: ``start`` (a coroutine) binds
     and sets ``ready``; a port that cannot bind logs it and sets ``ready``
@@ -74,7 +89,7 @@ class ClientPort:
         self._out: list = []            # (connection, frame) answered, not yet sent
         self._out_lock = threading.Lock()
         self._flush_due = False         # a flush is scheduled on the loop
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_loop()
         self._tid: int | None = None  # the loop's thread
         self._ready = threading.Event()
         self._t = threading.Thread(target=self._run, name="raymx-port", daemon=True)

@@ -21,7 +21,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from raymx.actors.server import serve_loop
+from raymx.actors.server import new_loop, serve_loop
 from raymx.actors.tls import server_context
 from raymx.wire import framing
 from raymx.wire.auth import Credential
@@ -57,7 +57,7 @@ class WirePort:
         # behind writes
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="raymx-wire")
         self.hello_pool = ThreadPoolExecutor(4, thread_name_prefix="raymx-wire-hello")
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_loop()
         self._tid: int | None = None  # the loop's thread
         self._ready = threading.Event()
         self._t = threading.Thread(target=self._run, args=(port,), name="raymx-wire-port",
