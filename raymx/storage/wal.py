@@ -80,6 +80,9 @@ _CKPT_HEAD = struct.Struct("<4sIQQII")
 _CKPT_MAGIC, _CKPT_VERSION = b"RMXC", 1
 REC = struct.Struct("<IIIQ")  # payload bytes, crc32(gen, txnid, payload), generation, txnid
 SPARE = "wal.spare"  # the log before the current one, reused as the next (see checkpoint)
+# Logs are written out (zeros past their ends, synced) ahead of their appends,
+# so a commit's fdatasync journals no size change (see ``_prepare_logs``).
+SPARE_BYTES_MIN = 1 * MiB
 # LMDB 0.9's meta page, 64-bit: a 16-byte page header, then MDB_meta
 _META_PGNO, _META_MAGIC, _META_LAST_PG, _META_TXNID = 0, 16, 136, 144
 _MDB_MAGIC = 0xBEEFC0DE
@@ -415,11 +418,51 @@ class Wal:
         self.env.sync(True)  # most pages, before holding writers back
         if not self.lock(timeout=LOCK_WAIT_S):
             return False
+        prepared = []
         try:
+            ended = self._shared_state()[3]  # the length of the log this one ends
             self.checkpoint_locked()
+            prepared = self._prepare_logs(ended)
         finally:
             self.unlock()
+        self._sync_prepared(prepared)
         return True
+
+    def _prepare_logs(self, ended: int) -> list[int]:
+        """Lock held, right after a checkpoint: the current log and the spare
+        (the log after next) are written out with zeros past their ends, to
+        twice ``ended`` (the length of the log just ended; at least
+        ``SPARE_BYTES_MIN``, at most ``CHECKPOINT_BYTES``), so appends land in
+        written blocks: an append past a file's end makes its fdatasync
+        journal the new size too (measured: 78% of appends did, one client,
+        and such a sync took 50-60 us more). Recovery reads a zero length as
+        the log's end. Returns the descriptors to sync once the lock is let
+        go (the zeros are only in the page cache until then)."""
+        want = min(CHECKPOINT_BYTES, max(SPARE_BYTES_MIN, 2 * ended))
+        fds = []
+        for name in (wal_name(self.gen), SPARE):
+            try:
+                fd = os.open(os.path.join(self.folder, name), os.O_WRONLY | os.O_CREAT, 0o600)
+            except OSError:
+                continue
+            try:
+                at = os.fstat(fd).st_size
+                zeros = bytes(min(max(want - at, 0), MiB))
+                while at < want:
+                    at += os.pwrite(fd, zeros[:want - at], at)
+            except OSError:  # no room: that log grows as it goes, as it would anyway
+                pass
+            fds.append(fd)
+        return fds
+
+    @staticmethod
+    def _sync_prepared(fds: list[int]) -> None:
+        try:
+            for fd in fds:
+                os.fdatasync(fd)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def checkpoint_locked(self, pin: bool = True) -> None:
         """Lock held, no write transaction open in any process."""
@@ -483,8 +526,10 @@ class Wal:
             self.lock()
             try:
                 self.checkpoint_locked()
+                prepared = self._prepare_logs(0)
             finally:
                 self.unlock()
+            self._sync_prepared(prepared)
         finally:
             pin.abort()
         if n and log is not None:
