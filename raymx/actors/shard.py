@@ -391,9 +391,12 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         log.exception("write %s failed", req.get("op"))  # a bug: answer, log, keep serving
         return errors.RaymxError(f"internal error: {type(e).__name__}: {e}")
 
-    def _deposed(self) -> errors.NotPrimary | None:
-        """NotPrimary if this member may no longer write (checked before a GTID is taken)."""
-        if deposed(self.primary, self.e.term, self.gm.term):
+    def _deposed(self, tx: Transaction | None = None) -> errors.NotPrimary | None:
+        """NotPrimary if this member may no longer write (checked before a GTID
+        is taken). ``tx``: the open write transaction, which reads the durable
+        term without a transaction of its own."""
+        term = self.e.term if tx is None else self.e.term_in(tx.t)
+        if deposed(self.primary, term, self.gm.term):
             self.primary = False
             return errors.NotPrimary(f"member {self.member_id} was deposed (a higher term "
                                      "exists); nothing was written", member=self.member_id)
@@ -405,7 +408,7 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
             if self._answer_unchanged(res, req, reply):
                 self.group.sync_now()
             return
-        err = self._deposed()
+        err = self._deposed(tx)
         if err is not None:
             tx.abort()
             return reply(err=err)
@@ -434,7 +437,7 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
                 tx = grp.statement()
                 try:
                     res = run_statement(tx, req)
-                    err = None if tx.nops == 0 else self._deposed()
+                    err = None if tx.nops == 0 else self._deposed(tx)
                 except Exception as e:
                     res, err = None, self._write_error(e, req)
                 if err is not None:

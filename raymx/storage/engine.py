@@ -83,7 +83,14 @@ class Engine:
     @property
     def term(self) -> int:
         with self.store.read() as t:
-            return codec.unpack(t.get("meta", b"term"))
+            return self.term_in(t)
+
+    @staticmethod
+    def term_in(t) -> int:
+        """The durable term as transaction ``t`` sees it (a writer, which holds
+        the writers' turn, sees what a new reader would: no term can commit
+        while it is open)."""
+        return codec.unpack(t.get("meta", b"term"))
 
     def set_term(self, term: int, sync: bool = True) -> None:
         """Record a term durably; terms never go down."""
@@ -133,8 +140,7 @@ class Engine:
                 tail: tuple[GTID, int] | None = None):
         last, prev_h = tail or self._tail_of(t)
         if gtid is None:
-            term = codec.unpack(t.get("meta", b"term"))
-            gtid = GTID(max(term, last.term), last.seq + 1)
+            gtid = GTID(max(self.term_in(t), last.term), last.seq + 1)
         if not (gtid > last and gtid.seq == last.seq + 1):
             raise AssertionError(f"GTID {gtid} does not follow the oplog's last {last}")
         h = oplog.chain_hash(prev_h, gtid, tx._digest.digest())
