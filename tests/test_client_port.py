@@ -273,3 +273,31 @@ def test_sockets_of_killed_members_are_swept_live_ones_kept():
     assert not os.path.exists(dead) and os.path.exists(live)
     keep.close()
     os.unlink(live)
+
+
+@pytest.mark.parametrize("asyncio_only", [False, True])
+def test_the_port_serves_on_uvloop_and_on_asyncio_s_loop(tmp_path, monkeypatch, asyncio_only):
+    """The ports run on uvloop where it is installed (it is a dependency);
+    RAYMX_ASYNCIO=1 (or no uvloop) gives asyncio's loop, which serves alike:
+    durable writes, a point read and a pipelined burst from several threads."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    import uvloop
+    if asyncio_only:
+        monkeypatch.setenv("RAYMX_ASYNCIO", "1")
+    else:
+        monkeypatch.delenv("RAYMX_ASYNCIO", raising=False)
+    lim = Limits(frame_bytes_max=1 << 20, document_bytes_max=512 << 10, sync_interval_ms=20)
+    with serving(tmp_path, lim) as (p, _svc):
+        assert isinstance(p._loop, uvloop.Loop) is not asyncio_only
+        assert isinstance(p._loop, asyncio.AbstractEventLoop)
+        cl = client_of(p)
+        try:
+            coll = cl["db"]["c"].with_options(WriteConcern(w=1, j=True))
+            with ThreadPoolExecutor(8) as ex:
+                list(ex.map(lambda i: coll.insert_one({"_id": i, "v": i}), range(200)))
+            assert coll.find_one({"_id": 123}) == {"_id": 123, "v": 123}
+            assert coll.count_documents({}) == 200
+        finally:
+            cl.close()

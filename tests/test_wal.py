@@ -109,6 +109,31 @@ def test_a_torn_log_tail_ends_recovery_at_the_last_whole_record(tmp_path):
     assert b"after" in keys_of(path)
 
 
+def test_logs_are_written_ahead_so_appends_never_grow_a_file(tmp_path):
+    """After a checkpoint the current log and the spare hold zeros past their
+    records (a commit's fdatasync then journals no new size); the records
+    before the zeros are read back, and a reopened folder has them all."""
+    path = str(tmp_path / "m")
+    s = LMDBStore(path, map_bytes=1 << 30)  # no checkpoint of its own during the test
+    w = s._ent.wal
+    with s.write() as t:
+        t.put("docs", b"before", b"1")
+    assert w.checkpoint()
+    gen = w.gen
+    log, spare = os.path.join(path, wal.wal_name(gen)), os.path.join(path, wal.SPARE)
+    sizes = (os.path.getsize(log), os.path.getsize(spare))
+    assert min(sizes) >= wal.SPARE_BYTES_MIN
+    for i in range(200):
+        with s.write() as t:
+            t.put("docs", b"k%03d" % i, os.urandom(300))
+    s.sync()
+    assert w.gen == gen
+    assert (os.path.getsize(log), os.path.getsize(spare)) == sizes  # no append grew a file
+    assert len(list(wal.records(log, gen))) == 200  # the zeros after them end the log
+    s.close()
+    assert keys_of(path) == {b"before"} | {b"k%03d" % i for i in range(200)}
+
+
 def test_two_processes_writing_one_folder_then_killed_lose_nothing_acknowledged(tmp_path):
     """The member's processes share a folder: commits from both are ordered
     in one log, checkpoints by either (a small map forces many) keep the
