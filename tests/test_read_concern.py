@@ -79,6 +79,13 @@ def test_linearizable_reads_need_a_primary_that_a_majority_confirms(ray_session,
                 .find_one({"_id": 1})
         sec = next(m for m in rs._topology()["members"] if m["id"] != prim)
         conn = connect_member(sec, rs._topology()["secret"])
+
+        def serves_reads():  # a member just launched serves none until its source confirms it
+            try:
+                return conn.request({"op": "count", "ns": "d.c", "filter": {}}, 10) is not None
+            except errors.NotPrimaryOrSecondary:
+                return False
+        wait_until(serves_reads, timeout_s=30, every_s=0.1)
         with pytest.raises(errors.NotPrimary):
             conn.request({"op": "count", "ns": "d.c", "filter": {},
                           "readConcern": "linearizable"}, 10)
