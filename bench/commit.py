@@ -349,9 +349,11 @@ def echo_rates(pool, base, durable=False) -> dict:
     kind = "durable-echo" if durable else "echo"
     path = os.path.join(base, f"{kind}.sock")
     ready = ctx.Event()
-    srv = ctx.Process(target=durable_echo_server if durable else echo_server,
-                      args=(path, os.path.join(base, "echo.log"), ready) if durable
-                      else (path, ready), daemon=True)
+    if durable:
+        target, args = durable_echo_server, (path, os.path.join(base, "echo.log"), ready)
+    else:
+        target, args = echo_server, (path, ready)
+    srv = ctx.Process(target=target, args=args, daemon=True)
     srv.start()
     try:
         if not ready.wait(30):
