@@ -33,6 +33,36 @@ def test_insert_generates_time_ordered_ids_and_find_by_id(engine):
     assert st.plan == "IDHACK" and st.examined == 1
 
 
+
+def test_an_id_point_lookup_answers_what_the_general_plan_answers(engine):
+    """``{"_id": v}`` skips compiling the filter and deriving bounds; where the
+    stored _id is another type that sorts equal (1.0 for 1) or a NaN, only the
+    general plan can tell, and it does."""
+    from bson import ObjectId
+    oid = ObjectId()
+    stored = [1.0, 2, "x", b"\x00b", oid, float("nan"), True, 7.5]
+    engine.insert_many(NS, [{"_id": v, "n": i} for i, v in enumerate(stored)])
+    rd = engine.reader()
+    for v in [1, 1.0, 2, 2.0, "x", "y", b"\x00b", oid, ObjectId(), float("nan"), 1 << 70,
+              True, 7.5]:
+        st = Stats()
+        try:
+            want = list(rd.find(NS, {"_id": {"$eq": v}}))
+        except errors.RaymxError as e:
+            with pytest.raises(type(e)):
+                list(rd.find(NS, {"_id": v}, stats=st))
+            continue
+        got = list(rd.find(NS, {"_id": v}, stats=st))
+        assert [d["n"] for d in got] == [d["n"] for d in want], v
+        assert st.plan == "IDHACK" and st.examined == len(got)
+    assert list(rd.find("app.none", {"_id": 1})) == []
+    # in a write transaction, its own writes
+    tx = engine.begin()
+    tx.insert(NS, [{"_id": 99, "n": 99}])
+    assert list(tx.find(NS, {"_id": 99})) == [{"_id": 99, "n": 99}]
+    tx.abort()
+    assert list(engine.reader().find(NS, {"_id": 99})) == []
+
 def test_secondary_index_is_used_and_built_for_existing_data(engine):
     engine.insert_many(NS, [{"_id": i, "age": i % 50, "city": f"c{i % 7}"} for i in range(500)])
     with engine.begin() as tx:

@@ -15,6 +15,7 @@ from raymx.actors.core import client_limits
 from raymx.actors.core.replication import applied_point
 from raymx.storage import codec
 from raymx.storage.engine import Reader, split_ns
+from raymx.storage.reader import ID_POINT_TYPES
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import READ_CONCERNS
 
@@ -46,10 +47,6 @@ class _Cursor:
         self.reader.t.abort()
 
 
-# an _id equality the engine looks up (one B-tree lookup: never a scan)
-ID_POINT_TYPES = frozenset((int, str, float, bytes))
-
-
 def point_read(req: dict) -> bool:
     """A ``find`` that reads at most the one document its filter names by
     ``_id``, on the newest snapshot (readConcern local, no
@@ -62,7 +59,8 @@ def point_read(req: dict) -> bool:
 
 
 def id_point(flt) -> bool:
-    """Does the filter name one document by an ``_id`` equality?"""
+    """Does the filter name one document by an ``_id`` equality (one B-tree
+    lookup, never a scan)?"""
     return type(flt) is dict and "_id" in flt and type(flt["_id"]) in ID_POINT_TYPES
 
 
@@ -230,17 +228,20 @@ class ReadPath:
         """The next batch: up to ``batch`` (or ``cursor_batch_docs``) documents
         and ``cursor_batch_bytes`` of them encoded, but always one (a document
         fits a frame). Sizes are exact: packing a document costs about 1/25
-        of reading it."""
+        of reading it; a lone document (a point read) is never sized."""
         n_max = min(int(batch or self.limits.cursor_batch_docs), self.limits.cursor_batch_docs)
         cap = self._batch_bytes()
         docs, size = [], 0
         it = c.it if c.head is None else itertools.chain((c.head,), c.it)
         c.head = None
         for d in it:
-            size += len(codec.pack(d))
-            if docs and size > cap:
-                c.head = d
-                break
+            if docs:
+                if len(docs) == 1:
+                    size = len(codec.pack(docs[0]))
+                size += len(codec.pack(d))
+                if size > cap:
+                    c.head = d
+                    break
             docs.append(d)
             if len(docs) >= n_max:
                 break

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
+from bson import ObjectId
+
 from raymx.storage import codec, errors, oplog, query
 from raymx.storage.catalog import CollInfo, Stats, _applied_in, split_ns
 from raymx.storage.gtid import GTID, ZERO
@@ -26,6 +28,10 @@ class _NotId:
 
 
 _MULTIKEY = _NotId()
+
+# _id values an equality finds with one B-tree lookup, and whose equality
+# with the stored _id, type for type, is the filter's match
+ID_POINT_TYPES = frozenset((int, str, float, bytes, ObjectId))
 
 
 def _range_bounds(prefix: bytes, b: query.Bounds):
@@ -170,6 +176,13 @@ class Reader:
         """(pk, doc) of every document matching ``flt``, in plan order."""
         stats = stats if stats is not None else Stats()
         split_ns(ns, self.e.limits)
+        if self.point is None and type(flt) is dict and len(flt) == 1 \
+                and type(flt.get("_id")) in ID_POINT_TYPES:
+            hit = self._id_point(ns, flt["_id"], stats)
+            if hit is not False:  # certain: no filter to compile, no bounds to derive
+                if hit is not None:
+                    yield hit
+                return
         match = query.compile_filter(flt)
         ov = self._point_view(ns) if self.point is not None else None
         c = self.coll(ns)
@@ -188,6 +201,28 @@ class Reader:
                 d = codec.unpack_document(b)
                 if match(d):
                     yield pk, d
+
+    def _id_point(self, ns: str, v, stats: Stats):
+        """``{"_id": v}`` by one lookup: (pk, doc), None when nothing matches,
+        or False when only the general plan can tell (a stored _id of another
+        type that sorts equal, 1.0 for 1, or a NaN) or names what is wrong (an
+        integer no key holds)."""
+        try:
+            pk = encode_key(v)
+        except errors.InvalidDocument:
+            return False
+        c = self.coll(ns)
+        stats.plan = "EOF" if c is None else "IDHACK"
+        if c is None:
+            return None
+        d = self._get_pk(c, pk)
+        if d is None:
+            return None  # the general plan looks up this same key
+        got = d.get("_id")
+        if type(got) is not type(v) or got != v:
+            return False
+        stats.examined += 1
+        return pk, d
 
     def find(self, ns: str, flt=None, projection=None, sort=None, skip: int = 0,
              limit: int = 0, stats: Stats | None = None) -> Iterator[dict]:
