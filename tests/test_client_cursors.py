@@ -145,3 +145,24 @@ def test_point_reads_run_on_the_port_thread_and_others_on_the_readers(port):
     assert find({"_id": {"$gt": 17}})["docs"] == [{"_id": 18, "n": 18}]
     assert svc.port_reads == before  # none of those ran on the port
     c.close()
+
+
+def test_find_one_is_one_request_that_answers_as_find_limit_one(port):
+    """``find_one`` sends one find with a limit of one (no Cursor): the same
+    document as ``find(...).limit(1)`` for every kind of filter, no cursor
+    left open on the member, and its options still go through ``find``."""
+    p, svc = port
+    cl = client_of(p)
+    coll = cl["fo"]["c"]
+    coll.insert_many([{"_id": i, "n": i % 3} for i in range(30)])
+    for flt in (None, {}, 7, {"_id": 7}, {"_id": 999}, {"n": 2}, {"_id": {"$gt": 25}}):
+        want = next(iter(coll.find(flt if isinstance(flt, (dict, type(None))) else {"_id": flt})
+                         .limit(1)), None)
+        assert coll.find_one(flt) == want, flt
+    assert coll.find_one({"n": 1}, {"n": 0}) == {"_id": 1}  # a projection: through find
+    assert coll.find_one({"n": 1}, sort=[("_id", -1)]) == {"_id": 28, "n": 1}
+    with pytest.raises(errors.InvalidFilter):
+        coll.find_one({"_id": {"$nope": 1}})
+    assert coll.find_one(3) == {"_id": 3, "n": 0}  # the connection serves on
+    assert svc.status()["open_cursors"] == 0
+    cl.close()

@@ -257,6 +257,14 @@ class Collection:
         means ``{"_id": filter}`` (as in pymongo). Other arguments as ``find``."""
         if filter is not None and not isinstance(filter, dict):
             filter = {"_id": filter}
+        if not args and not kwargs and self._txn is None:
+            # what find(filter).limit(1) sends, in one request with no Cursor
+            r, conn = self.client._read_call(self.read_preference, {
+                "op": "find", "ns": self.full_name, "filter": {} if filter is None else filter,
+                "limit": 1, **self._read_fields()})
+            if r.get("cursor"):  # (none: a limit of one is one batch)
+                conn.submit({"op": "killCursors", "cursors": [r["cursor"]]})
+            return r["docs"][0] if r["docs"] else None
         c = self.find(filter, *args, **kwargs)
         c._spec["limit"] = 1
         doc = next(c, None)
