@@ -15,9 +15,9 @@ from raymx.actors.core import client_limits
 from raymx.actors.core.replication import applied_point
 from raymx.storage import codec
 from raymx.storage.engine import Reader, split_ns
-from raymx.storage.reader import ID_POINT_TYPES
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import READ_CONCERNS
+from raymx.storage.reader import ID_POINT_TYPES
 
 log = logging.getLogger("raymx.shard")
 Reply = Callable[..., None]
