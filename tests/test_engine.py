@@ -33,7 +33,6 @@ def test_insert_generates_time_ordered_ids_and_find_by_id(engine):
     assert st.plan == "IDHACK" and st.examined == 1
 
 
-
 def test_an_id_point_lookup_answers_what_the_general_plan_answers(engine):
     """``{"_id": v}`` skips compiling the filter and deriving bounds; where the
     stored _id is another type that sorts equal (1.0 for 1) or a NaN, only the
@@ -62,6 +61,7 @@ def test_an_id_point_lookup_answers_what_the_general_plan_answers(engine):
     assert list(tx.find(NS, {"_id": 99})) == [{"_id": 99, "n": 99}]
     tx.abort()
     assert list(engine.reader().find(NS, {"_id": 99})) == []
+
 
 def test_secondary_index_is_used_and_built_for_existing_data(engine):
     engine.insert_many(NS, [{"_id": i, "age": i % 50, "city": f"c{i % 7}"} for i in range(500)])

@@ -17,7 +17,7 @@ from raymx.storage import codec
 from raymx.storage.engine import Reader, split_ns
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import READ_CONCERNS
-from raymx.storage.reader import ID_POINT_TYPES
+from raymx.storage.reader import id_point
 
 log = logging.getLogger("raymx.shard")
 Reply = Callable[..., None]
@@ -56,12 +56,6 @@ def point_read(req: dict) -> bool:
             or req.get("readConcern", "local") != "local":
         return False
     return id_point(req.get("filter"))
-
-
-def id_point(flt) -> bool:
-    """Does the filter name one document by an ``_id`` equality (one B-tree
-    lookup, never a scan)?"""
-    return type(flt) is dict and "_id" in flt and type(flt["_id"]) in ID_POINT_TYPES
 
 
 class ReadPath:

@@ -7,9 +7,10 @@ group's child transaction.
 from __future__ import annotations
 
 from raymx import errors
-from raymx.actors.reads import _gtid_in, gtid_out, id_point
+from raymx.actors.reads import _gtid_in, gtid_out
 from raymx.storage import codec
 from raymx.storage.engine import Transaction, WriteResult
+from raymx.storage.reader import id_point
 
 WRITE_OPS = {"insert", "replaceMany", "update", "delete", "createIndex", "dropIndex",
              "dropCollection", "createCollection", "revertTo"}

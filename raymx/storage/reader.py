@@ -34,6 +34,12 @@ _MULTIKEY = _NotId()
 ID_POINT_TYPES = frozenset((int, str, float, bytes, ObjectId))
 
 
+def id_point(flt) -> bool:
+    """Does the filter name one document by an ``_id`` equality (one B-tree
+    lookup, never a scan)?"""
+    return type(flt) is dict and "_id" in flt and type(flt["_id"]) in ID_POINT_TYPES
+
+
 def _range_bounds(prefix: bytes, b: query.Bounds):
     """Key range [start, stop) for a one-field range condition on an index."""
     lo, hi = b.low, b.high
@@ -176,12 +182,10 @@ class Reader:
         """(pk, doc) of every document matching ``flt``, in plan order."""
         stats = stats if stats is not None else Stats()
         split_ns(ns, self.e.limits)
-        if self.point is None and type(flt) is dict and len(flt) == 1 \
-                and type(flt.get("_id")) in ID_POINT_TYPES:
-            hit = self._id_point(ns, flt["_id"], stats)
-            if hit is not False:  # certain: no filter to compile, no bounds to derive
-                if hit is not None:
-                    yield hit
+        if self.point is None and id_point(flt) and len(flt) == 1:
+            hits = self._id_point(ns, flt["_id"], stats)
+            if hits is not None:  # certain: no filter to compile, no bounds to derive
+                yield from hits
                 return
         match = query.compile_filter(flt)
         ov = self._point_view(ns) if self.point is not None else None
@@ -202,27 +206,28 @@ class Reader:
                 if match(d):
                     yield pk, d
 
-    def _id_point(self, ns: str, v, stats: Stats):
-        """``{"_id": v}`` by one lookup: (pk, doc), None when nothing matches,
-        or False when only the general plan can tell (a stored _id of another
-        type that sorts equal, 1.0 for 1, or a NaN) or names what is wrong (an
-        integer no key holds)."""
+    def _id_point(self, ns: str, v, stats: Stats) -> list | None:
+        """``{"_id": v}`` by one lookup: the matching (pk, doc), if any; None
+        when only the general plan can tell (a stored _id of another type that
+        sorts equal, 1.0 for 1, or a NaN) or names what is wrong (an integer
+        no key holds)."""
         try:
             pk = encode_key(v)
         except errors.InvalidDocument:
-            return False
-        c = self.coll(ns)
-        stats.plan = "EOF" if c is None else "IDHACK"
-        if c is None:
             return None
+        c = self.coll(ns)
+        if c is None:
+            stats.plan = "EOF"
+            return []
+        stats.plan = "IDHACK"
         d = self._get_pk(c, pk)
         if d is None:
-            return None  # the general plan looks up this same key
+            return []  # the general plan looks up this same key
         got = d.get("_id")
         if type(got) is not type(v) or got != v:
-            return False
+            return None
         stats.examined += 1
-        return pk, d
+        return [(pk, d)]
 
     def find(self, ns: str, flt=None, projection=None, sort=None, skip: int = 0,
              limit: int = 0, stats: Stats | None = None) -> Iterator[dict]:
