@@ -158,11 +158,14 @@ class ReplicaSet:
         try:
             for m in specs:
                 handles += _start_member(name, m, secret, limits, votes, bind_host, cap, tls)
-            _ready(handles)
+            # its process starts while the members' do (it reads their stored
+            # configuration once they are up)
             coord = Coordinator.options(name=f"{name}/coordinator", namespace=NAMESPACE,
                                         lifetime="detached", max_restarts=-1, num_cpus=0).remote(
                 name, secret, specs, limits, {"bind_host": bind_host, "oplog_cap": cap, "tls": tls})
             handles.append(coord)
+            _ready(handles[:-1])  # a member's ConfigError (its folder) first
+            _ready([coord])
             rs = cls(name, coord)
             rs.wait_for_primary(60)
         except Exception:

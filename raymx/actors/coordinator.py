@@ -77,12 +77,16 @@ class Coordinator:
                 lag_seconds=m.get("lag_s"), up=int(up), elections=won.get(m["id"], 0)))
 
     def _load_newest_config(self) -> None:
-        """After a restart: the members hold the newest configuration durably."""
+        """After a restart: the members hold the newest configuration durably.
+        At launch the members start beside this process, so it waits for each
+        (a member that fails to start fails the launch, which then kills this
+        actor too); restarted by Ray, it asks each for 5 s (one may be gone)."""
+        wait_s = 5 if ray.get_runtime_context().was_current_actor_reconstructed else 120
         best = None
         for m in self.members:
             try:
                 c = ray.get(ray.get_actor(m["actor"], namespace="raymx").get_config.remote(),
-                            timeout=5)
+                            timeout=wait_s)
             except Exception:
                 continue
             if c is not None and (best is None or c["version"] > best["version"]):
