@@ -38,7 +38,12 @@ def test_pymongo_discovers_the_set_and_follows_a_failover(ray_session, tmp_path)
         wait_until(lambda: sec.count_documents({}) == 101, timeout_s=30)
         assert sec.find_one({"_id": oid}) == {"_id": oid, "at": at, "d": Decimal128("1.5")}
 
-        stream = coll.watch([{"$match": {"operationType": "insert"}}], max_await_time_ms=300)
+        # the stream has a client of its own with a shorter server selection:
+        # its first getMore after the failover waits that long for the dead
+        # member its cursor was on (as pymongo does against MongoDB), then resumes
+        sc = pymongo.MongoClient(uri, serverSelectionTimeoutMS=5_000, heartbeatFrequencyMS=500)
+        stream = sc.get_database("app").w.watch([{"$match": {"operationType": "insert"}}],
+                                                max_await_time_ms=300)
         stream.try_next()  # opened on the old primary
         acked, failed, stop = [], [], threading.Event()
 
@@ -73,9 +78,7 @@ def test_pymongo_discovers_the_set_and_follows_a_failover(ray_session, tmp_path)
         assert not failed, failed[:3]
         assert {i for i in have if str(i).startswith("w-")} == set(acked)
         # the change stream resumes on the new primary by itself (GTID resume
-        # tokens): every acknowledged insert exactly once, in order. (Its first
-        # getMore waits serverSelectionTimeoutMS for the dead member its cursor
-        # was on, as pymongo does against MongoDB, then resumes.)
+        # tokens): every acknowledged insert exactly once, in order
         seen = []
         t0 = deadline = time.time()
         deadline += 60
@@ -85,6 +88,7 @@ def test_pymongo_discovers_the_set_and_follows_a_failover(ray_session, tmp_path)
             if ev is not None and str(ev["documentKey"]["_id"]).startswith("w-"):
                 seen.append(ev["documentKey"]["_id"])
         stream.close()
+        sc.close()
         print(f"stream caught up in {time.time() - t0:.1f} s")
         assert len(seen) == len(set(seen))
         assert seen == sorted(seen, key=lambda x: int(x[2:]))
