@@ -41,7 +41,7 @@ def test_pymongo_discovers_the_set_and_follows_a_failover(ray_session, tmp_path)
         # the stream has a client of its own with a shorter server selection:
         # its first getMore after the failover waits that long for the dead
         # member its cursor was on (as pymongo does against MongoDB), then resumes
-        sc = pymongo.MongoClient(uri, serverSelectionTimeoutMS=5_000, heartbeatFrequencyMS=500)
+        sc = pymongo.MongoClient(uri, serverSelectionTimeoutMS=10_000, heartbeatFrequencyMS=500)
         stream = sc.get_database("app").w.watch([{"$match": {"operationType": "insert"}}],
                                                 max_await_time_ms=300)
         stream.try_next()  # opened on the old primary
