@@ -126,6 +126,8 @@ def test_a_relaunch_places_members_on_this_clusters_nodes(ray_session, tmp_path)
     rs = raymx.ReplicaSet.launch("relaunch", members=1, data_dir=str(tmp_path))
     try:
         here = ray.get_runtime_context().get_node_id()
+        # the stored (newest) configuration is the set's, on this launch's nodes
+        assert rs.config()["version"] == cfg["version"]
         assert [m["node_id"] for m in rs.config()["members"]] == [here]
         rs.kill_member(0)
         rs.start_member(0)  # unschedulable on the stale node before
