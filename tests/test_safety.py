@@ -189,6 +189,43 @@ def test_two_sets_never_run_over_one_data_dir(ray_session, tmp_path):
         rs.shutdown()
 
 
+def _hold_member_lock(path, rs, started, release):
+    from raymx.actors.process import lock_member
+    f = lock_member(path, rs, 0, "")
+    started.set()
+    release.wait(30)
+    f.close()
+
+
+def test_a_folder_held_by_another_set_is_refused_at_once_by_its_own_set_waited_for(tmp_path):
+    """The folder lock's holder (another live process): another set's is
+    refused at once (no restart of ours frees it); this set's own (an old
+    process going away) is waited for, and the lock is had once it is gone."""
+    import multiprocessing
+    from raymx.actors.process import lock_member
+    ctx = multiprocessing.get_context("spawn")
+    started, release = ctx.Event(), ctx.Event()
+    path = str(tmp_path / "m0")
+    p = ctx.Process(target=_hold_member_lock, args=(path, "owner", started, release))
+    p.start()
+    try:
+        assert started.wait(30)
+        t0 = time.monotonic()
+        with pytest.raises(errors.ConfigError, match="in use by replica set 'owner' member 0"):
+            lock_member(path, "intruder", 0, "", wait_s=5.0)
+        assert time.monotonic() - t0 < 3.0  # not after the 5 s wait
+        t0 = time.monotonic()
+        with pytest.raises(errors.ConfigError, match="in use by replica set 'owner'"):
+            lock_member(path, "owner", 0, "", wait_s=0.5)
+        assert time.monotonic() - t0 >= 0.5  # its own set: waited for
+        threading.Timer(0.3, release.set).start()
+        f = lock_member(path, "owner", 0, "", wait_s=10.0)  # had once the holder is gone
+        f.close()
+    finally:
+        release.set()
+        p.join(30)
+
+
 def test_a_restarted_old_primary_never_serves_what_it_rolls_back(ray_session, tmp_path):
     """Issue 22's second dirty read (53-67 reads per run): the killed primary's
     processes come back with writes only it had; until it has rolled them back

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 
@@ -24,12 +25,17 @@ def open_member(path: str, limits: Limits) -> Engine:
     return Engine(LMDBStore(path, map_bytes=limits.map_bytes), limits)
 
 
+_HOLDER = re.compile(r"replica set '([A-Za-z0-9_-]+)' member \d+ \w+ \(pid \d+\)")
+
+
 def lock_member(path: str, rs: str, member: int, role: str, wait_s: float = 5.0):
     """Hold ``<path>/.<role>.lock`` (an exclusive flock) for this process's
     life: two sets over one data folder, or a zombie process and its restart,
     never write one member's files at once. The kernel drops the lock when the
-    process dies, however it dies; a holder that is going away (a kill just
-    asked for) is waited for up to ``wait_s``. Returns the open file (keep it)."""
+    process dies, however it dies; a holder of this set that is going away
+    (this member's old process, a kill just asked for) is waited for up to
+    ``wait_s``. A holder of another set is refused at once: no restart of
+    ours will free it. Returns the open file (keep it)."""
     import fcntl
     os.makedirs(path, mode=0o700, exist_ok=True)
     f = open(os.path.join(path, f".{role or 'shard'}.lock"), "a+")
@@ -39,11 +45,14 @@ def lock_member(path: str, rs: str, member: int, role: str, wait_s: float = 5.0)
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
         except OSError:
-            if time.monotonic() < deadline:
+            f.seek(0)
+            holder = f.read().strip()
+            m = _HOLDER.fullmatch(holder)  # (a holder still writing it: no match)
+            other_set = m is not None and m.group(1) != rs
+            if time.monotonic() < deadline and not other_set:
                 time.sleep(0.05)
                 continue
-            f.seek(0)
-            holder = f.read().strip() or "another process"
+            holder = holder or "another process"
             f.close()
             raise errors.ConfigError(
                 f"{path} is in use by {holder}: a member's folder serves one replica "
