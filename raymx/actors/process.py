@@ -25,7 +25,7 @@ def open_member(path: str, limits: Limits) -> Engine:
     return Engine(LMDBStore(path, map_bytes=limits.map_bytes), limits)
 
 
-_HOLDER = re.compile(r"replica set '([A-Za-z0-9_-]+)' member \d+ \w+ \(pid \d+\)")
+_HOLDER = re.compile(r"replica set '([^']+)' member \d+ \w+ \(pid \d+\)")
 
 
 def lock_member(path: str, rs: str, member: int, role: str, wait_s: float = 5.0):
