@@ -57,8 +57,8 @@ def acked_keys(name: str, upto: int) -> set:
             if not (i + 3 < upto + 1 and (i + 3) % 7 == 6)}
 
 
-def keys_of(path: str) -> set:
-    s = LMDBStore(path, map_bytes=8 << 20)
+def keys_of(path: str, map_bytes: int = 8 << 20) -> set:
+    s = LMDBStore(path, map_bytes=map_bytes)
     try:
         with s.read() as t:
             return set(t.scan_keys("docs"))
@@ -186,6 +186,70 @@ def test_a_closing_process_hands_the_pin_to_the_next_writer(tmp_path):
     assert w.pin is not None and w.pin_gen == w._shared_state()[0]
     assert not w._shared_state()[1]
     s.close()
+
+
+PINNER = """
+import os, sys, time
+from raymx.storage.lmdb_store import LMDBStore
+s = LMDBStore(sys.argv[1], map_bytes=1 << 30)
+for i in range(0, 3000, 100):
+    with s.write() as t:
+        for k in range(i, i + 100):
+            t.put("docs", f"a-{k:06d}".encode(), os.urandom(400))
+s._ent.wal.checkpoint()  # this process checkpoints a large tree and pins it
+print("pinned", s._ent.wal.pin is not None, flush=True)
+sys.stdin.readline()
+with s.write() as t:  # killed in here: holding LMDB's writer mutex
+    t.put("docs", b"a-dying", b"x")
+    print("in-write", flush=True)
+    time.sleep(600)
+"""
+
+REWRITER = """
+import os, sys
+from raymx.storage.lmdb_store import LMDBStore
+s = LMDBStore(sys.argv[1], map_bytes=1 << 30)
+for i in range(3000):  # frees the checkpointed tree's pages; new pages would reuse them
+    with s.write() as t:
+        if i % 2 == 0:
+            t.delete("docs", f"a-{i:06d}".encode())
+        t.put("docs", f"b-{i:06d}".encode(), os.urandom(400))
+    s.sync()
+    print("acked", i, flush=True)
+os._exit(0)  # a crash: no close
+"""
+
+
+def test_a_pin_holder_killed_inside_a_write_leaves_no_checkpoint_unprotected(tmp_path):
+    """The process that pins the checkpoint dies inside a write transaction.
+    LMDB's next writer then finds its writer mutex's owner dead and clears
+    every dead process's reader slot, the pin among them; from then on
+    commits could reuse the checkpointed tree's pages, and a crash would
+    recover onto a tree that is no longer there (seen under the nemesis as
+    a member whose restart failed with MDB_PAGE_NOTFOUND). The next writer
+    must checkpoint and pin before it writes."""
+    path = str(tmp_path / "m")
+    a = subprocess.Popen([sys.executable, "-c", textwrap.dedent(PINNER), path], cwd=ROOT,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    line = a.stdout.readline()
+    assert line == "pinned True\n", (line, a.stderr.read()[-2000:] if not line else "")
+    held = LMDBStore(path, map_bytes=1 << 30)  # keeps the folder open: no recovery in between
+    gen_a = held._ent.wal._shared_state()[0]
+    a.stdin.write("go\n")
+    a.stdin.flush()
+    assert a.stdout.readline() == "in-write\n"
+    a.kill()
+    a.wait()
+    b = run_child(REWRITER, path)
+    out, err = b.communicate(timeout=300)
+    assert out.splitlines()[-1:] == ["acked 2999"], err[-2000:]
+    assert held._ent.wal._shared_state()[0] > gen_a  # b checkpointed before it wrote
+    held.close()
+    got = keys_of(path, 1 << 30)  # the first opener again: recovers from the checkpoint and the log
+    want = ({f"a-{i:06d}".encode() for i in range(1, 3000, 2)}
+            | {f"b-{i:06d}".encode() for i in range(3000)})
+    assert got == want, (len(got), len(want), sorted(got ^ want)[:5])
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -31,11 +31,16 @@ covers everything before it), and a checkpoint ends it.
 The pin lives in one process. It is handed on when that process closes the
 store while others have it open: its last checkpoint is marked *unpinned*
 and the next writer, anywhere, checkpoints (and pins) before it writes. A
-process that dies holding the pin leaves LMDB's reader slot behind, which
-still protects the pages until the next checkpoint clears dead readers
-(``reader_check``). A remap of the map (``set_mapsize``) ends this
-process's transactions, the pin among them: a remap runs only under the
-lock, and a checkpoint follows it at once.
+process that dies holding the pin leaves LMDB's reader slot behind, but
+nothing keeps it there: LMDB clears every dead process's slot whenever it
+finds a mutex whose owner died (a process killed inside a write transaction
+leaves the writer mutex so) and on ``reader_check``. So the pinning process
+also holds a POSIX record lock on the byte of ``.wal.pin`` numbered by its
+checkpoint's generation, which the kernel releases when the process dies;
+every writer of another process tests that lock before it writes (under the
+writers' lock) and, if nobody holds it, checkpoints and pins first. A remap
+of the map (``set_mapsize``) ends this process's transactions, the pin among
+them: a remap runs only under the lock, and a checkpoint follows it at once.
 
 A transaction too large to log (more than ``UNLOGGED_OPS`` changes) is
 made durable by a checkpoint at its commit instead.
@@ -210,6 +215,8 @@ class Wal:
             os.ftruncate(self._lfd, mmap.PAGESIZE)
         self._shared = mmap.mmap(self._lfd, mmap.PAGESIZE)
         self._ufd = os.open(os.path.join(folder, ".wal.users"), os.O_RDWR | os.O_CREAT, 0o600)
+        # byte <generation> locked by the process pinning that checkpoint (see above)
+        self._pfd = os.open(os.path.join(folder, ".wal.pin"), os.O_RDWR | os.O_CREAT, 0o600)
         self.env = None  # set by the store once LMDB is open
         self.gen = -1  # the generation of self.fd
         self.fd: int | None = None
@@ -286,10 +293,22 @@ class Wal:
         checkpoint another process took; take one if the last is unpinned
         or the map was full."""
         gen, unpinned, _, _ = _SHARED.unpack_from(self._shared, 0)
-        if unpinned or self.checkpoint_first:
+        if unpinned or self.checkpoint_first or not self._pinned(gen):
             self.checkpoint_locked()
         elif gen != self.gen:
             self._switch(gen)
+
+    def _pinned(self, gen: int) -> bool:
+        """Is checkpoint ``gen`` pinned by a live process? (Lock held.) Its
+        pinning process holds the byte lock until it lets the pin go or dies."""
+        if self.pin is not None and self.pin_gen == gen:
+            return True  # this process's own (record locks never conflict within one)
+        try:
+            fcntl.lockf(self._pfd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, gen)
+        except OSError:  # EAGAIN or EACCES: held
+            return True
+        fcntl.lockf(self._pfd, fcntl.LOCK_UN, 1, gen)
+        return False
 
     def after_commit(self) -> None:
         """With the lock held, after a commit: ask for a checkpoint, or take
@@ -347,6 +366,9 @@ class Wal:
                         self.pin.abort()
                     except Exception:
                         pass  # ended by a remap already
+                    fcntl.lockf(self._pfd, fcntl.LOCK_UN, 1, self.pin_gen)
+                if pin not in (False, None):
+                    fcntl.lockf(self._pfd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, gen)
                 self.pin, self.pin_gen = (None if pin is False else pin), gen
 
     # ---- appends and syncs
@@ -564,6 +586,7 @@ class Wal:
             self._shared.close()
             os.close(self._lfd)
             os.close(self._ufd)
+            os.close(self._pfd)  # and with it this process's pin lock
 
 
 def apply(t, dbs: tuple, changes: list) -> None:

@@ -1,0 +1,371 @@
+"""Linearizable registers on a real replica set under faults: a Jepsen-style
+nemesis for raymx.
+
+Clients (raymx's driver and pymongo through the wire ports) read, write and
+compare-and-set a few registers (documents ``{"_id": key, "v": value}``):
+reads with read concern ``linearizable``, writes and compare-and-sets with
+``w: "majority"`` (``update_one`` with ``upsert``, and ``update_one`` whose
+filter names the expected value). Every value written is unique, so a read
+names the write it saw. Each operation is recorded with its call and return
+times on one clock; one whose outcome is unknown (a timeout, a lost
+connection, "outcome unknown") is recorded as such and may have happened or
+not. Meanwhile a nemesis, one fault at a time, each healed before the next:
+
+- ``kill-primary``: every process of the primary killed (``kill_member``),
+  started again a few seconds later;
+- ``sigkill-primary``: the primary's shard process SIGKILLed (Ray restarts it);
+- ``freeze-primary``: the primary's processes SIGSTOPped for 1-8 s (a long
+  pause: the others may elect a new primary while it sleeps), then SIGCONT;
+- ``freeze-primary-lag``: the same while one secondary's producer is paused;
+- ``freeze-secondary``: one secondary's processes SIGSTOPped for 2-6 s;
+- ``lag``: both secondaries' producers paused for 1-4 s (no write can reach
+  a majority meanwhile);
+- ``step-down``: the primary asked to step down;
+- ``coordinator``: the set's coordinator killed (Ray restarts it).
+
+At the end every fault is healed, each register is read once more, every
+member must converge to the same state (``state_digest``), and the history
+of each register must be linearizable (``linearizable.py``). Prints the
+figures and the first violation found; exits 1 on a violation.
+
+    RAY_AUTH_MODE=disabled PYTHONPATH=. .venv/bin/python bench/faults/nemesis.py \\
+        --seconds 120 --seed 1 [--members 3] [--clients 4] [--pymongo 2]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+
+sys.path.insert(0, os.path.dirname(__file__))
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+import ray  # noqa: E402
+
+import raymx  # noqa: E402
+from raymx import errors  # noqa: E402
+from linearizable import INF, Op, check  # noqa: E402
+
+DB, COLL = "nem", "reg"
+ROLES = ("", "producer", "applier")
+
+
+class History:
+    def __init__(self):
+        self.ops: list[Op] = []
+        self.lock = threading.Lock()
+        self.errors: Counter = Counter()
+        self.examples: dict[str, str] = {}  # the first message of each kind of error
+
+    def add(self, op: Op) -> None:
+        with self.lock:
+            self.ops.append(op)
+
+    def error(self, what: str, e: BaseException) -> None:
+        with self.lock:
+            self.errors[what] += 1
+            self.examples.setdefault(what, str(e)[:300])
+
+
+def _not_applied(e: BaseException) -> bool:
+    """raymx said the request was never executed (not sent, refused as such)."""
+    info = getattr(e, "info", None) or {}
+    return info.get("sent") is False and info.get("outcome") != "unknown"
+
+
+class Client(threading.Thread):
+    """One client: ``kind`` "raymx" (the native driver) or "pymongo"."""
+
+    def __init__(self, cid: int, kind: str, rs, keys, hist: History, stop, seed: int):
+        super().__init__(daemon=True, name=f"client-{cid}")
+        self.cid, self.kind, self.rs, self.keys, self.hist = cid, kind, rs, keys, hist
+        self.stop, self.rnd, self.seq = stop, random.Random(seed), 0
+        self.seen: dict = {}  # key -> the last value this client read or wrote
+
+    def _connect(self):
+        if self.kind == "raymx":
+            cl = self.rs.client(w="majority", wtimeout_ms=4000, timeout_s=6)
+            coll = cl[DB][COLL]
+            return cl, coll, coll.with_options(read_concern="linearizable")
+        import pymongo
+        from pymongo.read_concern import ReadConcern
+        from pymongo.write_concern import WriteConcern
+        cl = pymongo.MongoClient(self.rs.mongodb_uri(driver="pymongo"),
+                                 serverSelectionTimeoutMS=6000, socketTimeoutMS=6000,
+                                 connectTimeoutMS=3000, heartbeatFrequencyMS=500)
+        coll = cl.get_database(DB, write_concern=WriteConcern("majority", wtimeout=4000))[COLL]
+        return cl, coll, coll.with_options(read_concern=ReadConcern("linearizable"))
+
+    def run(self):
+        cl, coll, lin = self._connect()
+        try:
+            while not self.stop.is_set():
+                self.one(coll, lin)
+        finally:
+            cl.close()
+
+    def one(self, coll, lin):
+        k = self.rnd.choice(self.keys)
+        kind = self.rnd.choices(("read", "write", "cas"), (4, 3, 3))[0]
+        self.seq += 1
+        new = self.cid * 1_000_000 + self.seq  # every value written is unique
+        arg = {"read": None, "write": new, "cas": (self.seen.get(k, 0), new)}[kind]
+        t0 = time.monotonic()
+        try:
+            if kind == "read":
+                d = lin.find_one({"_id": k})
+                ok = None if d is None else d.get("v")
+                self.seen[k] = ok
+            elif kind == "write":
+                coll.update_one({"_id": k}, {"$set": {"v": new}}, upsert=True)
+                ok = True
+                self.seen[k] = new
+            else:
+                r = coll.update_one({"_id": k, "v": arg[0]}, {"$set": {"v": new}})
+                ok = r.matched_count == 1
+                if ok:
+                    self.seen[k] = new
+            self.hist.add(Op(k, kind, arg, ok, t0, time.monotonic(), self.cid))
+        except Exception as e:  # noqa: BLE001 - every failure is recorded by its kind
+            self.hist.error(f"{self.kind} {kind}: {type(e).__name__}", e)
+            if kind != "read" and not (self.kind == "raymx" and _not_applied(e)):
+                # may have happened or not; a failed read observed nothing
+                self.hist.add(Op(k, kind, arg, None, t0, INF, self.cid, {"err": repr(e)[:200]}))
+            time.sleep(0.05)
+
+
+class Nemesis(threading.Thread):
+    FAULTS = ("kill-primary", "sigkill-primary", "freeze-primary", "freeze-primary-lag",
+              "freeze-secondary", "lag", "step-down", "coordinator")
+
+    def __init__(self, rs, n: int, stop, seed: int, faults=FAULTS):
+        super().__init__(daemon=True, name="nemesis")
+        self.rs, self.n, self.stop, self.rnd = rs, n, stop, random.Random(seed)
+        self.faults = faults
+        self.done: list[tuple[float, str, str]] = []
+        self.failed: list[str] = []
+        self.stopped: set[int] = set()  # pids SIGSTOPped, not yet continued
+        self.paused: set[int] = set()   # members whose producer is paused
+        self.killed: set[int] = set()   # members killed, not yet started
+
+    def _actor(self, m, role=""):
+        return ray.get_actor(f"{self.rs.name}/m{m}" + (f"/{role}" if role else ""),
+                             namespace="raymx")
+
+    def pids(self, m) -> list[int]:
+        out = []
+        for role in ROLES:
+            try:
+                h = self._actor(m, role)
+                out.append(ray.get(h.__ray_call__.remote(lambda self: os.getpid()), timeout=10))
+            except Exception:  # noqa: BLE001 - a member being restarted
+                pass
+        return out
+
+    def primary(self):
+        try:
+            return self.rs._topology().get("primary")
+        except Exception:  # noqa: BLE001
+            return None
+
+    def _freeze(self, pids):
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGSTOP)
+                self.stopped.add(p)
+            except ProcessLookupError:
+                pass
+
+    def _thaw(self):
+        for p in list(self.stopped):
+            try:
+                os.kill(p, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            self.stopped.discard(p)
+
+    def _pause(self, ms, paused=True):
+        for m in ms:
+            try:
+                ray.get(self._actor(m, "producer").pause.remote(paused, wait=False), timeout=10)
+                (self.paused.add if paused else self.paused.discard)(m)
+            except Exception as e:  # noqa: BLE001
+                self.failed.append(f"pause {m} {paused}: {type(e).__name__}: {e}")
+
+    def heal(self):
+        self._thaw()
+        if self.paused:
+            self._pause(list(self.paused), False)
+        for m in list(self.killed):
+            try:
+                self.rs.start_member(m)
+                self.killed.discard(m)
+            except Exception as e:  # noqa: BLE001
+                self.failed.append(f"start {m}: {type(e).__name__}: {e}")
+
+    def run(self):
+        while not self.stop.wait(self.rnd.uniform(1.5, 4.0)):
+            fault = self.rnd.choice(self.faults)
+            p = self.primary()
+            if p is None:
+                continue
+            others = [m for m in range(self.n) if m != p]
+            t = time.monotonic()
+            note = ""
+            try:
+                if fault == "kill-primary":
+                    self.rs.kill_member(p)
+                    self.killed.add(p)
+                    self.stop.wait(self.rnd.uniform(1, 5))
+                elif fault == "sigkill-primary":
+                    pid = self.pids(p)[:1]
+                    if pid:
+                        os.kill(pid[0], signal.SIGKILL)
+                    self.stop.wait(self.rnd.uniform(1, 4))
+                elif fault in ("freeze-primary", "freeze-primary-lag"):
+                    if fault == "freeze-primary-lag":
+                        self._pause([self.rnd.choice(others)])
+                    secs = self.rnd.uniform(1, 8)
+                    note = f"{secs:.1f} s"
+                    self._freeze(self.pids(p))
+                    self.stop.wait(secs)
+                elif fault == "freeze-secondary":
+                    m = self.rnd.choice(others)
+                    secs = self.rnd.uniform(2, 6)
+                    note = f"m{m} {secs:.1f} s"
+                    self._freeze(self.pids(m))
+                    self.stop.wait(secs)
+                elif fault == "lag":
+                    secs = self.rnd.uniform(1, 4)
+                    note = f"{secs:.1f} s"
+                    self._pause(others)
+                    self.stop.wait(secs)
+                elif fault == "step-down":
+                    self.rs.step_down()
+                elif fault == "coordinator":
+                    ray.kill(self.rs._coord, no_restart=False)
+            except Exception as e:  # noqa: BLE001 - the fault failed: say so, go on
+                self.failed.append(f"{fault}: {type(e).__name__}: {e}")
+            finally:
+                self.heal()
+            self.done.append((t, fault, f"m{p} {note}".strip()))
+            print(f"  .. {time.strftime('%H:%M:%S')} {fault} (primary m{p}) {note}",
+                  file=sys.stderr, flush=True)
+
+
+def _final_reads(rs, keys, hist: History):
+    coll = rs.client(timeout_s=30, read_concern="linearizable")[DB][COLL]
+    for k in keys:
+        for _ in range(20):
+            t0 = time.monotonic()
+            try:
+                d = coll.find_one({"_id": k})
+            except errors.RaymxError:
+                time.sleep(0.5)
+                continue
+            hist.add(Op(k, "read", None, None if d is None else d.get("v"), t0,
+                        time.monotonic(), "final"))
+            break
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=120)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--members", type=int, default=3)
+    ap.add_argument("--clients", type=int, default=4, help="raymx driver clients")
+    ap.add_argument("--pymongo", type=int, default=2, help="pymongo clients")
+    ap.add_argument("--keys", type=int, default=6)
+    ap.add_argument("--faults", default=",".join(Nemesis.FAULTS))
+    a = ap.parse_args(argv)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    rs = raymx.ReplicaSet.launch(f"nem{a.seed}", members=a.members,
+                                 data_dir=tempfile.mkdtemp(prefix="nemesis-"))
+    rc = 0
+    try:
+        rs.wait_for_primary()
+        keys = [f"k{i}" for i in range(a.keys)]
+        rs.client(w="majority")[DB][COLL].insert_many([{"_id": k, "v": 0} for k in keys])
+        hist = History()
+        stop, nstop = threading.Event(), threading.Event()
+        kinds = ["raymx"] * a.clients + ["pymongo"] * a.pymongo
+        clients = [Client(i + 1, kind, rs, keys, hist, stop, a.seed * 100 + i)
+                   for i, kind in enumerate(kinds)]
+        nem = Nemesis(rs, a.members, nstop, a.seed, tuple(a.faults.split(",")))
+        t0 = time.monotonic()
+        for c in clients:
+            c.start()
+        nem.start()
+        while time.monotonic() - t0 < a.seconds:
+            time.sleep(1)
+        nstop.set()
+        nem.join(120)
+        nem.heal()
+        time.sleep(3)  # the clients go on a while on a healed set
+        stop.set()
+        for c in clients:
+            c.join(60)
+        rs.wait_for_primary(60)
+        _final_reads(rs, keys, hist)
+        deadline = time.monotonic() + 120
+        digests = None
+        while time.monotonic() < deadline:
+            try:
+                digests = [ray.get(rs.member(m).state_digest.remote(), timeout=30)
+                           for m in range(a.members)]
+            except Exception:  # noqa: BLE001 - a member still restarting
+                digests = None
+            if digests and all(d == digests[0] for d in digests):
+                break
+            time.sleep(1)
+        converged = bool(digests) and all(d == digests[0] for d in digests)
+        res = check(hist.ops, 0)
+        by = Counter((o.kind, "ok" if o.ret != INF else "unknown") for o in hist.ops)
+        cas_ok = sum(1 for o in hist.ops if o.kind == "cas" and o.ok is True)
+        print(f"nemesis seed {a.seed}: {a.members} members, {len(clients)} clients "
+              f"({a.clients} raymx, {a.pymongo} pymongo), {a.keys} registers, "
+              f"{a.seconds:.0f} s")
+        print(f"  faults: {len(nem.done)} ({', '.join(f'{f} {n}' for f, n in Counter(x[1] for x in nem.done).most_common())})")
+        if nem.failed:
+            print(f"  faults that failed to apply: {len(nem.failed)}; first: {nem.failed[0]}")
+        print(f"  operations: {len(hist.ops)}; " + ", ".join(
+            f"{k} {s} {n}" for (k, s), n in sorted(by.items())) + f"; cas matched {cas_ok}")
+        per = Counter(kinds[o.client - 1] for o in hist.ops if o.client != "final")
+        print(f"  operations by client kind: {dict(per)}")
+        print(f"  errors: {dict(hist.errors.most_common(10))}")
+        for what, n in hist.errors.items():
+            if n <= 2:  # the rare ones, to look at
+                print(f"    {what}: {hist.examples[what]}")
+        print(f"  members converged: {converged}")
+        print(f"  linearizable: {res['valid']} ({res['keys']} registers"
+              + (f"; gave up on {list(res['unknown'])}" if res["unknown"] else "") + ")")
+        for k, why in list(res["failures"].items())[:3]:
+            print(f"  VIOLATION on {k}: {why['reason']}: {why['op']}")
+            _dump(hist.ops, k, why["op"])
+        if res["valid"] is False or not converged:
+            rc = 1
+    finally:
+        rs.shutdown()
+        ray.shutdown()
+    return rc
+
+
+def _dump(ops, key, bad, around_s=3.0):
+    """The operations on ``key`` within ``around_s`` of the violating one."""
+    t = bad.call
+    for o in sorted((o for o in ops if o.key == key), key=lambda o: o.call):
+        if abs(o.call - t) <= around_s or (o.ret != INF and abs(o.ret - t) <= around_s):
+            ret = "unknown" if o.ret == INF else f"{o.ret - t:+.3f}"
+            print(f"    {o.call - t:+.3f} .. {ret}  client {o.client} {o.kind} {o.arg} -> {o.ok}"
+                  + (f"  {o.info.get('err', '')}" if o.info else "")
+                  + ("   <== this one" if o is bad else ""))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
