@@ -252,6 +252,72 @@ def test_a_pin_holder_killed_inside_a_write_leaves_no_checkpoint_unprotected(tmp
     assert got == want, (len(got), len(want), sorted(got ^ want)[:5])
 
 
+HOLDER = """
+import sys
+from raymx.storage.lmdb_store import LMDBStore
+s = LMDBStore(sys.argv[1], map_bytes=1 << 30)  # the first opener: checkpoints and pins
+print("open", flush=True)
+sys.stdin.readline()
+"""
+
+DIES_BEFORE_COMMIT = """
+import os, signal, sys
+from raymx.storage import wal
+from raymx.storage.lmdb_store import LMDBStore
+append = wal.Wal.append
+def dying_append(self, txnid, changes):  # a SIGKILL between the log's append and LMDB's commit
+    n = append(self, txnid, changes)
+    if b"a-phantom" in changes:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return n
+wal.Wal.append = dying_append
+s = LMDBStore(sys.argv[1], map_bytes=1 << 30)
+for i in range(20):
+    with s.write() as t:
+        t.put("docs", f"a-{i:06d}".encode(), b"a")
+s.sync()
+with s.write() as t:
+    t.put("docs", b"a-phantom", b"never committed")
+    t.put("docs", b"a-000003", b"never committed")
+"""
+
+
+def test_a_record_whose_process_died_before_the_commit_is_not_replayed(tmp_path):
+    """One of a member's processes is killed after appending its record and
+    before LMDB's commit; another writes on the state without that
+    transaction, under the same LMDB txnid. Recovery must skip the dead
+    record: replayed, it would bring back a transaction that never happened,
+    mixed with what was committed after it."""
+    path = str(tmp_path / "m")
+    h = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLDER), path], cwd=ROOT,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert h.stdout.readline() == "open\n", h.stderr.read()[-2000:]
+        a = run_child(DIES_BEFORE_COMMIT, path)
+        a.communicate(timeout=120)
+        assert a.returncode == -signal.SIGKILL
+        b = run_child(WRITER, path, "b", 200, "crash", 1024)
+        out, err = b.communicate(timeout=120)
+        assert out.splitlines()[-1:] == ["acked 199"], err[-2000:]
+        gen = wal.read_checkpoint(path)[0]
+        txnids = [t for t, _ in wal.records(os.path.join(path, f"wal.{gen}"), gen)]
+        assert len(txnids) == 20 + 1 + 200 and txnids[21] == txnids[20]  # b reused its txnid
+    finally:
+        h.kill()
+        h.wait()
+    s = LMDBStore(path, map_bytes=1 << 30)  # the first opener: recovers
+    try:
+        with s.read() as t:
+            assert t.get("docs", b"a-phantom") is None
+            assert t.get("docs", b"a-000003") == b"a"
+            keys = set(t.scan_keys("docs"))
+    finally:
+        s.close()
+    assert acked_keys("b", 199) <= keys
+    assert len([k for k in keys if k.startswith(b"a-")]) == 20
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_power_loss_with_torn_write_back_recovers_every_synced_commit(tmp_path, seed,
                                                                       monkeypatch):

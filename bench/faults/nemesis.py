@@ -348,7 +348,8 @@ def main(argv=None) -> int:
         for k, why in list(res["failures"].items())[:3]:
             print(f"  VIOLATION on {k}: {why['reason']}: {why['op']}")
             _dump(hist.ops, k, why["op"])
-        if res["valid"] is False or not converged:
+        restarts_failed = [f for f in nem.failed if f.startswith("start ")]
+        if res["valid"] is False or not converged or restarts_failed:
             rc = 1
     finally:
         rs.shutdown()

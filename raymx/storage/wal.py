@@ -26,7 +26,9 @@ meta pages (so the file is the checkpointed state, exactly), LMDB opens it,
 the log's records are applied in order as write transactions, each ending
 the first time a record is torn or fails its CRC (a prefix of the log is
 what reached the disk: records are appended in commit order and a sync
-covers everything before it), and a checkpoint ends it.
+covers everything before it), and a checkpoint ends it. A record of a
+transaction whose process died before LMDB's commit is skipped (see
+``committed``).
 
 The pin lives in one process. It is handed on when that process closes the
 store while others have it open: its last checkpoint is marked *unpinned*
@@ -189,6 +191,25 @@ def records(path: str, gen: int):
             if len(payload) < n or zlib.crc32(payload, zlib.crc32(head[8:])) != crc:
                 return
             yield txnid, msgpack.unpackb(payload, raw=False, use_list=True)
+
+
+def committed(recs):
+    """The records of ``recs`` (``records``' pairs) whose transactions
+    committed. A process that dies between appending its record and LMDB's
+    commit (a SIGKILL of one of the member's processes) leaves a record of a
+    transaction that never happened, and the next writer, in another process
+    or a restarted one, commits on the state without it, under the same LMDB
+    txnid. LMDB's txnids rise by one per commit in the log's order, so a
+    record followed by one with the same or a lower txnid never committed;
+    the log's last record is replayed (a crash right after its commit, or
+    before it: either way a state that was whole)."""
+    prev = None
+    for rec in recs:
+        if prev is not None and rec[0] > prev[0]:
+            yield prev
+        prev = rec
+    if prev is not None:
+        yield prev
 
 
 def encode(gen: int, txnid: int, changes: list) -> bytes:
@@ -541,7 +562,8 @@ class Wal:
         n = 0
         try:
             if gen is not None:
-                for _txnid, changes in records(os.path.join(self.folder, wal_name(gen)), gen):
+                for _txnid, changes in committed(
+                        records(os.path.join(self.folder, wal_name(gen)), gen)):
                     with env.begin(write=True) as t:
                         apply(t, dbs, changes)
                     n += 1
