@@ -318,6 +318,48 @@ def test_a_record_whose_process_died_before_the_commit_is_not_replayed(tmp_path)
     assert len([k for k in keys if k.startswith(b"a-")]) == 20
 
 
+DIES_IN_CHECKPOINT = """
+import os, signal, sys
+from raymx.storage import wal
+from raymx.storage.lmdb_store import LMDBStore
+s = LMDBStore(sys.argv[1], map_bytes=1 << 30)
+for i in range(50):
+    with s.write() as t:
+        t.put("docs", f"a-{i:06d}".encode(), b"a")
+s.sync()
+# killed after the new checkpoint is in place, before the others learn its generation
+wal._fsync_dir = lambda path: os.kill(os.getpid(), signal.SIGKILL)
+s._ent.wal.checkpoint()
+"""
+
+
+def test_a_checkpointer_killed_before_announcing_its_checkpoint_loses_nothing(tmp_path):
+    """A process dies between writing a checkpoint and announcing its
+    generation: the member's other processes go on appending to the log they
+    know, which is not the new checkpoint's. Recovery must replay what they
+    appended after the checkpoint, not drop it."""
+    path = str(tmp_path / "m")
+    h = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLDER), path], cwd=ROOT,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert h.stdout.readline() == "open\n", h.stderr.read()[-2000:]
+        gen0 = wal.read_checkpoint(path)[0]
+        a = run_child(DIES_IN_CHECKPOINT, path)
+        a.communicate(timeout=120)
+        assert a.returncode == -signal.SIGKILL
+        assert wal.read_checkpoint(path)[0] == gen0 + 1  # written, never announced
+        b = run_child(WRITER, path, "b", 200, "crash", 1024)
+        out, err = b.communicate(timeout=120)
+        assert out.splitlines()[-1:] == ["acked 199"], err[-2000:]
+    finally:
+        h.kill()
+        h.wait()
+    keys = keys_of(path, 1 << 30)  # the first opener: recovers
+    assert acked_keys("b", 199) <= keys
+    assert {f"a-{i:06d}".encode() for i in range(50)} <= keys
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_power_loss_with_torn_write_back_recovers_every_synced_commit(tmp_path, seed,
                                                                       monkeypatch):

@@ -558,12 +558,12 @@ class Wal:
         Returns the number of transactions replayed."""
         env = self.env
         pin = env.begin(write=False, buffers=False)  # the checkpointed state stays intact
+        base = env.info()["last_txnid"]  # the checkpoint's
         _SHARED.pack_into(self._shared, 0, gen or 0, 0, 0, 0)  # nobody else has it open
         n = 0
         try:
             if gen is not None:
-                for _txnid, changes in committed(
-                        records(os.path.join(self.folder, wal_name(gen)), gen)):
+                for _txnid, changes in committed(self._after_checkpoint(gen, base)):
                     with env.begin(write=True) as t:
                         apply(t, dbs, changes)
                     n += 1
@@ -579,6 +579,18 @@ class Wal:
         if n and log is not None:
             log(n)
         return n
+
+    def _after_checkpoint(self, gen: int, base: int):
+        """The records to replay onto checkpoint ``gen`` (LMDB txnid
+        ``base``): log ``gen``'s, after those of log ``gen - 1`` past ``base``.
+        A checkpointing process that died after writing the checkpoint and
+        before announcing its generation (the shared page) left the others
+        appending to log ``gen - 1``, the current one as far as they knew;
+        otherwise that log holds nothing past ``base``, or was recycled."""
+        for txnid, changes in records(os.path.join(self.folder, wal_name(gen - 1)), gen - 1):
+            if txnid > base:
+                yield txnid, changes
+        yield from records(os.path.join(self.folder, wal_name(gen)), gen)
 
     def close(self) -> None:
         """Last store object of the folder in this process closes: checkpoint
