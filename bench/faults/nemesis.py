@@ -14,6 +14,9 @@ not. Meanwhile a nemesis, one fault at a time, each healed before the next:
 - ``kill-primary``: every process of the primary killed (``kill_member``),
   started again a few seconds later;
 - ``sigkill-primary``: the primary's shard process SIGKILLed (Ray restarts it);
+- ``sigkill-any``: one process (shard, producer or applier) of any member
+  SIGKILLed (Ray restarts it);
+- ``kill-secondary``: every process of a secondary killed, started again;
 - ``freeze-primary``: the primary's processes SIGSTOPped for 1-8 s (a long
   pause: the others may elect a new primary while it sleeps), then SIGCONT;
 - ``freeze-primary-lag``: the same while one secondary's producer is paused;
@@ -141,8 +144,9 @@ class Client(threading.Thread):
 
 
 class Nemesis(threading.Thread):
-    FAULTS = ("kill-primary", "sigkill-primary", "freeze-primary", "freeze-primary-lag",
-              "freeze-secondary", "lag", "step-down", "coordinator")
+    FAULTS = ("kill-primary", "sigkill-primary", "sigkill-any", "kill-secondary",
+              "freeze-primary", "freeze-primary-lag", "freeze-secondary", "lag", "step-down",
+              "coordinator")
 
     def __init__(self, rs, n: int, stop, seed: int, faults=FAULTS):
         super().__init__(daemon=True, name="nemesis")
@@ -158,15 +162,19 @@ class Nemesis(threading.Thread):
         return ray.get_actor(f"{self.rs.name}/m{m}" + (f"/{role}" if role else ""),
                              namespace="raymx")
 
-    def pids(self, m) -> list[int]:
-        out = []
+    def roles(self, m) -> dict[str, int]:
+        """The pid of each of member ``m``'s processes that answers ("": the shard)."""
+        out = {}
         for role in ROLES:
             try:
                 h = self._actor(m, role)
-                out.append(ray.get(h.__ray_call__.remote(lambda self: os.getpid()), timeout=10))
+                out[role] = ray.get(h.__ray_call__.remote(lambda self: os.getpid()), timeout=10)
             except Exception:  # noqa: BLE001 - a member being restarted
                 pass
         return out
+
+    def pids(self, m) -> list[int]:
+        return list(self.roles(m).values())
 
     def primary(self):
         try:
@@ -224,9 +232,23 @@ class Nemesis(threading.Thread):
                     self.killed.add(p)
                     self.stop.wait(self.rnd.uniform(1, 5))
                 elif fault == "sigkill-primary":
-                    pid = self.pids(p)[:1]
+                    pid = self.roles(p).get("")
                     if pid:
-                        os.kill(pid[0], signal.SIGKILL)
+                        os.kill(pid, signal.SIGKILL)
+                    self.stop.wait(self.rnd.uniform(1, 4))
+                elif fault == "sigkill-any":
+                    m = self.rnd.randrange(self.n)
+                    roles = sorted(self.roles(m).items())
+                    if roles:
+                        role, pid = self.rnd.choice(roles)
+                        note = f"m{m} {role or 'shard'}"
+                        os.kill(pid, signal.SIGKILL)
+                    self.stop.wait(self.rnd.uniform(0.5, 3))
+                elif fault == "kill-secondary":
+                    m = self.rnd.choice(others)
+                    note = f"m{m}"
+                    self.rs.kill_member(m)
+                    self.killed.add(m)
                     self.stop.wait(self.rnd.uniform(1, 4))
                 elif fault in ("freeze-primary", "freeze-primary-lag"):
                     if fault == "freeze-primary-lag":
@@ -283,10 +305,15 @@ def main(argv=None) -> int:
     ap.add_argument("--pymongo", type=int, default=2, help="pymongo clients")
     ap.add_argument("--keys", type=int, default=6)
     ap.add_argument("--faults", default=",".join(Nemesis.FAULTS))
+    ap.add_argument("--map-mib", type=int, default=0,
+                    help="each member's LMDB map (0: the default); a small map makes the "
+                         "write-ahead log checkpoint often (every 1/64 of it)")
     a = ap.parse_args(argv)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from raymx.storage.limits import Limits
     rs = raymx.ReplicaSet.launch(f"nem{a.seed}", members=a.members,
-                                 data_dir=tempfile.mkdtemp(prefix="nemesis-"))
+                                 data_dir=tempfile.mkdtemp(prefix="nemesis-"),
+                                 limits=Limits(map_bytes=a.map_mib << 20) if a.map_mib else None)
     rc = 0
     try:
         rs.wait_for_primary()
