@@ -189,3 +189,25 @@ def test_a_failed_sync_stops_the_member_and_is_never_retried(member):
         assert svc.group.durable == GTID(0, 1) and len(fatal) == 1
     finally:
         del wal.sync
+
+
+def test_a_linearizable_read_whose_no_op_cannot_be_written_in_time_says_so(member):
+    """A linearizable read writes a no-op to confirm its primacy; when the
+    writer cannot take it in time (held by a long write or a stuck disk) the
+    read is answered ReadConcernTimeout, not an internal error (seen under
+    the nemesis), and the member serves the next read once the writer is free."""
+    svc, e = member(primary=True, votes={0: 1})
+    e.set_term(1)
+    svc.become_primary(1)
+    assert ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 1}]})["err"] is None
+    blocker = busy_writer(svc)
+    try:
+        r = ask(svc, {"op": "find", "ns": "a.b", "filter": {"_id": 1},
+                      "readConcern": "linearizable", "read_timeout_ms": 200})
+        assert type(r["err"]).__name__ == "ReadConcernTimeout", r
+        assert "no-op" in str(r["err"])
+    finally:
+        blocker.set()
+    r = ask(svc, {"op": "find", "ns": "a.b", "filter": {"_id": 1},
+                  "readConcern": "linearizable", "read_timeout_ms": 5000})
+    assert r["err"] is None and r["ok"]["docs"] == [{"_id": 1}], r

@@ -552,7 +552,13 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         (even one that does not know it yet) never gets that, since members
         that know a newer term acknowledge nothing of an older one; and every
         entry before the no-op (all the read saw) is then majority-committed."""
-        g = self.on_writer(self.own_noop).result(timeout_ms / 1000)
+        try:
+            g = self.on_writer(self.own_noop).result(timeout_ms / 1000)
+        except TimeoutError:  # the writer is busy or stuck (a full disk)
+            raise errors.ReadConcernTimeout(
+                f"member {self.member_id} could not write the no-op that confirms it is "
+                f"still the primary within {timeout_ms} ms: the linearizable read is not "
+                "answered") from None
         done, out = threading.Event(), {}
         self.wc.wait(g, "majority", timeout_ms, done.set,
                      lambda e: (out.update(err=e), done.set()))
