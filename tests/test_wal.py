@@ -180,7 +180,8 @@ def test_a_closing_process_hands_the_pin_to_the_next_writer(tmp_path):
     out, err = p.communicate(timeout=120)
     assert "closed" in out, err
     gen, unpinned, _, _ = w._shared_state()
-    assert unpinned and w.pin_gen < gen  # the other process's last checkpoint: nobody pins it
+    assert unpinned  # the other process's last checkpoint: nobody pins it
+    assert w.pin is None or w.pin_gen < gen  # ours is superseded (and let go within a second)
     with s.write() as t:
         t.put("docs", b"x", b"1")
     assert w.pin is not None and w.pin_gen == w._shared_state()[0]
@@ -358,6 +359,31 @@ def test_a_checkpointer_killed_before_announcing_its_checkpoint_loses_nothing(tm
     keys = keys_of(path, 1 << 30)  # the first opener: recovers
     assert acked_keys("b", 199) <= keys
     assert {f"a-{i:06d}".encode() for i in range(50)} <= keys
+
+
+def test_an_idle_process_lets_a_superseded_pin_go(tmp_path):
+    """A process that took a checkpoint and then neither reads nor writes (a
+    primary's producer or applier) must not keep pinning it once another
+    process checkpointed: its read transaction would keep every page freed
+    since from reuse, and the data file would grow without end (seen on a
+    set's new primary: 180 MiB against its peers' 125)."""
+    path = str(tmp_path / "m")
+    s = LMDBStore(path, map_bytes=64 << 20)  # the first opener: checkpoints and pins
+    w = s._ent.wal
+    try:
+        old = w.pin_gen
+        assert w.pin is not None
+        b = run_child(WRITER, path, "b", 2000, "crash", 64)  # checkpoints every MiB of growth
+        out, err = b.communicate(timeout=300)
+        assert out.splitlines()[-1:] == ["acked 1999"], err[-2000:]
+        assert w._shared_state()[0] > old
+        deadline = time.monotonic() + 3 * wal.PIN_CHECK_S + 2
+        while w.pin is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert w.pin is None  # let go without a read or a write here
+        assert str(os.getpid()) not in s._env.readers()
+    finally:
+        s.close()
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -81,6 +81,11 @@ CHECKPOINT_GROWTH_BYTES = 16 * MiB
 CHECKPOINT_GROWTH_MAP_FRACTION = 1 / 64  # ... or by this much of the map, if less
 UNLOGGED_OPS = 200_000  # a transaction with more changes is not logged: checkpointed
 LOCK_WAIT_S = 0.2  # an opportunistic checkpoint or remap waits this long for the lock
+# A process that pins a checkpoint another process has since superseded lets
+# the pin go within this long even if it neither reads nor writes (an idle
+# producer or applier on a primary): until then every page freed since its
+# checkpoint stays unused, and the data file only grows.
+PIN_CHECK_S = 1.0
 
 CKPT = "checkpoint"
 _CKPT_HEAD = struct.Struct("<4sIQQII")
@@ -351,15 +356,19 @@ class Wal:
     def ask_checkpoint(self) -> None:
         """Have the background thread take a checkpoint soon."""
         self.want_checkpoint = True
+        self._background()
+        self._wake.set()
+
+    def _background(self) -> None:
         if self._bg is None:
             self._bg = threading.Thread(target=self._checkpointer, daemon=True,
                                         name=f"raymx-checkpoint {self.folder}")
             self._bg.start()
-        self._wake.set()
 
     def _checkpointer(self) -> None:
+        """Takes the checkpoints asked for, and lets a superseded pin go."""
         while True:
-            self._wake.wait()
+            self._wake.wait(PIN_CHECK_S)
             self._wake.clear()
             if self._closing or self.failed is not None:
                 return
@@ -369,6 +378,8 @@ class Wal:
                 except Exception as e:  # the next sync or write meets it too
                     self.failed = f"checkpoint: {type(e).__name__}: {e}"
                     return
+            elif self.pin is not None:
+                self.drop_stale_pin()
 
     def _switch(self, gen: int, pin=False) -> None:
         """Append to log ``gen`` from now on. A pin of an older checkpoint is
@@ -390,6 +401,7 @@ class Wal:
                     fcntl.lockf(self._pfd, fcntl.LOCK_UN, 1, self.pin_gen)
                 if pin not in (False, None):
                     fcntl.lockf(self._pfd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, gen)
+                    self._background()  # lets it go once another checkpoint supersedes it
                 self.pin, self.pin_gen = (None if pin is False else pin), gen
 
     # ---- appends and syncs
