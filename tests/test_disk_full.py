@@ -403,3 +403,29 @@ def test_adopting_waits_for_this_process_open_transaction(tmp_path, monkeypatch)
     assert e.count("t.c") == 2010 and s._ent.map_bytes() == 32 * MiB
     assert s._ent.live() == 0
     s.close()
+
+
+def test_the_applier_outlives_a_refused_write(tmp_path, monkeypatch):
+    """A secondary's applier records its applied point about once a second; a
+    full map or disk refusing that write (DiskFull) must not end its thread
+    (seen under the nemesis: the applier's thread died and the member never
+    caught up again). Runs the applier's own loop, without Ray."""
+    from raymx.actors.applier import Applier
+    from raymx.actors.core import replication as rep
+    from raymx.storage.limits import Limits
+    real, calls = rep.write_repl_info, []
+
+    def refused_twice(e, g):
+        calls.append(g)
+        if len(calls) <= 2:
+            raise errors.DiskFull("the LMDB map is full (injected)", full="map")
+        return real(e, g)
+    monkeypatch.setattr(rep, "write_repl_info", refused_twice)
+    a = Applier.__ray_metadata__.modified_class("rs", 0, str(tmp_path / "m0"), Limits())
+    try:
+        deadline = time.monotonic() + 10
+        while len(calls) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(calls) >= 3 and a._t.is_alive()
+    finally:
+        a.shutdown()

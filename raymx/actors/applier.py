@@ -104,8 +104,12 @@ class Applier:
                 self._applied_bell.ring()
             if time.monotonic() - self._info_at >= 1.0:
                 self._info_at = time.monotonic()
-                last, _ = self.engine.last()
-                rep.write_repl_info(self.engine, GTID(last.term, last.seq + 1))
+                try:
+                    last, _ = self.engine.last()
+                    rep.write_repl_info(self.engine, GTID(last.term, last.seq + 1))
+                except Exception as e:  # a full map or disk: again in a second, never fatal
+                    log.warning("member %d: recording the applied point failed: %s",
+                                self.member_id, e)
             if n == 0:
                 self._wake.wait(0.05 if self.delay_ms else 0.5)
                 self._wake.clear()

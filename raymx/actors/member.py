@@ -280,6 +280,9 @@ class OplogShard:
             def record():
                 try:
                     self.engine.set_majority(mp)
+                except errors.RaymxError as e:  # a full map or disk: again in a second
+                    log.warning("member %d: recording the majority point failed: %s",
+                                self.member_id, e)
                 finally:
                     self._majority_busy = False
             threading.Thread(target=record, name="raymx-majority", daemon=True).start()
