@@ -7,6 +7,7 @@ that lost power after the kernel wrote back an arbitrary subset of the data
 file's unsynced pages (as ``bench/faults/torn.py`` does on LazyFS, which CI
 does not have): the disk as of each checkpoint is kept, and a folder is
 built from it plus a random subset of the pages that changed since."""
+import contextlib
 import os
 import random
 import shutil
@@ -26,9 +27,10 @@ MiB = 1 << 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_child(code: str, *args) -> subprocess.Popen:
+def run_child(code: str, *args, stdin: bool = False) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdin=subprocess.PIPE if stdin else None,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 WRITER = """
@@ -230,9 +232,7 @@ def test_a_pin_holder_killed_inside_a_write_leaves_no_checkpoint_unprotected(tmp
     a member whose restart failed with MDB_PAGE_NOTFOUND). The next writer
     must checkpoint and pin before it writes."""
     path = str(tmp_path / "m")
-    a = subprocess.Popen([sys.executable, "-c", textwrap.dedent(PINNER), path], cwd=ROOT,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    a = run_child(PINNER, path, stdin=True)
     line = a.stdout.readline()
     assert line == "pinned True\n", (line, a.stderr.read()[-2000:] if not line else "")
     held = LMDBStore(path, map_bytes=1 << 30)  # keeps the folder open: no recovery in between
@@ -283,6 +283,20 @@ with s.write() as t:
 """
 
 
+@contextlib.contextmanager
+def folder_held(path: str):
+    """Another process keeps the folder open (the first opener: it recovers,
+    checkpoints and pins) for the block, so no recovery runs within it; it
+    is killed at the end."""
+    h = run_child(HOLDER, path, stdin=True)
+    try:
+        assert h.stdout.readline() == "open\n", h.stderr.read()[-2000:]
+        yield h
+    finally:
+        h.kill()
+        h.wait()
+
+
 def test_a_record_whose_process_died_before_the_commit_is_not_replayed(tmp_path):
     """One of a member's processes is killed after appending its record and
     before LMDB's commit; another writes on the state without that
@@ -290,11 +304,7 @@ def test_a_record_whose_process_died_before_the_commit_is_not_replayed(tmp_path)
     record: replayed, it would bring back a transaction that never happened,
     mixed with what was committed after it."""
     path = str(tmp_path / "m")
-    h = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLDER), path], cwd=ROOT,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        assert h.stdout.readline() == "open\n", h.stderr.read()[-2000:]
+    with folder_held(path):
         a = run_child(DIES_BEFORE_COMMIT, path)
         a.communicate(timeout=120)
         assert a.returncode == -signal.SIGKILL
@@ -304,9 +314,6 @@ def test_a_record_whose_process_died_before_the_commit_is_not_replayed(tmp_path)
         gen = wal.read_checkpoint(path)[0]
         txnids = [t for t, _ in wal.records(os.path.join(path, f"wal.{gen}"), gen)]
         assert len(txnids) == 20 + 1 + 200 and txnids[21] == txnids[20]  # b reused its txnid
-    finally:
-        h.kill()
-        h.wait()
     s = LMDBStore(path, map_bytes=1 << 30)  # the first opener: recovers
     try:
         with s.read() as t:
@@ -340,11 +347,7 @@ def test_a_checkpointer_killed_before_announcing_its_checkpoint_loses_nothing(tm
     know, which is not the new checkpoint's. Recovery must replay what they
     appended after the checkpoint, not drop it."""
     path = str(tmp_path / "m")
-    h = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLDER), path], cwd=ROOT,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        assert h.stdout.readline() == "open\n", h.stderr.read()[-2000:]
+    with folder_held(path):
         gen0 = wal.read_checkpoint(path)[0]
         a = run_child(DIES_IN_CHECKPOINT, path)
         a.communicate(timeout=120)
@@ -353,9 +356,6 @@ def test_a_checkpointer_killed_before_announcing_its_checkpoint_loses_nothing(tm
         b = run_child(WRITER, path, "b", 200, "crash", 1024)
         out, err = b.communicate(timeout=120)
         assert out.splitlines()[-1:] == ["acked 199"], err[-2000:]
-    finally:
-        h.kill()
-        h.wait()
     keys = keys_of(path, 1 << 30)  # the first opener: recovers
     assert acked_keys("b", 199) <= keys
     assert {f"a-{i:06d}".encode() for i in range(50)} <= keys
