@@ -36,9 +36,9 @@ figures and the first violation found; exits 1 on a violation.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -49,6 +49,7 @@ from collections import Counter
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+import click  # noqa: E402
 import ray  # noqa: E402
 
 import raymx  # noqa: E402
@@ -296,40 +297,52 @@ def _final_reads(rs, keys, hist: History):
             break
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=120)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--members", type=int, default=3)
-    ap.add_argument("--clients", type=int, default=4, help="raymx driver clients")
-    ap.add_argument("--pymongo", type=int, default=2, help="pymongo clients")
-    ap.add_argument("--keys", type=int, default=6)
-    ap.add_argument("--faults", default=",".join(Nemesis.FAULTS))
-    ap.add_argument("--map-mib", type=int, default=0,
-                    help="each member's LMDB map (0: the default); a small map makes the "
-                         "write-ahead log checkpoint often (every 1/64 of it)")
-    a = ap.parse_args(argv)
+@click.command(context_settings={"help_option_names": ["-h", "--help"]},
+               help=__doc__.split("\n\n")[0])
+@click.option("--seconds", default=120.0, show_default=True, help="How long the faults go on.")
+@click.option("--seed", default=1, show_default=True)
+@click.option("--members", default=3, show_default=True)
+@click.option("--clients", default=4, show_default=True, help="raymx driver clients.")
+@click.option("--pymongo", "pymongo_clients", default=2, show_default=True,
+              help="pymongo clients (through the wire ports).")
+@click.option("--keys", default=6, show_default=True, help="Registers.")
+@click.option("--faults", default=",".join(Nemesis.FAULTS), show_default=True,
+              help="The kinds of fault to draw from, comma-separated.")
+@click.option("--map-mib", default=0, show_default=True,
+              help="Each member's LMDB map in MiB (0: the default); a small map makes the "
+                   "write-ahead log checkpoint often (every 1/64 of it).")
+def main(seconds, seed, members, clients, pymongo_clients, keys, faults, map_mib) -> None:
+    unknown = sorted(set(faults.split(",")) - set(Nemesis.FAULTS))
+    if unknown:
+        raise click.BadParameter(f"unknown fault kinds {unknown}; the kinds are "
+                                 f"{', '.join(Nemesis.FAULTS)}", param_hint="--faults")
+    sys.exit(run(seconds, seed, members, clients, pymongo_clients, keys, faults, map_mib))
+
+
+def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib) -> int:
+    """One run; 1 if a history is not linearizable, the members did not
+    converge, or a member could not restart (its folders are kept, and named)."""
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     from raymx.storage.limits import Limits
-    rs = raymx.ReplicaSet.launch(f"nem{a.seed}", members=a.members,
-                                 data_dir=tempfile.mkdtemp(prefix="nemesis-"),
-                                 limits=Limits(map_bytes=a.map_mib << 20) if a.map_mib else None)
+    data_dir = tempfile.mkdtemp(prefix="nemesis-")
+    rs = raymx.ReplicaSet.launch(f"nem{seed}", members=members, data_dir=data_dir,
+                                 limits=Limits(map_bytes=map_mib << 20) if map_mib else None)
     rc = 0
     try:
         rs.wait_for_primary()
-        keys = [f"k{i}" for i in range(a.keys)]
+        keys = [f"k{i}" for i in range(n_keys)]
         rs.client(w="majority")[DB][COLL].insert_many([{"_id": k, "v": 0} for k in keys])
         hist = History()
         stop, nstop = threading.Event(), threading.Event()
-        kinds = ["raymx"] * a.clients + ["pymongo"] * a.pymongo
-        clients = [Client(i + 1, kind, rs, keys, hist, stop, a.seed * 100 + i)
+        kinds = ["raymx"] * n_raymx + ["pymongo"] * n_pymongo
+        clients = [Client(i + 1, kind, rs, keys, hist, stop, seed * 100 + i)
                    for i, kind in enumerate(kinds)]
-        nem = Nemesis(rs, a.members, nstop, a.seed, tuple(a.faults.split(",")))
+        nem = Nemesis(rs, members, nstop, seed, tuple(faults.split(",")))
         t0 = time.monotonic()
         for c in clients:
             c.start()
         nem.start()
-        while time.monotonic() - t0 < a.seconds:
+        while time.monotonic() - t0 < seconds:
             time.sleep(1)
         nstop.set()
         nem.join(120)
@@ -345,7 +358,7 @@ def main(argv=None) -> int:
         while time.monotonic() < deadline:
             try:
                 digests = [ray.get(rs.member(m).state_digest.remote(), timeout=30)
-                           for m in range(a.members)]
+                           for m in range(members)]
             except Exception:  # noqa: BLE001 - a member still restarting
                 digests = None
             if digests and all(d == digests[0] for d in digests):
@@ -355,9 +368,9 @@ def main(argv=None) -> int:
         res = check(hist.ops, 0)
         by = Counter((o.kind, "ok" if o.ret != INF else "unknown") for o in hist.ops)
         cas_ok = sum(1 for o in hist.ops if o.kind == "cas" and o.ok is True)
-        print(f"nemesis seed {a.seed}: {a.members} members, {len(clients)} clients "
-              f"({a.clients} raymx, {a.pymongo} pymongo), {a.keys} registers, "
-              f"{a.seconds:.0f} s")
+        print(f"nemesis seed {seed}: {members} members, {len(clients)} clients "
+              f"({n_raymx} raymx, {n_pymongo} pymongo), {n_keys} registers, "
+              f"{seconds:.0f} s")
         print(f"  faults: {len(nem.done)} ({', '.join(f'{f} {n}' for f, n in Counter(x[1] for x in nem.done).most_common())})")
         if nem.failed:
             print(f"  faults that failed to apply: {len(nem.failed)}; first: {nem.failed[0]}")
@@ -381,6 +394,10 @@ def main(argv=None) -> int:
     finally:
         rs.shutdown()
         ray.shutdown()
+    if rc:
+        print(f"  the members' folders are kept in {data_dir}")
+    else:
+        shutil.rmtree(data_dir, ignore_errors=True)
     return rc
 
 
@@ -396,4 +413,4 @@ def _dump(ops, key, bad, around_s=3.0):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
