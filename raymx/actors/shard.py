@@ -564,8 +564,11 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
                      lambda e: (out.update(err=e), done.set()))
         if not done.wait(timeout_ms / 1000 + 1) or "err" in out:
             e = out.get("err")
-            if isinstance(e, errors.NotPrimary):
-                raise e
+            if isinstance(e, errors.NotPrimary):  # said of the no-op: say it of the read
+                raise errors.NotPrimary(
+                    f"member {self.member_id} stopped being the primary before a majority "
+                    f"confirmed it: the linearizable read is not answered ({e})",
+                    member=self.member_id) from None
             raise errors.ReadConcernTimeout(
                 f"member {self.member_id} could not confirm with a majority within "
                 f"{timeout_ms} ms that it is still the primary: the linearizable read is "
