@@ -567,8 +567,8 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
             if isinstance(e, errors.NotPrimary):  # said of the no-op: say it of the read
                 raise errors.NotPrimary(
                     f"member {self.member_id} stopped being the primary before a majority "
-                    f"confirmed it: the linearizable read is not answered ({e})",
-                    member=self.member_id) from None
+                    f"confirmed it (its no-op {g} was not acknowledged under its term): the "
+                    "linearizable read is not answered", member=self.member_id) from None
             raise errors.ReadConcernTimeout(
                 f"member {self.member_id} could not confirm with a majority within "
                 f"{timeout_ms} ms that it is still the primary: the linearizable read is "
