@@ -216,6 +216,70 @@ def test_another_process_grows_the_map_this_one_adopts_it(tmp_path):
     s.close()
 
 
+def test_a_write_after_another_process_grew_the_map_adopts_it(tmp_path):
+    """The checkpoint a write takes first (the other process closed, leaving
+    its last checkpoint unpinned) begins its pin in a map the other process
+    grew past ours: the map is adopted and the write goes on. Before, that
+    begin's MDB_MAP_RESIZED was taken for a failed log (DiskFailed: the store
+    wrote no more until a restart), which is what a member's shard did once
+    its applier grew a small map. Nothing is lost across a reopen."""
+    s = small(tmp_path, map_mib=2)
+    e = Engine(s)
+    e.insert_many("t.c", [{"_id": i} for i in range(10)])
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", GROWER, s.path], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert s._ent.map_bytes() == 2 * MiB  # the file is past this process's map now
+    e.insert_many("t.c", [{"_id": -1 - i, "pad": PAD} for i in range(20)])
+    assert s._ent.map_bytes() == 32 * MiB and s.failed is None
+    assert e.count("t.c") == 2030 and e.verify_oplog() == e.last()[0].seq
+    s.close()
+    s = LMDBStore(s.path, map_bytes=2 * MiB)  # recovery from that checkpoint and log
+    e = Engine(s)
+    assert e.count("t.c") == 2030 and e.verify_oplog() == e.last()[0].seq
+    s.close()
+
+
+def test_an_idle_cursor_is_closed_so_the_map_can_grow(tmp_path, monkeypatch):
+    """A shard's idle cursor holds an LMDB snapshot for up to
+    cursor_idle_ms (10 minutes), and a map is remapped only with none of the
+    process's transactions open: the remap closes idle cursors (the store's
+    release hook) instead of refusing every write meanwhile. The cursor's
+    next getMore says it was closed."""
+    from raymx.actors.shard import ShardService
+    from raymx.storage.limits import Limits
+    from tests.test_shard_service import ask
+    monkeypatch.setattr(lmdb_store, "GROW_RETRY_S", 0.05)
+    lim = Limits(sync_interval_ms=20)
+    s = small(tmp_path, map_mib=2, max_mib=64)
+    e = Engine(s, lim)
+    svc = ShardService(e, lim)
+    try:
+        assert ask(svc, {"op": "insert", "ns": "t.c",
+                         "docs": [{"_id": -1 - i} for i in range(50)]})["ok"]
+        first = ask(svc, {"op": "find", "ns": "t.c", "filter": {}, "batch": 5})["ok"]
+        assert len(first["docs"]) == 5 and first["cursor"]
+        n, refused = 0, 0
+        while s._ent.map_bytes() < 4 * MiB:
+            r = ask(svc, {"op": "insert", "ns": "t.c",
+                          "docs": [{"_id": n + j, "pad": PAD} for j in range(50)]})
+            if r["err"] is not None:
+                assert isinstance(r["err"], errors.DiskFull), r["err"]
+                refused += 1
+                assert refused < 5, "the map never grew: the idle cursor held it"
+                time.sleep(0.06)
+            else:
+                n += 50
+        assert refused >= 1
+        r = ask(svc, {"op": "getMore", "cursor": first["cursor"]})
+        assert "closed when the store's map grew" in str(r["err"])
+        assert ask(svc, {"op": "count", "ns": "t.c"})["ok"]["value"] == n + 50
+    finally:
+        svc.close()
+        s.close()
+
+
 def test_txn_full_is_transaction_too_large(tmp_path):
     """LMDB's MDB_TXN_FULL (too many dirty pages for one transaction) is about
     the transaction's size, not free space: TransactionTooLarge. (Reaching it
@@ -384,7 +448,7 @@ def test_grows_under_concurrent_short_readers(tmp_path):
 def test_adopting_waits_for_this_process_open_transaction(tmp_path, monkeypatch):
     """A map grown by another process past ours is adopted only with none of
     this process's transactions open: until then a begin raises
-    MapResizedError (one try a GROW_RETRY_S waits RESIZE_WAIT_S), and the
+    DiskFull (one try a GROW_RETRY_S waits RESIZE_WAIT_S), and the
     open transaction keeps reading its snapshot."""
     monkeypatch.setattr(lmdb_store, "GROW_RETRY_S", 0.05)
     s = small(tmp_path, map_mib=2)
@@ -395,7 +459,7 @@ def test_adopting_waits_for_this_process_open_transaction(tmp_path, monkeypatch)
     out = subprocess.run([sys.executable, "-c", GROWER, s.path], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    with pytest.raises(lmdb.MapResizedError):
+    with pytest.raises(errors.DiskFull, match="cannot take the new size"):
         s.read()
     assert len(list(old.scan("docs"))) == 10  # its snapshot, inside the old map
     old.abort()

@@ -94,6 +94,11 @@ class Applier:
                                                  self.delay_ms, clock=now_ms)
                 if mode == "replay":
                     self.replays += 1
+            except errors.DiskFull as e:  # nothing applied; again once the map grew or room came
+                log.warning("member %d: apply refused, tried again in a second: %s",
+                            self.member_id, e)
+                time.sleep(1)
+                continue
             except Exception:
                 log.exception("member %d: apply failed", self.member_id)
                 time.sleep(1)

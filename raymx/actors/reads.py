@@ -251,7 +251,8 @@ class ReadPath:
                 self._cursors_busy[cid] = c
         if c is None:
             raise errors.InvalidOperation(f"cursor {cid} not found (exhausted, killed, "
-                                          "expired or in use by another getMore)")
+                                          "expired, closed when the store's map grew, or in "
+                                          "use by another getMore)")
         out = None
         try:
             out = self._batch(c, batch)
@@ -275,6 +276,26 @@ class ReadPath:
                 self._cursors_busy[cid].killed = True
         if c is not None:
             c.close()
+
+    def _release_for_remap(self) -> None:
+        """The store's map is being remapped (it grew, here or in another
+        process of the member) and waits for this process's open snapshots:
+        the idle cursors' are closed (a getMore holding one ends soon by
+        itself). Runs on the resizing thread while new transactions wait, so
+        it never waits long for a lock."""
+        if not self._cursors_lock.acquire(timeout=0.05):
+            return
+        try:
+            idle = list(self._cursors.values())
+            self._cursors.clear()
+        finally:
+            self._cursors_lock.release()
+        for c in idle:
+            c.close()
+        if idle:
+            log.warning("%d idle cursor(s) closed: the store's map grew and its remap waits "
+                        "for every open snapshot of this process; their next getMore finds "
+                        "them closed", len(idle))
 
     def _watch(self, req: dict, reply: Reply) -> None:
         try:

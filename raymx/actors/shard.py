@@ -102,6 +102,9 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         self._cursors: dict[int, _Cursor] = {}
         self._cursors_busy: dict[int, _Cursor] = {}  # in a getMore (out of the table)
         self._cursors_lock = threading.Lock()
+        # a remap of the store's map (it grew) waits for every open snapshot
+        # of this process: idle cursors are closed for it (reads.py)
+        self._unhook_remap = engine.store.on_remap(self._release_for_remap)
         self._unwritten: list[GTID] = []  # taken GTIDs whose n entry waits (_write_noop)
         self._cursors_swept = time.monotonic()
         self.readers = ThreadPoolExecutor(4, thread_name_prefix="raymx-reader")
@@ -602,6 +605,7 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         self.group.stop()
         self.after_waits.stop()
         self.readers.shutdown(wait=True)
+        self._unhook_remap()
         for cid in list(self._cursors):
             self._close_cursor(cid)
         if self.group.failed is None:  # after a failed sync, never another

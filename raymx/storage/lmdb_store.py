@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import time
+from typing import Callable
 
 import lmdb
 
@@ -72,7 +73,7 @@ class _Env:
 
     __slots__ = ("env", "dbs", "refs", "lock", "_begun", "_ended", "begun", "ended",
                  "resizing", "grow_wanted", "grow_retry_at", "adopt_retry_at",
-                 "map_bytes_max", "wal")
+                 "map_bytes_max", "wal", "release_hooks")
 
     def __init__(self, env, dbs, map_bytes_max):
         self.env, self.dbs, self.refs = env, dbs, 0
@@ -85,6 +86,9 @@ class _Env:
         self.adopt_retry_at = 0.0  # the same for adopting another process's grow
         self.map_bytes_max = map_bytes_max
         self.wal: wal_mod.Wal | None = None
+        # called when a resize found transactions of this process still open
+        # after RESIZE_WAIT_S: they end the long-lived ones they own (idle cursors)
+        self.release_hooks: list = []
 
     def live(self) -> int:
         """Transactions of this process open now (exact under the resize protocol)."""
@@ -123,37 +127,73 @@ class _Env:
                 return self.env.begin(**kw)
             except lmdb.MapResizedError:
                 if time.monotonic() < self.adopt_retry_at:
-                    raise  # a try found a transaction open just now
+                    raise self.remap_refused() from None  # a try found one open just now
                 self.ended()  # uncounted while waiting for another resize
                 with self.lock:
                     self.begun()
                     if not self._resize(self._adopt):
                         self.adopt_retry_at = time.monotonic() + GROW_RETRY_S
+                        raise self.remap_refused() from None
                 return self.env.begin(**kw)
         except BaseException:
             self.ended()
             raise
 
-    def _resize(self, fn) -> bool:
-        """Run ``fn`` (with ``lock`` held) once the caller's begin is the only
-        transaction of this process: new begins wait meanwhile (``resizing``),
-        open ones are given ``RESIZE_WAIT_S`` to end; else nothing is done
-        (False). A remap ends this process's pin of the log's checkpoint, so
-        it runs under the log's lock (taken in that time too) and the log
-        renews the pin before any write (``Wal.remapped``)."""
+    def begin_pin(self):
+        """The log's begin of a checkpoint's pin (uncounted: the log ends it;
+        called with the log's lock held and none of this thread's transactions
+        counted). A map another process grew past ours (MDB_MAP_RESIZED) is
+        adopted first; refused (``DiskFull``) if a transaction of this
+        process stays open. The pin taken right after replaces the one the
+        remap ended."""
+        try:
+            return self.env.begin(write=False, buffers=False)
+        except lmdb.MapResizedError:
+            with self.lock:
+                if not self._resize(self._adopt, mine=0, renew_pin=False):
+                    raise self.remap_refused() from None
+            return self.env.begin(write=False, buffers=False)
+
+    def remap_refused(self) -> errors.DiskFull:
+        path = self.wal.folder
+        return errors.DiskFull(
+            f"{path}: the LMDB map grew in another process of this member (it filled the "
+            f"old one) and this process cannot take the new size while one of its "
+            f"transactions stays open; nothing was done and nothing stored is lost: try "
+            f"again (it is tried again at a transaction {GROW_RETRY_S:g} s later)",
+            path=path, full="map", map_bytes=self.map_bytes())
+
+    def _resize(self, fn, mine: int = 1, renew_pin: bool = True) -> bool:
+        """Run ``fn`` (with ``lock`` held) once the caller's ``mine`` counted
+        transactions are the only ones of this process: new begins wait
+        meanwhile (``resizing``), open ones are given ``RESIZE_WAIT_S`` to
+        end; those still open then are asked to end by the release hooks (the
+        shard closes its idle cursors) and given ``RESIZE_WAIT_S`` more; else
+        nothing is done (False). A remap ends this process's pin of the log's
+        checkpoint, so it runs under the log's lock (taken in that time too)
+        and the log renews the pin before any write (``Wal.remapped``)."""
         wal = self.wal
         took = not wal.held()
         if took and not wal.lock(timeout=RESIZE_WAIT_S):
             return False
         self.resizing = True
         try:
-            deadline = time.monotonic() + RESIZE_WAIT_S
-            while self.live() != 1:
+            deadline, released = time.monotonic() + RESIZE_WAIT_S, False
+            while self.live() != mine:
                 if time.monotonic() >= deadline:
-                    return False
+                    if released or not self.release_hooks:
+                        return False
+                    released = True
+                    for hook in self.release_hooks:
+                        try:
+                            hook()
+                        except Exception:  # a hook that failed ends nothing: the wait says
+                            log.exception("%s: a remap's release hook failed", wal.folder)
+                    deadline = time.monotonic() + RESIZE_WAIT_S
                 time.sleep(0.0005)
             fn()
-            wal.remapped()
+            if renew_pin:
+                wal.remapped()
             return True
         finally:
             self.resizing = False
@@ -493,6 +533,8 @@ class _Txn(_TxnBase):
                                             f"({type(e).__name__}: {e}); this store "
                                             "writes no more") from e
                 raise err from e
+            end, self._end = self._end, None
+            end()  # over in LMDB: a remap (a checkpoint's adoption of a grown map) may run
             try:
                 if self._unlogged:  # too large to log: durable by a checkpoint now
                     wal.checkpoint_locked()
@@ -500,6 +542,8 @@ class _Txn(_TxnBase):
                     wal.after_commit()
             except Exception as e:
                 raise store._log_error(e, "a checkpoint after a commit", final=True) from e
+            finally:
+                wal.unlock()
         finally:
             self._ended()
 
@@ -525,7 +569,7 @@ def _open_env(path: str, map_bytes: int, map_bytes_max: int | None) -> _Env:
             ent = _Env(env, None, max(map_bytes, MAP_BYTES_MAX if map_bytes_max is None
                                       else map_bytes_max))
             ent.wal = wal
-            wal.attach(env)
+            wal.attach(env, ent.begin_pin)
             used = ent.used_bytes()
             if used > GROW_AT_OPEN_FRACTION * map_bytes:  # no transaction is open yet
                 env.set_mapsize(min(max(2 * used, map_bytes), ent.map_bytes_max))
@@ -648,6 +692,17 @@ class LMDBStore:
             ent.ended()
             wal.unlock()
             raise
+
+    def on_remap(self, release: Callable[[], None]) -> Callable[[], None]:
+        """Register ``release``: called (from the resizing thread, with new
+        transactions of this process held back) when a remap of the map (a
+        grow, or adopting one another process grew) still finds transactions
+        of this process open after ``RESIZE_WAIT_S``. It ends the long-lived
+        ones its owner holds idle (the shard's idle cursors) and must not
+        begin one. Returns the call that unregisters it."""
+        hooks = self._ent.release_hooks
+        hooks.append(release)
+        return lambda: release in hooks and hooks.remove(release)
 
     def sync(self):
         """Make every commit so far durable, by any process of the folder: one

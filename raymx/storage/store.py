@@ -60,6 +60,8 @@ class Store(Protocol):
     def write(self) -> WriteTxn: ...
     def sync(self) -> None: ...
     def close(self) -> None: ...
+    # release(): end long-lived idle transactions so a remap of the map can run
+    def on_remap(self, release: Callable[[], None]) -> Callable[[], None]: ...
 
 
 class _TxnBase:
@@ -325,6 +327,10 @@ class MemoryStore:
     def sync(self):
         self._alive()
         self._durable = self._tables
+
+    def on_remap(self, release):
+        """Nothing here is ever remapped (``LMDBStore.on_remap``)."""
+        return lambda: None
 
     def crash(self):
         """Simulate a machine crash: everything not synced is gone."""

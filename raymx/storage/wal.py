@@ -258,8 +258,10 @@ class Wal:
         self._closing = False
         self.failed: str | None = None
 
-    def attach(self, env) -> None:
-        self.env, self._psize = env, env.stat()["psize"]
+    def attach(self, env, begin_pin) -> None:
+        """``begin_pin``: the store's begin of a pin (a read transaction on the
+        state just checkpointed), which adopts a map another process grew."""
+        self.env, self._psize, self._begin_pin = env, env.stat()["psize"], begin_pin
 
     # ---- the folder's users: first opener recovers
     def enter(self) -> bool:
@@ -530,7 +532,7 @@ class Wal:
             raise errors.CorruptStore(
                 f"{self.folder}: LMDB's meta page says txnid {meta_txnid(meta)}, LMDB "
                 f"{txnid}: this LMDB's meta layout is not the one raymx's log knows")
-        new_pin = env.begin(write=False, buffers=False) if pin else None
+        new_pin = self._begin_pin() if pin else None
         if new_pin is not None and new_pin.id() != txnid:
             new_pin.abort()
             raise errors.CorruptStore(f"{self.folder}: a commit ran during a checkpoint")
