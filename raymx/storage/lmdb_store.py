@@ -106,7 +106,7 @@ class _Env:
         a map another process grew past ours, each once this process has no
         other transaction open (see ``_resize``); if that does not come, the
         grow is tried again at a begin ``GROW_RETRY_S`` later, and the begin
-        that met MDB_MAP_RESIZED raises ``lmdb.MapResizedError`` (as do the
+        that met MDB_MAP_RESIZED is refused (``remap_refused``, as are the
         ones after it, at once, until ``GROW_RETRY_S`` has passed)."""
         try:
             while True:
@@ -622,18 +622,18 @@ class LMDBStore:
       transaction (read or write) this process begins first doubles the map
       (at least twice the used size), once no other transaction of this
       process is open: new begins wait, open ones get ``RESIZE_WAIT_S``
-      (0.1 s) to end; if one is still open (an idle cursor holds a read
-      transaction for up to ``Limits.cursor_idle_ms``) nothing grows, and a
-      begin at least ``GROW_RETRY_S`` (1 s) later tries again (so new
-      transactions wait at most 0.1 s in every second meanwhile).
+      (0.1 s) to end, then the release hooks (``on_remap``: the shard closes
+      its idle cursors) and 0.1 s more; if one is still open nothing grows,
+      and a begin at least ``GROW_RETRY_S`` (1 s) later tries again (so new
+      transactions wait at most 0.2 s in every second meanwhile).
 
     Neither grows past ``map_bytes_max`` (default: the larger of
     ``map_bytes`` and 4 TiB); ``map_bytes_max=map_bytes`` turns growth off.
     Another process of the member that has the same environment open adopts a
     grown map past its own when it next begins a transaction (LMDB's
-    MDB_MAP_RESIZED), under the same rule; if one of its transactions stays
-    open, that begin raises ``lmdb.MapResizedError`` and the next one tries
-    again. A grow lasts while the environment is open; a reopen with a smaller
+    MDB_MAP_RESIZED), under the same rule, the log's pin of a checkpoint
+    included; if one of its transactions stays open, that begin is refused
+    (``DiskFull``, nothing done) and one ``GROW_RETRY_S`` later tries again. A grow lasts while the environment is open; a reopen with a smaller
     ``map_bytes`` starts from that (and from the rule at open).
     """
 
