@@ -86,9 +86,11 @@ def _not_applied(e: BaseException) -> bool:
 class Client(threading.Thread):
     """One client: ``kind`` "raymx" (the native driver) or "pymongo"."""
 
-    def __init__(self, cid: int, kind: str, rs, keys, hist: History, stop, seed: int):
+    def __init__(self, cid: int, kind: str, rs, keys, hist: History, stop, seed: int,
+                 pad: str = ""):
         super().__init__(daemon=True, name=f"client-{cid}")
         self.cid, self.kind, self.rs, self.keys, self.hist = cid, kind, rs, keys, hist
+        self.set = (lambda v: {"v": v, "pad": pad}) if pad else (lambda v: {"v": v})
         self.stop, self.rnd, self.seq = stop, random.Random(seed), 0
         self.seen: dict = {}  # key -> the last value this client read or wrote
 
@@ -127,11 +129,11 @@ class Client(threading.Thread):
                 ok = None if d is None else d.get("v")
                 self.seen[k] = ok
             elif kind == "write":
-                coll.update_one({"_id": k}, {"$set": {"v": new}}, upsert=True)
+                coll.update_one({"_id": k}, {"$set": self.set(new)}, upsert=True)
                 ok = True
                 self.seen[k] = new
             else:
-                r = coll.update_one({"_id": k, "v": arg[0]}, {"$set": {"v": new}})
+                r = coll.update_one({"_id": k, "v": arg[0]}, {"$set": self.set(new)})
                 ok = r.matched_count == 1
                 if ok:
                     self.seen[k] = new
@@ -311,15 +313,20 @@ def _final_reads(rs, keys, hist: History):
 @click.option("--map-mib", default=0, show_default=True,
               help="Each member's LMDB map in MiB (0: the default); a small map makes the "
                    "write-ahead log checkpoint often (every 1/64 of it).")
-def main(seconds, seed, members, clients, pymongo_clients, keys, faults, map_mib) -> None:
+@click.option("--pad-kib", default=0, show_default=True,
+              help="KiB of padding each write carries: with a small --map-mib the map "
+                   "fills and grows under the faults.")
+def main(seconds, seed, members, clients, pymongo_clients, keys, faults, map_mib,
+         pad_kib) -> None:
     unknown = sorted(set(faults.split(",")) - set(Nemesis.FAULTS))
     if unknown:
         raise click.BadParameter(f"unknown fault kinds {unknown}; the kinds are "
                                  f"{', '.join(Nemesis.FAULTS)}", param_hint="--faults")
-    sys.exit(run(seconds, seed, members, clients, pymongo_clients, keys, faults, map_mib))
+    sys.exit(run(seconds, seed, members, clients, pymongo_clients, keys, faults, map_mib,
+                 pad_kib))
 
 
-def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib) -> int:
+def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad_kib=0) -> int:
     """One run; 1 if a history is not linearizable, the members did not
     converge, or a member could not restart (its folders are kept, and named)."""
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -335,7 +342,8 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib) -> 
         hist = History()
         stop, nstop = threading.Event(), threading.Event()
         kinds = ["raymx"] * n_raymx + ["pymongo"] * n_pymongo
-        clients = [Client(i + 1, kind, rs, keys, hist, stop, seed * 100 + i)
+        pad = "x" * (pad_kib << 10)
+        clients = [Client(i + 1, kind, rs, keys, hist, stop, seed * 100 + i, pad)
                    for i, kind in enumerate(kinds)]
         nem = Nemesis(rs, members, nstop, seed, tuple(faults.split(",")))
         t0 = time.monotonic()
@@ -383,6 +391,10 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib) -> 
             if n <= 2:  # the rare ones, to look at
                 print(f"    {what}: {hist.examples[what]}")
         print(f"  members converged: {converged}")
+        if map_mib:
+            print("  data files (MiB; the map opened at " + f"{map_mib}): " + ", ".join(
+                f"{os.path.basename(dp)} {os.path.getsize(os.path.join(dp, 'data.mdb')) >> 20}"
+                for dp, _, fs in sorted(os.walk(data_dir)) if "data.mdb" in fs))
         print(f"  linearizable: {res['valid']} ({res['keys']} registers"
               + (f"; gave up on {list(res['unknown'])}" if res["unknown"] else "") + ")")
         for k, why in list(res["failures"].items())[:3]:

@@ -533,8 +533,6 @@ class _Txn(_TxnBase):
                                             f"({type(e).__name__}: {e}); this store "
                                             "writes no more") from e
                 raise err from e
-            end, self._end = self._end, None
-            end()  # over in LMDB: a remap (a checkpoint's adoption of a grown map) may run
             try:
                 if self._unlogged:  # too large to log: durable by a checkpoint now
                     wal.checkpoint_locked()
@@ -542,8 +540,6 @@ class _Txn(_TxnBase):
                     wal.after_commit()
             except Exception as e:
                 raise store._log_error(e, "a checkpoint after a commit", final=True) from e
-            finally:
-                wal.unlock()
         finally:
             self._ended()
 

@@ -377,6 +377,8 @@ class Wal:
             if self.want_checkpoint:
                 try:
                     self.checkpoint()
+                except errors.DiskFull:  # a map another process grew, not adopted yet
+                    pass  # (nothing done): asked again at the next wake
                 except Exception as e:  # the next sync or write meets it too
                     self.failed = f"checkpoint: {type(e).__name__}: {e}"
                     return
