@@ -48,8 +48,9 @@ _ENVS_LOCK = threading.Lock()
 
 MiB = 1 << 20
 # The map opens at twice the data file's size when the file already uses more
-# than this fraction of the requested map.
-GROW_AT_OPEN_FRACTION = 0.75
+# than this fraction of the requested map, and a running process grows it once
+# a commit leaves the file past it (before a write meets the map's end).
+GROW_AT_FRACTION = 0.75
 # An EIO from a commit while the file system has less than this free is a
 # short write of a full disk (LMDB reports those as EIO), so DiskFull.
 SHORT_WRITE_FREE_BYTES = 64 * MiB
@@ -153,6 +154,14 @@ class _Env:
                 if not self._resize(self._adopt, mine=0, renew_pin=False):
                     raise self.remap_refused() from None
             return self.env.begin(write=False, buffers=False)
+
+    def grow_ahead(self, used: int, mapped: int) -> None:
+        """The log's look at LMDB's info after a commit: a data file past
+        ``GROW_AT_FRACTION`` of the map has it grown at this process's next
+        begin (as at open), before a write meets the map's end."""
+        if used > GROW_AT_FRACTION * mapped and not self.grow_wanted \
+                and mapped < self.map_bytes_max:
+            self.grow_wanted = True
 
     def remap_refused(self) -> errors.DiskFull:
         path = self.wal.folder
@@ -565,9 +574,9 @@ def _open_env(path: str, map_bytes: int, map_bytes_max: int | None) -> _Env:
             ent = _Env(env, None, max(map_bytes, MAP_BYTES_MAX if map_bytes_max is None
                                       else map_bytes_max))
             ent.wal = wal
-            wal.attach(env, ent.begin_pin)
+            wal.attach(env, ent.begin_pin, ent.grow_ahead)
             used = ent.used_bytes()
-            if used > GROW_AT_OPEN_FRACTION * map_bytes:  # no transaction is open yet
+            if used > GROW_AT_FRACTION * map_bytes:  # no transaction is open yet
                 env.set_mapsize(min(max(2 * used, map_bytes), ent.map_bytes_max))
             ent.dbs = _open_dbs(env, wal, first)
             if first:
@@ -612,7 +621,7 @@ class LMDBStore:
     resize (no transaction of this process open on the environment):
 
     - at open, by the first store object of the path in this process: if the
-      data file already uses more than ``GROW_AT_OPEN_FRACTION`` (3/4) of
+      data file already uses more than ``GROW_AT_FRACTION`` (3/4) of
       ``map_bytes``, the map is twice the file's used size;
     - after a map-full refusal (``errors.DiskFull``, ``full="map"``): the next
       transaction (read or write) this process begins first doubles the map

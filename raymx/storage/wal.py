@@ -258,10 +258,13 @@ class Wal:
         self._closing = False
         self.failed: str | None = None
 
-    def attach(self, env, begin_pin) -> None:
+    def attach(self, env, begin_pin, grow_ahead) -> None:
         """``begin_pin``: the store's begin of a pin (a read transaction on the
-        state just checkpointed), which adopts a map another process grew."""
-        self.env, self._psize, self._begin_pin = env, env.stat()["psize"], begin_pin
+        state just checkpointed), which adopts a map another process grew;
+        ``grow_ahead(used bytes, map bytes)``: told what LMDB's info says
+        after a commit (``after_commit``)."""
+        self.env, self._psize = env, env.stat()["psize"]
+        self._begin_pin, self._grow_ahead = begin_pin, grow_ahead
 
     # ---- the folder's users: first opener recovers
     def enter(self) -> bool:
@@ -346,6 +349,7 @@ class Wal:
             return  # LMDB's info every 8th commit in a large map: the limits are far apart
         info = self.env.info()
         self._check_every = 8 if info["map_size"] >= 1 << 30 else 1
+        self._grow_ahead((info["last_pgno"] + 1) * self._psize, info["map_size"])
         soft = min(CHECKPOINT_GROWTH_BYTES,
                    int(info["map_size"] * CHECKPOINT_GROWTH_MAP_FRACTION)) // self._psize
         grown = info["last_pgno"] - _SHARED.unpack_from(self._shared, 0)[2]
