@@ -91,6 +91,8 @@ class ReadPath:
                 out = self._find(r, req) if op == "find" else self._read_in(r, req, conn)
                 cid = out["cursor"] if op == "find" else None
                 if rc == "linearizable" and op in ("find", "count"):
+                    if not cid:  # all read: no snapshot held while a majority confirms
+                        r.t.abort()  # (it would hold back a remap of the map meanwhile)
                     try:  # after reading: a deposed primary never answers
                         self.confirm_primary(req.get("read_timeout_ms") or 10_000)
                     except BaseException:

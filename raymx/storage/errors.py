@@ -278,10 +278,12 @@ class DiskFull(OperationFailure):
     The map grows by itself (``LMDBStore``; ARCHITECTURE.md, "Disk full and
     map full"): (1) when a store is opened and its data file already uses
     over 3/4 of the map, the map is opened at twice the file's used size;
-    (2) after a map-full refusal, the next transaction this process begins
-    doubles the map first, once no other transaction of this process is open
-    (LMDB may only resize a map with none; open ones get 0.1 s to end, else
-    a begin a second later tries again). Neither goes past ``map_bytes_max``
+    (2) once a commit leaves the file past 3/4 of the map, and (3) after a
+    map-full refusal, the next transaction this process begins doubles the
+    map first, once no other transaction of this process is open (LMDB may
+    only resize a map with none; open ones get 0.1 s to end, idle cursors
+    are closed, else a begin a second later tries again). None goes past
+    ``map_bytes_max``
     (default 4 TiB of address space). The member's other processes adopt a
     grown map at their next transaction the same way. Not retried
     automatically: the caller decides (a retry after a map grew may succeed)."""

@@ -617,12 +617,14 @@ class LMDBStore:
     """A member's LMDB environment.
 
     The map (``map_bytes``: address space the data file may grow into, not
-    disk) grows by itself in two cases, the only ones where LMDB allows a
-    resize (no transaction of this process open on the environment):
+    disk) grows by itself in three cases, always where LMDB allows a resize
+    (no transaction of this process open on the environment):
 
     - at open, by the first store object of the path in this process: if the
       data file already uses more than ``GROW_AT_FRACTION`` (3/4) of
       ``map_bytes``, the map is twice the file's used size;
+    - ahead of its end: once a commit leaves the file past that fraction of
+      the map, as after a refusal (below);
     - after a map-full refusal (``errors.DiskFull``, ``full="map"``): the next
       transaction (read or write) this process begins first doubles the map
       (at least twice the used size), once no other transaction of this
@@ -632,7 +634,7 @@ class LMDBStore:
       and a begin at least ``GROW_RETRY_S`` (1 s) later tries again (so new
       transactions wait at most 0.2 s in every second meanwhile).
 
-    Neither grows past ``map_bytes_max`` (default: the larger of
+    None grows past ``map_bytes_max`` (default: the larger of
     ``map_bytes`` and 4 TiB); ``map_bytes_max=map_bytes`` turns growth off.
     Another process of the member that has the same environment open adopts a
     grown map past its own when it next begins a transaction (LMDB's
