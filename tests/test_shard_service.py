@@ -211,3 +211,31 @@ def test_a_linearizable_read_whose_no_op_cannot_be_written_in_time_says_so(membe
     r = ask(svc, {"op": "find", "ns": "a.b", "filter": {"_id": 1},
                   "readConcern": "linearizable", "read_timeout_ms": 5000})
     assert r["err"] is None and r["ok"]["docs"] == [{"_id": 1}], r
+
+
+def test_a_linearizable_read_holds_no_snapshot_while_its_primacy_is_confirmed(member):
+    """A linearizable read answers after a majority confirms its primary (a
+    no-op write), which may take seconds under faults. Its LMDB snapshot is
+    let go before that wait: held, it kept a remap of a growing map out for
+    as long (the nemesis's small-map runs refused writes for it)."""
+    svc, e = member(primary=True, votes={0: 1})
+    e.set_term(1)
+    svc.become_primary(1)
+    assert ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 1}]})["err"] is None
+    confirming, real = threading.Event(), svc.confirm_primary
+    svc.confirm_primary = lambda *a, **k: (confirming.set(), real(*a, **k))[1]
+    blocker = busy_writer(svc)  # the no-op waits behind it
+    out = {}
+    t = threading.Thread(target=lambda: out.update(ask(svc, {
+        "op": "find", "ns": "a.b", "filter": {"_id": 1}, "readConcern": "linearizable",
+        "read_timeout_ms": 3000})))
+    try:
+        t.start()
+        assert confirming.wait(5)
+        time.sleep(0.2)
+        assert not out, "answered before its no-op was written"
+        assert e.store._ent.live() == 0, "a snapshot stays open while the read waits"
+    finally:
+        blocker.set()
+        t.join(10)
+    assert out["err"] is None and out["ok"]["docs"] == [{"_id": 1}], out
