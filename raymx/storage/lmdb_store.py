@@ -150,9 +150,13 @@ class _Env:
         try:
             return self.env.begin(write=False, buffers=False)
         except lmdb.MapResizedError:
-            with self.lock:
+            if not self.lock.acquire(timeout=RESIZE_WAIT_S):  # (never waits on itself)
+                raise self.remap_refused() from None
+            try:
                 if not self._resize(self._adopt, mine=0, renew_pin=False):
                     raise self.remap_refused() from None
+            finally:
+                self.lock.release()
             return self.env.begin(write=False, buffers=False)
 
     def grow_ahead(self, used: int, mapped: int) -> None:
@@ -166,10 +170,10 @@ class _Env:
     def remap_refused(self) -> errors.DiskFull:
         path = self.wal.folder
         return errors.DiskFull(
-            f"{path}: the LMDB map grew in another process of this member (it filled the "
-            f"old one) and this process cannot take the new size while one of its "
-            f"transactions stays open; nothing was done and nothing stored is lost: try "
-            f"again (it is tried again at a transaction {GROW_RETRY_S:g} s later)",
+            f"{path}: another process of this member grew the LMDB map, and this process "
+            f"cannot take the new size while one of its transactions stays open; nothing "
+            f"was done and nothing stored is lost: try again (it is tried again at a "
+            f"transaction {GROW_RETRY_S:g} s later)",
             path=path, full="map", map_bytes=self.map_bytes())
 
     def _resize(self, fn, mine: int = 1, renew_pin: bool = True) -> bool:
@@ -640,7 +644,8 @@ class LMDBStore:
     grown map past its own when it next begins a transaction (LMDB's
     MDB_MAP_RESIZED), under the same rule, the log's pin of a checkpoint
     included; if one of its transactions stays open, that begin is refused
-    (``DiskFull``, nothing done) and one ``GROW_RETRY_S`` later tries again. A grow lasts while the environment is open; a reopen with a smaller
+    (``DiskFull``, nothing done) and one ``GROW_RETRY_S`` later tries again.
+    A grow lasts while the environment is open; a reopen with a smaller
     ``map_bytes`` starts from that (and from the rule at open).
     """
 
