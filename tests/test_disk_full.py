@@ -201,15 +201,21 @@ GROWER = textwrap.dedent("""
 """)
 
 
-def test_another_process_grows_the_map_this_one_adopts_it(tmp_path):
-    s = small(tmp_path, map_mib=2)
-    e = Engine(s)
-    e.insert_many("t.c", [{"_id": i} for i in range(10)])
+def grow_elsewhere(s: LMDBStore) -> None:
+    """Another process grows the map of ``s`` (10 documents in it) to 32 MiB,
+    fills it past this process's 2 MiB with 2,000 more documents, and exits."""
     env = dict(os.environ, PYTHONPATH=ROOT)
     out = subprocess.run([sys.executable, "-c", GROWER, s.path], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == 2010
+
+
+def test_another_process_grows_the_map_this_one_adopts_it(tmp_path):
+    s = small(tmp_path, map_mib=2)
+    e = Engine(s)
+    e.insert_many("t.c", [{"_id": i} for i in range(10)])
+    grow_elsewhere(s)
     assert s._ent.map_bytes() == 2 * MiB  # the file is past this process's map now
     r = s.read()  # no transaction open: adopts (MDB_MAP_RESIZED, set_mapsize(0))
     assert s.stat()["map_bytes"] == 32 * MiB
@@ -230,10 +236,7 @@ def test_a_write_after_another_process_grew_the_map_adopts_it(tmp_path):
     s = small(tmp_path, map_mib=2)
     e = Engine(s)
     e.insert_many("t.c", [{"_id": i} for i in range(10)])
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    out = subprocess.run([sys.executable, "-c", GROWER, s.path], env=env, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    grow_elsewhere(s)
     assert s._ent.map_bytes() == 2 * MiB  # the file is past this process's map now
     e.insert_many("t.c", [{"_id": -1 - i, "pad": PAD} for i in range(20)])
     assert s._ent.map_bytes() == 32 * MiB and s.failed is None
@@ -456,10 +459,7 @@ def test_adopting_waits_for_this_process_open_transaction(tmp_path, monkeypatch)
     e = Engine(s)
     e.insert_many("t.c", [{"_id": i} for i in range(10)])
     old = s.read()
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    out = subprocess.run([sys.executable, "-c", GROWER, s.path], env=env, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    grow_elsewhere(s)
     with pytest.raises(errors.DiskFull, match="cannot take the new size"):
         s.read()
     assert len(list(old.scan("docs"))) == 10  # its snapshot, inside the old map

@@ -54,11 +54,11 @@ def make_doc(i: int) -> dict:
     return {"_id": i, "u": f"u{i}", "tags": [i % 7, f"t{i % 3}"], "pad": pad}
 
 
-def child(path: str, seed: int) -> None:
+def child(path: str, seed: int, map_mib: int = 0) -> None:
     """Write until killed; print "acked N" once a sync covers everything up to N."""
     from raymx.actors.process import open_member
-    from raymx.storage.limits import DEFAULT
-    e = open_member(path, DEFAULT)
+    from raymx.storage.limits import DEFAULT, Limits
+    e = open_member(path, Limits(map_bytes=map_mib << 20) if map_mib else DEFAULT)
     e.sync()
     with e.begin() as tx:
         tx.create_index(NS, "u", unique=True)
@@ -112,20 +112,20 @@ def choose(pages: dict, strategy: str, rnd: random.Random) -> dict:
     return {n: p for n, p in pages.items() if rnd.random() < share}
 
 
-def run_trial(binary: str, work: str, k: int, rnd: random.Random) -> dict:
+def run_trial(binary: str, work: str, k: int, rnd: random.Random, map_mib: int = 0) -> dict:
     lz = LazyFS(binary, work, f"t{k}", os.path.join(work, f"t{k}.mnt"), cache="512mb")
     try:
-        return _trial(lz, k, rnd)
+        return _trial(lz, k, rnd, map_mib)
     finally:
         lz.stop()
 
 
-def _trial(lz: LazyFS, k: int, rnd: random.Random) -> dict:
+def _trial(lz: LazyFS, k: int, rnd: random.Random, map_mib: int) -> dict:
     lz.start()
     path = os.path.join(lz.mount, "m0")
     acked = [0]
     p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", path,
-                          "--seed", str(k)],
+                          "--seed", str(k), "--map-mib", str(map_mib)],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
     def read():
@@ -190,10 +190,13 @@ def _expected_state(upto: int) -> dict:
 @click.option("--trials", default=30, show_default=True, help="Torn crashes.")
 @click.option("--work", default="/tmp/raymx-torn", show_default=True)
 @click.option("--seed", type=int, default=None)
+@click.option("--map-mib", default=0, show_default=True,
+              help="The child's LMDB map in MiB (0: the default): a small one grows (is "
+                   "remapped) again and again while the child writes.")
 @click.option("--child", "child_path", hidden=True)
-def main(binary, trials, work, seed, child_path):
+def main(binary, trials, work, seed, map_mib, child_path):
     if child_path:
-        child(child_path, seed or 0)
+        child(child_path, seed or 0, map_mib)
         return
     missing = missing_prerequisites(binary)
     if missing:
@@ -205,13 +208,14 @@ def main(binary, trials, work, seed, child_path):
         shutil.rmtree(work)
     os.makedirs(work)
     rnd = random.Random(seed)
-    print(f"torn write-back harness: seed {seed}, {trials} trials", flush=True)
+    print(f"torn write-back harness: seed {seed}, {trials} trials"
+          + (f", a {map_mib} MiB map" if map_mib else ""), flush=True)
     found = False
     for m in ["store"]:
         bad = fired = acked = 0
         t0 = time.monotonic()
         for k in range(trials):
-            r = run_trial(binary, work, k, rnd)
+            r = run_trial(binary, work, k, rnd, map_mib)
             fc = r["check"]
             fired += r["written"] > 0
             acked += fc.checked
