@@ -392,7 +392,7 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
                 print(f"    {what}: {hist.examples[what]}")
         print(f"  members converged: {converged}")
         if map_mib:
-            print("  data files (MiB; the map opened at " + f"{map_mib}): " + ", ".join(
+            print(f"  data files (MiB; the map opened at {map_mib}): " + ", ".join(
                 f"{os.path.basename(dp)} {os.path.getsize(os.path.join(dp, 'data.mdb')) >> 20}"
                 for dp, _, fs in sorted(os.walk(data_dir)) if "data.mdb" in fs))
         print(f"  linearizable: {res['valid']} ({res['keys']} registers"
