@@ -362,6 +362,17 @@ ENOSPC_RUN = textwrap.dedent("""
     out["verify"], out["last"] = e.verify_oplog(), e.last()[0].seq
     out["ids_ok"] = sorted(d["_id"] for d in e.find("t.c")) == list(range(n))
     e.sync()  # the member syncs on; a full disk is not a failed sync
+    import time
+    wal = s._ent.wal
+    wal.ask_checkpoint()  # the background thread's checkpoint finds no room for its file
+    time.sleep(2.5)
+    out["checkpoint_failed"] = wal.failed
+    wal.checkpoint_first = True  # as after a map-full refusal: a write checkpoints first
+    try:
+        e.insert_many("t.c", [{"_id": -1, "pad": "x"}])
+        out["write_after_checkpoint"] = "written"
+    except Exception as err:
+        out["write_after_checkpoint"] = type(err).__name__
     os.remove(os.path.join(mnt, "ballast"))
     e.insert_many("t.c", [{"_id": n + j, "pad": "x" * 400} for j in range(20)])
     e.sync()
@@ -401,6 +412,9 @@ def test_enospc_on_a_full_tmpfs(tmp_path):
     causes = [c for _, _, c in out["errors"]]
     assert set(causes) <= {"Error", "DiskError", "OSError"}
     assert out["n"] > 1000 and out["count"] == out["n"] and out["ids_ok"]
+    # no room for a checkpoint's file: the background thread tries again later and
+    # a write that needs one first is refused (before: the log failed, for good)
+    assert out["checkpoint_failed"] is None and out["write_after_checkpoint"] == "DiskFull"
     assert out["verify"] == out["last"]
     assert out["after"] == out["n"] + 20 and out["verify_after"] == out["last_after"]
     assert out["reopened"] == [out["after"], out["last_after"], out["last_after"]]

@@ -689,8 +689,9 @@ class LMDBStore:
             wal.before_write()
         except BaseException as e:
             wal.unlock()
-            if isinstance(e, Exception):
-                raise self._log_error(e, "the checkpoint before a write", final=True) from e
+            if isinstance(e, Exception):  # no room for it: refused (DiskFull), else final
+                raise self._log_error(e, "the checkpoint before a write",
+                                      final=not wal_mod.no_room(e)) from e
             raise
         ent.begun()
         try:
@@ -737,7 +738,7 @@ class LMDBStore:
         (``DiskFailed``: the store writes no more)."""
         if isinstance(e, errors.RaymxError):
             return e
-        if not final and isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if not final and wal_mod.no_room(e):
             free = _free_bytes(self.path)
             return errors.DiskFull(
                 f"{self.path}: the disk is full ({where}: {e}; {free} bytes free); nothing "

@@ -57,6 +57,7 @@ at every checkpoint against what LMDB reports.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import mmap
 import os
@@ -355,7 +356,12 @@ class Wal:
         grown = info["last_pgno"] - _SHARED.unpack_from(self._shared, 0)[2]
         room = info["map_size"] // self._psize - info["last_pgno"]
         if grown > 2 * soft or room < 2 * soft:  # near the map's end: free what is freed now
-            self.checkpoint_locked()
+            try:
+                self.checkpoint_locked()
+            except OSError as e:  # no room for the checkpoint's file now: the commit
+                if not no_room(e):  # stands (it is in the log); the background thread
+                    raise           # tries again
+                self.ask_checkpoint()
         elif grown > soft or self.want_checkpoint:
             self.ask_checkpoint()
 
@@ -383,6 +389,12 @@ class Wal:
                     self.checkpoint()
                 except errors.DiskFull:  # a map another process grew, not adopted yet
                     pass  # (nothing done): asked again at the next wake
+                except OSError as e:
+                    if not no_room(e):
+                        self.failed = f"checkpoint: {type(e).__name__}: {e}"
+                        return
+                    # no room for the checkpoint's file (nothing changed): again at
+                    # the next wake, as writes are refused DiskFull until there is
                 except Exception as e:  # the next sync or write meets it too
                     self.failed = f"checkpoint: {type(e).__name__}: {e}"
                     return
@@ -641,6 +653,11 @@ class Wal:
             os.close(self._lfd)
             os.close(self._ufd)
             os.close(self._pfd)  # and with it this process's pin lock
+
+
+def no_room(e: BaseException) -> bool:
+    """An OSError that says the file system is full (or the quota used)."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def apply(t, dbs: tuple, changes: list) -> None:
