@@ -24,7 +24,10 @@ not. Meanwhile a nemesis, one fault at a time, each healed before the next:
 - ``lag``: both secondaries' producers paused for 1-4 s (no write can reach
   a majority meanwhile);
 - ``step-down``: the primary asked to step down;
-- ``coordinator``: the set's coordinator killed (Ray restarts it).
+- ``coordinator``: the set's coordinator killed (Ray restarts it);
+- ``disk-full`` (with ``--disk-mib``, which puts each member's folder on a
+  tmpfs of its own: needs root): a ballast file fills one member's file
+  system (the primary's half the time) for 1-6 s, then goes.
 
 At the end every fault is healed, each register is read once more, every
 member must converge to the same state (``state_digest``), and the history
@@ -40,6 +43,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -78,7 +82,14 @@ class History:
 
 
 def _not_applied(e: BaseException) -> bool:
-    """raymx said the request was never executed (not sent, refused as such)."""
+    """raymx said the request was never executed (not sent, refused as such),
+    or the member refused it for want of room (``DiskFull``: "nothing was
+    written", which the history then checks; the driver resends only what a
+    member refused or never got, so the answer is about the one execution).
+    pymongo's OutOfDiskSpace may follow a retryable write's first try, which
+    may have been applied: not counted."""
+    if isinstance(e, errors.DiskFull):
+        return True
     info = getattr(e, "info", None) or {}
     return info.get("sent") is False and info.get("outcome") != "unknown"
 
@@ -151,10 +162,12 @@ class Nemesis(threading.Thread):
               "freeze-primary", "freeze-primary-lag", "freeze-secondary", "lag", "step-down",
               "coordinator")
 
-    def __init__(self, rs, n: int, stop, seed: int, faults=FAULTS):
+    def __init__(self, rs, n: int, stop, seed: int, faults=FAULTS, disks=()):
         super().__init__(daemon=True, name="nemesis")
         self.rs, self.n, self.stop, self.rnd = rs, n, stop, random.Random(seed)
         self.faults = faults
+        self.disks = disks  # member -> the mount point of its own file system
+        self.ballast: list[str] = []  # files filling a member's file system
         self.done: list[tuple[float, str, str]] = []
         self.failed: list[str] = []
         self.stopped: set[int] = set()  # pids SIGSTOPped, not yet continued
@@ -209,8 +222,34 @@ class Nemesis(threading.Thread):
             except Exception as e:  # noqa: BLE001
                 self.failed.append(f"pause {m} {paused}: {type(e).__name__}: {e}")
 
+    def _fill(self, m) -> str:
+        """Fill member ``m``'s file system with a ballast file; what it took."""
+        path = os.path.join(self.disks[m], f"ballast.{time.monotonic_ns()}")
+        self.ballast.append(path)
+        st = os.statvfs(self.disks[m])
+        free = st.f_bavail * st.f_frsize
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, max(free, 4096))
+        except OSError:  # the members took some meanwhile: what is left, in steps
+            for mib in (64, 8, 1):
+                try:
+                    while True:
+                        os.posix_fallocate(fd, os.fstat(fd).st_size, mib << 20)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+        return f"{os.path.getsize(path) >> 20} MiB"
+
     def heal(self):
         self._thaw()
+        for path in self.ballast:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+        self.ballast.clear()
         if self.paused:
             self._pause(list(self.paused), False)
         for m in list(self.killed):
@@ -275,6 +314,11 @@ class Nemesis(threading.Thread):
                     self.rs.step_down()
                 elif fault == "coordinator":
                     ray.kill(self.rs._coord, no_restart=False)
+                elif fault == "disk-full":
+                    m = p if self.rnd.random() < 0.5 else self.rnd.randrange(self.n)
+                    secs = self.rnd.uniform(1, 6)
+                    note = f"m{m} {self._fill(m)} {secs:.1f} s"
+                    self.stop.wait(secs)
             except Exception as e:  # noqa: BLE001 - the fault failed: say so, go on
                 self.failed.append(f"{fault}: {type(e).__name__}: {e}")
             finally:
@@ -316,22 +360,42 @@ def _final_reads(rs, keys, hist: History):
 @click.option("--pad-kib", default=0, show_default=True,
               help="KiB of padding each write carries: with a small --map-mib the map "
                    "fills and grows under the faults.")
+@click.option("--disk-mib", default=0, show_default=True,
+              help="Put each member's folder on a tmpfs of this many MiB of its own and add "
+                   "the disk-full fault (needs root; 0: no).")
 def main(seconds, seed, members, clients, pymongo_clients, keys, faults, map_mib,
-         pad_kib) -> None:
-    unknown = sorted(set(faults.split(",")) - set(Nemesis.FAULTS))
+         pad_kib, disk_mib) -> None:
+    kinds = faults.split(",")
+    unknown = sorted(set(kinds) - set(Nemesis.FAULTS) - {"disk-full"})
     if unknown:
         raise click.BadParameter(f"unknown fault kinds {unknown}; the kinds are "
-                                 f"{', '.join(Nemesis.FAULTS)}", param_hint="--faults")
-    sys.exit(run(seconds, seed, members, clients, pymongo_clients, keys, faults, map_mib,
-                 pad_kib))
+                                 f"{', '.join(Nemesis.FAULTS)}, disk-full",
+                                 param_hint="--faults")
+    if disk_mib and "disk-full" not in kinds:
+        kinds.append("disk-full")
+    if "disk-full" in kinds and not disk_mib:
+        raise click.BadParameter("disk-full needs --disk-mib", param_hint="--faults")
+    if disk_mib and os.geteuid() != 0:
+        raise click.BadParameter("mounting a tmpfs per member needs root",
+                                 param_hint="--disk-mib")
+    sys.exit(run(seconds, seed, members, clients, pymongo_clients, keys, ",".join(kinds),
+                 map_mib, pad_kib, disk_mib))
 
 
-def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad_kib=0) -> int:
+def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad_kib=0,
+        disk_mib=0) -> int:
     """One run; 1 if a history is not linearizable, the members did not
-    converge, or a member could not restart (its folders are kept, and named)."""
+    converge, or a member could not restart (its folders are kept, and named;
+    not those on a tmpfs of --disk-mib, which go with it)."""
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     from raymx.storage.limits import Limits
     data_dir = tempfile.mkdtemp(prefix="nemesis-")
+    disks = {}
+    for m in range(members if disk_mib else 0):
+        disks[m] = os.path.join(data_dir, f"m{m}")
+        os.makedirs(disks[m])
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_mib}m,mode=0700", "tmpfs",
+                        disks[m]], check=True)
     rs = raymx.ReplicaSet.launch(f"nem{seed}", members=members, data_dir=data_dir,
                                  limits=Limits(map_bytes=map_mib << 20) if map_mib else None)
     rc = 0
@@ -345,7 +409,7 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
         pad = "x" * (pad_kib << 10)
         clients = [Client(i + 1, kind, rs, keys, hist, stop, seed * 100 + i, pad)
                    for i, kind in enumerate(kinds)]
-        nem = Nemesis(rs, members, nstop, seed, tuple(faults.split(",")))
+        nem = Nemesis(rs, members, nstop, seed, tuple(faults.split(",")), disks)
         t0 = time.monotonic()
         for c in clients:
             c.start()
@@ -391,10 +455,10 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
             if n <= 2:  # the rare ones, to look at
                 print(f"    {what}: {hist.examples[what]}")
         print(f"  members converged: {converged}")
-        if map_mib:
-            print(f"  data files (MiB; the map opened at {map_mib}): " + ", ".join(
-                f"{os.path.basename(dp)} {os.path.getsize(os.path.join(dp, 'data.mdb')) >> 20}"
-                for dp, _, fs in sorted(os.walk(data_dir)) if "data.mdb" in fs))
+        print("  data files (MiB): " + ", ".join(
+            f"{os.path.basename(dp)} {os.path.getsize(os.path.join(dp, 'data.mdb')) >> 20}"
+            for dp, _, fs in sorted(os.walk(data_dir)) if "data.mdb" in fs)
+            + (f"; each map opened at {map_mib}" if map_mib else ""))
         print(f"  linearizable: {res['valid']} ({res['keys']} registers"
               + (f"; gave up on {list(res['unknown'])}" if res["unknown"] else "") + ")")
         for k, why in list(res["failures"].items())[:3]:
@@ -406,6 +470,8 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
     finally:
         rs.shutdown()
         ray.shutdown()
+        for mnt in disks.values():
+            subprocess.run(["umount", "-l", mnt], check=False)
     if rc:
         print(f"  the members' folders are kept in {data_dir}")
     else:

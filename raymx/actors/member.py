@@ -93,13 +93,16 @@ class OplogShard:
                                     {int(k): v for k, v in votes.items()})
         # the producer rings after each batch it writes: wake long-polling pulls
         self._bell = doorbell.Listener(path, "feeder", self.feeder.on_limit)
-        # and with each newer majority point it learns (the 16 GTID bytes)
-        self._majority_bell = doorbell.Listener(path, "majority", self._majority_rung,
-                                                with_data=True)
         self.service = ShardService(self.engine, limits, primary=False,
                                     on_durable=self._on_durable, member_id=self.member_id,
                                     votes={int(k): v for k, v in votes.items()},
                                     on_fatal=stop_process)
+        # and with each newer majority point it learns (the 16 GTID bytes); after
+        # the service, which its handler tells (a ring before it was lost: its
+        # ringer falls back to a Ray call until this listens, and Ray calls wait
+        # for this constructor)
+        self._majority_bell = doorbell.Listener(path, "majority", self._majority_rung,
+                                                with_data=True)
         # the applier rings after each batch: reads parked until a GTID is applied
         self._applied_bell = doorbell.Listener(path, "applied", self.service.after_waits.kick)
         cfg = self.engine.get_meta("rs_config") or {}

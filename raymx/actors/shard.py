@@ -361,6 +361,9 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
                 self.e.write_noop(g)
                 self.gm.done(g)
                 return
+            except errors.DiskFull as e:  # expected while the disk or map is full
+                log.warning("the n entry of %s could not be written; it is written before "
+                            "the next write: %s", g, e)
             except Exception:
                 log.exception("the n entry of %s could not be written; it is written "
                               "before the next write", g)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 
+from raymx import errors
 from raymx.actors.core.replication import applied_point, trim_bound
 from raymx.actors.reads import gtid_out
 
@@ -104,4 +105,7 @@ class TrimPath:
                 self.trim["last_error"] = None
             except Exception as e:  # report and retry next round
                 self.trim["last_error"] = f"{type(e).__name__}: {e}"
-                log.exception("trimming the oplog failed")
+                if isinstance(e, errors.DiskFull):  # nothing trimmed: again next round
+                    log.warning("trimming the oplog was refused: %s", e)
+                else:
+                    log.exception("trimming the oplog failed")
