@@ -556,18 +556,24 @@ class Wal:
             raise errors.CorruptStore(f"{self.folder}: a commit ran during a checkpoint")
         gen = max(self._shared_state()[0], self.gen) + 1
         new_log = os.path.join(self.folder, wal_name(gen))
-        try:  # the log before the current one (its checkpoint is superseded) is reused:
-            os.rename(os.path.join(self.folder, SPARE), new_log)  # its blocks are written
-        except FileNotFoundError:
-            os.close(os.open(new_log, os.O_WRONLY | os.O_CREAT, 0o600))
-        body = _CKPT_HEAD.pack(_CKPT_MAGIC, _CKPT_VERSION, gen, txnid, psize, len(meta)) + meta
-        tmp = os.path.join(self.folder, CKPT + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(body + struct.pack("<I", zlib.crc32(body)))
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, os.path.join(self.folder, CKPT))
-        _fsync_dir(self.folder)
+        try:
+            try:  # the log before the current one (its checkpoint is superseded) is reused:
+                os.rename(os.path.join(self.folder, SPARE), new_log)  # its blocks are written
+            except FileNotFoundError:
+                os.close(os.open(new_log, os.O_WRONLY | os.O_CREAT, 0o600))
+            body = _CKPT_HEAD.pack(_CKPT_MAGIC, _CKPT_VERSION, gen, txnid, psize,
+                                   len(meta)) + meta
+            tmp = os.path.join(self.folder, CKPT + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(body + struct.pack("<I", zlib.crc32(body)))
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, os.path.join(self.folder, CKPT))
+            _fsync_dir(self.folder)
+        except BaseException:  # (no room for the file: taken again later) the new
+            if new_pin is not None:  # pin goes; the checkpoint before stands
+                new_pin.abort()
+            raise
         _SHARED.pack_into(self._shared, 0, gen, 0 if pin else 1,
                           struct.unpack_from("<Q", meta, _META_LAST_PG)[0], 0)
         self._switch(gen, pin=new_pin)
