@@ -226,18 +226,12 @@ class Nemesis(threading.Thread):
         """Fill member ``m``'s file system with a ballast file; what it took."""
         path = os.path.join(self.disks[m], f"ballast.{time.monotonic_ns()}")
         self.ballast.append(path)
-        st = os.statvfs(self.disks[m])
-        free = st.f_bavail * st.f_frsize
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
         try:
-            os.posix_fallocate(fd, 0, max(free, 4096))
-        except OSError:  # the members took some meanwhile: what is left, in steps
-            for mib in (64, 8, 1):
-                try:
-                    while True:
-                        os.posix_fallocate(fd, os.fstat(fd).st_size, mib << 20)
-                except OSError:
-                    pass
+            while True:  # a MiB at a time until there is none (ENOSPC)
+                os.posix_fallocate(fd, os.fstat(fd).st_size, 1 << 20)
+        except OSError:
+            pass
         finally:
             os.close(fd)
         return f"{os.path.getsize(path) >> 20} MiB"

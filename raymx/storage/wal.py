@@ -387,17 +387,13 @@ class Wal:
             if self.want_checkpoint:
                 try:
                     self.checkpoint()
-                except errors.DiskFull:  # a map another process grew, not adopted yet
-                    pass  # (nothing done): asked again at the next wake
-                except OSError as e:
-                    if not no_room(e):
-                        self.failed = f"checkpoint: {type(e).__name__}: {e}"
-                        return
-                    # no room for the checkpoint's file (nothing changed): again at
-                    # the next wake, as writes are refused DiskFull until there is
-                except Exception as e:  # the next sync or write meets it too
+                except Exception as e:
+                    # a map another process grew, not adopted yet, or no room for the
+                    # checkpoint's file: nothing changed, asked again at the next wake
+                    if isinstance(e, errors.DiskFull) or no_room(e):
+                        continue
                     self.failed = f"checkpoint: {type(e).__name__}: {e}"
-                    return
+                    return  # the next sync or write meets it too
             elif self.pin is not None:
                 self.drop_stale_pin()
 
