@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from raymx import errors
+from raymx.actors.core.election import DISK_ROOM_BYTES
 from raymx.storage import codec
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import Limits
@@ -254,6 +255,11 @@ def format_status(st: dict) -> str:
         elif ar and m.get("role") == "primary":
             notes.append(f"oplog archive {ar['uri']}: {g(ar.get('oldest'))} .. "
                          f"{g(ar.get('through'))} in {ar['segments']} segments")
+        free = m.get("disk_free")
+        if free is not None and free < DISK_ROOM_BYTES:
+            notes.append(f"member {m.get('id')}: {free / 2**20:.1f} MiB free on its disk: writes "
+                         "it cannot fit are refused (DiskFull) and a primary that refuses "
+                         "them hands over to a member with room")
         if ol.get("over_cap"):
             cap = ol["cap"]["max_bytes"]
             notes.append(f"member {m.get('id')}: oplog {ol['bytes']:,} bytes is over its cap "

@@ -123,7 +123,8 @@ class SimCoordinator:
         targets = core.fence(a)
         replies: dict[int, dict] = {}
         state = {"open": True}
-        self.sim.trace(self.name, f"fence term={term} -> {targets}")
+        self.sim.trace(self.name, f"fence term={term} -> {targets}"
+                       + (f" ({a.why}: m{core.primary} -> m{a.member})" if a.why else ""))
 
         def close():
             if not state["open"]:

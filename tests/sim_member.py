@@ -142,7 +142,7 @@ class SimMember:
         if alive:
             now = self.now()
             self.set_positions({}, {int(m): now for m in alive})
-        respond(self.core.reply(self.gm.term))
+        respond(self.core.reply(self.gm.term, self.sim.sched.now))  # a monotonic clock
 
     def on_set_config(self, respond, config: dict) -> None:
         if self.core.set_config(config, self.primary):

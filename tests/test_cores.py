@@ -67,6 +67,28 @@ def test_a_configuration_is_kept_only_when_newer_and_moves_the_fence():
     assert MemberCore(e, 1).config_version == 2  # durable
 
 
+def test_heartbeats_say_when_a_write_was_refused_for_a_full_disk():
+    from raymx.actors.core.member import DISK_FULL_WINDOW_MS
+    e = _engine(writes=1)
+    m = MemberCore(e, 1)
+    r = m.reply(1, now_ms=0)
+    assert r["disk_full"] is False and r["disk_free"] > 0
+    e.store.full = True
+    assert m.reply(1, now_ms=10)["disk_free"] == 0
+    assert m.reply(1, now_ms=10)["disk_full"] is False  # nothing refused yet
+    tx = e.begin(autocommit=True)
+    try:
+        tx.insert("db.c", [{"_id": 2}])
+        tx.commit(GTID(1, 2))
+        raise AssertionError("a full store took a write")
+    except errors.DiskFull:
+        tx.abort()
+    e.store.full = False
+    assert m.reply(1, now_ms=20)["disk_full"] is True  # seen at this heartbeat
+    assert m.reply(1, now_ms=20 + DISK_FULL_WINDOW_MS - 1)["disk_full"] is True
+    assert m.reply(1, now_ms=20 + DISK_FULL_WINDOW_MS)["disk_full"] is False
+
+
 def test_the_producer_follows_only_in_the_newest_term_it_knows():
     """The stale_sync_source bug: after learning a newer term, entries from the
     source chosen in the older term are refused until follow() in the new one."""

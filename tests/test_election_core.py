@@ -1,14 +1,16 @@
 """ElectionCore decisions, driven directly (pure, injected time)."""
-from raymx.actors.core.election import ElectionCore
+from raymx.actors.core.election import (DISK_HAND_OVER_EVERY_MS, DISK_ROOM_BYTES,
+                                        ElectionCore)
 from raymx.storage.gtid import GTID
 
 
 def beat(core, mid, now, last=(1, 5), term=1, role="secondary", state="running", following=None,
-         lead_term=None):
+         lead_term=None, disk_full=False, disk_free=1 << 40):
     core.on_heartbeat(mid, {"term": term, "last": list(last), "role": role, "state": state,
                             "following": following,
                             "lead_term": term if role == "primary" and lead_term is None
-                            else lead_term}, now)
+                            else lead_term, "disk_full": disk_full,
+                            "disk_free": disk_free}, now)
 
 
 def core3(extra=None):
@@ -251,3 +253,74 @@ def test_the_protocol_cores_import_no_ray_threads_clock_randomness_or_lmdb():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             for n in names:
                 assert n.split(".")[0] not in banned, f"{rel} imports {n}"
+
+
+# --- a primary whose disk is full hands over --------------------------------
+def full_primary(now=0, p_last=(1, 9), **secondaries):
+    """Member 0 primary in term 1, its disk full; members 1 and 2 as given
+    (keyword ``mN`` = dict of ``beat`` arguments)."""
+    c = core3()
+    beat(c, 0, now, last=p_last, role="primary", disk_full=True, disk_free=0)
+    c.on_elected(0, 1)
+    for m in (1, 2):
+        kw = dict(last=p_last, following=[0, 1])
+        kw.update(secondaries.get(f"m{m}", {}))
+        beat(c, m, now, **kw)
+    return c
+
+
+def test_a_primary_whose_disk_is_full_hands_over_to_a_member_with_room():
+    c = full_primary(m1={"disk_free": 10 << 20})  # 1 has too little room
+    acts = c.tick(100)
+    assert [(a.kind, a.member, a.term, a.why) for a in acts] == [("elect", 2, 2, "disk_full")]
+    assert c.log[-1] == ("disk_hand_over", 0, 2, 100)
+    # the fence: the deposed primary answers too (as secondary); 2 is proposed and wins
+    answers = {m: {"term": 2, "last": [1, 9], "role": "secondary", "state": "running",
+                   "disk_full": m == 0, "disk_free": 0 if m == 0 else 1 << 40}
+               for m in range(3)}
+    assert c.fenced(acts[0], answers, 150) == 2
+
+
+def test_no_hand_over_without_a_full_disk_or_a_member_with_room_and_everything():
+    c = core3()  # a primary with room: nothing
+    beat(c, 0, 0, last=(1, 9), role="primary")
+    c.on_elected(0, 1)
+    for m in (1, 2):
+        beat(c, m, 0, last=(1, 9), following=[0, 1])
+    assert c.tick(100) == []
+    # every secondary full, short of room, behind, not running or not eligible
+    for sec in ({"disk_full": True}, {"disk_free": DISK_ROOM_BYTES - 1}, {"disk_free": None},
+                {"last": (1, 8)}, {"state": "recovering"}):
+        c = full_primary(m1=sec, m2=sec)
+        assert c.tick(100) == [], sec
+    c = core3({1: {"priority": 0}, 2: {"hidden": True, "priority": 0}})
+    beat(c, 0, 0, last=(1, 9), role="primary", disk_full=True)
+    c.on_elected(0, 1)
+    for m in (1, 2):
+        beat(c, m, 0, last=(1, 9), following=[0, 1])
+    assert c.tick(100) == []
+
+
+def test_hand_overs_from_full_disks_are_spaced_out():
+    c = full_primary()
+    assert [a.kind for a in c.tick(100)] == ["elect"]
+    # that election did not happen (its fence found no majority, say): the
+    # primary stays, and the next try waits (a full disk everywhere must not
+    # make elections loop)
+    assert c.tick(200) == []
+    assert c.tick(100 + DISK_HAND_OVER_EVERY_MS - 1) == []
+    assert [a.kind for a in c.tick(100 + DISK_HAND_OVER_EVERY_MS)] == ["elect"]
+
+
+def test_elections_prefer_a_member_with_room_among_equals():
+    c = core3()
+    beat(c, 0, 0, last=(1, 9), disk_full=True, disk_free=0)
+    beat(c, 1, 0, last=(1, 9))
+    beat(c, 2, 0, last=(1, 8))
+    assert [(a.kind, a.member) for a in c.tick(0)] == [("elect", 1)]
+    # but never one that lacks an entry
+    c = core3()
+    beat(c, 0, 0, last=(1, 9), disk_full=True, disk_free=0)
+    beat(c, 1, 0, last=(1, 8))
+    beat(c, 2, 0, last=(1, 8))
+    assert [(a.kind, a.member) for a in c.tick(0)] == [("elect", 0)]

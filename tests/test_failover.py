@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import subprocess
 import threading
 import time
 
@@ -79,6 +80,81 @@ def test_kill_primary_while_writing_majority_nothing_acknowledged_is_lost(ray_se
         wait_until(lambda: converged(ray_session, rs, alive), timeout_s=60)
     finally:
         rs.shutdown()
+
+
+def _tmpfs(path: str, mib: int) -> None:
+    """A file system of ``mib`` MiB of its own at ``path`` (root only), or a skip."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs for a member's folder needs root")
+    os.makedirs(path)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m,mode=0700", "tmpfs", path],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+
+
+def _fill(folder: str) -> str:
+    """A ballast file that takes every free block of ``folder``'s file system."""
+    path = os.path.join(folder, "ballast")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:  # a MiB at a time until ENOSPC
+            os.posix_fallocate(fd, os.fstat(fd).st_size, 1 << 20)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return path
+
+
+def test_a_primary_whose_disk_fills_hands_over_and_loses_nothing(ray_session, tmp_path):
+    """A mongod that finds its disk full aborts and its set fails over; a raymx
+    primary that refuses writes for a full disk hands over to a member with
+    room (an election, fenced as any other), so writes go on there. Nothing
+    acknowledged is lost, and the old primary catches up once it has room."""
+    mounts = [str(tmp_path / f"m{m}") for m in range(3)]
+    try:
+        for m in mounts:
+            _tmpfs(m, 256)
+        rs = raymx.ReplicaSet.launch("dfull", members=3, data_dir=str(tmp_path))
+        try:
+            old = rs.wait_for_primary()
+            coll = rs.client(w="majority", wtimeout_ms=10_000, timeout_s=30)["d"]["c"]
+            pad = "x" * 4000  # every write needs new pages: a full disk refuses it
+            acked = [coll.insert_one({"_id": i, "pad": pad}).inserted_id for i in range(20)]
+            term = rs.status()["term"]
+            ballast = _fill(mounts[old])
+            refused, after, i = 0, 0, len(acked)
+            deadline = time.monotonic() + 60
+            while after < 20:
+                assert time.monotonic() < deadline, (
+                    f"no hand-over in 60 s: {refused} writes refused, {rs.status()}")
+                try:
+                    r = coll.insert_one({"_id": i, "pad": pad})
+                    acked.append(i)
+                    after += r.gtid.term > term
+                except errors.DiskFull:
+                    refused += 1
+                    time.sleep(0.01)
+                except errors.RaymxError as e:  # the hand-over: outcome unknown, not counted
+                    assert e.info.get("outcome") == "unknown" or isinstance(
+                        e, (errors.NotPrimary, errors.PrimaryUnavailable)), e
+                i += 1
+            st = rs.status()
+            assert st["primary"] != old and st["last_election"]["why"] == "disk_full", st
+            assert refused > 0  # the old primary did refuse writes first
+            mine = [x for x in st["members"] if x["id"] == old][0]
+            assert mine["disk_refusals"] > 0 and mine["disk_free"] < 64 << 20
+            os.remove(ballast)  # room again: the old primary catches up as a secondary
+            wait_until(lambda: converged(ray_session, rs, [0, 1, 2]), timeout_s=60)
+            have = {d["_id"] for d in coll.find({}, projection={"_id": 1})}
+            missing = [x for x in acked if x not in have]
+            assert not missing, f"acknowledged majority writes lost: {missing[:5]}"
+        finally:
+            rs.shutdown()
+    finally:
+        for m in mounts:
+            subprocess.run(["umount", "-l", m], capture_output=True)
 
 
 def test_w1_writes_that_never_replicated_are_in_the_rollback_file(ray_session, tmp_path):

@@ -295,11 +295,15 @@ class Coordinator:
         try:
             if a.kind == "elect":
                 t0 = _now_ms()
+                if a.why == "disk_full":
+                    log.warning("replica set %s: primary %s refuses writes for a full disk; "
+                                "an election proposes member %d, which has room",
+                                self.name, self.core.primary, a.member)
                 winner = self._prepare(a)
                 if winner is None:
                     self.core.on_failed(a)
                     return
-                a = Action("elect", winner, a.term)
+                a = Action("elect", winner, a.term, why=a.why)
                 method, args = self.core.call(a)
                 ray.get(getattr(self._handle(winner), method).remote(*args), timeout=30)
                 self.core.on_elected(a.member, a.term)
@@ -308,7 +312,7 @@ class Coordinator:
                 self.last_election = {
                     "member": a.member, "term": a.term, "at_ms": done,
                     "took_ms": None if self.failed_at_ms is None else done - self.failed_at_ms,
-                    "become_primary_ms": done - t0}
+                    "become_primary_ms": done - t0, "why": a.why or "election"}
                 self.failed_at_ms = None
                 log.warning("replica set %s: member %d elected primary, term %d",
                             self.name, a.member, a.term)

@@ -147,7 +147,7 @@ class OplogShard:
         if alive:
             now = now_ms()
             self.service.set_positions({}, {int(m): now for m in alive})
-        return dict(self.core.reply(self.service.gm.term),
+        return dict(self.core.reply(self.service.gm.term, int(time.monotonic() * 1000)),
                     loading=self.engine.get_meta("initial_sync") is not None,
                     loaded_at=self.loaded_at, port=[self.port.host, self.port.port])
 
@@ -398,7 +398,9 @@ class OplogShard:
                   "connections": self.port.connections, "restarted": self.restarted,
                   "priority": self.spec.get("priority", 1), "votes": self.spec.get("votes", 1),
                   "hidden": bool(self.spec.get("hidden")), "delay_s": self.spec.get("delay_s", 0),
-                  "sync_source": self.spec.get("sync_source")})
+                  "sync_source": self.spec.get("sync_source"),
+                  "disk_free": self.engine.store.free_bytes(),
+                  "disk_refusals": self.engine.store.disk_refusals})
         if self.role != "primary":
             s["durable"] = gtid_out(r.last)  # the producer syncs every batch it writes
         s["oplog"] = self.oplog_status()

@@ -359,7 +359,7 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         if not self._unwritten:
             try:
                 self.e.write_noop(g)
-                self.gm.done(g)
+                self._noop_done(g)
                 return
             except errors.DiskFull as e:  # expected while the disk or map is full
                 log.warning("the n entry of %s could not be written; it is written before "
@@ -376,7 +376,7 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         try:
             while self._unwritten:
                 self.e.write_noop(self._unwritten[0])
-                self.gm.done(self._unwritten.pop(0))
+                self._noop_done(self._unwritten.pop(0))
             return True
         except Exception as e:
             err = e if isinstance(e, errors.DiskFull) else errors.RaymxError(
@@ -389,6 +389,14 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
                 if kind == "session":
                     sess.end()
         return False
+
+    def _noop_done(self, g: GTID) -> None:
+        """The ``n`` entry of a failed write committed at ``g``: the syncer makes
+        it durable, so it ships. Without that, while every later write is
+        refused (a full disk), the primary held an entry no other member
+        could get, and no member with room was as advanced as it."""
+        self.gm.done(g)
+        self.group.note_commit(g)
 
     @staticmethod
     def _write_error(e: Exception, req: dict) -> errors.RaymxError:
@@ -481,6 +489,8 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         for g, res, req, reply in sealed:
             if isinstance(res, Exception):
                 reply(err=res)
+                if g is not None:  # its n entry (grp.noop)
+                    self.group.note_commit(g)
             elif g is None:
                 flush |= self._answer_unchanged(res, req, reply)
             else:

@@ -74,7 +74,7 @@ class _Env:
 
     __slots__ = ("env", "dbs", "refs", "lock", "_begun", "_ended", "begun", "ended",
                  "resizing", "grow_wanted", "grow_retry_at", "adopt_retry_at",
-                 "map_bytes_max", "wal", "release_hooks")
+                 "map_bytes_max", "wal", "release_hooks", "disk_refusals")
 
     def __init__(self, env, dbs, map_bytes_max):
         self.env, self.dbs, self.refs = env, dbs, 0
@@ -83,6 +83,7 @@ class _Env:
         self.begun, self.ended = self._begun.__next__, self._ended.__next__
         self.resizing = False
         self.grow_wanted = False  # a map-full refusal happened: grow when idle
+        self.disk_refusals = 0  # writes refused for a full disk (``Store.disk_refusals``)
         self.grow_retry_at = 0.0  # after a try that found a transaction open
         self.adopt_retry_at = 0.0  # the same for adopting another process's grow
         self.map_bytes_max = map_bytes_max
@@ -264,6 +265,7 @@ def _refusal(store: "LMDBStore", e: Exception, where: str) -> Exception:
             and free < SHORT_WRITE_FREE_BYTES):
         if free is None:
             free = _free_bytes(store.path)
+        store._ent.disk_refusals += 1
         return errors.DiskFull(
             f"{store.path}: the disk is full ({where}: {e}; {free} bytes free); nothing "
             "was written, what was stored is intact and reads go on; free space on its "
@@ -662,6 +664,15 @@ class LMDBStore:
         self._closed = False
         self.failed: str | None = None  # a sync failed: see sync()
 
+    @property
+    def disk_refusals(self) -> int:
+        """Writes this process refused in this folder for a full disk."""
+        return self._ent.disk_refusals
+
+    def free_bytes(self) -> int | None:
+        """Room left on the folder's file system (``statvfs``), or None."""
+        return _free_bytes(self.path)
+
     # A transaction is counted (``_Env``) from before its begin to its end
     # (``_Txn._end``); the common case is inline: no resize, no MAP_RESIZED.
     def read(self):
@@ -740,6 +751,7 @@ class LMDBStore:
             return e
         if not final and wal_mod.no_room(e):
             free = _free_bytes(self.path)
+            self._ent.disk_refusals += 1
             return errors.DiskFull(
                 f"{self.path}: the disk is full ({where}: {e}; {free} bytes free); nothing "
                 "was written, what was stored is intact and reads go on; free space on its "

@@ -55,6 +55,10 @@ class WriteTxn(ReadTxn, Protocol):
 
 class Store(Protocol):
     path: str
+    # writes refused so far because the disk had no room (``DiskFull`` with
+    # ``full="disk"``; a full map is not counted: it grows): a primary whose
+    # count moves hands over to a member with room (``MemberCore.reply``)
+    disk_refusals: int
 
     def read(self) -> ReadTxn: ...
     def write(self) -> WriteTxn: ...
@@ -62,6 +66,7 @@ class Store(Protocol):
     def close(self) -> None: ...
     # release(): end long-lived idle transactions so a remap of the map can run
     def on_remap(self, release: Callable[[], None]) -> Callable[[], None]: ...
+    def free_bytes(self) -> int | None: ...  # room left on its disk; None: unknown
 
 
 class _TxnBase:
@@ -285,6 +290,7 @@ class MemoryStore:
         # commit raises errors.DiskFull; the transaction is then aborted,
         # nothing of it stored. Reads go on; clear it and writes work again.
         self.full = False
+        self.disk_refusals = 0
         self._tables = {db: _Table() for db in DBS}
         self._durable = self._tables
         self._writer = threading.Lock()
@@ -319,6 +325,7 @@ class MemoryStore:
         self._writer.release()
 
     def _full_error(self) -> errors.DiskFull:
+        self.disk_refusals += 1
         return errors.DiskFull(
             f"{self.path}: the disk is full (simulated: MemoryStore.full); nothing was "
             "written, what was stored is intact and reads go on; clear the switch and "
@@ -331,6 +338,10 @@ class MemoryStore:
     def on_remap(self, release):
         """Nothing here is ever remapped (``LMDBStore.on_remap``)."""
         return lambda: None
+
+    def free_bytes(self) -> int:
+        """A simulated disk: none left while ``full``, plenty otherwise."""
+        return 0 if self.full else 1 << 40
 
     def crash(self):
         """Simulate a machine crash: everything not synced is gone."""

@@ -24,6 +24,12 @@ Rules (DESIGN section 7, TokuMX 2.0):
 * a coordinator that has no primary (it restarted) adopts a member that
   reports itself primary in the highest term it knows, with a majority of
   voters up, instead of electing again.
+* a primary that refuses writes for a full disk (``disk_full`` in its
+  heartbeats) hands over, as a mongod that aborts on ENOSPC fails over: an
+  election, fenced as any other, proposing a running eligible member that
+  holds everything the primary has and has ``DISK_ROOM_BYTES`` free; at most
+  one such hand-over every ``DISK_HAND_OVER_EVERY_MS``. Among equally advanced
+  members, every election prefers one with room.
 
 Configuration changes (``check_config_change``, ``config_change_blockers``)
 follow MongoDB's safe reconfig and Raft's single-server changes: one voter
@@ -41,6 +47,9 @@ from dataclasses import dataclass, field
 
 from raymx import errors
 from raymx.storage.gtid import GTID, ZERO
+
+DISK_ROOM_BYTES = 64 << 20  # the least free space of a member a full primary hands over to
+DISK_HAND_OVER_EVERY_MS = 10_000  # a full disk on every member must not make elections loop
 
 
 @dataclass
@@ -63,6 +72,8 @@ class View:
     following: tuple | None = None  # (sync source, term) the member says it follows
     config_version: int = 0     # the newest configuration the member has recorded
     lead_term: int | None = None  # the term it takes writes in, if it says it is primary
+    disk_full: bool = False     # it refused a write for a full disk lately
+    disk_free: int | None = None  # bytes free on its disk (None: unknown)
 
     @property
     def eligible(self) -> bool:
@@ -76,6 +87,7 @@ class Action:
     term: int = 0
     source: int | None = None
     target: GTID | None = None
+    why: str = ""      # "disk_full": a full primary's hand-over
 
 
 @dataclass
@@ -88,6 +100,7 @@ class ElectionCore:
     elections: int = 0
     adoptions: int = 0
     started_ms: int | None = None  # the first tick (a restarted coordinator's too)
+    disk_hand_over_ms: int | None = None  # the last hand-over from a full primary
     log: list = field(default_factory=list)
 
     @classmethod
@@ -118,6 +131,8 @@ class ElectionCore:
         v.following = None if f is None else (f[0], f[1])
         v.config_version = reply.get("config_version", 0)
         v.lead_term = reply.get("lead_term")
+        v.disk_full = bool(reply.get("disk_full"))
+        v.disk_free = reply.get("disk_free")
         self.term = max(self.term, v.term)
 
     def on_elected(self, member: int, term: int) -> None:
@@ -151,7 +166,7 @@ class ElectionCore:
         cands = candidates(answered)
         if not cands:
             return None
-        best = max(cands, key=lambda v: (v.last, v.priority, -v.id))
+        best = max(cands, key=rank)
         if votes_for(answered, best.last) < self.majority_count():
             return None
         eligible = [v for v in cands if v.eligible and v.last >= best.last]
@@ -159,7 +174,7 @@ class ElectionCore:
             return None
         if any(v.id == proposed for v in eligible):
             return proposed
-        return max(eligible, key=lambda v: (v.priority, -v.id)).id
+        return max(eligible, key=rank).id
 
     def call(self, a: Action) -> tuple[str, tuple]:
         """The member call that carries out ``a`` (an ``elect`` after its fence)."""
@@ -215,6 +230,10 @@ class ElectionCore:
             self._adopt()
         if self.primary is None and not self._first_round_open(now_ms):
             out += self._elect()
+        if self.primary is not None and self.catching_up is None:
+            hand_over = self._disk_hand_over(now_ms)
+            if hand_over is not None:
+                return [hand_over]  # the others follow the winner at the next tick
         chosen = {a.member for a in out if a.kind == "elect"}
         # deposed or confused primaries step down; everyone follows the primary
         for v in self.members.values():
@@ -227,6 +246,24 @@ class ElectionCore:
                 if v.term < self.term or v.following != (src, self.term):
                     out.append(Action("follow", v.id, self.term, src))
         return out
+
+    def _disk_hand_over(self, now_ms: int) -> Action | None:
+        """The primary refuses writes for a full disk: an election proposing the
+        member with room that holds everything it has (its fence deposes the
+        primary, which writes nothing meanwhile), or None."""
+        p = self.members[self.primary]
+        if not p.disk_full or (self.disk_hand_over_ms is not None and
+                               now_ms - self.disk_hand_over_ms < DISK_HAND_OVER_EVERY_MS):
+            return None
+        room = [v for v in self._candidates() if v.id != p.id and v.eligible
+                and v.state == "running" and not v.disk_full and v.last >= p.last
+                and v.disk_free is not None and v.disk_free >= DISK_ROOM_BYTES]
+        if not room:
+            return None
+        to = max(room, key=rank)
+        self.disk_hand_over_ms = now_ms
+        self.log.append(("disk_hand_over", p.id, to.id, now_ms))
+        return Action("elect", to.id, self._new_term(), why="disk_full")
 
     def _first_round_open(self, now_ms: int) -> bool:
         """Before its first election or adoption, a coordinator waits until every
@@ -257,17 +294,17 @@ class ElectionCore:
         cands = self._candidates()
         if not cands:
             return []
-        best = max(cands, key=lambda v: (v.last, v.priority, -v.id))
+        best = max(cands, key=rank)
         up = [v for v in self.members.values() if v.alive]
         if votes_for(up, best.last) < self.majority_count():
             return []  # no majority: no primary, writes fail with PrimaryUnavailable
-        new_term = max([self.term] + [v.term for v in self.members.values()]) + 1
+        new_term = self._new_term()
         if best.eligible:
             return [Action("elect", best.id, new_term)]
         eligible = [v for v in cands if v.eligible]
         if not eligible:
             return []
-        e = max(eligible, key=lambda v: (v.last, v.priority, -v.id))
+        e = max(eligible, key=rank)
         if e.last >= best.last:
             return [Action("elect", e.id, new_term)]
         self.catching_up = (e.id, best.id, best.last)
@@ -306,8 +343,17 @@ class ElectionCore:
 
     def step_down_to(self, member: int) -> list[Action]:
         """Planned hand-over: the shell has made ``member`` catch up already."""
-        new_term = max([self.term] + [v.term for v in self.members.values()]) + 1
-        return [Action("elect", member, new_term)]
+        return [Action("elect", member, self._new_term(), why="step_down")]
+
+    def _new_term(self) -> int:
+        """A term above every term known (an election's)."""
+        return max([self.term] + [v.term for v in self.members.values()]) + 1
+
+
+def rank(v: View) -> tuple:
+    """Who wins among candidates: the most advanced; among equals one with room
+    on its disk, then the highest priority, then the lowest id."""
+    return (v.last, not v.disk_full, v.priority, -v.id)
 
 
 def candidates(views) -> list[View]:

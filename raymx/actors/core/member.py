@@ -33,6 +33,10 @@ TAKE_WRITES = "take_writes"        # ShardService.become_primary(term): a DiskFa
 NOOP = "noop"                      # queue the new term's no-op entry (not waited for)
 DURABLE = "durable"                # the feeder may ship up to the last entry
 
+# a member that refused a write for a full disk within this long says so in its
+# heartbeats (``reply``): a primary that does hands over to a member with room
+DISK_FULL_WINDOW_MS = 2_000
+
 
 def run_steps(steps: Generator, do) -> object:
     """Carry out a generator of steps in order (``do(step)`` answers each);
@@ -62,6 +66,8 @@ class MemberCore:
         # the primary's last entry when it became primary or installed the
         # current configuration: every write acknowledged before is at most this
         self.fence: GTID | None = None
+        self._refusals = engine.store.disk_refusals  # as of the last heartbeat
+        self._full_ms: int | None = None  # when a heartbeat first saw that count move
 
     # --- terms and roles -------------------------------------------------
     def is_primary(self, serving: bool) -> bool:
@@ -155,13 +161,20 @@ class MemberCore:
             return SYNCHRONIZING
         return None if self.sync_state == RUNNING else self.sync_state
 
-    def reply(self, lead_term: int) -> dict:
-        """The heartbeat's answer (the shell adds its own fields)."""
+    def reply(self, lead_term: int, now_ms: int) -> dict:
+        """The heartbeat's answer (the shell adds its own fields). ``disk_full``:
+        this process refused a write for a full disk in the last
+        ``DISK_FULL_WINDOW_MS``; ``disk_free``: the room left on its disk."""
         last, h = self.e.last()
+        n = self.e.store.disk_refusals
+        if n != self._refusals:
+            self._refusals, self._full_ms = n, now_ms
+        full = self._full_ms is not None and now_ms - self._full_ms < DISK_FULL_WINDOW_MS
         return {"term": self.e.term, "last": list(last), "h": h, "role": self.role,
                 "following": self.following, "state": self.state(),
                 "config_version": self.config_version,
-                "lead_term": lead_term if self.role == "primary" else None}
+                "lead_term": lead_term if self.role == "primary" else None,
+                "disk_full": full, "disk_free": self.e.store.free_bytes()}
 
     # --- configuration -----------------------------------------------------
     def set_config(self, config: dict, serving: bool) -> bool:
