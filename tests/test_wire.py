@@ -165,6 +165,45 @@ def test_aggregate(client):
         [{"q2": 16}, {"q2": 14}]
 
 
+def test_aggregate_answers_through_a_cursor_a_batch_at_a_time(client):
+    """The output goes out a batch at a time (getMore), as MongoDB's does: in
+    one answer, 48 MB of it broke the driver (ProtocolError: larger than
+    maxMessageSizeBytes) and dropped the connection."""
+    c = client.db.agg
+    c.insert_many([{"_id": i, "pad": "p" * 300} for i in range(35)])
+    db = client.db
+    first = db.command("aggregate", "agg", pipeline=[{"$sort": {"_id": 1}}],
+                       cursor={"batchSize": 10})["cursor"]
+    assert [d["_id"] for d in first["firstBatch"]] == list(range(10)) and first["id"] != 0
+    more = db.command("getMore", first["id"], collection="agg", batchSize=20)["cursor"]
+    assert [d["_id"] for d in more["nextBatch"]] == list(range(10, 30)) and more["id"] != 0
+    last = db.command("getMore", first["id"], collection="agg")["cursor"]
+    assert [d["_id"] for d in last["nextBatch"]] == list(range(30, 35)) and last["id"] == 0
+    with pytest.raises(OperationFailure) as ei:  # exhausted: gone
+        db.command("getMore", first["id"], collection="agg")
+    assert ei.value.code == 43
+    empty = db.command("aggregate", "agg", pipeline=[], cursor={"batchSize": 0})["cursor"]
+    assert empty["firstBatch"] == [] and empty["id"] != 0
+    db.command("killCursors", "agg", cursors=[empty["id"]])
+    with pytest.raises(OperationFailure) as ei:
+        db.command("getMore", empty["id"], collection="agg")
+    assert ei.value.code == 43
+    with pytest.raises(OperationFailure) as ei:
+        db.command("aggregate", "agg", pipeline=[], cursor={"batchSize": -1})
+    assert ei.value.code == 2
+    # 56 MB of output, through the driver's own cursor
+    big = client.db.big
+    for i in range(56):
+        big.insert_one({"_id": i, "pad": bytes([i]) * (1 << 20)})
+    assert [d["_id"] for d in big.aggregate([{"$sort": {"_id": -1}}])] == list(range(55, -1, -1))
+    # one document of it all is more than a driver takes: a clear error, and
+    # the connection goes on
+    with pytest.raises(OperationFailure) as ei:
+        list(big.aggregate([{"$group": {"_id": None, "all": {"$push": "$pad"}}}]))
+    assert ei.value.code == 10334 and "maxMessageSizeBytes" in str(ei.value)
+    assert big.count_documents({}) == 56
+
+
 def test_transaction(client):
     c = client.db.t
     with client.start_session() as s:

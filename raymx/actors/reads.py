@@ -44,7 +44,8 @@ class _Cursor:
         self.killed = False  # killed while a getMore held it: closed when that ends
 
     def close(self):
-        self.reader.t.abort()
+        if self.reader is not None:  # (results computed already hold no snapshot)
+            self.reader.t.abort()
 
 
 def point_read(req: dict) -> bool:
@@ -100,13 +101,7 @@ class ReadPath:
                             self._close_cursor(cid)
                         raise
                 if cid:
-                    self._budget_cursor(cid, conn)
-                    with self._cursors_lock:
-                        if conn.get("closed"):  # its client left: nobody can ask for more
-                            self._cursors.pop(cid, None)
-                        else:
-                            keep = True
-                            conn.setdefault("cursors", set()).add(cid)
+                    keep = self._keep_cursor(cid, conn)
                 reply(ok=out)
             finally:
                 if not keep:
@@ -127,6 +122,34 @@ class ReadPath:
             reply(err=errors.PrimaryUnavailable(
                 f"member {self.member_id} cannot reach the set's coordinator now: "
                 f"{type(e).__name__}"))
+
+    def open_results(self, docs: list, batch: int | None, conn: dict) -> dict:
+        """A cursor over documents computed already (the wire port's aggregate
+        pipelines), as a find's answer: the first batch, and the cursor's id
+        if more remain. Paged, counted against the connection's limit, expired
+        and killed as a find's cursor is; it holds no snapshot. ``batch`` 0:
+        an empty first batch (MongoDB's ``cursor: {batchSize: 0}``)."""
+        c = _Cursor(next(self._ids), None, iter(docs))
+        out = {"cursor": c.id if docs else 0, "docs": []} if batch == 0 else \
+            self._batch(c, batch)
+        if out["cursor"]:
+            with self._cursors_lock:
+                self._cursors[c.id] = c
+            self._expire_cursors(c.used)
+            if not self._keep_cursor(c.id, conn):
+                out["cursor"] = 0
+        return out
+
+    def _keep_cursor(self, cid: int, conn: dict) -> bool:
+        """A cursor left open for ``conn``: within the limits (``_budget_cursor``),
+        and remembered as the connection's. False if its client left already."""
+        self._budget_cursor(cid, conn)
+        with self._cursors_lock:
+            if conn.get("closed"):  # its client left: nobody can ask for more
+                self._cursors.pop(cid, None)
+                return False
+            conn.setdefault("cursors", set()).add(cid)
+            return True
 
     def _budget_cursor(self, cid: int, conn: dict) -> None:
         """A find left cursor ``cid`` open: refuse it past the connection's
@@ -288,8 +311,9 @@ class ReadPath:
         if not self._cursors_lock.acquire(timeout=0.05):
             return
         try:
-            idle = list(self._cursors.values())
-            self._cursors.clear()
+            idle = [c for c in self._cursors.values() if c.reader is not None]
+            for c in idle:
+                del self._cursors[c.id]
         finally:
             self._cursors_lock.release()
         for c in idle:

@@ -20,7 +20,7 @@ from bson import Int64, ObjectId
 
 from raymx import errors
 from raymx.storage.query import compile_filter
-from raymx.wire import crud
+from raymx.wire import crud, framing
 from raymx.wire.auth import MECHANISM, Scram
 from raymx.wire.changestream import Streams
 from raymx.wire.errors import CommandError, bad_value, command_not_found, error_doc
@@ -234,7 +234,7 @@ def _hello(d: Dispatcher, cmd: dict, conn) -> dict:
            "setName": port.info.get("replset", "raymx"), "setVersion": 1,
            "hosts": hosts, "me": me,
            "maxBsonObjectSize": min(16 * 1024 * 1024, svc.limits.document_bytes_max),
-           "maxMessageSizeBytes": 48_000_000, "maxWriteBatchSize": 100_000,
+           "maxMessageSizeBytes": framing.MAX_MESSAGE_BYTES, "maxWriteBatchSize": 100_000,
            "localTime": datetime.datetime.now(datetime.timezone.utc),
            "logicalSessionTimeoutMinutes": SESSION_TIMEOUT_MIN,
            "connectionId": conn.id, "minWireVersion": 0, "maxWireVersion": MAX_WIRE_VERSION,

@@ -540,7 +540,15 @@ def _aggregate(d, cmd: dict, conn) -> dict:
     if pipeline and "$match" in pipeline[0] and aggregate.plain_filter(pipeline[0]["$match"]):
         flt, pipeline = pipeline[0]["$match"], pipeline[1:]  # pushed down to the member
     out = aggregate.run(scan(d, cmd, conn, ns, flt), pipeline)
-    return {"cursor": {"firstBatch": out, "id": Int64(0), "ns": ns}}
+    # a cursor over the output, a batch at a time as MongoDB's: one answer of
+    # it all broke drivers past maxMessageSizeBytes (48 MB)
+    spec = cmd.get("cursor")
+    batch = spec.get("batchSize") if isinstance(spec, dict) else None
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 0):
+        raise CommandError(f"cursor.batchSize must be a non-negative integer, not {batch!r}",
+                           2, "BadValue")
+    res = d.service.open_results(out, batch, conn.state)
+    return {"cursor": {"firstBatch": res["docs"], "id": Int64(res["cursor"]), "ns": ns}}
 
 
 def _commit(d, cmd: dict, conn) -> dict:

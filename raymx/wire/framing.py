@@ -21,6 +21,7 @@ OP_MSG = 2013
 
 HEADER = struct.Struct("<iiii")  # messageLength, requestID, responseTo, opCode
 HEADER_BYTES = 16
+MAX_MESSAGE_BYTES = 48_000_000  # hello's maxMessageSizeBytes: drivers refuse a longer answer
 CHECKSUM_PRESENT = 1
 MORE_TO_COME = 2
 EXHAUST_ALLOWED = 1 << 16

@@ -212,13 +212,18 @@ class _WireConn(asyncio.Protocol):
         rid, op, flags, _ = item
         out = None
         if not flags & framing.MORE_TO_COME:  # moreToCome: the driver wants no answer
+            build = framing.build_reply if op == framing.OP_QUERY else framing.build_msg
             try:
-                out = framing.build_reply(0, rid, doc) if op == framing.OP_QUERY \
-                    else framing.build_msg(0, rid, doc)
+                out = build(0, rid, doc)
             except Exception as e:  # a value BSON cannot carry: say so, keep the connection
-                doc = {"ok": 0.0, "errmsg": f"the answer could not be encoded as BSON: {e}",
-                       "code": 2, "codeName": "BadValue"}
-                out = framing.build_msg(0, rid, doc)
+                out = build(0, rid, {"ok": 0.0, "code": 2, "codeName": "BadValue",
+                                     "errmsg": f"the answer could not be encoded as BSON: {e}"})
+            if len(out) > framing.MAX_MESSAGE_BYTES:  # the driver would drop the connection
+                out = build(0, rid, {
+                    "ok": 0.0, "code": 10334, "codeName": "BSONObjectTooLarge",
+                    "errmsg": f"the answer is {len(out):,} bytes, over maxMessageSizeBytes "
+                              f"({framing.MAX_MESSAGE_BYTES:,}): ask for less (a filter, a "
+                              "projection, a smaller batchSize)"})
         if out is not None and not self.closing and not self.transport.is_closing():
             self.transport.write(out)
         # the next command after this wake-up's frames are read (an answer given
