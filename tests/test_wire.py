@@ -9,6 +9,7 @@ import pytest
 from pymongo import ReturnDocument
 from pymongo.errors import (DuplicateKeyError, OperationFailure, WriteError)
 
+from raymx.storage import codec
 from raymx.storage.limits import Limits
 from raymx.wire import framing
 from raymx.wire.server import WirePort
@@ -202,6 +203,28 @@ def test_aggregate_answers_through_a_cursor_a_batch_at_a_time(client):
         list(big.aggregate([{"$group": {"_id": None, "all": {"$push": "$pad"}}}]))
     assert ei.value.code == 10334 and "maxMessageSizeBytes" in str(ei.value)
     assert big.count_documents({}) == 56
+
+
+def test_a_change_stream_of_big_documents_moves_on_a_batch_at_a_time(served, client):
+    """Events come at most ``cursor_batch_bytes`` an answer. Before, one answer
+    held every event a scan found: 60 inserts of 1 MiB went past the
+    driver's limit (the wire port) and the frame limit (the member's own
+    ``watch``), and a stream that resumed got the same answer: stuck."""
+    _, svc = served
+    c = client.db.bigcs
+    with c.watch(max_await_time_ms=200) as s:
+        for i in range(60):
+            c.insert_one({"_id": i, "pad": bytes([i]) * (1 << 20)})
+        ids = [s.next()["documentKey"]["_id"] for _ in range(60)]
+    assert ids == list(range(60))
+    # the member's own change stream (the native driver's watch)
+    token, got, answers = [0, 0], [], 0
+    while len(got) < 60:
+        out = svc.watch({"after": token, "namespaces": ["db.bigcs"], "readConcern": "local"})
+        assert len(codec.pack(out)) <= svc.limits.frame_bytes_max
+        got += [ev["_id"] for ev in out["events"] if ev["op"] == "insert"]
+        token, answers = out["resume"], answers + 1
+    assert got == list(range(60)) and answers > 10
 
 
 def test_transaction(client):

@@ -380,7 +380,7 @@ class ReadPath:
                     # older than the live oplog: through the archive (DESIGN 9)
                     out = arch.scan(token, gate, flt, n_max)
                 if out["events"] or out["resume"] != list(token) or self._stopping.is_set():
-                    return out
+                    return self._fit_events(out)
                 with self.majority_cond:
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -390,6 +390,22 @@ class ReadPath:
                                                     and level == "local" else left))
         finally:
             self._watching -= 1
+
+    def _fit_events(self, out: dict) -> dict:
+        """At most ``_batch_bytes`` of change events in one answer (always one):
+        the rest come in the next, from the token of the last one kept. An
+        answer of every event a scan found (up to ``watch_batch_max``) went
+        past the frame limit with big documents, and a stream that resumed
+        got the same answer again: it never moved on."""
+        evs = out["events"]
+        if len(evs) < 2:
+            return out
+        cap, size = self._batch_bytes(), 0
+        for k, ev in enumerate(evs):
+            size += len(codec.pack(ev))
+            if size > cap and k:
+                return {"events": evs[:k], "resume": list(evs[k - 1]["token"])}
+        return out
 
     def submit_read(self, req: dict, reply: Reply, conn: dict) -> None:
         """Run a read: a point read by ``_id`` on the port's own thread when
