@@ -227,6 +227,27 @@ def test_a_change_stream_of_big_documents_moves_on_a_batch_at_a_time(served, cli
     assert got == list(range(60)) and answers > 10
 
 
+def test_lookup_sample_facet_through_pymongo(client):
+    db = client.shop
+    db.orders.insert_many([{"_id": 1, "sku": "a", "qty": 2}, {"_id": 2, "sku": "b", "qty": 1},
+                           {"_id": 3, "sku": "c", "qty": 5}])
+    db.items.insert_many([{"_id": "a", "price": 3}, {"_id": "b", "price": 10}])
+    out = list(db.orders.aggregate([
+        {"$lookup": {"from": "items", "localField": "sku", "foreignField": "_id",
+                     "as": "item"}},
+        {"$unwind": "$item"},
+        {"$project": {"total": {"$multiply": ["$qty", "$item.price"]}}},
+        {"$sort": {"_id": 1}}]))
+    assert out == [{"_id": 1, "total": 6}, {"_id": 2, "total": 10}]
+    assert len(list(db.orders.aggregate([{"$sample": {"size": 2}}]))) == 2
+    (f,) = db.orders.aggregate([{"$facet": {"n": [{"$count": "n"}],
+                                            "by": [{"$sortByCount": "$sku"}]}}])
+    assert f["n"] == [{"n": 3}] and len(f["by"]) == 3
+    with pytest.raises(OperationFailure) as ei:
+        list(db.orders.aggregate([{"$lookup": {"from": "items", "as": "x"}}]))
+    assert ei.value.code == 40322
+
+
 def test_transaction(client):
     c = client.db.t
     with client.start_session() as s:

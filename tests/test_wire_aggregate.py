@@ -97,3 +97,65 @@ def test_bad_pipelines_are_refused_before_reading():
         run([{"$limit": -1}])
     with pytest.raises(CommandError):
         run([{"$group": {"n": {"$sum": 1}}}])
+
+
+ORDERS = [{"_id": 1, "item": "a", "tags": ["x", "y"]}, {"_id": 2, "item": "b"},
+          {"_id": 3}, {"_id": 4, "item": "zzz"}]
+STOCK = [{"_id": "s1", "sku": "a", "n": 5}, {"_id": "s2", "sku": "a", "n": 1},
+         {"_id": "s3", "sku": "b", "n": 2}, {"_id": "s4", "n": 0},
+         {"_id": "s5", "sku": ["x", "q"], "n": 9}]
+
+
+def test_lookup_joins_on_equality_as_mongodb_does():
+    def lookup(coll):
+        assert coll == "stock"
+        return iter([dict(d) for d in STOCK])
+    out = aggregate.run(iter([dict(d) for d in ORDERS]), [
+        {"$lookup": {"from": "stock", "localField": "item", "foreignField": "sku",
+                     "as": "stock"}}], lookup)
+    got = {d["_id"]: [s["_id"] for s in d["stock"]] for d in out}
+    # an array on either side matches by element; a missing field matches
+    # documents where it is missing or null (s4); no match is an empty array
+    assert got == {1: ["s1", "s2"], 2: ["s3"], 3: ["s4"], 4: []}
+    out = aggregate.run(iter([dict(d) for d in ORDERS]), [
+        {"$lookup": {"from": "stock", "localField": "tags", "foreignField": "sku",
+                     "as": "s", "pipeline": [{"$project": {"n": 1}}]}}], lookup)
+    assert out[0]["s"] == [{"_id": "s5", "n": 9}]
+    # uncorrelated: the pipeline once, its output in every document
+    out = aggregate.run(iter([{"_id": 1}, {"_id": 2}]), [
+        {"$lookup": {"from": "stock", "as": "big", "pipeline": [
+            {"$match": {"n": {"$gte": 5}}}, {"$count": "n"}]}}], lookup)
+    assert [d["big"] for d in out] == [[{"n": 2}], [{"n": 2}]]
+    for bad, code in (({"from": "stock", "as": "x", "localField": "a"}, 40322),
+                      ({"from": "stock", "as": "x"}, 40322),
+                      ({"from": "stock", "localField": "a", "foreignField": "b"}, 40321),
+                      ({"from": "stock", "as": "x", "let": {}, "pipeline": []}, 2),
+                      ({"from": "stock", "as": "x", "pipeline": [{"$nope": 1}]}, 40324),
+                      ({"from": "stock", "as": "x", "pipeline": [], "on": 1}, 9)):
+        with pytest.raises(CommandError) as ei:
+            aggregate.check([{"$lookup": bad}])
+        assert ei.value.code == code, bad
+    with pytest.raises(CommandError):  # no other collection to read here
+        run([{"$lookup": {"from": "stock", "as": "x", "pipeline": []}}])
+
+
+def test_sample_replace_root_sort_by_count_and_facet():
+    out = run([{"$sample": {"size": 4}}])
+    assert len(out) == 4 and len({d["_id"] for d in out}) == 4
+    assert len(run([{"$sample": {"size": 100}}])) == len(DOCS)
+    with pytest.raises(CommandError):
+        run([{"$sample": {"size": -1}}])
+    assert run([{"$match": {"_id": 1}}, {"$replaceRoot": {"newRoot": "$sub"}}]) == [{"v": 9}]
+    assert run([{"$match": {"_id": 2}}, {"$replaceWith": {"q": "$qty"}}]) == [{"q": 2}]
+    with pytest.raises(CommandError) as ei:
+        run([{"$replaceRoot": {"newRoot": "$qty"}}])
+    assert ei.value.code == 40228
+    assert run([{"$match": {"_id": {"$lt": 5}}}, {"$sortByCount": "$item"}]) == \
+        [{"_id": "a", "count": 3}, {"_id": "b", "count": 2}]
+    out = run([{"$facet": {"n": [{"$count": "n"}],
+                           "top": [{"$sort": {"qty": -1}}, {"$limit": 1},
+                                   {"$project": {"qty": 1}}]}}])
+    assert out == [{"n": [{"n": 6}], "top": [{"_id": 5, "qty": 5}]}]
+    with pytest.raises(CommandError) as ei:  # refused before reading anything
+        aggregate.check([{"$facet": {"x": [{"$bogus": 1}]}}])
+    assert ei.value.code == 40324

@@ -117,6 +117,14 @@ def _candidates(v: Any) -> list[bytes]:
     return [encode_key(v)]
 
 
+def equality_keys(doc: Any, path: str) -> set[bytes]:
+    """The keys an equality on dotted ``path`` of ``doc`` matches (``{path:
+    v}`` matches ``doc`` when ``v``'s key is among them): each value reached,
+    each element of an array, null for a missing field. Used to join
+    (``$lookup``)."""
+    return {k for v in reach(doc, path) for k in _candidates(v)}
+
+
 def _is_ops(cond: Any) -> bool:
     """Whether a field's condition is an operator dict (else it is a value to equal)."""
     if not isinstance(cond, dict) or not cond:

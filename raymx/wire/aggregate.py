@@ -1,6 +1,8 @@
 """Aggregation pipelines, pure code over documents (the wire port's
 ``aggregate``): ``$match $project $addFields/$set $unset $sort $skip $limit
-$group $count $unwind``; ``$group`` accumulators ``$sum $avg $min $max $first
+$group $count $unwind $sample $replaceRoot/$replaceWith $sortByCount $facet
+$lookup`` (``localField``/``foreignField``, or an uncorrelated ``pipeline``,
+or both; the other collection comes from the caller's ``lookup``); ``$group`` accumulators ``$sum $avg $min $max $first
 $last $push $addToSet $count``; expressions: field paths (``"$a.b"``,
 ``"$$ROOT"``), literals, ``$literal $add $subtract $multiply $divide $mod
 $concat $toLower $toUpper $size $cond $ifNull $eq $ne $gt $gte $lt $lte $and
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import random
 from typing import Any, Iterable
 
 from raymx.storage import query
@@ -19,7 +22,9 @@ from raymx.wire.errors import CommandError
 
 MISSING = query.MISSING
 STAGES = ("$match", "$project", "$addFields", "$set", "$unset", "$sort", "$skip", "$limit",
-          "$group", "$count", "$unwind")
+          "$group", "$count", "$unwind", "$sample", "$replaceRoot", "$replaceWith",
+          "$sortByCount", "$facet", "$lookup")
+_LOOKUP_FIELDS = {"from", "as", "localField", "foreignField", "pipeline"}
 
 
 def _err(msg: str, code: int = 40324) -> CommandError:
@@ -35,6 +40,31 @@ def check(pipeline: list) -> None:
         name = next(iter(st))
         if name not in STAGES:
             raise _err(f"Unrecognized pipeline stage name: '{name}'", 40324)
+        arg = st[name]
+        if name == "$facet":
+            if not isinstance(arg, dict) or not arg:
+                raise _err("the $facet specification must be a non-empty object", 40169)
+            for sub in arg.values():
+                if not isinstance(sub, list):
+                    raise _err("arguments to $facet must be arrays", 40170)
+                check(sub)
+        elif name == "$lookup":
+            if not isinstance(arg, dict) or not isinstance(arg.get("from"), str) \
+                    or not isinstance(arg.get("as"), str):
+                raise _err("$lookup needs 'from' and 'as', strings", 40321)
+            if "let" in arg:
+                raise _err("$lookup with 'let' is not supported by raymx: join with "
+                           "localField and foreignField", 2)
+            extra = set(arg) - _LOOKUP_FIELDS
+            if extra:
+                raise _err(f"unknown argument to $lookup: {sorted(extra)[0]}", 9)
+            if ("localField" in arg) != ("foreignField" in arg) or not (
+                    "localField" in arg or "pipeline" in arg):
+                raise _err("$lookup needs localField and foreignField, or a pipeline", 40322)
+            if "pipeline" in arg:
+                if not isinstance(arg["pipeline"], list):
+                    raise _err("$lookup's pipeline must be an array", 14)
+                check(arg["pipeline"])
 
 
 def plain_filter(flt) -> bool:
@@ -317,14 +347,61 @@ def _group(docs, spec: dict):
         yield g
 
 
+def _sample(docs, spec) -> list:
+    if not isinstance(spec, dict) or set(spec) != {"size"}:
+        raise _err("$sample stage must specify a size", 28745)
+    n = spec["size"]
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0:
+        raise _err("size argument to $sample must not be negative", 28747)
+    pool = list(docs)
+    return random.sample(pool, min(int(n), len(pool)))
+
+
+def _replace_root(docs, expr):
+    for d in docs:
+        v = evaluate(expr, d)
+        if not isinstance(v, dict):
+            raise _err("'newRoot' expression must evaluate to an object, but resulting value "
+                       f"was: {None if v is MISSING else v!r:.80}", 40228)
+        yield v
+
+
+def _lookup(docs, spec: dict, lookup):
+    if lookup is None:
+        raise _err("$lookup is not available here", 2)
+    foreign = list(lookup(spec["from"]))
+    sub, dest = spec.get("pipeline"), spec["as"]
+    if "localField" not in spec:  # uncorrelated: the pipeline runs once
+        res = run(iter(foreign), sub, lookup)
+        for d in docs:
+            out = copy.deepcopy(d)
+            _set_path(out, dest, copy.deepcopy(res))
+            yield out
+        return
+    index: dict[bytes, list[int]] = {}
+    for i, f in enumerate(foreign):
+        for k in query.equality_keys(f, spec["foreignField"]):
+            index.setdefault(k, []).append(i)
+    for d in docs:
+        hit = sorted({i for k in query.equality_keys(d, spec["localField"])
+                      for i in index.get(k, ())})
+        matched = [copy.deepcopy(foreign[i]) for i in hit]
+        if sub:
+            matched = run(iter(matched), sub, lookup)
+        out = copy.deepcopy(d)
+        _set_path(out, dest, matched)
+        yield out
+
+
 def _nonneg(v, stage: str) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
         raise _err(f"invalid argument to {stage} stage: expected a non-negative integer", 15956)
     return int(v)
 
 
-def run(docs: Iterable[dict], pipeline: list) -> list[dict]:
-    """The pipeline's output documents."""
+def run(docs: Iterable[dict], pipeline: list, lookup=None) -> list[dict]:
+    """The pipeline's output documents. ``lookup(collection)``: the documents
+    of another collection of the same database (``$lookup``)."""
     check(pipeline)
     it: Iterable[dict] = docs
     for st in pipeline:
@@ -359,5 +436,26 @@ def run(docs: Iterable[dict], pipeline: list) -> list[dict]:
             it = iter([{arg: n}] if n else [])
         elif name == "$unwind":
             it = _unwind(it, arg)
+        elif name == "$sample":
+            it = iter(_sample(it, arg))
+        elif name == "$replaceRoot":
+            if not isinstance(arg, dict) or "newRoot" not in arg:
+                raise _err("no newRoot specified for the $replaceRoot stage", 40231)
+            it = _replace_root(it, arg["newRoot"])
+        elif name == "$replaceWith":
+            it = _replace_root(it, arg)
+        elif name == "$sortByCount":
+            if not (isinstance(arg, str) and arg.startswith("$")) and not (
+                    isinstance(arg, dict) and len(arg) == 1 and next(iter(arg)).startswith("$")):
+                raise _err("the sortByCount field must be a $-prefixed path or an expression",
+                           40148)
+            it = iter(sorted(_group(it, {"_id": arg, "count": {"$sum": 1}}),
+                             key=lambda g: -g["count"]))
+        elif name == "$facet":
+            pool = list(it)
+            it = iter([{k: run(iter(copy.deepcopy(pool)), sub, lookup)
+                        for k, sub in arg.items()}])
+        elif name == "$lookup":
+            it = _lookup(it, arg, lookup)
     return list(it)
 

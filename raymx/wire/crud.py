@@ -539,7 +539,9 @@ def _aggregate(d, cmd: dict, conn) -> dict:
     flt = {}
     if pipeline and "$match" in pipeline[0] and aggregate.plain_filter(pipeline[0]["$match"]):
         flt, pipeline = pipeline[0]["$match"], pipeline[1:]  # pushed down to the member
-    out = aggregate.run(scan(d, cmd, conn, ns, flt), pipeline)
+    db = ns.split(".", 1)[0]
+    out = aggregate.run(scan(d, cmd, conn, ns, flt), pipeline,
+                        lambda coll: scan(d, cmd, conn, f"{db}.{coll}", {}))
     # a cursor over the output, a batch at a time as MongoDB's: one answer of
     # it all broke drivers past maxMessageSizeBytes (48 MB)
     spec = cmd.get("cursor")
