@@ -301,3 +301,18 @@ def test_the_port_serves_on_uvloop_and_on_asyncio_s_loop(tmp_path, monkeypatch, 
             assert coll.count_documents({}) == 200
         finally:
             cl.close()
+
+
+def test_collection_stats_are_counted_by_the_member(port):  # noqa: F811
+    p, _ = port
+    c = client_of(p)
+    coll = c["db"]["st"]
+    assert coll.stats() == {"ns": "db.st", "count": 0, "size": 0, "indexes": {"_id_": [0, 0]}}
+    coll.insert_many([{"_id": i, "k": i} for i in range(20)])
+    coll.create_index([("k", 1)])
+    st = coll.stats()
+    assert st["count"] == 20 and st["size"] > 0
+    assert st["indexes"]["_id_"][0] == 20 and st["indexes"]["k_1"][0] == 20
+    with pytest.raises(errors.InvalidName):
+        c["db"]["bad\x00name"].stats()
+    c.close()

@@ -248,6 +248,32 @@ def test_lookup_sample_facet_through_pymongo(client):
     assert ei.value.code == 40322
 
 
+def test_coll_stats_db_stats_and_server_status(client):
+    db = client.st
+    db.c.insert_many([{"_id": i, "k": i % 3, "pad": "x" * 100} for i in range(50)])
+    db.c.create_index("k")
+    db.d.insert_one({"_id": 1})
+    cs = db.command("collStats", "c")
+    assert cs["ns"] == "st.c" and cs["count"] == 50 and cs["nindexes"] == 2
+    assert 100 * 50 < cs["size"] < 200 * 50 and cs["avgObjSize"] == cs["size"] // 50
+    assert set(cs["indexSizes"]) == {"_id_", "k_1"} and cs["totalIndexSize"] > 0
+    assert db.command("collStats", "c", scale=1024)["size"] == cs["size"] // 1024
+    (agg,) = db.c.aggregate([{"$collStats": {"storageStats": {}, "count": {}}}])
+    assert agg["count"] == 50 and agg["storageStats"]["size"] == cs["size"]
+    with pytest.raises(OperationFailure) as ei:
+        db.command("collStats", "nope")
+    assert ei.value.code == 26
+    with pytest.raises(OperationFailure) as ei:
+        list(db.c.aggregate([{"$match": {}}, {"$collStats": {}}]))
+    assert ei.value.code == 40602
+    ds = db.command("dbStats")
+    assert (ds["db"], ds["collections"], ds["objects"], ds["indexes"]) == ("st", 2, 51, 3)
+    assert ds["dataSize"] > cs["size"] and ds["fsTotalSize"] > 0
+    ss = client.admin.command("serverStatus")
+    assert ss["process"] == "raymx" and ss["repl"]["isWritablePrimary"]
+    assert ss["connections"]["current"] >= 1 and ss["uptime"] >= 0
+
+
 def test_transaction(client):
     c = client.db.t
     with client.start_session() as s:

@@ -203,6 +203,8 @@ class ReadPath:
             return {"cursor": 0, "docs": docs}
         if op == "listCollections":
             return {"value": r.list_collections()}
+        if op == "collStats":
+            return {"value": r.coll_stats(req["ns"])}
         if op == "revertPlan":
             return {"value": r.revert_plan(_gtid_in(req.get("target"), "target"))}
         if op == "listIndexes":

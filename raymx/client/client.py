@@ -16,7 +16,8 @@ from raymx.client.results import _gtid
 from raymx.storage.gtid import GTID
 
 
-_READ_OPS = {"find", "getMore", "count", "listCollections", "listIndexes", "killCursors"}
+_READ_OPS = {"find", "getMore", "count", "listCollections", "listIndexes", "killCursors",
+             "collStats"}
 
 
 class Client:

@@ -240,6 +240,13 @@ class Collection:
     def list_indexes(self) -> list[dict]:
         return self.client._call({"op": "listIndexes", "ns": self.full_name})["value"]
 
+    def stats(self) -> dict:
+        """``{"ns", "count", "size", "indexes": {name: [entries, bytes]}}``:
+        documents and their stored (msgpack) bytes, and each index's entries
+        and key bytes, counted by the member (a scan of the collection and
+        its indexes, no document decoded); zeros if it does not exist."""
+        return self.client._call({"op": "collStats", "ns": self.full_name})["value"]
+
     def watch(self, after=None, ops=None, **kw) -> "ChangeStream":
         """Change events of this collection."""
         return self.client.watch(after, [self.full_name], ops, **kw)

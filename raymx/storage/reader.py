@@ -251,6 +251,25 @@ class Reader:
     def count(self, ns: str, flt=None) -> int:
         return sum(1 for _ in self.matching(ns, flt))
 
+    def coll_stats(self, ns: str) -> dict:
+        """``ns``'s documents and their stored bytes, and each index's entries
+        and key bytes (``_id_``: the documents' keys), read without decoding
+        anything; all zero for a collection that does not exist."""
+        split_ns(ns, self.e.limits)
+        c = self.coll(ns)
+        if c is None:
+            return {"ns": ns, "count": 0, "size": 0, "indexes": {"_id_": [0, 0]}}
+        n = size = keys = 0
+        for k, v in self.t.scan("docs", c.prefix, prefix_end(c.prefix)):
+            n, size, keys = n + 1, size + len(v), keys + len(k)
+        ixs = {"_id_": [n, keys]}
+        for name, ix in c.indexes.items():
+            m = b = 0
+            for k, v in self.t.scan("index", ix.prefix, prefix_end(ix.prefix)):
+                m, b = m + 1, b + len(k) + len(v)
+            ixs[name] = [m, b]
+        return {"ns": ns, "count": n, "size": size, "indexes": ixs}
+
     def list_collections(self) -> list[str]:
         return [k.decode() for k, _ in self.t.scan("catalog")]
 

@@ -23,7 +23,7 @@ from raymx.wire.errors import CommandError
 MISSING = query.MISSING
 STAGES = ("$match", "$project", "$addFields", "$set", "$unset", "$sort", "$skip", "$limit",
           "$group", "$count", "$unwind", "$sample", "$replaceRoot", "$replaceWith",
-          "$sortByCount", "$facet", "$lookup")
+          "$sortByCount", "$facet", "$lookup", "$collStats")
 _LOOKUP_FIELDS = {"from", "as", "localField", "foreignField", "pipeline"}
 
 
@@ -457,5 +457,7 @@ def run(docs: Iterable[dict], pipeline: list, lookup=None) -> list[dict]:
                         for k, sub in arg.items()}])
         elif name == "$lookup":
             it = _lookup(it, arg, lookup)
+        elif name == "$collStats":  # the caller serves a leading one (the member's count)
+            raise _err("$collStats is only valid as the first stage in a pipeline", 40602)
     return list(it)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future, TimeoutError as FutureTimeout
@@ -29,6 +30,7 @@ log = logging.getLogger("raymx.wire")
 
 MAX_WIRE_VERSION = 21  # MongoDB 7.0
 VERSION = "7.0.0"
+STARTED = time.monotonic()  # serverStatus uptime: this process loaded the wire port
 SESSION_TIMEOUT_MIN = 30
 CALL_TIMEOUT_S = 300.0
 TOPOLOGY_TTL_S = 1.0
@@ -357,6 +359,58 @@ def _index_doc(ix: dict) -> dict:
     return out
 
 
+def _scale(cmd: dict) -> int:
+    sc = cmd.get("scale", 1)
+    if isinstance(sc, bool) or not isinstance(sc, (int, float)) or sc < 1:
+        raise CommandError(f"scale has to be a number >= 1, not {sc!r:.40}", 2, "BadValue")
+    return int(sc)
+
+
+def _coll_stats(d: Dispatcher, cmd: dict, conn) -> dict:
+    ns = crud.ns_of(cmd, "collStats")
+    if ns not in _names(d, conn):
+        raise CommandError(f"Collection [{ns}] not found.", 26, "NamespaceNotFound")
+    return crud.storage_stats(d, conn, ns, _scale(cmd))
+
+
+def _db_stats(d: Dispatcher, cmd: dict, conn) -> dict:
+    db, scale = _db(cmd), _scale(cmd)
+    st = [crud.storage_stats(d, conn, ns, scale) for ns in sorted(_names(d, conn))
+          if ns.split(".", 1)[0] == db]
+    objects, data = sum(x["count"] for x in st), sum(x["size"] for x in st)
+    ix = sum(x["totalIndexSize"] for x in st)
+    out = {"db": db, "collections": len(st), "views": 0, "objects": objects,
+           "avgObjSize": data * scale / objects if objects else 0, "dataSize": data,
+           "storageSize": data, "indexes": sum(x["nindexes"] for x in st), "indexSize": ix,
+           "totalSize": data + ix, "scaleFactor": scale}
+    try:
+        fs = os.statvfs(d.service.e.store.path)
+        out["fsUsedSize"] = (fs.f_blocks - fs.f_bfree) * fs.f_frsize // scale
+        out["fsTotalSize"] = fs.f_blocks * fs.f_frsize // scale
+    except (OSError, AttributeError):
+        pass
+    return out
+
+
+def _server_status(d: Dispatcher, cmd: dict, conn) -> dict:
+    """The parts of MongoDB's ``serverStatus`` that monitoring tools read
+    first: who and what this is, its uptime, connections, and its role."""
+    svc, port = d.service, d.port
+    up = time.monotonic() - STARTED
+    writable = bool(svc.primary and not svc.handing_over)
+    return {"host": port.address, "version": VERSION, "process": "raymx", "pid": os.getpid(),
+            "uptime": int(up), "uptimeMillis": int(up * 1000), "uptimeEstimate": int(up),
+            "localTime": datetime.datetime.now(datetime.timezone.utc),
+            "connections": {"current": port.connections,
+                            "available": max(0, svc.limits.connections_max - port.connections)},
+            "repl": {"setName": port.info.get("replset", "raymx"),
+                     "isWritablePrimary": writable,
+                     "secondary": not writable and svc.read_refusal() is None,
+                     "me": port.address, "term": svc.gm.term},
+            "storageEngine": {"name": "raymx", "supportsCommittedReads": True,
+                              "persistent": True}}
+
+
 def _list_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
     ns = crud.ns_of(cmd, "listIndexes")
     if ns not in _names(d, conn):
@@ -500,4 +554,5 @@ COMMANDS = {
     "refreshsessions": _ok, "whatsmyuri": _whats_my_uri,
     "connectionstatus": _connection_status, "getparameter": _get_parameter,
     "getlog": _get_log, "replsetgetstatus": _repl_set_get_status,
+    "collstats": _coll_stats, "dbstats": _db_stats, "serverstatus": _server_status,
 }

@@ -14,6 +14,8 @@ on a thread of its own is ``blocking(fn, ...)``: it runs on the port's pool.
 """
 from __future__ import annotations
 
+import datetime
+
 import inspect
 import threading
 import uuid
@@ -536,11 +538,14 @@ def _aggregate(d, cmd: dict, conn) -> dict:
     if cmd.get("explain"):
         raise CommandError("explain is not supported by raymx", 2, "BadValue")
     aggregate.check(pipeline)
-    flt = {}
-    if pipeline and "$match" in pipeline[0] and aggregate.plain_filter(pipeline[0]["$match"]):
+    flt, source = {}, None
+    if pipeline and "$collStats" in pipeline[0]:
+        source, pipeline = [_coll_stats_doc(d, conn, ns, pipeline[0]["$collStats"])], pipeline[1:]
+    elif pipeline and "$match" in pipeline[0] and aggregate.plain_filter(pipeline[0]["$match"]):
         flt, pipeline = pipeline[0]["$match"], pipeline[1:]  # pushed down to the member
     db = ns.split(".", 1)[0]
-    out = aggregate.run(scan(d, cmd, conn, ns, flt), pipeline,
+    out = aggregate.run(iter(source) if source is not None else scan(d, cmd, conn, ns, flt),
+                        pipeline,
                         lambda coll: scan(d, cmd, conn, f"{db}.{coll}", {}))
     # a cursor over the output, a batch at a time as MongoDB's: one answer of
     # it all broke drivers past maxMessageSizeBytes (48 MB)
@@ -551,6 +556,36 @@ def _aggregate(d, cmd: dict, conn) -> dict:
                            2, "BadValue")
     res = d.service.open_results(out, batch, conn.state)
     return {"cursor": {"firstBatch": res["docs"], "id": Int64(res["cursor"]), "ns": ns}}
+
+
+def storage_stats(d, conn, ns: str, scale: int = 1) -> dict:
+    """``collStats``' answer (and ``$collStats``' ``storageStats``), from the
+    member's count of ``ns``: sizes are raymx's stored (msgpack) bytes, not
+    BSON's; nothing is compressed, so storage equals data."""
+    st = d.call({"op": "collStats", "ns": ns}, conn.state)["value"]
+    n, size = st["count"], st["size"]
+    ix = {k: v[1] // scale for k, v in st["indexes"].items()}
+    return {"ns": ns, "count": n, "size": size // scale, "avgObjSize": size // n if n else 0,
+            "storageSize": size // scale, "freeStorageSize": 0, "capped": False,
+            "nindexes": len(ix), "indexSizes": ix, "totalIndexSize": sum(ix.values()),
+            "totalSize": size // scale + sum(ix.values()), "scaleFactor": scale}
+
+
+def _coll_stats_doc(d, conn, ns: str, spec) -> dict:
+    """``$collStats``' one document: ``storageStats`` and ``count`` if asked."""
+    if not isinstance(spec, dict) or set(spec) - {"storageStats", "count", "latencyStats",
+                                                   "queryExecStats"}:
+        raise CommandError(f"$collStats takes storageStats, count, latencyStats and "
+                           f"queryExecStats, not {spec!r:.80}", 40415, "Location40415")
+    out = {"ns": ns, "host": d.port.address,
+           "localTime": datetime.datetime.now(datetime.timezone.utc)}
+    if "storageStats" in spec or "count" in spec:
+        st = storage_stats(d, conn, ns)
+        if "storageStats" in spec:
+            out["storageStats"] = st
+        if "count" in spec:
+            out["count"] = st["count"]
+    return out
 
 
 def _commit(d, cmd: dict, conn) -> dict:
