@@ -5,7 +5,7 @@ import threading
 import time
 
 import pymongo
-from bson import Decimal128
+from bson import Decimal128, Timestamp
 from pymongo import ReadPreference, WriteConcern
 
 import raymx
@@ -92,6 +92,40 @@ def test_pymongo_discovers_the_set_and_follows_a_failover(ray_session, tmp_path)
         print(f"stream caught up in {time.time() - t0:.1f} s")
         assert len(seen) == len(set(seen))
         assert seen == sorted(seen, key=lambda x: int(x[2:]))
+        c.close()
+    finally:
+        rs.shutdown()
+
+
+def test_a_causally_consistent_session_reads_its_writes_on_a_secondary(ray_session, tmp_path):
+    """Every answer carries an operationTime (the member's applied GTID as a
+    Timestamp); a causally consistent session sends it back as
+    afterClusterTime, and a secondary that has not applied it waits: the
+    session reads its own write there, as against MongoDB."""
+    import ray
+    rs = raymx.ReplicaSet.launch("causal", members=2, data_dir=str(tmp_path))
+    try:
+        p = rs.wait_for_primary()
+        wait_until(lambda: all(m.get("wire") for m in rs._topology()["members"])
+                   and len(rs._topology()["members"]) == 2, timeout_s=30)
+        c = pymongo.MongoClient(rs.mongodb_uri(), serverSelectionTimeoutMS=30_000,
+                                heartbeatFrequencyMS=500)
+        wait_until(lambda: c.primary is not None and len(c.secondaries) == 1, timeout_s=30)
+        coll = c.app.c
+        sec = coll.with_options(read_preference=ReadPreference.SECONDARY)
+        coll.insert_one({"_id": "before"})
+        wait_until(lambda: sec.find_one({"_id": "before"}) is not None, timeout_s=30)
+        prod = ray.get_actor(f"causal/m{1 - p}/producer", namespace="raymx")
+        ray.get(prod.pause.remote(True))
+        try:
+            with c.start_session(causal_consistency=True) as s:
+                coll.insert_one({"_id": "mine"}, session=s)
+                assert isinstance(s.operation_time, Timestamp)
+                assert sec.find_one({"_id": "mine"}) is None  # the secondary lags
+                threading.Timer(1.0, lambda: ray.get(prod.pause.remote(False))).start()
+                assert sec.find_one({"_id": "mine"}, session=s) == {"_id": "mine"}
+        finally:
+            ray.get(prod.pause.remote(False))
         c.close()
     finally:
         rs.shutdown()

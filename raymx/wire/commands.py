@@ -17,7 +17,7 @@ import threading
 import time
 from concurrent.futures import Future, TimeoutError as FutureTimeout
 
-from bson import Int64, ObjectId
+from bson import Int64, ObjectId, Timestamp
 
 from raymx import errors
 from raymx.storage.query import compile_filter
@@ -54,6 +54,15 @@ def plain(v):
     return v
 
 
+def operation_time(g) -> Timestamp:
+    """A GTID as the ``operationTime`` of an answer: ``Timestamp(term, seq)``,
+    which orders as GTIDs do. A causally consistent session sends it back as
+    ``readConcern.afterClusterTime`` and the read waits until the member has
+    applied that GTID (``crud.read_fields``): read-your-writes on any member.
+    (A seq past 2**32 - 1 would be clamped: 4 billion entries a term.)"""
+    return Timestamp(min(g.term, 0xFFFFFFFF), min(g.seq, 0xFFFFFFFF))
+
+
 class Dispatcher:
     """Runs one command document: ``start`` from the port's loop (the
     answer to a callback on it), ``run`` on a thread that waits for it."""
@@ -85,10 +94,10 @@ class Dispatcher:
             return error_doc(command_not_found(name))
         return name, crud.steps_of(fn)(self, cmd, conn)
 
-    @staticmethod
-    def _answer(name: str, out=None, e: Exception | None = None) -> dict:
+    def _answer(self, name: str, out=None, e: Exception | None = None) -> dict:
         if e is None:
             out.setdefault("ok", 1.0)
+            out.setdefault("operationTime", operation_time(self.service.e.applied_point()))
             return out
         if isinstance(e, (TypeError, ValueError, AttributeError, KeyError)):
             # a field of the wrong type or shape (int("x"), a number where a

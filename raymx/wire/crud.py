@@ -76,6 +76,12 @@ def read_fields(cmd: dict) -> dict:
     if isinstance(rc, dict) and rc.get("level"):
         lvl = rc["level"]
         out["readConcern"] = "local" if lvl == "available" else lvl
+    after = rc.get("afterClusterTime") if isinstance(rc, dict) else None
+    if after is not None:  # a causally consistent session: after what it saw
+        if not isinstance(after, bson.Timestamp):
+            raise CommandError(f"afterClusterTime must be a Timestamp, not {after!r:.40}", 14,
+                               "TypeMismatch")
+        out["after"] = [after.time, after.inc]  # an operationTime: a GTID (term, seq)
     return out
 
 
