@@ -296,8 +296,8 @@ def test_bulk_write_refuses_what_is_not_a_request(coll):
         InsertOne([("a", 1)])
     with pytest.raises(TypeError, match="DeleteOne: filter must be a dict"):
         DeleteOne("x")
-    with pytest.raises(errors.InvalidOperation, match="array_filters not supported"):
-        UpdateOne({}, {"$set": {"a.$[x]": 1}}, array_filters=[{"x": 1}])
+    with pytest.raises(errors.InvalidOperation, match="collation not supported"):
+        UpdateOne({}, {"$set": {"a": 1}}, collation={"locale": "fr"})
     with pytest.raises(TypeError, match="unexpected arguments"):
         coll.bulk_write([InsertOne({"_id": 1})], wtimeout=5)
     assert coll.count_documents({}) == 0  # nothing ran
@@ -351,3 +351,29 @@ def test_pymongo_names_catch_what_raymx_raises(coll):
     # a secondary's refusal is caught as NotPrimaryError (a write on a read-only path)
     with pytest.raises(errors.NotPrimaryError):
         raise errors.from_wire({"err": "NotPrimary", "msg": "no"})
+
+
+def test_positional_updates_and_array_filters(coll):
+    """The positional ``$`` (the element the filter matched), ``$[]`` and
+    ``$[name]`` with ``array_filters``, as pymongo takes them: update_one,
+    update_many, find_one_and_update and bulk_write."""
+    coll.insert_many([{"_id": 1, "g": [80, 85, 90], "items": [{"sku": "a", "q": 1},
+                                                                {"sku": "b", "q": 2}]},
+                      {"_id": 2, "g": [95, 70]}])
+    coll.update_one({"_id": 1, "items.sku": "b"}, {"$inc": {"items.$.q": 10}})
+    assert coll.find_one({"_id": 1})["items"][1] == {"sku": "b", "q": 12}
+    r = coll.update_many({}, {"$set": {"g.$[hi]": 100}}, array_filters=[{"hi": {"$gte": 90}}])
+    assert (r.matched_count, r.modified_count) == (2, 2)
+    assert [d["g"] for d in coll.find(sort=[("_id", 1)])] == [[80, 85, 100], [100, 70]]
+    coll.bulk_write([UpdateOne({"_id": 2}, {"$inc": {"g.$[]": 1}}),
+                     UpdateOne({"_id": 1}, {"$set": {"items.$[i].q": 0}},
+                               array_filters=[{"i.sku": "a"}])])
+    assert coll.find_one({"_id": 2})["g"] == [101, 71]
+    assert coll.find_one({"_id": 1})["items"][0] == {"sku": "a", "q": 0}
+    before = coll.find_one_and_update({"g": 85}, {"$set": {"g.$": 86}})
+    assert before["g"] == [80, 85, 100] and coll.find_one({"_id": 1})["g"] == [80, 86, 100]
+    with pytest.raises(errors.InvalidUpdate, match="positional operator did not find"):
+        coll.update_one({"_id": 1}, {"$set": {"g.$": 0}})
+    with pytest.raises(errors.InvalidUpdate, match="was not used"):
+        coll.update_one({"_id": 1}, {"$set": {"x": 0}}, array_filters=[{"y": 1}])
+    assert coll.find_one({"_id": 1})["g"] == [80, 86, 100]  # nothing written by those

@@ -273,3 +273,36 @@ def test_inc_then_negative_inc_restores(doc, path, n):
         return  # a non-number or non-container on the path
     back = apply_update(once, {"$inc": {path: -n}})
     assert back == apply_update(doc, {"$inc": {path: 0}})
+
+
+def test_positional_operators_resolve_against_the_document_before_the_update():
+    d = {"_id": 1, "g": [80, 85, 90], "items": [{"sku": "a", "q": 1}, {"sku": "b", "q": 2}],
+         "m": [[1, 2], [3, 4]]}
+    before = copy.deepcopy(d)
+    assert apply_update(d, {"$set": {"g.$": 82}}, flt={"g": 85})["g"] == [80, 82, 90]
+    assert apply_update(d, {"$set": {"items.$.q": 9}},
+                        flt={"$and": [{"_id": 1}, {"items.sku": "b"}]})["items"][1]["q"] == 9
+    assert apply_update(d, {"$inc": {"g.$": 1}}, flt={"g": {"$gt": 81}})["g"] == [80, 86, 90]
+    assert apply_update(d, {"$inc": {"g.$[]": 1}})["g"] == [81, 86, 91]
+    assert apply_update(d, {"$set": {"g.$[x]": 0}},
+                        array_filters=[{"x": {"$gte": 85}}])["g"] == [80, 0, 0]
+    assert apply_update(d, {"$set": {"items.$[i].q": 7}}, array_filters=[
+        {"i.sku": "a", "i.q": 1}])["items"] == [{"sku": "a", "q": 7}, {"sku": "b", "q": 2}]
+    assert apply_update(d, {"$set": {"m.$[].$[v]": 0}},
+                        array_filters=[{"v": {"$gt": 2}}])["m"] == [[1, 2], [0, 0]]
+    assert apply_update(d, {"$set": {"g.$[x]": 0}},  # no element matches: nothing changes
+                        array_filters=[{"x": 1000}]) == d
+    assert d == before  # never mutated
+    for update, flt, af, msg in (
+            ({"$set": {"g.$": 0}}, {"_id": 1}, None, "did not find the match"),
+            ({"$set": {"g.$": 0}}, {"g": 1000}, None, "did not find the match"),
+            ({"$set": {"g.$[x]": 0}}, None, None, "no array filter found for identifier 'x'"),
+            ({"$set": {"a": 0}}, None, [{"x": 1}], "'x' was not used"),
+            ({"$set": {"g.$[x]": 0}}, None, [{"x": 1}, {"x": 2}], "two array filters"),
+            ({"$set": {"g.$[x]": 0}}, None, [{"x": 1, "y": 2}], "one identifier"),
+            ({"$set": {"g.$[X]": 0}}, None, None, "not a positional operator"),
+            ({"$set": {"s.$[]": 0}}, None, None, "must hold an array"),
+            ({"$rename": {"g.$": "h"}}, {"g": 85}, None, "positional operators are not allowed"),
+            ({"$set": {"g.$[]": 0, "g.1": 5}}, None, None, "conflicts")):
+        with pytest.raises(InvalidUpdate, match=msg):
+            apply_update(d, update, flt=flt, array_filters=af)

@@ -274,6 +274,27 @@ def test_coll_stats_db_stats_and_server_status(client):
     assert ss["connections"]["current"] >= 1 and ss["uptime"] >= 0
 
 
+def test_positional_updates_and_array_filters_through_pymongo(client):
+    c = client.db.pos
+    c.insert_many([{"_id": 1, "g": [80, 85, 90], "items": [{"sku": "a", "q": 1},
+                                                            {"sku": "b", "q": 2}]},
+                   {"_id": 2, "g": [95, 70]}])
+    assert c.update_one({"items.sku": "b"}, {"$inc": {"items.$.q": 10}}).modified_count == 1
+    assert c.find_one({"_id": 1})["items"][1]["q"] == 12
+    r = c.update_many({}, {"$set": {"g.$[hi]": 100}}, array_filters=[{"hi": {"$gte": 90}}])
+    assert r.modified_count == 2
+    c.bulk_write([pymongo.UpdateOne({"_id": 2}, {"$inc": {"g.$[]": 1}}),
+                  pymongo.UpdateOne({"_id": 1}, {"$set": {"items.$[i].q": 0}},
+                                    array_filters=[{"i.sku": "a"}])])
+    assert [d["g"] for d in c.find().sort("_id")] == [[80, 85, 100], [101, 71]]
+    after = c.find_one_and_update({"_id": 1}, {"$set": {"items.$[i].q": 5}},
+                                  array_filters=[{"i.q": 0}], return_document=ReturnDocument.AFTER)
+    assert after["items"] == [{"sku": "a", "q": 5}, {"sku": "b", "q": 12}]
+    with pytest.raises(WriteError) as ei:
+        c.update_one({"_id": 1}, {"$set": {"g.$": 0}})
+    assert "positional operator did not find" in str(ei.value)
+
+
 def test_transaction(client):
     c = client.db.t
     with client.start_session() as s:

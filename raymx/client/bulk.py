@@ -48,18 +48,19 @@ class InsertOne(_Request):
 
 
 class _Update(_Request):
-    __slots__ = ("filter", "update", "upsert")
+    __slots__ = ("filter", "update", "upsert", "array_filters")
     multi = False
 
     def __init__(self, filter: dict, update: dict, upsert: bool = False, collation=None,
                  array_filters=None, hint=None):
         _check_filter(type(self).__name__, filter)
-        _unsupported(type(self).__name__, collation=collation, array_filters=array_filters,
-                     hint=hint)
+        _unsupported(type(self).__name__, collation=collation, hint=hint)
         self.filter, self.update, self.upsert = filter, update, bool(upsert)
+        self.array_filters = array_filters
 
     def _run(self, coll: "Collection", wc: dict):
-        return coll._update(self.filter, self.update, self.multi, self.upsert, False, dict(wc))
+        return coll._update(self.filter, self.update, self.multi, self.upsert, False, dict(wc),
+                            self.array_filters)
 
 
 class UpdateOne(_Update):

@@ -180,16 +180,22 @@ class Collection:
                                docs, _wc_fields(self.write_concern, wc))
         return ReplaceManyResult(r["matched"], r["modified"], r["inserted_ids"], _gtid(r["gtid"]))
 
-    def _update(self, flt, update, multi, upsert, replace, wc) -> UpdateResult:
-        r = self._write({"op": "update", "filter": flt, "update": update, "multi": multi,
-                         "upsert": upsert, "replace": replace}, _wc_fields(self.write_concern, wc))
+    def _update(self, flt, update, multi, upsert, replace, wc,
+                array_filters=None) -> UpdateResult:
+        req = {"op": "update", "filter": flt, "update": update, "multi": multi,
+               "upsert": upsert, "replace": replace}
+        if array_filters is not None:
+            req["array_filters"] = array_filters
+        r = self._write(req, _wc_fields(self.write_concern, wc))
         return UpdateResult(r["matched"], r["modified"], r["upserted_id"], _gtid(r["gtid"]))
 
-    def update_one(self, flt, update, upsert=False, **wc) -> UpdateResult:
-        return self._update(flt, update, False, upsert, False, wc)
+    def update_one(self, flt, update, upsert=False, array_filters=None, **wc) -> UpdateResult:
+        """``array_filters``: filters for ``$[name]`` paths, as pymongo's; the
+        positional ``$`` takes its element from ``flt``."""
+        return self._update(flt, update, False, upsert, False, wc, array_filters)
 
-    def update_many(self, flt, update, upsert=False, **wc) -> UpdateResult:
-        return self._update(flt, update, True, upsert, False, wc)
+    def update_many(self, flt, update, upsert=False, array_filters=None, **wc) -> UpdateResult:
+        return self._update(flt, update, True, upsert, False, wc, array_filters)
 
     def replace_one(self, flt, replacement, upsert=False, **wc) -> UpdateResult:
         return self._update(flt, replacement, False, upsert, True, wc)
@@ -302,11 +308,12 @@ class Collection:
     # delete run in one member transaction (raymx/client/composite.py, as the
     # wire port's findAndModify), or in the caller's.
     def _find_and_modify(self, flt, update, remove: bool, projection, sort, upsert: bool,
-                         new: bool, wc: dict):
+                         new: bool, wc: dict, array_filters=None):
         if not isinstance(flt, dict):
             raise TypeError(f"filter must be a dict, not {type(flt).__name__}")
         run = dict(ns=self.full_name, flt=flt, update=update, remove=remove,
-                   sort=sort_spec(sort), upsert=upsert, new=bool(new))
+                   sort=sort_spec(sort), upsert=upsert, new=bool(new),
+                   array_filters=array_filters)
         if self._txn is not None:
             _, value = composite.find_and_modify(self._txn._call, **run)
         else:
@@ -318,7 +325,8 @@ class Collection:
         return value
 
     def find_one_and_update(self, filter, update, projection=None, sort=None,
-                            upsert: bool = False, return_document=ReturnDocument.BEFORE, **wc):
+                            upsert: bool = False, return_document=ReturnDocument.BEFORE,
+                            array_filters=None, **wc):
         """Update the first match (in ``sort`` order) and return it as it was
         (``return_document=ReturnDocument.AFTER``: as it is after), or None;
         atomic: no other write comes between finding and updating it."""
@@ -326,7 +334,7 @@ class Collection:
             raise errors.InvalidUpdate("find_one_and_update needs update operators ($set...); "
                                        "to replace the document use find_one_and_replace")
         return self._find_and_modify(filter, update, False, projection, sort, upsert,
-                                     return_document, wc)
+                                     return_document, wc, array_filters)
 
     def find_one_and_replace(self, filter, replacement, projection=None, sort=None,
                              upsert: bool = False, return_document=ReturnDocument.BEFORE, **wc):

@@ -39,13 +39,14 @@ def is_replacement(update) -> bool:
 
 def find_and_modify(call: Callable[[dict], dict], ns: str, flt: dict, update=None, *,
                     remove: bool = False, sort=None, upsert: bool = False,
-                    new: bool = False) -> tuple[dict, dict | None]:
+                    new: bool = False, array_filters=None) -> tuple[dict, dict | None]:
     """Run inside an open member transaction: ``call(req)`` sends ``req`` in it
     and returns the member's answer. ``sort``: ``[[path, 1 | -1], ...]`` or
     None. Returns ``(lastErrorObject, value)`` in MongoDB's shape: ``value``
     is the document before the change (``new``: after it), or None when none
     matched and none was upserted."""
     replace = is_replacement(update)
+    extra = {} if array_filters is None else {"array_filters": array_filters}
 
     def one(f, s=None):
         docs = call({"op": "find", "ns": ns, "filter": f, "sort": s, "limit": 1})["docs"]
@@ -60,13 +61,14 @@ def find_and_modify(call: Callable[[dict], dict], ns: str, flt: dict, update=Non
             call({"op": "delete", "ns": ns, "filter": sel})
             value = doc
         else:
-            call({"op": "update", "ns": ns, "filter": sel, "update": update,
-                  "replace": replace})
+            # the filter too: a positional $ takes its element from it
+            call({"op": "update", "ns": ns, "filter": {"$and": [sel, flt]} if flt else sel,
+                  "update": update, "replace": replace, **extra})
             leo["updatedExisting"] = True
             value = one(sel) if new else doc
     elif upsert and not remove:
         res = call({"op": "update", "ns": ns, "filter": flt, "update": update,
-                    "replace": replace, "upsert": True})
+                    "replace": replace, "upsert": True, **extra})
         leo.update(n=1, updatedExisting=False, upserted=res.get("upserted_id"))
         if new:
             value = one({"_id": res.get("upserted_id")})

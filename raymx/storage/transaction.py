@@ -391,10 +391,13 @@ class Transaction(Reader):
         return list(it if multi else itertools.islice(it, 1)), self.coll(ns)
 
     def update(self, ns: str, flt, update, multi: bool = False, upsert: bool = False,
-               replace: bool = False) -> WriteResult:
-        return self.statement(self._update, ns, flt, update, multi, upsert, replace)
+               replace: bool = False, array_filters: list | None = None) -> WriteResult:
+        """``array_filters``: MongoDB's ``arrayFilters`` for ``$[name]`` paths;
+        the positional ``$`` takes its element from ``flt``."""
+        return self.statement(self._update, ns, flt, update, multi, upsert, replace,
+                              array_filters)
 
-    def _update(self, ns, flt, update, multi, upsert, replace):
+    def _update(self, ns, flt, update, multi, upsert, replace, array_filters=None):
         if type(update) is not dict:
             raise errors.InvalidUpdate("an update must be a dict")
         if replace and upd.is_operator_update(update):
@@ -407,7 +410,7 @@ class Transaction(Reader):
         hits, c = self._hits(ns, flt, multi)
         for pk, old in hits:
             res.matched += 1
-            new = upd.apply_update(old, update)
+            new = upd.apply_update(old, update, flt=flt, array_filters=array_filters)
             old_b = codec.pack(old)
             new_b = codec.pack_document(new, lim)
             if new_b == old_b:
@@ -417,7 +420,8 @@ class Transaction(Reader):
             res.modified += 1
         if not hits and upsert:
             seed = upd.upsert_seed(flt if flt is not None else {})
-            doc = upd.apply_update(seed, update, inserting=True)
+            doc = upd.apply_update(seed, update, inserting=True, flt=flt,
+                                   array_filters=array_filters)
             if "_id" not in doc:
                 doc = {"_id": seed.get("_id", new_id()), **doc}
             res.upserted_id = doc["_id"]

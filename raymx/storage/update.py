@@ -6,15 +6,20 @@ treat both documents as immutable afterwards (or deep-copy one).
 
 Paths are dotted as in ``query``: a decimal component indexes a list
 (``$set`` past the end pads with None, ``$unset`` of an element sets it to
-None); there is no positional ``$`` operator yet.
+None). Positional components are resolved against the document before the
+update, into plain paths (``_positional``), as MongoDB does: ``$`` is the
+first element of that array the statement's filter matched through, ``$[]``
+every element, ``$[name]`` every element that ``array_filters``' filter on
+``name`` matches.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 from raymx.storage.errors import InvalidDocument, InvalidFilter, InvalidUpdate
 from raymx.storage.keys import encode_key
-from raymx.storage.query import MISSING, compile_filter, field_conditions
+from raymx.storage.query import MISSING, compile_filter, field_conditions, get_path
 
 _ARRAY = (list, tuple)
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1  # what codec stores
@@ -60,10 +65,96 @@ def _split(op: str, path: Any) -> list[str]:
     if not all(parts):
         raise InvalidUpdate(f"{op} {path!r}: the path has an empty component", operator=op,
                             field=path)
-    if any(p.startswith("$") for p in parts):
-        raise InvalidUpdate(f"{op} {path!r}: field names may not start with '$' "
-                            "(positional operators are not supported)", operator=op, field=path)
+    bad = next((p for p in parts if p.startswith("$") and not _POSITIONAL.fullmatch(p)), None)
+    if bad is not None:
+        raise InvalidUpdate(f"{op} {path!r}: field names may not start with '$' ({bad!r} is "
+                            "not a positional operator: $, $[] or $[name])", operator=op,
+                            field=path)
     return parts
+
+
+# --- positional operators ---------------------------------------------------------
+_POSITIONAL = re.compile(r"\$(\[([a-z][a-zA-Z0-9]*)?\])?")
+
+
+def _array_filters(array_filters) -> dict[str, Callable[[Any], bool]]:
+    """name -> whether an element matches its filter (``{"name": cond}`` or
+    ``{"name.field": cond, ...}``), each filter naming one identifier."""
+    if array_filters is None:
+        return {}
+    if not isinstance(array_filters, _ARRAY):
+        raise InvalidUpdate("arrayFilters must be a list of filters")
+    out = {}
+    for f in array_filters:
+        if not isinstance(f, dict) or not f:
+            raise InvalidUpdate(f"an array filter must be a non-empty dict, got {f!r:.60}")
+        names = {k.split(".", 1)[0] for k in f if isinstance(k, str) and not k.startswith("$")}
+        if len(names) != 1 or any(not isinstance(k, str) or k.startswith("$") for k in f):
+            raise InvalidUpdate(f"an array filter must name one identifier, not {f!r:.60}")
+        (name,) = names
+        if not re.fullmatch(r"[a-z][a-zA-Z0-9]*", name):
+            raise InvalidUpdate(f"the array filter identifier {name!r} must begin with a "
+                                "lowercase letter and hold only letters and digits")
+        if name in out:
+            raise InvalidUpdate(f"two array filters for the identifier {name!r}")
+        try:
+            m = compile_filter(f)
+        except InvalidFilter as e:
+            raise InvalidUpdate(f"array filter {name!r}: {e.msg}") from None
+        out[name] = (lambda m, name: lambda x: m({name: x}))(m, name)
+    return out
+
+
+def _match_index(doc: dict, head: list[str], flt, where: str) -> int:
+    """The first element of the array at ``head`` through which ``flt`` matches
+    ``doc`` (the positional ``$``)."""
+    arr = get_path(doc, ".".join(head))
+    dotted = ".".join(head)
+    if flt is None or not any(k == dotted or k.startswith(dotted + ".")
+                              for k, _ in field_conditions(flt)) \
+            or not isinstance(arr, _ARRAY):
+        raise InvalidUpdate(f"{where}: the positional operator did not find the match needed "
+                            "from the query (filter on the array's field)")
+    m = compile_filter(flt)
+    for i, el in enumerate(arr):
+        one = _Cow(doc)
+        c, k = one.loc(where, head, True)
+        _put(c, k, [el], where)
+        if m(one.root):
+            return i
+    raise InvalidUpdate(f"{where}: the positional operator did not find the match needed "
+                        "from the query")
+
+
+def _positional(doc: dict, op: str, path: str, parts: list[str], flt, filters: dict,
+                used: set) -> list[list[str]]:
+    """``parts`` with every positional component replaced by the element
+    indexes it stands for in ``doc`` (before the update): one plain path per
+    combination, none if an array holds no element that matches."""
+    at = next((i for i, p in enumerate(parts) if p.startswith("$")), None)
+    if at is None:
+        return [parts]
+    where, head, p = _where(op, path), parts[:at], parts[at]
+    if p == "$":
+        idx = [_match_index(doc, head, flt, where)]
+    else:
+        arr = get_path(doc, ".".join(head))
+        if not isinstance(arr, _ARRAY):
+            raise InvalidUpdate(f"{where}: the path {'.'.join(head)!r} must hold an array "
+                                "to apply array updates", operator=op, field=path)
+        name = p[2:-1]
+        if not name:
+            idx = list(range(len(arr)))
+        elif name not in filters:
+            raise InvalidUpdate(f"{where}: no array filter found for identifier {name!r}",
+                                operator=op, field=path)
+        else:
+            used.add(name)
+            idx = [i for i, el in enumerate(arr) if filters[name](el)]
+    out = []
+    for i in idx:
+        out += _positional(doc, op, path, head + [str(i)] + parts[at + 1:], flt, filters, used)
+    return out
 
 
 # --- copy-on-write access to the new document --------------------------------
@@ -317,9 +408,12 @@ def _replace(doc: dict, repl: dict) -> dict:
     return {"_id": new.pop("_id"), **new} if "_id" in new else new
 
 
-def apply_update(doc: dict, update: dict, inserting: bool = False) -> dict:
+def apply_update(doc: dict, update: dict, inserting: bool = False, flt: dict | None = None,
+                 array_filters: list | None = None) -> dict:
     """The document after ``update`` ($operators, or a replacement that keeps ``_id``).
     ``inserting``: an upsert inserts ``doc`` (``$setOnInsert`` applies only then).
+    ``flt``: the statement's filter (the positional ``$``); ``array_filters``:
+    MongoDB's ``arrayFilters`` (``$[name]``), each of which must be used.
 
     Errors raise ``InvalidUpdate`` and leave ``doc`` untouched. Paths in one
     update must be disjoint (``a`` with ``a`` or ``a.b`` is a conflict, also
@@ -334,6 +428,7 @@ def apply_update(doc: dict, update: dict, inserting: bool = False) -> dict:
         return _replace(doc, update)
     steps = []
     touched: list[tuple[list[str], str]] = []
+    filters, used = _array_filters(array_filters), set()
     for op, args in update.items():
         if not isinstance(op, str) or not op.startswith("$"):
             raise InvalidUpdate(f"an update cannot mix $operators with plain fields ({op!r})",
@@ -345,10 +440,18 @@ def apply_update(doc: dict, update: dict, inserting: bool = False) -> dict:
                                 operator=op)
         for path, arg in args.items():
             parts = _split(op, path)
-            touched.append((parts, f"{path!r} ({op})"))
-            if op == "$rename":
-                touched.append((_split(op, arg), f"{arg!r} ({op} target)"))
-            steps.append((op, path, parts, arg))
+            if op == "$rename" and any(p.startswith("$") for p in parts + _split(op, arg)):
+                raise InvalidUpdate(f"$rename {path!r}: positional operators are not allowed",
+                                    operator=op, field=path)
+            for parts in _positional(doc, op, path, parts, flt, filters, used):
+                touched.append((parts, f"{path!r} ({op})"))
+                if op == "$rename":
+                    touched.append((_split(op, arg), f"{arg!r} ({op} target)"))
+                steps.append((op, ".".join(parts), parts, arg))
+    unused = sorted(set(filters) - used)
+    if unused:
+        raise InvalidUpdate(f"the array filter for identifier {unused[0]!r} was not used in "
+                            "the update")
     touched.sort(key=lambda t: t[0])
     for (a, wa), (b, wb) in zip(touched, touched[1:]):
         if b[:len(a)] == a:  # sorted, so any prefix pair also shows up as a neighbour pair

@@ -369,11 +369,12 @@ def _update(d, cmd: dict, conn):
         u = st["u"]
         if isinstance(u, list):
             raise CommandError("pipeline updates are not supported by raymx", 2, "BadValue")
-        if st.get("arrayFilters"):
-            raise CommandError("arrayFilters are not supported by raymx", 2, "BadValue")
-        return {"op": "update", "ns": ns, "filter": _plain(st["q"]), "update": _plain(u),
-                "multi": bool(st.get("multi")), "upsert": bool(st.get("upsert")),
-                "replace": composite.is_replacement(u)}
+        req = {"op": "update", "ns": ns, "filter": _plain(st["q"]), "update": _plain(u),
+               "multi": bool(st.get("multi")), "upsert": bool(st.get("upsert")),
+               "replace": composite.is_replacement(u)}
+        if st.get("arrayFilters") is not None:
+            req["array_filters"] = _plain(st["arrayFilters"])
+        return req
 
     def count(res, i, out):
         out.setdefault("nModified", 0)
@@ -517,7 +518,7 @@ def _find_and_modify(d, cmd: dict, conn) -> dict:
         leo, value = composite.find_and_modify(
             lambda req: d.call(dict(req, **extra), state), ns, flt, upd, remove=remove,
             sort=_sort(cmd.get("sort")), upsert=bool(cmd.get("upsert")),
-            new=bool(cmd.get("new")))
+            new=bool(cmd.get("new")), array_filters=_plain(cmd.get("arrayFilters")))
         if not inner:
             d.call({"op": "txnCommit", **extra, **wc_fields(cmd)}, state)
         done = True
