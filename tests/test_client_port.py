@@ -316,3 +316,18 @@ def test_collection_stats_are_counted_by_the_member(port):  # noqa: F811
     with pytest.raises(errors.InvalidName):
         c["db"]["bad\x00name"].stats()
     c.close()
+
+
+def test_a_ttl_index_from_the_native_driver(port):  # noqa: F811
+    p, svc = port
+    c = client_of(p)
+    coll = c["db"]["ttl"]
+    assert coll.create_index("at", expire_after_seconds=60) == "at_1"
+    assert coll.create_index("at", expire_after_seconds=60) == "at_1"  # the same: no-op
+    with pytest.raises(errors.InvalidOperation, match="different spec"):
+        coll.create_index("at", expire_after_seconds=61)
+    with pytest.raises(errors.InvalidOperation, match="other than _id"):
+        coll.create_index("_id", expire_after_seconds=1)
+    ix = [i for i in coll.list_indexes() if i["name"] == "at_1"][0]
+    assert ix["expireAfterSeconds"] == 60
+    c.close()

@@ -239,3 +239,52 @@ def test_a_linearizable_read_holds_no_snapshot_while_its_primacy_is_confirmed(me
         blocker.set()
         t.join(10)
     assert out["err"] is None and out["ok"]["docs"] == [{"_id": 1}], out
+
+
+def test_the_n_entry_of_a_failed_write_becomes_durable_with_no_write_after_it(
+        member, failing_disk):
+    """While every later write fails (a full disk), the n entry that took a
+    failed write's GTID must still be synced, so it ships: before, nothing
+    told the group commit about it, and the primary held an entry no other
+    member could get."""
+    svc, e = member()
+    assert ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 1}]})["ok"]
+    failing_disk["n"] = 1  # the commit; its n entry is written
+    assert "no space" in str(ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 2}]})["err"])
+    g, ent = list(e.read_oplog())[-1]
+    assert g == GTID(0, 2) and [op["op"] for op in ent["ops"]] == ["n"]  # (0:1: create, insert)
+    deadline = time.monotonic() + 5
+    while svc.group.durable != g:
+        assert time.monotonic() < deadline, f"the n entry never became durable: {svc.group.durable}"
+        time.sleep(0.01)
+
+
+def test_ttl_indexes_delete_expired_documents_through_the_write_path(member, monkeypatch):
+    import datetime
+
+    from raymx.actors import trimming
+    from raymx.storage.types import millis
+    monkeypatch.setattr(trimming, "TTL_BATCH", 2)  # batches of two: the loop runs
+    svc, e = member()
+    now = datetime.datetime(2026, 11, 27, 12, 0)
+    hour = datetime.timedelta(hours=1)
+    docs = [{"_id": 1, "at": now - 2 * hour}, {"_id": 2, "at": now},
+            {"_id": 3, "at": "not a date"}, {"_id": 4}, {"_id": 5, "at": [now - 3 * hour, now]},
+            {"_id": 6, "at": now - 5 * hour}, {"_id": 7, "at": 12}]
+    assert ask(svc, {"op": "insert", "ns": "a.t", "docs": docs})["ok"]
+    r = ask(svc, {"op": "createIndex", "ns": "a.t", "key": [["at", 1]], "expire_after_s": 3600})
+    assert r["ok"]["value"] == "at_1"
+    bad = ask(svc, {"op": "createIndex", "ns": "a.t", "key": [["b", 1]], "expire_after_s": -1})
+    assert "expireAfterSeconds" in str(bad["err"])
+    assert e.reader().coll("a.t").indexes["at_1"].spec() == {
+        "key": [["at", 1]], "unique": False, "expireAfterSeconds": 3600}
+    last = e.last()[0]
+    assert svc.expire_once(now_ms=millis(now)) == 3
+    assert [d["_id"] for d in e.find("a.t", {})] == [2, 3, 4, 7]
+    # plain deletes with GTIDs, as a client's: replicated and streamed
+    deleted = [op["pre"]["_id"] for g, ent in e.read_oplog() if g > last for op in ent["ops"]]
+    assert sorted(deleted) == [1, 5, 6]
+    assert svc.status()["ttl"] == {"deleted": 3, "passes": 1, "last_error": None}
+    svc.primary = False  # a secondary's copy waits for the primary's deletes
+    assert ask(svc, {"op": "insert", "ns": "a.t", "docs": [{"_id": 8}]})["err"] is not None
+    assert svc.expire_once(now_ms=millis(now + 10 * hour)) == 0

@@ -295,6 +295,21 @@ def test_positional_updates_and_array_filters_through_pymongo(client):
     assert "positional operator did not find" in str(ei.value)
 
 
+def test_ttl_index_through_pymongo(served, client):
+    import datetime
+    _, svc = served
+    c = client.db.sessions
+    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    c.insert_many([{"_id": "old", "at": now - datetime.timedelta(hours=2)},
+                   {"_id": "new", "at": now}])
+    assert c.create_index("at", expireAfterSeconds=3600) == "at_1"
+    assert c.index_information()["at_1"]["expireAfterSeconds"] == 3600
+    with pytest.raises(OperationFailure):
+        c.create_index([("a", 1), ("b", 1)], expireAfterSeconds=5)  # one field only
+    svc.expire_once()  # (every Limits.ttl_interval_ms on the trimmer's thread)
+    assert [d["_id"] for d in c.find()] == ["new"]
+
+
 def test_transaction(client):
     c = client.db.t
     with client.start_session() as s:

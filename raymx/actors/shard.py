@@ -120,6 +120,8 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
                      "held_by": None, "bound": None, "last_error": None}
         self._stopping = threading.Event()
         self._trim_wake = threading.Event()
+        self.ttl = {"deleted": 0, "passes": 0, "last_error": None}  # the TTL monitor
+        self._ttl_next = time.monotonic() + limits.ttl_interval_ms / 1000
         self._threads = [] if timer is not None else [
             threading.Thread(target=fn, name=name, daemon=True)
             for fn, name in ((self._trim_loop, "raymx-trimmer"), (self._write_loop, "raymx-writer"))]
@@ -603,7 +605,7 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
                 "majority": gtid_out(self.wc.majority_point()) if self.primary else None,
                 "majority_known": gtid_out(self.majority_known),
                 "open_cursors": len(self._cursors) + len(self._cursors_busy),
-                "after_waits": self.after_waits.counters()}
+                "after_waits": self.after_waits.counters(), "ttl": dict(self.ttl)}
 
     def close(self) -> None:
         self._stopping.set()

@@ -3,22 +3,29 @@ transactions on the writer, never past what the set still needs (the
 majority-committed point, what members are loading or pulling: the pure
 ``trim_bound`` decides) nor past the oplog archive when the set has one
 (``raymx.actors.archiving``; the primary writes its segments first, on the
-same thread), every ``trim_interval_ms``.
+same thread), every ``trim_interval_ms``. On the same thread, every
+``ttl_interval_ms``, the primary deletes what its TTL indexes expired
+(``expire_once``).
 """
 from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
 
 from raymx import errors
 from raymx.actors.core.replication import applied_point, trim_bound
 from raymx.actors.reads import gtid_out
+from raymx.storage.types import from_millis
 
 log = logging.getLogger("raymx.shard")
 
 
+TTL_BATCH = 1000  # expired documents deleted by one statement
+
+
 class TrimPath:
-    """Mixed into ``ShardService``: its oplog cap and the trimmer."""
+    """Mixed into ``ShardService``: its oplog cap, the trimmer and the TTL monitor."""
 
     def set_oplog_cap(self, cap: dict) -> None:
         """The cap, and the archive (``cap["archive"]``: ``{"uri", "lag_s"}`` or None)."""
@@ -86,6 +93,55 @@ class TrimPath:
         self._archive_wanted = bool(r.held and keep is not None and bound == keep)
         return st
 
+    def expire_once(self, now_ms: int | None = None) -> int:
+        """MongoDB's TTL monitor, on the primary: delete the documents whose
+        TTL-indexed field is a date (or an array holding one, the earliest
+        counting) older than the index's ``expireAfterSeconds``. Each batch of
+        up to ``TTL_BATCH`` is a plain multi-document delete through the write
+        path (a GTID, the oplog, replication, change streams, as a client's
+        delete), filtered again there, so a document updated meanwhile stays.
+        Returns how many went."""
+        if not self.primary or self.handing_over:
+            return 0
+        now = self.wall_ms() if now_ms is None else now_ms
+        r = self.e.reader()
+        try:
+            ttl = [(ns, ix) for ns in r.list_collections() if (c := r.coll(ns)) is not None
+                   for ix in c.indexes.values() if ix.expire_after_s is not None]
+        finally:
+            r.t.abort()
+        gone = 0
+        for ns, ix in ttl:
+            flt = {ix.key[0][0]: {"$lt": from_millis(now - ix.expire_after_s * 1000)}}
+            while self.primary and not self._stopping.is_set():
+                r = self.e.reader()
+                try:
+                    ids = [d["_id"] for d in r.find(ns, flt, {"_id": 1}, None, 0, TTL_BATCH)]
+                finally:
+                    r.t.abort()
+                if not ids:
+                    break
+                gone += self._write_now({"op": "delete", "ns": ns, "multi": True, "filter": {
+                    "$and": [{"_id": {"$in": ids}}, flt]}})["deleted"]
+                if len(ids) < TTL_BATCH:
+                    break
+        self.ttl["deleted"] += gone
+        self.ttl["passes"] += 1
+        return gone
+
+    def _write_now(self, req: dict) -> dict:
+        """A write of the member's own through the write path, as a client's; its answer."""
+        f: Future = Future()
+
+        def reply(ok=None, err=None):
+            if not f.done():
+                f.set_result((ok, err))
+        self.handle(req, reply, {})
+        ok, err = f.result(60)
+        if err is not None:
+            raise err
+        return ok
+
     def _trim_loop(self):
         try:
             self._trim_rounds()
@@ -109,3 +165,11 @@ class TrimPath:
                     log.warning("trimming the oplog was refused: %s", e)
                 else:
                     log.exception("trimming the oplog failed")
+            if time.monotonic() >= self._ttl_next:
+                self._ttl_next = time.monotonic() + self.limits.ttl_interval_ms / 1000
+                try:
+                    self.expire_once()
+                    self.ttl["last_error"] = None
+                except Exception as e:  # a deposed primary, a full disk: next pass
+                    self.ttl["last_error"] = f"{type(e).__name__}: {e}"
+                    log.warning("deleting expired documents (TTL indexes) failed: %s", e)

@@ -231,11 +231,17 @@ class Collection:
         _wc_fields(self.write_concern, dict(wc))  # a bad argument fails before any write
         return bulk.bulk_write(self, requests, ordered, wc)
 
-    def create_index(self, keys, unique: bool = False, name: str | None = None, **wc) -> str:
+    def create_index(self, keys, unique: bool = False, name: str | None = None,
+                     expire_after_seconds: int | None = None, **wc) -> str:
+        """``expire_after_seconds``: a TTL index, as pymongo's ``expireAfterSeconds``:
+        the primary deletes documents whose field is a date (or an array
+        holding one) older than that, once a minute (``Limits.ttl_interval_ms``)."""
         if isinstance(keys, list):
             keys = [list(k) if isinstance(k, tuple) else k for k in keys]
-        return self._write({"op": "createIndex", "key": keys, "unique": unique, "name": name},
-                           _wc_fields(self.write_concern, wc))["value"]
+        req = {"op": "createIndex", "key": keys, "unique": unique, "name": name}
+        if expire_after_seconds is not None:
+            req["expire_after_s"] = expire_after_seconds
+        return self._write(req, _wc_fields(self.write_concern, wc))["value"]
 
     def drop_index(self, name: str, **wc) -> None:
         self._write({"op": "dropIndex", "name": name}, _wc_fields(self.write_concern, wc))

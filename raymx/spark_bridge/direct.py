@@ -356,7 +356,8 @@ def clear_collection(rs, ns: str, wc: dict) -> list[dict]:
         specs = [ix for ix in c.list_indexes() if ix["name"] != "_id_"]
         c.drop()
         for ix in specs:
-            c.create_index(ix["key"], unique=ix["unique"], name=ix["name"])
+            c.create_index(ix["key"], unique=ix["unique"], name=ix["name"],
+                           expire_after_seconds=ix.get("expireAfterSeconds"))
         return specs
     finally:
         client.close()

@@ -115,6 +115,21 @@ def normalize_index_key(key) -> list[list]:
     return out
 
 
+def check_expire(expire_after_s, key: list[list]):
+    """A TTL index's ``expireAfterSeconds`` (None: not one): whole seconds,
+    0 to 2**31 - 1, on one field other than ``_id``, as MongoDB's."""
+    if expire_after_s is None:
+        return None
+    if isinstance(expire_after_s, bool) or not isinstance(expire_after_s, (int, float)) \
+            or expire_after_s != int(expire_after_s) or not 0 <= expire_after_s < 2**31:
+        raise errors.InvalidOperation(f"expireAfterSeconds must be a whole number of seconds "
+                                      f"from 0 to 2147483647, not {expire_after_s!r:.40}")
+    if len(key) != 1 or key[0][0] == "_id":
+        raise errors.InvalidOperation("a TTL index (expireAfterSeconds) must be on one field "
+                                      f"other than _id, not {key!r:.80}")
+    return int(expire_after_s)
+
+
 def index_name(key: list[list]) -> str:
     return "_".join(f"{p}_{d}" for p, d in key)
 
@@ -125,6 +140,9 @@ class IndexInfo:
     id: int
     key: list  # [[path, dir], ...]
     unique: bool
+    # a TTL index: documents whose field is a date older than this many
+    # seconds are deleted by the primary (``TrimPath.expire_once``)
+    expire_after_s: int | None = None
     prefix: bytes = field(init=False, repr=False, compare=False)
     single: str | None = field(init=False, repr=False, compare=False)
 
@@ -135,7 +153,10 @@ class IndexInfo:
         self.single = None if "." in p else p
 
     def spec(self) -> dict:
-        return {"key": self.key, "unique": self.unique}
+        out = {"key": self.key, "unique": self.unique}
+        if self.expire_after_s is not None:
+            out["expireAfterSeconds"] = self.expire_after_s
+        return out
 
 
 @dataclass
@@ -158,12 +179,13 @@ class CollInfo:
 
     def record(self) -> bytes:
         return codec.pack({"id": self.id, "indexes": {
-            n: {"id": i.id, "key": i.key, "unique": i.unique} for n, i in self.indexes.items()}})
+            n: {"id": i.id, **i.spec()} for n, i in self.indexes.items()}})
 
     @classmethod
     def from_record(cls, ns: str, b: bytes) -> "CollInfo":
         r = codec.unpack(b, "catalog record")
-        return cls(ns, r["id"], {n: IndexInfo(n, i["id"], i["key"], i["unique"])
+        return cls(ns, r["id"], {n: IndexInfo(n, i["id"], i["key"], i["unique"],
+                                              i.get("expireAfterSeconds"))
                                  for n, i in r["indexes"].items()})
 
 

@@ -77,6 +77,9 @@ class Limits:
     # may drop (writers wait at most for one such transaction).
     oplog_bytes_max: int = 1 * GiB
     trim_interval_ms: int = 1000
+    # how often the primary deletes what its TTL indexes expired (MongoDB's
+    # TTL monitor runs every 60 s), on the trimmer's thread
+    ttl_interval_ms: int = 60_000
     trim_batch_entries: int = 500
     # Change streams: events per answer and how long a quiet watch waits.
     watch_batch_max: int = 1000

@@ -15,8 +15,8 @@ import operator
 from typing import TYPE_CHECKING, Callable
 
 from raymx.storage import codec, errors, oplog, query, update as upd
-from raymx.storage.catalog import (CollInfo, IndexInfo, WriteResult, index_name, new_id,
-                                   normalize_index_key, split_ns)
+from raymx.storage.catalog import (CollInfo, IndexInfo, WriteResult, check_expire, index_name,
+                                   new_id, normalize_index_key, split_ns)
 from raymx.storage.gtid import GTID
 from raymx.storage.keys import encode_key, encode_keys, prefix_end
 from raymx.storage.reader import Reader
@@ -465,11 +465,14 @@ class Transaction(Reader):
             _delete_range(self.t, "index", ix.prefix)
         self.t.delete("catalog", c.ns.encode())
 
-    def create_index(self, ns: str, key, unique: bool = False, name: str | None = None) -> str:
-        return self.statement(self._create_index, ns, key, unique, name, True)
+    def create_index(self, ns: str, key, unique: bool = False, name: str | None = None,
+                     expire_after_s: int | None = None) -> str:
+        """``expire_after_s``: a TTL index (``catalog.check_expire``)."""
+        return self.statement(self._create_index, ns, key, unique, name, True, expire_after_s)
 
-    def _create_index(self, ns, key, unique, name, check_unique):
+    def _create_index(self, ns, key, unique, name, check_unique, expire_after_s=None):
         key = normalize_index_key(key)
+        expire_after_s = check_expire(expire_after_s, key)
         name = name or index_name(key)
         if not isinstance(name, str) or not name or name == "_id_" or "\x00" in name:
             raise errors.InvalidName(f"invalid index name {name!r}")
@@ -478,11 +481,13 @@ class Transaction(Reader):
         c = self._coll_for_write(ns)
         old = c.indexes.get(name)
         if old is not None:
-            if old.key == key and old.unique == bool(unique):
+            if old.key == key and old.unique == bool(unique) \
+                    and old.expire_after_s == expire_after_s:
                 return name
             raise errors.InvalidOperation(f"index {name} already exists on {ns} with "
                                           f"a different spec {old.spec()}")
-        ix = IndexInfo(name, self.e._next_counter(self.t, b"next_id"), key, bool(unique))
+        ix = IndexInfo(name, self.e._next_counter(self.t, b"next_id"), key, bool(unique),
+                       expire_after_s)
         for k, v in self.t.scan("docs", c.prefix, prefix_end(c.prefix)):
             # build one index at a time: _index checks uniqueness within it
             only = CollInfo(ns, c.id, {name: ix})
@@ -527,7 +532,8 @@ class Transaction(Reader):
                 if c is not None:
                     self._drop(c)
             elif cmd == "createIndex":
-                self._create_index(ns, op["spec"]["key"], op["spec"]["unique"], op["name"], False)
+                self._create_index(ns, op["spec"]["key"], op["spec"]["unique"], op["name"], False,
+                                   op["spec"].get("expireAfterSeconds"))
             elif cmd == "dropIndex":
                 if c is not None and op["name"] in c.indexes:
                     self._drop_index(c, op["name"])

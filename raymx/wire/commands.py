@@ -365,6 +365,8 @@ def _index_doc(ix: dict) -> dict:
     out = {"v": 2, "key": {p: dr for p, dr in ix["key"]}, "name": ix["name"]}
     if ix.get("unique") and ix["name"] != "_id_":
         out["unique"] = True
+    if ix.get("expireAfterSeconds") is not None:
+        out["expireAfterSeconds"] = ix["expireAfterSeconds"]
     return out
 
 
@@ -428,7 +430,7 @@ def _list_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
     return {"cursor": {"firstBatch": [_index_doc(x) for x in ixs], "id": Int64(0), "ns": ns}}
 
 
-_INDEX_OPTIONS = {"key", "name", "unique", "v", "background"}
+_INDEX_OPTIONS = {"key", "name", "unique", "v", "background", "expireAfterSeconds"}
 
 
 def _create_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
@@ -447,8 +449,11 @@ def _create_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
                                "raymx", 197, "InvalidIndexSpecificationOption")
         key = [[p, int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v]
                for p, v in spec["key"].items()]
-        d.call({"op": "createIndex", "ns": ns, "key": key, "unique": bool(spec.get("unique")),
-                "name": spec.get("name"), **crud.wc_fields(cmd)}, conn.state)
+        req = {"op": "createIndex", "ns": ns, "key": key, "unique": bool(spec.get("unique")),
+               "name": spec.get("name"), **crud.wc_fields(cmd)}
+        if spec.get("expireAfterSeconds") is not None:
+            req["expire_after_s"] = spec["expireAfterSeconds"]
+        d.call(req, conn.state)
     after = len(d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"])
     return {"createdCollectionAutomatically": not existed, "numIndexesBefore": before,
             "numIndexesAfter": after}
