@@ -22,7 +22,7 @@ import logging
 import queue
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
 from typing import Callable
 
 from raymx import errors
@@ -218,6 +218,26 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         self.wc.step_down(self.member_id)
 
     # --- dispatch --------------------------------------------------------
+    def request(self, req: dict, conn: dict, timeout_s: float) -> dict:
+        """One request through ``handle``, waited for on this thread: its
+        answer, or its error raised (``RequestTimeout`` past ``timeout_s``).
+        The wire port's translated requests and the member's own writes (the
+        TTL monitor's deletes) go this way."""
+        f: Future = Future()
+
+        def reply(ok=None, err=None):
+            if not f.done():
+                f.set_result((ok, err))
+        self.handle(req, reply, conn)
+        try:
+            ok, err = f.result(timeout_s)
+        except FutureTimeout:
+            raise errors.RequestTimeout(f"{req.get('op')} got no answer in {timeout_s:g} s") \
+                from None
+        if err is not None:
+            raise err
+        return ok
+
     def handle(self, req: dict, reply: Reply, conn: dict) -> None:
         """Route one request. ``conn`` is per-connection state (cursors, sessions)."""
         op = req.get("op")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future
 
 from raymx import errors
 from raymx.actors.core.replication import applied_point, trim_bound
@@ -121,26 +120,13 @@ class TrimPath:
                     r.t.abort()
                 if not ids:
                     break
-                gone += self._write_now({"op": "delete", "ns": ns, "multi": True, "filter": {
-                    "$and": [{"_id": {"$in": ids}}, flt]}})["deleted"]
+                gone += self.request({"op": "delete", "ns": ns, "multi": True, "filter": {
+                    "$and": [{"_id": {"$in": ids}}, flt]}}, {}, 60)["deleted"]
                 if len(ids) < TTL_BATCH:
                     break
         self.ttl["deleted"] += gone
         self.ttl["passes"] += 1
         return gone
-
-    def _write_now(self, req: dict) -> dict:
-        """A write of the member's own through the write path, as a client's; its answer."""
-        f: Future = Future()
-
-        def reply(ok=None, err=None):
-            if not f.done():
-                f.set_result((ok, err))
-        self.handle(req, reply, {})
-        ok, err = f.result(60)
-        if err is not None:
-            raise err
-        return ok
 
     def _trim_loop(self):
         try:

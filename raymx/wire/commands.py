@@ -15,7 +15,6 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import Future, TimeoutError as FutureTimeout
 
 from bson import Int64, ObjectId, Timestamp
 
@@ -191,20 +190,7 @@ class Dispatcher:
 
     def call(self, req: dict, state: dict, timeout_s: float = CALL_TIMEOUT_S) -> dict:
         """One member request, answered (or its error raised)."""
-        f: Future = Future()
-
-        def reply(ok=None, err=None):
-            if not f.done():
-                f.set_result((ok, err))
-        self.service.handle(req, reply, state)
-        try:
-            ok, err = f.result(timeout_s)
-        except FutureTimeout:
-            raise errors.RequestTimeout(f"{req.get('op')} got no answer in {timeout_s:g} s") \
-                from None
-        if err is not None:
-            raise err
-        return ok
+        return self.service.request(req, state, timeout_s)
 
     def connection_closed(self, conn) -> None:
         self.service.connection_closed(conn.state)
