@@ -159,3 +159,14 @@ def test_sample_replace_root_sort_by_count_and_facet():
     with pytest.raises(CommandError) as ei:  # refused before reading anything
         aggregate.check([{"$facet": {"x": [{"$bogus": 1}]}}])
     assert ei.value.code == 40324
+
+
+def test_match_takes_expr_beside_plain_conditions():
+    # qty greater than sub.v (a comparison of two fields), among "a" items
+    out = run([{"$match": {"item": "a", "$expr": {"$gt": ["$qty", "$sub.v"]}}}])
+    assert [d["_id"] for d in out] == []
+    out = run([{"$match": {"$expr": {"$gte": [{"$multiply": ["$qty", 2]}, "$sub.v"]}}}])
+    assert [d["_id"] for d in out] == [4, 5]  # 8 >= 6, 10 >= 5
+    assert [d["_id"] for d in run([{"$match": {"$expr": "$qty", "item": "b"}}])] == [1, 3, 5]
+    with pytest.raises(CommandError):
+        run([{"$match": {"$expr": {"$nope": 1}}}])

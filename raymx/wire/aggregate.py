@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import itertools
 import random
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from raymx.storage import query
 from raymx.storage.keys import encode_key
@@ -347,6 +347,17 @@ def _group(docs, spec: dict):
         yield g
 
 
+def _match(flt) -> Callable[[dict], bool]:
+    """A ``$match``'s test: the query engine's filter, and a top-level
+    ``$expr`` (an aggregation expression, true by MongoDB's truthiness)
+    evaluated here, where the expressions live."""
+    if not isinstance(flt, dict) or "$expr" not in flt:
+        return query.compile_filter(flt)
+    expr = flt["$expr"]
+    rest = query.compile_filter({k: v for k, v in flt.items() if k != "$expr"})
+    return lambda d: rest(d) and _truthy(evaluate(expr, d))
+
+
 def _sample(docs, spec) -> list:
     if not isinstance(spec, dict) or set(spec) != {"size"}:
         raise _err("$sample stage must specify a size", 28745)
@@ -407,7 +418,7 @@ def run(docs: Iterable[dict], pipeline: list, lookup=None) -> list[dict]:
     for st in pipeline:
         name, arg = next(iter(st.items()))
         if name == "$match":
-            it = filter(query.compile_filter(arg), it)
+            it = filter(_match(arg), it)
         elif name == "$project":
             it = _project(it, arg)
         elif name in ("$addFields", "$set"):
