@@ -310,6 +310,17 @@ def test_ttl_index_through_pymongo(served, client):
     assert [d["_id"] for d in c.find()] == ["new"]
 
 
+def test_expr_in_find_and_match_through_pymongo(client):
+    c = client.db.expr
+    c.insert_many([{"_id": i, "spent": i * 10, "budget": 45, "k": i % 2} for i in range(10)])
+    over = {"$expr": {"$gt": ["$spent", "$budget"]}}
+    assert [d["_id"] for d in c.find(over)] == [5, 6, 7, 8, 9]
+    assert [d for d in c.find(dict(over, k=1), {"spent": 1}).sort("_id", -1).skip(1).limit(2)] \
+        == [{"_id": 7, "spent": 70}, {"_id": 5, "spent": 50}]
+    assert c.count_documents({}) == 10 and len(list(c.find(over, batch_size=2))) == 5
+    assert [d["_id"] for d in c.aggregate([{"$match": over}, {"$match": {"k": 0}}])] == [6, 8]
+
+
 def test_transaction(client):
     c = client.db.t
     with client.start_session() as s:

@@ -415,8 +415,11 @@ def _find(d, cmd: dict, conn):
     limit = int(cmd.get("limit") or 0)
     single = bool(cmd.get("singleBatch")) or limit < 0
     limit = abs(limit)
+    flt = _plain(cmd.get("filter") or {})
+    if not aggregate.plain_filter(flt):  # $expr: the port's expressions, over a scan
+        return (yield blocking(_find_computed, d, cmd, conn, ns, flt, limit, single))
     batch = cmd.get("batchSize")
-    req = {"op": "find", "ns": ns, "filter": _plain(cmd.get("filter") or {}),
+    req = {"op": "find", "ns": ns, "filter": flt,
            "projection": _plain(cmd.get("projection")) or None, "sort": _sort(cmd.get("sort")),
            "skip": int(cmd.get("skip") or 0), "limit": limit, **read_fields(cmd)}
     if batch:
@@ -429,6 +432,27 @@ def _find(d, cmd: dict, conn):
         yield call({"op": "killCursors", "cursors": [cid]}, conn.state)
         cid = 0
     return {"cursor": {"firstBatch": res["docs"], "id": Int64(cid), "ns": ns}}
+
+
+def _find_computed(d, cmd: dict, conn, ns: str, flt: dict, limit: int, single: bool) -> dict:
+    """A find whose filter holds ``$expr``: the member reads what the rest of
+    the filter selects, the port runs the same steps as a pipeline and hands
+    the result to a cursor, as an aggregate's."""
+    pipeline = [{"$match": flt}]
+    if cmd.get("sort"):
+        pipeline.append({"$sort": dict(_plain(cmd["sort"]))})
+    if cmd.get("skip"):
+        pipeline.append({"$skip": int(cmd["skip"])})
+    if limit:
+        pipeline.append({"$limit": limit})
+    if cmd.get("projection"):
+        pipeline.append({"$project": _plain(cmd["projection"])})
+    rest = {k: v for k, v in flt.items() if k != "$expr"}
+    out = aggregate.run(scan(d, cmd, conn, ns, rest if aggregate.plain_filter(rest) else {}),
+                        pipeline)
+    batch = len(out) if single else (cmd.get("batchSize") or limit or None)
+    res = d.service.open_results(out, batch, conn.state)
+    return {"cursor": {"firstBatch": res["docs"], "id": Int64(res["cursor"]), "ns": ns}}
 
 
 def _get_more(d, cmd: dict, conn):
