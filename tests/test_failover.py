@@ -145,6 +145,9 @@ def test_a_primary_whose_disk_fills_hands_over_and_loses_nothing(ray_session, tm
             assert refused > 0  # the old primary did refuse writes first
             mine = [x for x in st["members"] if x["id"] == old][0]
             assert mine["disk_refusals"] > 0 and mine["disk_free"] < 64 << 20
+            note = [x for x in raymx.replset.format_status(st).splitlines()
+                    if x.startswith(f"member {old}: ")]
+            assert note and "MiB free on its disk" in note[0], note
             os.remove(ballast)  # room again: the old primary catches up as a secondary
             wait_until(lambda: converged(ray_session, rs, [0, 1, 2]), timeout_s=60)
             have = {d["_id"] for d in coll.find({}, projection={"_id": 1})}
