@@ -96,7 +96,10 @@ class Dispatcher:
     def _answer(self, name: str, out=None, e: Exception | None = None) -> dict:
         if e is None:
             out.setdefault("ok", 1.0)
-            out.setdefault("operationTime", operation_time(self.service.e.applied_point()))
+            try:
+                out.setdefault("operationTime", operation_time(self.service.e.applied_point()))
+            except Exception:  # the store is closing (the member stops): answer without it
+                pass
             return out
         if isinstance(e, (TypeError, ValueError, AttributeError, KeyError)):
             # a field of the wrong type or shape (int("x"), a number where a
