@@ -321,6 +321,21 @@ def test_expr_in_find_and_match_through_pymongo(client):
     assert [d["_id"] for d in c.aggregate([{"$match": over}, {"$match": {"k": 0}}])] == [6, 8]
 
 
+def test_a_collation_other_than_simple_is_refused_not_ignored(client):
+    c = client.db.coll8n
+    c.insert_many([{"_id": 1, "s": "a"}, {"_id": 2, "s": "A"}])
+    fr = {"locale": "fr", "strength": 2}
+    for call in (lambda: list(c.find({"s": "a"}, collation=fr)),
+                 lambda: c.count_documents({}, collation=fr),
+                 lambda: list(c.aggregate([], collation=fr)),
+                 lambda: c.update_one({"s": "a"}, {"$set": {"t": 1}}, collation=fr),
+                 lambda: c.delete_many({"s": "a"}, collation=fr)):
+        with pytest.raises(OperationFailure, match="collation .* is not supported"):
+            call()
+    assert [d["_id"] for d in c.find({"s": "a"}, collation={"locale": "simple"})] == [1]
+    assert c.count_documents({}) == 2  # nothing written or deleted
+
+
 def test_transaction(client):
     c = client.db.t
     with client.start_session() as s:

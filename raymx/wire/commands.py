@@ -91,6 +91,10 @@ class Dispatcher:
         fn = COMMANDS.get(key) or crud.COMMANDS.get(key)
         if fn is None:
             return error_doc(command_not_found(name))
+        try:
+            crud.no_collation(cmd)
+        except CommandError as e:
+            return error_doc(e)
         return name, crud.steps_of(fn)(self, cmd, conn)
 
     def _answer(self, name: str, out=None, e: Exception | None = None) -> dict:

@@ -85,6 +85,16 @@ def read_fields(cmd: dict) -> dict:
     return out
 
 
+def no_collation(doc) -> None:
+    """raymx compares strings by their code points, MongoDB's ``simple``
+    collation: a command or statement asking for another is refused, never
+    answered by other rules than it asked for."""
+    c = doc.get("collation") if isinstance(doc, dict) else None
+    if c is not None and c != {"locale": "simple"}:
+        raise CommandError(f"collation {c!r:.80} is not supported by raymx: strings compare "
+                           "by their code points (locale 'simple')", 2, "BadValue")
+
+
 def _docs(v, what: str) -> list:
     if not isinstance(v, list):
         raise CommandError(f"'{what}' must be an array", 14, "TypeMismatch")
@@ -366,6 +376,7 @@ def _update(d, cmd: dict, conn):
     def to_req(st):
         if not isinstance(st, dict) or "q" not in st or "u" not in st:
             raise bad_value("each update needs 'q' and 'u'")
+        no_collation(st)
         u = st["u"]
         if isinstance(u, list):
             raise CommandError("pipeline updates are not supported by raymx", 2, "BadValue")
@@ -394,6 +405,7 @@ def _delete(d, cmd: dict, conn):
     def to_req(st):
         if not isinstance(st, dict) or "q" not in st:
             raise bad_value("each delete needs 'q'")
+        no_collation(st)
         return {"op": "delete", "ns": ns, "filter": _plain(st["q"]),
                 "multi": int(st.get("limit", 0)) == 0}
 
