@@ -2,8 +2,9 @@
 ``aggregate``): ``$match $project $addFields/$set $unset $sort $skip $limit
 $group $count $unwind $sample $replaceRoot/$replaceWith $sortByCount $facet
 $lookup`` (``localField``/``foreignField``, or an uncorrelated ``pipeline``,
-or both; the other collection comes from the caller's ``lookup``); ``$group`` accumulators ``$sum $avg $min $max $first
-$last $push $addToSet $count``; expressions: field paths (``"$a.b"``,
+or both; the other collection comes from the caller's ``lookup``), and a
+``$match``'s top-level ``$expr``; ``$group`` accumulators ``$sum $avg $min
+$max $first $last $push $addToSet $count``; expressions: field paths (``"$a.b"``,
 ``"$$ROOT"``), literals, ``$literal $add $subtract $multiply $divide $mod
 $concat $toLower $toUpper $size $cond $ifNull $eq $ne $gt $gte $lt $lte $and
 $or $not $in $arrayElemAt``. Values compare in raymx's order

@@ -15,7 +15,6 @@ on a thread of its own is ``blocking(fn, ...)``: it runs on the port's pool.
 from __future__ import annotations
 
 import datetime
-
 import inspect
 import threading
 import uuid
@@ -462,7 +461,13 @@ def _find_computed(d, cmd: dict, conn, ns: str, flt: dict, limit: int, single: b
     rest = {k: v for k, v in flt.items() if k != "$expr"}
     out = aggregate.run(scan(d, cmd, conn, ns, rest if aggregate.plain_filter(rest) else {}),
                         pipeline)
-    batch = len(out) if single else (cmd.get("batchSize") or limit or None)
+    return _results(d, conn, ns, out,
+                    len(out) if single else (cmd.get("batchSize") or limit or None))
+
+
+def _results(d, conn, ns: str, out: list, batch: int | None) -> dict:
+    """A command's cursor over documents the port computed (the member's
+    cursor table keeps them: ``ReadPath.open_results``), a batch at a time."""
     res = d.service.open_results(out, batch, conn.state)
     return {"cursor": {"firstBatch": res["docs"], "id": Int64(res["cursor"]), "ns": ns}}
 
@@ -597,8 +602,7 @@ def _aggregate(d, cmd: dict, conn) -> dict:
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 0):
         raise CommandError(f"cursor.batchSize must be a non-negative integer, not {batch!r}",
                            2, "BadValue")
-    res = d.service.open_results(out, batch, conn.state)
-    return {"cursor": {"firstBatch": res["docs"], "id": Int64(res["cursor"]), "ns": ns}}
+    return _results(d, conn, ns, out, batch)
 
 
 def storage_stats(d, conn, ns: str, scale: int = 1) -> dict:
