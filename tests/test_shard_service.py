@@ -288,3 +288,21 @@ def test_ttl_indexes_delete_expired_documents_through_the_write_path(member, mon
     svc.primary = False  # a secondary's copy waits for the primary's deletes
     assert ask(svc, {"op": "insert", "ns": "a.t", "docs": [{"_id": 8}]})["err"] is not None
     assert svc.expire_once(now_ms=millis(now + 10 * hour)) == 0
+
+
+def test_a_majority_read_after_a_gtid_waits_until_the_majority_point_holds_it(member):
+    """A causally consistent session's majority read (``after``) reads the
+    majority snapshot this member knows, which must hold the session's own
+    write: it waits for the majority point, not only for the write to be
+    applied (before, it answered at once, without the write)."""
+    from raymx import errors
+    svc, e = member()
+    svc.set_votes({0: 1, 1: 1, 2: 1})  # two more voters: a majority needs one of them
+    g = GTID(*ask(svc, {"op": "insert", "ns": "a.m", "docs": [{"_id": 1}]})["ok"]["gtid"])
+    read = {"op": "find", "ns": "a.m", "filter": {}, "readConcern": "majority",
+            "after": list(g), "after_timeout_ms": 300}
+    assert isinstance(ask(svc, read)["err"], errors.ReadConcernTimeout)
+    threading.Timer(0.3, lambda: svc.set_positions({1: g})).start()  # member 1 holds it
+    assert ask(svc, dict(read, after_timeout_ms=5000))["ok"]["docs"] == [{"_id": 1}]
+    # a local read after g needs g applied only
+    assert ask(svc, dict(read, readConcern="local"))["ok"]["docs"] == [{"_id": 1}]

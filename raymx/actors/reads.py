@@ -83,6 +83,8 @@ class ReadPath:
             if rc == "linearizable" and not self.primary:
                 raise errors.NotPrimary(f"member {self.member_id} is not the primary (a "
                                         "linearizable read)", member=self.member_id)
+            if rc in ("majority", "snapshot") and req.get("after") is not None:
+                self._majority_after(req)
             r = self.e.reader()
             if rc in ("majority", "snapshot"):
                 # as of the majority-committed point this member knows
@@ -111,6 +113,24 @@ class ReadPath:
         except Exception as e:
             log.exception("read failed")
             reply(err=errors.RaymxError(f"internal error: {type(e).__name__}: {e}"))
+
+    def _majority_after(self, req: dict) -> None:
+        """A majority read after GTID g (a causally consistent session's
+        ``afterClusterTime``): its snapshot, the majority point this member
+        knows, must hold g, so it waits until that point reaches g. Waiting
+        for g to be applied only, it read a majority snapshot from before the
+        session's own majority write."""
+        g, timeout_ms = client_limits.read_after(req, self.limits)
+        deadline = time.monotonic() + timeout_ms / 1000
+        with self.majority_cond:
+            while self.majority_known is None or self.majority_known < g:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stopping.is_set():
+                    raise errors.ReadConcernTimeout(
+                        f"member {self.member_id} knows the majority-committed point "
+                        f"{self.majority_known}, not {g}, after {timeout_ms} ms",
+                        majority=gtid_out(self.majority_known), wanted=list(g))
+                self.majority_cond.wait(left)
 
     def _topology(self, reply: Reply) -> None:
         try:

@@ -44,7 +44,9 @@ class ReadPreference:
 
     ``after``: read only once the chosen member has applied this GTID (waits up
     to ``after_timeout_ms``), e.g. the GTID of your last write: read your
-    writes on a secondary. ``max_staleness_s``: only members whose applied
+    writes on a secondary. With read concern ``"majority"`` it waits until
+    the member knows that GTID majority-committed, so the majority snapshot
+    holds it. ``max_staleness_s``: only members whose applied
     state is at most this many seconds behind the primary.
     """
 

@@ -192,7 +192,8 @@ class WriteConcernTimeout(OperationFailure):
 
 
 class ReadConcernTimeout(OperationFailure):
-    """The member did not apply the requested GTID within the timeout."""
+    """The member did not apply the requested GTID within the timeout (or,
+    for a majority read, did not know it majority-committed)."""
 
 
 class StaleRead(ServerSelectionTimeoutError):
