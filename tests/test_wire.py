@@ -336,6 +336,26 @@ def test_a_collation_other_than_simple_is_refused_not_ignored(client):
     assert c.count_documents({}) == 2  # nothing written or deleted
 
 
+def test_a_snapshot_session_reads_one_snapshot(client):
+    """pymongo's snapshot sessions: the first read answers its point
+    (``atClusterTime``), and the session's later reads read there, whatever
+    was written since."""
+    c = client.db.get_collection("snap", write_concern=pymongo.WriteConcern("majority"))
+    c.insert_many([{"_id": 1}, {"_id": 2}])
+    with client.start_session(snapshot=True) as s:
+        assert [d["_id"] for d in c.find({}, session=s)] == [1, 2]
+        at = s._snapshot_time
+        assert isinstance(at, bson.Timestamp)
+        c.insert_one({"_id": 3})
+        c.delete_one({"_id": 1})
+        assert sorted(d["_id"] for d in c.find({}, session=s)) == [1, 2]  # the same snapshot
+        assert [d["_id"] for d in c.aggregate([{"$sort": {"_id": -1}}], session=s)] == [2, 1]
+        assert c.count_documents({}, session=s) == 2
+    assert [d["_id"] for d in c.find({})] == [2, 3]
+    with pytest.raises(OperationFailure, match="atClusterTime"):
+        client.db.command("find", "snap", readConcern={"level": "majority", "atClusterTime": at})
+
+
 def test_transaction(client):
     c = client.db.t
     with client.start_session() as s:

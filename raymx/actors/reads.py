@@ -83,15 +83,19 @@ class ReadPath:
             if rc == "linearizable" and not self.primary:
                 raise errors.NotPrimary(f"member {self.member_id} is not the primary (a "
                                         "linearizable read)", member=self.member_id)
-            if rc in ("majority", "snapshot") and req.get("after") is not None:
-                self._majority_after(req)
-            r = self.e.reader()
+            point = None
             if rc in ("majority", "snapshot"):
-                # as of the majority-committed point this member knows
-                r.at(self.majority_known or GTID(0, 0))
+                # as of the majority-committed point this member knows, or the
+                # snapshot's own point (``at``: a snapshot session's later reads)
+                point = self._majority_point_for(req, rc)
+            r = self.e.reader()
+            if point is not None:
+                r.at(point)
             keep = False
             try:
                 out = self._find(r, req) if op == "find" else self._read_in(r, req, conn)
+                if rc == "snapshot":
+                    out["at"] = gtid_out(point)  # the session reads there again
                 cid = out["cursor"] if op == "find" else None
                 if rc == "linearizable" and op in ("find", "count"):
                     if not cid:  # all read: no snapshot held while a majority confirms
@@ -114,13 +118,24 @@ class ReadPath:
             log.exception("read failed")
             reply(err=errors.RaymxError(f"internal error: {type(e).__name__}: {e}"))
 
-    def _majority_after(self, req: dict) -> None:
-        """A majority read after GTID g (a causally consistent session's
-        ``afterClusterTime``): its snapshot, the majority point this member
-        knows, must hold g, so it waits until that point reaches g. Waiting
-        for g to be applied only, it read a majority snapshot from before the
-        session's own majority write."""
-        g, timeout_ms = client_limits.read_after(req, self.limits)
+    def _majority_point_for(self, req: dict, rc: str) -> GTID:
+        """The point a majority or snapshot read reads at: the majority point
+        this member knows, or ``at`` (snapshot only: a snapshot session reads
+        where its first read did). Either must hold ``after`` (a causally
+        consistent session's ``afterClusterTime``), and ``at`` must be
+        majority-committed here: it waits for both. (Waiting for ``after`` to
+        be applied only, a majority read missed the session's own majority
+        write: a secondary learns the majority point a pull after the entry.)"""
+        at = req.get("at")
+        if at is not None and rc != "snapshot":
+            raise errors.InvalidOperation("at (atClusterTime) needs readConcern 'snapshot'")
+        for g in (req.get("after"), at):
+            if g is not None:
+                self._wait_majority(*client_limits.read_after(dict(req, after=g), self.limits))
+        return _gtid_in(at, "at") if at is not None else self.majority_known or GTID(0, 0)
+
+    def _wait_majority(self, g: GTID, timeout_ms: int) -> None:
+        """Until this member knows a majority point at or past ``g``."""
         deadline = time.monotonic() + timeout_ms / 1000
         with self.majority_cond:
             while self.majority_known is None or self.majority_known < g:

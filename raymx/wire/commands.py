@@ -16,7 +16,7 @@ import os
 import threading
 import time
 
-from bson import Int64, ObjectId, Timestamp
+from bson import Int64, ObjectId
 
 from raymx import errors
 from raymx.storage.query import compile_filter
@@ -51,15 +51,6 @@ def plain(v):
     if t is Int64:
         return int(v)
     return v
-
-
-def operation_time(g) -> Timestamp:
-    """A GTID as the ``operationTime`` of an answer: ``Timestamp(term, seq)``,
-    which orders as GTIDs do. A causally consistent session sends it back as
-    ``readConcern.afterClusterTime`` and the read waits until the member has
-    applied that GTID (``crud.read_fields``): read-your-writes on any member.
-    (A seq past 2**32 - 1 would be clamped: 4 billion entries a term.)"""
-    return Timestamp(min(g.term, 0xFFFFFFFF), min(g.seq, 0xFFFFFFFF))
 
 
 class Dispatcher:
@@ -101,7 +92,8 @@ class Dispatcher:
         if e is None:
             out.setdefault("ok", 1.0)
             try:
-                out.setdefault("operationTime", operation_time(self.service.e.applied_point()))
+                out.setdefault("operationTime",
+                               crud.operation_time(self.service.e.applied_point()))
             except Exception:  # the store is closing (the member stops): answer without it
                 pass
             return out

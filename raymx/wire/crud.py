@@ -25,6 +25,7 @@ from bson import Int64
 from raymx import errors
 from raymx.actors.statements import RETRY_NS  # lsid -> the last retryable write's record
 from raymx.storage import query
+from raymx.storage.gtid import GTID
 from raymx.client import composite
 from raymx.wire import aggregate
 from raymx.wire.framing import CODEC
@@ -81,7 +82,22 @@ def read_fields(cmd: dict) -> dict:
             raise CommandError(f"afterClusterTime must be a Timestamp, not {after!r:.40}", 14,
                                "TypeMismatch")
         out["after"] = [after.time, after.inc]  # an operationTime: a GTID (term, seq)
+    at = rc.get("atClusterTime") if isinstance(rc, dict) else None
+    if at is not None:  # a snapshot session's later reads: where its first read was
+        if not isinstance(at, bson.Timestamp) or rc.get("level") != "snapshot":
+            raise CommandError("atClusterTime needs a Timestamp and readConcern level "
+                               "'snapshot'", 2, "BadValue")
+        out["at"] = [at.time, at.inc]
     return out
+
+
+def operation_time(g) -> bson.Timestamp:
+    """A GTID as the ``operationTime`` of an answer: ``Timestamp(term, seq)``,
+    which orders as GTIDs do. A causally consistent session sends it back as
+    ``readConcern.afterClusterTime`` and the read waits until the member has
+    applied that GTID (``crud.read_fields``): read-your-writes on any member.
+    (A seq past 2**32 - 1 would be clamped: 4 billion entries a term.)"""
+    return bson.Timestamp(min(g.term, 0xFFFFFFFF), min(g.seq, 0xFFFFFFFF))
 
 
 def no_collation(doc) -> None:
@@ -442,7 +458,14 @@ def _find(d, cmd: dict, conn):
     if cid and single:
         yield call({"op": "killCursors", "cursors": [cid]}, conn.state)
         cid = 0
-    return {"cursor": {"firstBatch": res["docs"], "id": Int64(cid), "ns": ns}}
+    return {"cursor": {"firstBatch": res["docs"], "id": Int64(cid), "ns": ns, **_at(res)}}
+
+
+def _at(res: dict) -> dict:
+    """A snapshot read's ``atClusterTime`` (the GTID it read at), which a
+    snapshot session sends back so that its later reads see the same data."""
+    at = res.get("at")
+    return {} if at is None else {"atClusterTime": operation_time(GTID(*at))}
 
 
 def _find_computed(d, cmd: dict, conn, ns: str, flt: dict, limit: int, single: bool) -> dict:
@@ -458,18 +481,20 @@ def _find_computed(d, cmd: dict, conn, ns: str, flt: dict, limit: int, single: b
         pipeline.append({"$limit": limit})
     if cmd.get("projection"):
         pipeline.append({"$project": _plain(cmd["projection"])})
-    rest = {k: v for k, v in flt.items() if k != "$expr"}
-    out = aggregate.run(scan(d, cmd, conn, ns, rest if aggregate.plain_filter(rest) else {}),
-                        pipeline)
+    rest, seen = {k: v for k, v in flt.items() if k != "$expr"}, {}
+    out = aggregate.run(scan(d, cmd, conn, ns, rest if aggregate.plain_filter(rest) else {},
+                             seen=seen), pipeline)
     return _results(d, conn, ns, out,
-                    len(out) if single else (cmd.get("batchSize") or limit or None))
+                    len(out) if single else (cmd.get("batchSize") or limit or None), seen)
 
 
-def _results(d, conn, ns: str, out: list, batch: int | None) -> dict:
+def _results(d, conn, ns: str, out: list, batch: int | None, seen: dict) -> dict:
     """A command's cursor over documents the port computed (the member's
-    cursor table keeps them: ``ReadPath.open_results``), a batch at a time."""
+    cursor table keeps them: ``ReadPath.open_results``), a batch at a time;
+    ``seen``: what ``scan`` saw (a snapshot read's point)."""
     res = d.service.open_results(out, batch, conn.state)
-    return {"cursor": {"firstBatch": res["docs"], "id": Int64(res["cursor"]), "ns": ns}}
+    return {"cursor": {"firstBatch": res["docs"], "id": Int64(res["cursor"]), "ns": ns,
+                       **_at(seen)}}
 
 
 def _get_more(d, cmd: dict, conn):
@@ -504,11 +529,14 @@ def _kill_cursors(d, cmd: dict, conn):
             "cursorsAlive": [], "cursorsUnknown": []}
 
 
-def scan(d, cmd: dict, conn, ns: str, flt, projection=None, sort=None):
-    """Every matching document (a find and its getMores)."""
+def scan(d, cmd: dict, conn, ns: str, flt, projection=None, sort=None, seen=None):
+    """Every matching document (a find and its getMores). ``seen``: a dict
+    that gets the first answer's snapshot point (``at``), if any."""
     res = d.drive(_run(d, {"op": "find", "ns": ns, "filter": flt or {},
                            "projection": projection, "sort": sort, **read_fields(cmd)},
                        cmd, conn))
+    if seen is not None and "at" not in seen:
+        seen["at"] = res.get("at")
     yield from res["docs"]
     cid = res.get("cursor")
     try:
@@ -591,8 +619,9 @@ def _aggregate(d, cmd: dict, conn) -> dict:
         source, pipeline = [_coll_stats_doc(d, conn, ns, pipeline[0]["$collStats"])], pipeline[1:]
     elif pipeline and "$match" in pipeline[0] and aggregate.plain_filter(pipeline[0]["$match"]):
         flt, pipeline = pipeline[0]["$match"], pipeline[1:]  # pushed down to the member
-    db = ns.split(".", 1)[0]
-    out = aggregate.run(iter(source) if source is not None else scan(d, cmd, conn, ns, flt),
+    db, seen = ns.split(".", 1)[0], {}
+    out = aggregate.run(iter(source) if source is not None else scan(d, cmd, conn, ns, flt,
+                                                                     seen=seen),
                         pipeline,
                         lambda coll: scan(d, cmd, conn, f"{db}.{coll}", {}))
     # a cursor over the output, a batch at a time as MongoDB's: one answer of
@@ -602,7 +631,7 @@ def _aggregate(d, cmd: dict, conn) -> dict:
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 0):
         raise CommandError(f"cursor.batchSize must be a non-negative integer, not {batch!r}",
                            2, "BadValue")
-    return _results(d, conn, ns, out, batch)
+    return _results(d, conn, ns, out, batch, seen)
 
 
 def storage_stats(d, conn, ns: str, scale: int = 1) -> dict:
