@@ -2,7 +2,7 @@
 import glob
 import json
 import os
-import subprocess
+import sys
 import threading
 import time
 
@@ -13,6 +13,9 @@ from raymx import errors
 from raymx.storage.gtid import GTID
 
 from tests.test_replication import converged, wait_until
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench", "faults"))
+import disks  # noqa: E402  (bench/faults/disks.py: a member's own tmpfs, and filling it)
 
 
 class Writers:
@@ -82,31 +85,6 @@ def test_kill_primary_while_writing_majority_nothing_acknowledged_is_lost(ray_se
         rs.shutdown()
 
 
-def _tmpfs(path: str, mib: int) -> None:
-    """A file system of ``mib`` MiB of its own at ``path`` (root only), or a skip."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs for a member's folder needs root")
-    os.makedirs(path)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m,mode=0700", "tmpfs", path],
-                       capture_output=True, text=True)
-    if r.returncode:
-        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
-
-
-def _fill(folder: str) -> str:
-    """A ballast file that takes every free block of ``folder``'s file system."""
-    path = os.path.join(folder, "ballast")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        while True:  # a MiB at a time until ENOSPC
-            os.posix_fallocate(fd, os.fstat(fd).st_size, 1 << 20)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-    return path
-
-
 def test_a_primary_whose_disk_fills_hands_over_and_loses_nothing(ray_session, tmp_path):
     """A mongod that finds its disk full aborts and its set fails over; a raymx
     primary that refuses writes for a full disk hands over to a member with
@@ -115,7 +93,9 @@ def test_a_primary_whose_disk_fills_hands_over_and_loses_nothing(ray_session, tm
     mounts = [str(tmp_path / f"m{m}") for m in range(3)]
     try:
         for m in mounts:
-            _tmpfs(m, 256)
+            why = disks.mount_tmpfs(m, 256)
+            if why:
+                pytest.skip(why)
         rs = raymx.ReplicaSet.launch("dfull", members=3, data_dir=str(tmp_path))
         try:
             old = rs.wait_for_primary()
@@ -123,7 +103,7 @@ def test_a_primary_whose_disk_fills_hands_over_and_loses_nothing(ray_session, tm
             pad = "x" * 4000  # every write needs new pages: a full disk refuses it
             acked = [coll.insert_one({"_id": i, "pad": pad}).inserted_id for i in range(20)]
             term = rs.status()["term"]
-            ballast = _fill(mounts[old])
+            ballast = disks.fill(mounts[old])
             refused, after, i = 0, 0, len(acked)
             deadline = time.monotonic() + 60
             while after < 20:
@@ -157,7 +137,7 @@ def test_a_primary_whose_disk_fills_hands_over_and_loses_nothing(ray_session, tm
             rs.shutdown()
     finally:
         for m in mounts:
-            subprocess.run(["umount", "-l", m], capture_output=True)
+            disks.umount(m)
 
 
 def test_w1_writes_that_never_replicated_are_in_the_rollback_file(ray_session, tmp_path):

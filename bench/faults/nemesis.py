@@ -43,7 +43,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -58,6 +57,7 @@ import ray  # noqa: E402
 
 import raymx  # noqa: E402
 from raymx import errors  # noqa: E402
+import disks as disks_mod  # noqa: E402
 from linearizable import INF, Op, check  # noqa: E402
 
 DB, COLL = "nem", "reg"
@@ -224,16 +224,8 @@ class Nemesis(threading.Thread):
 
     def _fill(self, m) -> str:
         """Fill member ``m``'s file system with a ballast file; what it took."""
-        path = os.path.join(self.disks[m], f"ballast.{time.monotonic_ns()}")
+        path = disks_mod.fill(self.disks[m], f"ballast.{time.monotonic_ns()}")
         self.ballast.append(path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            while True:  # a MiB at a time until there is none (ENOSPC)
-                os.posix_fallocate(fd, os.fstat(fd).st_size, 1 << 20)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
         return f"{os.path.getsize(path) >> 20} MiB"
 
     def heal(self):
@@ -387,9 +379,9 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
     disks = {}
     for m in range(members if disk_mib else 0):
         disks[m] = os.path.join(data_dir, f"m{m}")
-        os.makedirs(disks[m])
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_mib}m,mode=0700", "tmpfs",
-                        disks[m]], check=True)
+        why = disks_mod.mount_tmpfs(disks[m], disk_mib)
+        if why:
+            raise RuntimeError(why)
     rs = raymx.ReplicaSet.launch(f"nem{seed}", members=members, data_dir=data_dir,
                                  limits=Limits(map_bytes=map_mib << 20) if map_mib else None)
     rc = 0
@@ -465,7 +457,7 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
         rs.shutdown()
         ray.shutdown()
         for mnt in disks.values():
-            subprocess.run(["umount", "-l", mnt], check=False)
+            disks_mod.umount(mnt)
     if rc:
         print(f"  the members' folders are kept in {data_dir}")
     else:

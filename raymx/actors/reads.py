@@ -165,14 +165,10 @@ class ReadPath:
         and killed as a find's cursor is; it holds no snapshot. ``batch`` 0:
         an empty first batch (MongoDB's ``cursor: {batchSize: 0}``)."""
         c = _Cursor(next(self._ids), None, iter(docs))
-        out = {"cursor": c.id if docs else 0, "docs": []} if batch == 0 else \
-            self._batch(c, batch)
-        if out["cursor"]:
-            with self._cursors_lock:
-                self._cursors[c.id] = c
-            self._expire_cursors(c.used)
-            if not self._keep_cursor(c.id, conn):
-                out["cursor"] = 0
+        out = self._table_if_open(c, {"cursor": c.id if docs else 0, "docs": []}
+                                  if batch == 0 else self._batch(c, batch))
+        if out["cursor"] and not self._keep_cursor(out["cursor"], conn):
+            out["cursor"] = 0
         return out
 
     def _keep_cursor(self, cid: int, conn: dict) -> bool:
@@ -255,7 +251,11 @@ class ReadPath:
         it = r.find(req["ns"], req.get("filter"), req.get("projection"), req.get("sort"),
                     req.get("skip") or 0, req.get("limit") or 0)
         c = _Cursor(next(self._ids), r, it)
-        out = self._batch(c, req.get("batch"))
+        return self._table_if_open(c, self._batch(c, req.get("batch")))
+
+    def _table_if_open(self, c: _Cursor, out: dict) -> dict:
+        """A new cursor's first answer ``out``; the cursor goes into the table
+        if more remain."""
         if out["cursor"]:
             with self._cursors_lock:
                 self._cursors[c.id] = c

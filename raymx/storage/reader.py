@@ -259,16 +259,19 @@ class Reader:
         c = self.coll(ns)
         if c is None:
             return {"ns": ns, "count": 0, "size": 0, "indexes": {"_id_": [0, 0]}}
-        n = size = keys = 0
-        for k, v in self.t.scan("docs", c.prefix, prefix_end(c.prefix)):
-            n, size, keys = n + 1, size + len(v), keys + len(k)
+        n, keys, size = self._tally("docs", c.prefix)
         ixs = {"_id_": [n, keys]}
         for name, ix in c.indexes.items():
-            m = b = 0
-            for k, v in self.t.scan("index", ix.prefix, prefix_end(ix.prefix)):
-                m, b = m + 1, b + len(k) + len(v)
-            ixs[name] = [m, b]
+            m, kb, vb = self._tally("index", ix.prefix)
+            ixs[name] = [m, kb + vb]
         return {"ns": ns, "count": n, "size": size, "indexes": ixs}
+
+    def _tally(self, db: str, prefix: bytes) -> tuple[int, int, int]:
+        """(entries, key bytes, value bytes) of ``db`` under ``prefix``."""
+        n = kb = vb = 0
+        for k, v in self.t.scan(db, prefix, prefix_end(prefix)):
+            n, kb, vb = n + 1, kb + len(k), vb + len(v)
+        return n, kb, vb
 
     def list_collections(self) -> list[str]:
         return [k.decode() for k, _ in self.t.scan("catalog")]

@@ -408,9 +408,10 @@ class Transaction(Reader):
         lim = self.e.limits.document_bytes_max
         res = WriteResult()
         hits, c = self._hits(ns, flt, multi)
+        pos = upd.Positional(flt, array_filters)  # compiled once for every document
         for pk, old in hits:
             res.matched += 1
-            new = upd.apply_update(old, update, flt=flt, array_filters=array_filters)
+            new = upd.apply_update(old, update, positional=pos)
             old_b = codec.pack(old)
             new_b = codec.pack_document(new, lim)
             if new_b == old_b:
@@ -420,8 +421,7 @@ class Transaction(Reader):
             res.modified += 1
         if not hits and upsert:
             seed = upd.upsert_seed(flt if flt is not None else {})
-            doc = upd.apply_update(seed, update, inserting=True, flt=flt,
-                                   array_filters=array_filters)
+            doc = upd.apply_update(seed, update, inserting=True, positional=pos)
             if "_id" not in doc:
                 doc = {"_id": seed.get("_id", new_id()), **doc}
             res.upserted_id = doc["_id"]

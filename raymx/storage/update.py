@@ -74,7 +74,29 @@ def _split(op: str, path: Any) -> list[str]:
 
 
 # --- positional operators ---------------------------------------------------------
-_POSITIONAL = re.compile(r"\$(\[([a-z][a-zA-Z0-9]*)?\])?")
+_IDENT = r"[a-z][a-zA-Z0-9]*"  # an array filter's identifier, as MongoDB's
+_POSITIONAL = re.compile(rf"\$(\[({_IDENT})?\])?")
+
+
+class Positional:
+    """A statement's filter (the positional ``$``) and array filters
+    (``$[name]``), compiled once, at first use, for every document the
+    statement updates."""
+
+    def __init__(self, flt: dict | None = None, array_filters: list | None = None):
+        self.flt, self.array_filters = flt, array_filters
+        self._filters: dict | None = None
+        self._match: Callable[[dict], bool] | None = None
+
+    def filters(self) -> dict[str, Callable[[Any], bool]]:
+        if self._filters is None:
+            self._filters = _array_filters(self.array_filters)
+        return self._filters
+
+    def match(self) -> Callable[[dict], bool]:
+        if self._match is None:
+            self._match = compile_filter(self.flt)
+        return self._match
 
 
 def _array_filters(array_filters) -> dict[str, Callable[[Any], bool]]:
@@ -92,7 +114,7 @@ def _array_filters(array_filters) -> dict[str, Callable[[Any], bool]]:
         if len(names) != 1 or any(not isinstance(k, str) or k.startswith("$") for k in f):
             raise InvalidUpdate(f"an array filter must name one identifier, not {f!r:.60}")
         (name,) = names
-        if not re.fullmatch(r"[a-z][a-zA-Z0-9]*", name):
+        if not re.fullmatch(_IDENT, name):
             raise InvalidUpdate(f"the array filter identifier {name!r} must begin with a "
                                 "lowercase letter and hold only letters and digits")
         if name in out:
@@ -105,17 +127,17 @@ def _array_filters(array_filters) -> dict[str, Callable[[Any], bool]]:
     return out
 
 
-def _match_index(doc: dict, head: list[str], flt, where: str) -> int:
-    """The first element of the array at ``head`` through which ``flt`` matches
-    ``doc`` (the positional ``$``)."""
-    arr = get_path(doc, ".".join(head))
+def _match_index(doc: dict, head: list[str], pos: Positional, where: str) -> int:
+    """The first element of the array at ``head`` through which the statement's
+    filter matches ``doc`` (the positional ``$``)."""
     dotted = ".".join(head)
-    if flt is None or not any(k == dotted or k.startswith(dotted + ".")
-                              for k, _ in field_conditions(flt)) \
+    arr = get_path(doc, dotted)
+    if pos.flt is None or not any(k == dotted or k.startswith(dotted + ".")
+                                  for k, _ in field_conditions(pos.flt)) \
             or not isinstance(arr, _ARRAY):
         raise InvalidUpdate(f"{where}: the positional operator did not find the match needed "
                             "from the query (filter on the array's field)")
-    m = compile_filter(flt)
+    m = pos.match()
     for i, el in enumerate(arr):
         one = _Cow(doc)
         c, k = one.loc(where, head, True)
@@ -126,7 +148,7 @@ def _match_index(doc: dict, head: list[str], flt, where: str) -> int:
                         "from the query")
 
 
-def _positional(doc: dict, op: str, path: str, parts: list[str], flt, filters: dict,
+def _positional(doc: dict, op: str, path: str, parts: list[str], pos: Positional,
                 used: set) -> list[list[str]]:
     """``parts`` with every positional component replaced by the element
     indexes it stands for in ``doc`` (before the update): one plain path per
@@ -136,13 +158,13 @@ def _positional(doc: dict, op: str, path: str, parts: list[str], flt, filters: d
         return [parts]
     where, head, p = _where(op, path), parts[:at], parts[at]
     if p == "$":
-        idx = [_match_index(doc, head, flt, where)]
+        idx = [_match_index(doc, head, pos, where)]
     else:
         arr = get_path(doc, ".".join(head))
         if not isinstance(arr, _ARRAY):
             raise InvalidUpdate(f"{where}: the path {'.'.join(head)!r} must hold an array "
                                 "to apply array updates", operator=op, field=path)
-        name = p[2:-1]
+        name, filters = p[2:-1], pos.filters()
         if not name:
             idx = list(range(len(arr)))
         elif name not in filters:
@@ -153,7 +175,7 @@ def _positional(doc: dict, op: str, path: str, parts: list[str], flt, filters: d
             idx = [i for i, el in enumerate(arr) if filters[name](el)]
     out = []
     for i in idx:
-        out += _positional(doc, op, path, head + [str(i)] + parts[at + 1:], flt, filters, used)
+        out += _positional(doc, op, path, head + [str(i)] + parts[at + 1:], pos, used)
     return out
 
 
@@ -409,11 +431,13 @@ def _replace(doc: dict, repl: dict) -> dict:
 
 
 def apply_update(doc: dict, update: dict, inserting: bool = False, flt: dict | None = None,
-                 array_filters: list | None = None) -> dict:
+                 array_filters: list | None = None, positional: Positional | None = None
+                 ) -> dict:
     """The document after ``update`` ($operators, or a replacement that keeps ``_id``).
     ``inserting``: an upsert inserts ``doc`` (``$setOnInsert`` applies only then).
     ``flt``: the statement's filter (the positional ``$``); ``array_filters``:
-    MongoDB's ``arrayFilters`` (``$[name]``), each of which must be used.
+    MongoDB's ``arrayFilters`` (``$[name]``), each of which must be used;
+    ``positional``: both, compiled once for a statement's documents.
 
     Errors raise ``InvalidUpdate`` and leave ``doc`` untouched. Paths in one
     update must be disjoint (``a`` with ``a`` or ``a.b`` is a conflict, also
@@ -428,7 +452,8 @@ def apply_update(doc: dict, update: dict, inserting: bool = False, flt: dict | N
         return _replace(doc, update)
     steps = []
     touched: list[tuple[list[str], str]] = []
-    filters, used = _array_filters(array_filters), set()
+    pos = positional or Positional(flt, array_filters)
+    filters, used = pos.filters(), set()
     for op, args in update.items():
         if not isinstance(op, str) or not op.startswith("$"):
             raise InvalidUpdate(f"an update cannot mix $operators with plain fields ({op!r})",
@@ -443,7 +468,7 @@ def apply_update(doc: dict, update: dict, inserting: bool = False, flt: dict | N
             if op == "$rename" and any(p.startswith("$") for p in parts + _split(op, arg)):
                 raise InvalidUpdate(f"$rename {path!r}: positional operators are not allowed",
                                     operator=op, field=path)
-            for parts in _positional(doc, op, path, parts, flt, filters, used):
+            for parts in _positional(doc, op, path, parts, pos, used):
                 touched.append((parts, f"{path!r} ({op})"))
                 if op == "$rename":
                     touched.append((_split(op, arg), f"{arg!r} ({op} target)"))
@@ -499,4 +524,4 @@ def upsert_seed(flt: dict | None) -> dict:
     return seed
 
 
-__all__ = ["apply_update", "is_operator_update", "upsert_seed"]
+__all__ = ["Positional", "apply_update", "is_operator_update", "upsert_seed"]

@@ -208,6 +208,12 @@ class Dispatcher:
             return topo
 
 
+def _role(svc) -> tuple[bool, bool]:
+    """(takes writes, serves reads as a secondary): ``hello``'s and ``serverStatus``'."""
+    writable = bool(svc.primary and not svc.handing_over)
+    return writable, not writable and svc.read_refusal() is None
+
+
 def _hello(d: Dispatcher, cmd: dict, conn) -> dict:
     svc, port = d.service, d.port
     me = port.address
@@ -217,8 +223,7 @@ def _hello(d: Dispatcher, cmd: dict, conn) -> dict:
     if me not in hosts and not any(m.get("id") == port.info.get("member") and m.get("hidden")
                                    for m in members):
         hosts.append(me)
-    writable = bool(svc.primary and not svc.handing_over)
-    readable = svc.read_refusal() is None
+    writable, secondary = _role(svc)
     primary = me if writable else next(
         (f"{m['wire'][0]}:{m['wire'][1]}" for m in members
          if m.get("id") == topo.get("primary") and m.get("id") != port.info.get("member")),
@@ -226,7 +231,7 @@ def _hello(d: Dispatcher, cmd: dict, conn) -> dict:
     first = next(iter(cmd))
     out = {"helloOk": True,
            ("ismaster" if first.lower() == "ismaster" else "isWritablePrimary"): writable,
-           "secondary": (not writable) and readable,
+           "secondary": secondary,
            "setName": port.info.get("replset", "raymx"), "setVersion": 1,
            "hosts": hosts, "me": me,
            "maxBsonObjectSize": min(16 * 1024 * 1024, svc.limits.document_bytes_max),
@@ -393,7 +398,7 @@ def _server_status(d: Dispatcher, cmd: dict, conn) -> dict:
     first: who and what this is, its uptime, connections, and its role."""
     svc, port = d.service, d.port
     up = time.monotonic() - STARTED
-    writable = bool(svc.primary and not svc.handing_over)
+    writable, secondary = _role(svc)
     return {"host": port.address, "version": VERSION, "process": "raymx", "pid": os.getpid(),
             "uptime": int(up), "uptimeMillis": int(up * 1000), "uptimeEstimate": int(up),
             "localTime": datetime.datetime.now(datetime.timezone.utc),
@@ -401,7 +406,7 @@ def _server_status(d: Dispatcher, cmd: dict, conn) -> dict:
                             "available": max(0, svc.limits.connections_max - port.connections)},
             "repl": {"setName": port.info.get("replset", "raymx"),
                      "isWritablePrimary": writable,
-                     "secondary": not writable and svc.read_refusal() is None,
+                     "secondary": secondary,
                      "me": port.address, "term": svc.gm.term},
             "storageEngine": {"name": "raymx", "supportsCommittedReads": True,
                               "persistent": True}}
