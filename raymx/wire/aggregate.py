@@ -384,7 +384,7 @@ def _lookup(docs, spec: dict, lookup):
     foreign = list(lookup(spec["from"]))
     sub, dest = spec.get("pipeline"), spec["as"]
     if "localField" not in spec:  # uncorrelated: the pipeline runs once
-        res = run(iter(foreign), sub, lookup)
+        res = _stages(iter(foreign), sub, lookup)
         for d in docs:
             out = copy.deepcopy(d)
             _set_path(out, dest, copy.deepcopy(res))
@@ -399,7 +399,7 @@ def _lookup(docs, spec: dict, lookup):
                       for i in index.get(k, ())})
         matched = [copy.deepcopy(foreign[i]) for i in hit]
         if sub:
-            matched = run(iter(matched), sub, lookup)
+            matched = _stages(iter(matched), sub, lookup)
         out = copy.deepcopy(d)
         _set_path(out, dest, matched)
         yield out
@@ -414,7 +414,11 @@ def _nonneg(v, stage: str) -> int:
 def run(docs: Iterable[dict], pipeline: list, lookup=None) -> list[dict]:
     """The pipeline's output documents. ``lookup(collection)``: the documents
     of another collection of the same database (``$lookup``)."""
-    check(pipeline)
+    check(pipeline)  # nested pipelines too: they run unchecked (``_stages``)
+    return _stages(docs, pipeline, lookup)
+
+
+def _stages(docs: Iterable[dict], pipeline: list, lookup) -> list[dict]:
     it: Iterable[dict] = docs
     for st in pipeline:
         name, arg = next(iter(st.items()))
@@ -465,7 +469,7 @@ def run(docs: Iterable[dict], pipeline: list, lookup=None) -> list[dict]:
                              key=lambda g: -g["count"]))
         elif name == "$facet":
             pool = list(it)
-            it = iter([{k: run(iter(copy.deepcopy(pool)), sub, lookup)
+            it = iter([{k: _stages(iter(copy.deepcopy(pool)), sub, lookup)
                         for k, sub in arg.items()}])
         elif name == "$lookup":
             it = _lookup(it, arg, lookup)
