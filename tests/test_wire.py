@@ -646,3 +646,59 @@ def test_mongodb_uri_for_every_driver_and_for_pymongo_uuids():
     assert mongodb_uri("rs0", topo, driver="pymongo") == anyone + "&uuidRepresentation=standard"
     with pytest.raises(ValueError, match="driver 'java'"):
         mongodb_uri("rs0", topo, driver="java")
+
+
+def test_out_merge_union_and_date_expressions_through_pymongo(client):
+    """What data pipelines ask of aggregate: $out replaces a collection (its
+    indexes kept), $merge upserts by _id in each mode, $unionWith, and
+    expressions over real BSON dates."""
+    import datetime
+    db = client.pipe
+    day = datetime.datetime(2024, 3, 5, 14, 7, 9, 123000)
+    db.sales.insert_many([{"_id": i, "item": "ab"[i % 2], "qty": i,
+                           "at": day + datetime.timedelta(days=i)} for i in range(6)])
+    db.report.insert_one({"_id": "stale"})
+    db.report.create_index("total")
+    pipeline = [{"$group": {"_id": {"$dateToString": {"date": "$at", "format": "%Y-%m"}},
+                            "total": {"$sum": "$qty"}, "items": {"$addToSet": "$item"}}},
+                {"$set": {"n": {"$size": "$items"}, "first": {"$toDate": "2024-03-01"}}},
+                {"$out": "report"}]
+    assert list(db.sales.aggregate(pipeline)) == []
+    assert list(db.report.find({}, {"items": 0})) == [
+        {"_id": "2024-03", "total": 15, "n": 2, "first": datetime.datetime(2024, 3, 1)}]
+    assert "total_1" in db.report.index_information()  # $out keeps the target's indexes
+    # $merge: the default (merge matched, insert the rest)
+    db.totals.insert_many([{"_id": "a", "qty": -1, "keep": True}])
+    db.sales.aggregate([{"$group": {"_id": "$item", "qty": {"$sum": "$qty"}}},
+                        {"$merge": "totals"}])
+    assert list(db.totals.find().sort("_id")) == [{"_id": "a", "qty": 6, "keep": True},
+                                                 {"_id": "b", "qty": 9}]
+    # replace + discard: "a" replaced whole, nothing inserted
+    db.sales.aggregate([{"$group": {"_id": {"$concat": ["$item", ""]}, "n": {"$sum": 1}}},
+                        {"$set": {"_id": {"$cond": [{"$eq": ["$_id", "b"]}, "c", "$_id"]}}},
+                        {"$merge": {"into": "totals", "whenMatched": "replace",
+                                    "whenNotMatched": "discard"}}])
+    assert list(db.totals.find().sort("_id")) == [{"_id": "a", "n": 3}, {"_id": "b", "qty": 9}]
+    # keepExisting + insert; then fail on a match, which writes nothing
+    db.sales.aggregate([{"$project": {"_id": {"$toString": "$qty"}}},
+                        {"$unionWith": {"coll": "totals", "pipeline": [{"$project": {"_id": 1}}]}},
+                        {"$merge": {"into": "totals", "whenMatched": "keepExisting"}}])
+    assert db.totals.count_documents({}) == 8 and db.totals.find_one({"_id": "a"})["n"] == 3
+    with pytest.raises(OperationFailure) as e:
+        db.sales.aggregate([{"$project": {"_id": {"$toString": "$qty"}}},
+                            {"$set": {"new": 1}},
+                            {"$merge": {"into": "totals", "whenMatched": "fail"}}])
+    assert e.value.code == 11000 and db.totals.count_documents({"new": 1}) == 0
+    with pytest.raises(OperationFailure) as e:
+        db.sales.aggregate([{"$project": {"_id": "$item"}},
+                            {"$merge": {"into": "fresh", "whenNotMatched": "fail"}}])
+    assert e.value.code == 13113 and "fresh" not in db.list_collection_names()
+    with pytest.raises(OperationFailure) as e:
+        db.sales.aggregate([{"$out": "x"}, {"$match": {}}])
+    assert e.value.code == 40601
+    # a $merge inside a driver transaction commits with it, or not at all
+    with client.start_session() as s:
+        with s.start_transaction():
+            db.sales.aggregate([{"$match": {"qty": 0}}, {"$merge": "in_txn"}], session=s)
+            s.abort_transaction()
+    assert db.in_txn.count_documents({}) == 0

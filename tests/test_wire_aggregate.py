@@ -170,3 +170,130 @@ def test_match_takes_expr_beside_plain_conditions():
     assert [d["_id"] for d in run([{"$match": {"$expr": "$qty", "item": "b"}}])] == [1, 3, 5]
     with pytest.raises(CommandError):
         run([{"$match": {"$expr": {"$nope": 1}}}])
+
+
+NOW = datetime.datetime(2024, 3, 5, 14, 7, 9, 123000)  # a Tuesday, BSON's millisecond precision
+
+
+def ev(expr, doc=None):
+    return aggregate.evaluate(expr, doc if doc is not None else {
+        "_id": 1, "a": [1, 2, 3], "s": " Hello World ", "dt": NOW, "n": 2.567, "o": {"x": 1}})
+
+
+def test_array_expressions_and_their_variables():
+    assert ev({"$map": {"input": "$a", "as": "v", "in": {"$multiply": ["$$v", 10]}}}) == \
+        [10, 20, 30]
+    assert ev({"$map": {"input": "$a", "in": {"$add": ["$$this", "$$ROOT._id"]}}}) == [2, 3, 4]
+    assert ev({"$filter": {"input": "$a", "cond": {"$gt": ["$$this", 1]}, "limit": 1}}) == [2]
+    assert ev({"$reduce": {"input": "$a", "initialValue": {"sum": 0},
+                           "in": {"sum": {"$add": ["$$value.sum", "$$this"]}}}}) == {"sum": 6}
+    assert ev({"$let": {"vars": {"t": {"$sum": "$a"}}, "in": {"$multiply": ["$$t", 2]}}}) == 12
+    assert ev({"$concatArrays": ["$a", [9]]}) == [1, 2, 3, 9]
+    assert ev({"$slice": ["$a", -2]}) == [2, 3] and ev({"$slice": ["$a", 1, 1]}) == [2]
+    assert (ev({"$first": "$a"}), ev({"$last": "$a"}), ev({"$max": "$a"}),
+            ev({"$avg": "$a"}), ev({"$sum": [1, 2, "x"]})) == (1, 3, 3, 2, 3)
+    assert ev({"$range": [0, 6, 2]}) == [0, 2, 4] and ev({"$reverseArray": "$a"}) == [3, 2, 1]
+    assert ev({"$indexOfArray": ["$a", 2]}) == 1 and ev({"$isArray": "$a"}) is True
+    assert sorted(ev({"$setUnion": ["$a", [3, 4]]})) == [1, 2, 3, 4]
+    assert ev({"$setDifference": ["$a", [2]]}) == [1, 3]
+    with pytest.raises(CommandError, match="undefined variable: nope"):
+        ev("$$nope")
+    with pytest.raises(CommandError):  # a variable name must start with a lower-case letter
+        ev({"$map": {"input": "$a", "as": "Bad", "in": "$$Bad"}})
+
+
+def test_string_math_and_conversion_expressions():
+    assert ev({"$trim": {"input": "$s"}}) == "Hello World"
+    assert ev({"$split": [{"$trim": {"input": "$s"}}, " "]}) == ["Hello", "World"]
+    assert ev({"$substrCP": ["$s", 1, 5]}) == "Hello" and ev({"$strLenCP": "$s"}) == 13
+    assert ev({"$regexMatch": {"input": "$s", "regex": "world", "options": "i"}}) is True
+    assert ev({"$replaceAll": {"input": "a-b-c", "find": "-", "replacement": "+"}}) == "a+b+c"
+    assert ev({"$strcasecmp": ["ABC", "abc"]}) == 0 and ev({"$indexOfCP": ["$s", "W"]}) == 7
+    assert (ev({"$round": ["$n", 1]}), ev({"$trunc": ["$n", 1]}), ev({"$floor": "$n"}),
+            ev({"$ceil": "$n"}), ev({"$abs": -3}), ev({"$pow": [2, 10]})) == \
+        (2.6, 2.5, 2, 3, 3, 1024)
+    assert ev({"$round": 2.5}) == 2.0 and ev({"$sqrt": None}) is None
+    assert (ev({"$toString": 2.0}), ev({"$toString": "$n"}), ev({"$toString": True}),
+            ev({"$toString": "$dt"})) == ("2", "2.567", "true", "2024-03-05T14:07:09.123Z")
+    assert (ev({"$toInt": "42"}), ev({"$toInt": 4.9}), ev({"$toDouble": "1.5"}),
+            ev({"$toBool": 0}), ev({"$toLong": "$dt"})) == (42, 4, 1.5, False, 1709647629123)
+    assert [ev({"$type": x}) for x in ("$o", "$a", "$n", 1, 1 << 40, "$dt", "$nope", None)] == \
+        ["object", "array", "double", "int", "long", "date", "missing", "null"]
+    assert ev({"$convert": {"input": "abc", "to": "int", "onError": -1}}) == -1
+    assert ev({"$convert": {"input": None, "to": "int", "onNull": 0}}) == 0
+    with pytest.raises(CommandError) as e:
+        ev({"$toInt": "abc"})
+    assert e.value.code == 241  # ConversionFailure
+    with pytest.raises(CommandError, match="numeric"):
+        ev({"$abs": "x"})
+
+
+def test_date_expressions():
+    assert (ev({"$year": "$dt"}), ev({"$month": "$dt"}), ev({"$dayOfMonth": "$dt"}),
+            ev({"$hour": "$dt"}), ev({"$millisecond": "$dt"}), ev({"$dayOfWeek": "$dt"}),
+            ev({"$dayOfYear": "$dt"}), ev({"$isoWeek": "$dt"})) == (2024, 3, 5, 14, 123, 3, 65, 10)
+    assert ev({"$hour": {"date": "$dt", "timezone": "+05:30"}}) == 19
+    assert ev({"$hour": {"date": "$dt", "timezone": "America/New_York"}}) == 9
+    assert ev({"$dateToString": {"date": "$dt", "format": "%Y-%m-%d %H:%M:%S.%L %j"}}) == \
+        "2024-03-05 14:07:09.123 065"
+    assert ev({"$dateToString": {"date": "$dt"}}) == "2024-03-05T14:07:09.123Z"
+    assert ev({"$dateToString": {"date": "$nope", "onNull": "none"}}) == "none"
+    assert ev({"$dateFromString": {"dateString": "2024-01-02T03:04:05Z"}}) == \
+        datetime.datetime(2024, 1, 2, 3, 4, 5)
+    assert ev({"$dateFromString": {"dateString": "05/03/2024", "format": "%d/%m/%Y"}}) == \
+        datetime.datetime(2024, 3, 5)
+    assert ev({"$dateAdd": {"startDate": datetime.datetime(2024, 1, 31), "unit": "month",
+                            "amount": 1}}) == datetime.datetime(2024, 2, 29)
+    assert ev({"$dateSubtract": {"startDate": "$dt", "unit": "hour", "amount": 14}}).hour == 0
+    assert ev({"$dateDiff": {"startDate": "$dt", "endDate": datetime.datetime(2024, 4, 14),
+                             "unit": "week"}}) == 6
+    assert ev({"$dateDiff": {"startDate": "$dt", "endDate": datetime.datetime(2025, 1, 1),
+                             "unit": "month"}}) == 10
+    assert ev({"$dateTrunc": {"date": "$dt", "unit": "hour"}}) == datetime.datetime(2024, 3, 5,
+                                                                                    14)
+    assert ev({"$toDate": 0}) == datetime.datetime(1970, 1, 1)
+    with pytest.raises(CommandError, match="time zone"):
+        ev({"$hour": {"date": "$dt", "timezone": "Mars/Olympus"}})
+
+
+def test_switch_objects_and_group_accumulators():
+    assert ev({"$switch": {"branches": [{"case": {"$gt": ["$n", 3]}, "then": "big"}],
+                           "default": "small"}}) == "small"
+    with pytest.raises(CommandError, match="no default"):
+        ev({"$switch": {"branches": [{"case": False, "then": 1}]}})
+    assert ev({"$mergeObjects": ["$o", {"y": 2}, None]}) == {"x": 1, "y": 2}
+    assert ev({"$objectToArray": "$o"}) == [{"k": "x", "v": 1}]
+    assert ev({"$arrayToObject": [[["a", 1]], ]}) == {"a": 1}
+    assert ev({"$getField": "o"}) == {"x": 1}
+    out = run([{"$group": {"_id": "$item", "m": {"$mergeObjects": "$sub"},
+                           "sd": {"$stdDevPop": "$qty"}, "ss": {"$stdDevSamp": "$qty"}}},
+               {"$sort": {"_id": 1}}])
+    assert out[0]["_id"] == "a" and out[0]["m"] == {"v": 6}
+    assert round(out[0]["sd"], 4) == 1.633 and round(out[0]["ss"], 4) == 2.0
+
+
+def test_out_and_merge_are_checked_and_must_end_the_pipeline():
+    aggregate.check([{"$match": {}}, {"$out": "t"}])
+    aggregate.check([{"$merge": {"into": {"db": "o", "coll": "t"}, "whenMatched": "replace"}}])
+    for bad, code in [([{"$out": "t"}, {"$match": {}}], 40601),
+                      ([{"$facet": {"a": [{"$out": "t"}]}}], 40601),
+                      ([{"$out": "system.x"}], 17385),
+                      ([{"$out": {"db": "admin", "coll": "x"}}], 17385),
+                      ([{"$merge": {"into": "t", "on": "k"}}], 51183),
+                      ([{"$merge": {"into": "t", "whenMatched": [{"$set": {"a": 1}}]}}], 2),
+                      ([{"$merge": {"into": "t", "whenNotMatched": "nope"}}], 51191),
+                      ([{"$merge": {"into": "t", "let": {}}}], 40415),
+                      ([{"$unionWith": 5}], 40590)]:
+        with pytest.raises(CommandError) as e:
+            aggregate.check(bad)
+        assert e.value.code == code, bad
+    assert aggregate.output_spec("$merge", "t", "d") == ("d.t", "merge", "insert")
+
+
+def test_union_with_appends_another_collection_through_its_pipeline():
+    other = [{"_id": "o1", "qty": 100}, {"_id": "o2", "qty": 200}]
+    out = aggregate.run(iter([{"_id": 1, "qty": 1}]),
+                        [{"$unionWith": {"coll": "other", "pipeline": [{"$match": {"qty": 200}}]}},
+                         {"$project": {"qty": 1}}],
+                        lambda coll: iter(other) if coll == "other" else iter([]))
+    assert out == [{"_id": 1, "qty": 1}, {"_id": "o2", "qty": 200}]

@@ -13,18 +13,22 @@ $or $not $in $arrayElemAt``. Values compare in raymx's order
 from __future__ import annotations
 
 import copy
+import datetime
 import itertools
 import random
 from typing import Any, Callable, Iterable
 
 from raymx.storage import query
 from raymx.storage.keys import encode_key
+from raymx.wire import expressions
 from raymx.wire.errors import CommandError
 
 MISSING = query.MISSING
 STAGES = ("$match", "$project", "$addFields", "$set", "$unset", "$sort", "$skip", "$limit",
           "$group", "$count", "$unwind", "$sample", "$replaceRoot", "$replaceWith",
-          "$sortByCount", "$facet", "$lookup", "$collStats")
+          "$sortByCount", "$facet", "$lookup", "$collStats", "$unionWith", "$out", "$merge")
+OUTPUTS = ("$out", "$merge")  # the last stage only: the caller writes the output
+_MERGE_FIELDS = {"into", "on", "whenMatched", "whenNotMatched"}
 _LOOKUP_FIELDS = {"from", "as", "localField", "foreignField", "pipeline"}
 
 
@@ -32,9 +36,10 @@ def _err(msg: str, code: int = 40324) -> CommandError:
     return CommandError(msg, code, "Location%d" % code if code not in (2, 14) else "BadValue")
 
 
-def check(pipeline: list) -> None:
-    """Refuse an unknown or malformed stage before reading anything."""
-    for st in pipeline:
+def check(pipeline: list, top: bool = True) -> None:
+    """Refuse an unknown or malformed stage before reading anything (``top``:
+    the command's own pipeline, where ``$out`` or ``$merge`` may end it)."""
+    for i, st in enumerate(pipeline):
         if not isinstance(st, dict) or len(st) != 1:
             raise _err("A pipeline stage specification object must contain exactly one "
                        "field.", 40323)
@@ -42,13 +47,20 @@ def check(pipeline: list) -> None:
         if name not in STAGES:
             raise _err(f"Unrecognized pipeline stage name: '{name}'", 40324)
         arg = st[name]
+        if name in OUTPUTS:
+            if not top or i != len(pipeline) - 1:
+                raise _err(f"{name} can only be the final stage in the pipeline", 40601)
+            output_spec(name, arg, "db")
+        elif name == "$unionWith":
+            coll, sub = _union_spec(arg)
+            check(sub, False)
         if name == "$facet":
             if not isinstance(arg, dict) or not arg:
                 raise _err("the $facet specification must be a non-empty object", 40169)
             for sub in arg.values():
                 if not isinstance(sub, list):
                     raise _err("arguments to $facet must be arrays", 40170)
-                check(sub)
+                check(sub, False)
         elif name == "$lookup":
             if not isinstance(arg, dict) or not isinstance(arg.get("from"), str) \
                     or not isinstance(arg.get("as"), str):
@@ -65,7 +77,65 @@ def check(pipeline: list) -> None:
             if "pipeline" in arg:
                 if not isinstance(arg["pipeline"], list):
                     raise _err("$lookup's pipeline must be an array", 14)
-                check(arg["pipeline"])
+                check(arg["pipeline"], False)
+
+
+def _union_spec(arg) -> tuple[str, list]:
+    if isinstance(arg, str):
+        arg = {"coll": arg}
+    if not isinstance(arg, dict) or not isinstance(arg.get("coll"), str) or not arg["coll"] \
+            or set(arg) - {"coll", "pipeline"}:
+        raise _err("$unionWith takes a collection name, or {coll, pipeline}", 40590)
+    sub = arg.get("pipeline", [])
+    if not isinstance(sub, list):
+        raise _err("$unionWith's pipeline must be an array", 14)
+    return arg["coll"], sub
+
+
+def _target(name: str, spec, db: str, what: str) -> str:
+    if isinstance(spec, str):
+        spec = {"db": db, "coll": spec}
+    if not isinstance(spec, dict) or not isinstance(spec.get("coll"), str) \
+            or not isinstance(spec.get("db", db), str) or set(spec) - {"db", "coll"}:
+        raise _err(f"{name}'s {what} must be a collection name, or {{db, coll}}", 13111)
+    tdb, coll = spec.get("db", db), spec["coll"]
+    if not tdb or not coll or "$" in coll or "$" in tdb or "." in tdb \
+            or coll.startswith("system.") or tdb in ("admin", "local", "config"):
+        raise _err(f"{name} cannot write to {tdb}.{coll}: an invalid or reserved namespace",
+                   17385)
+    return f"{tdb}.{coll}"
+
+
+def output_spec(name: str, spec, db: str) -> tuple[str, str, str]:
+    """(target namespace, whenMatched, whenNotMatched) of an ``$out`` or a
+    ``$merge`` stage of a pipeline on database ``db``; refused if raymx
+    cannot do it as asked."""
+    if name == "$out":
+        return _target(name, spec, db, "argument"), "replace", "insert"
+    if isinstance(spec, str):
+        spec = {"into": spec}
+    if not isinstance(spec, dict) or "into" not in spec:
+        raise _err("$merge needs 'into': a collection name, or {db, coll}", 40414)
+    extra = set(spec) - _MERGE_FIELDS
+    if extra:
+        raise _err(f"$merge: unknown argument '{sorted(extra)[0]}'"
+                   + (" (let: raymx's $merge takes no variables)" if "let" in extra else ""),
+                   40415)
+    on = spec.get("on", "_id")
+    if on not in ("_id", ["_id"]):
+        raise _err("raymx's $merge matches documents on _id only ('on' must be '_id')", 51183)
+    matched = spec.get("whenMatched", "merge")
+    unmatched = spec.get("whenNotMatched", "insert")
+    if isinstance(matched, list):
+        raise _err("$merge with a pipeline for whenMatched is not supported by raymx: "
+                   "use 'replace', 'merge', 'keepExisting' or 'fail'", 2)
+    if matched not in ("replace", "merge", "keepExisting", "fail"):
+        raise _err(f"$merge: whenMatched must be 'replace', 'merge', 'keepExisting' or "
+                   f"'fail', not {matched!r:.40}", 51191)
+    if unmatched not in ("insert", "discard", "fail"):
+        raise _err(f"$merge: whenNotMatched must be 'insert', 'discard' or 'fail', not "
+                   f"{unmatched!r:.40}", 51191)
+    return _target(name, spec["into"], db, "'into'"), matched, unmatched
 
 
 def plain_filter(flt) -> bool:
@@ -74,15 +144,30 @@ def plain_filter(flt) -> bool:
 
 
 # --- expressions -----------------------------------------------------------
-def _path(doc: dict, path: str, root: dict) -> Any:
-    if path == "$ROOT" or path == "$CURRENT":
-        return root
-    if path.startswith(("$ROOT.", "$CURRENT.")):
-        path = path.split(".", 1)[1]
+def _path(doc, path: str) -> Any:
     vals = query.reach(doc, path)
     if len(vals) == 1:
         return vals[0]
     return [v for v in vals if v is not MISSING]
+
+
+def _variable(e: str, doc: dict, root: dict, variables: dict | None) -> Any:
+    """``$$name`` or ``$$name.path``: ``ROOT``/``CURRENT``, ``REMOVE``,
+    ``NOW``, or a variable of ``$let``, ``$map``, ``$filter``, ``$reduce``."""
+    name, _, rest = e[2:].partition(".")
+    if name in ("ROOT", "CURRENT"):
+        base = root if name == "ROOT" else doc
+    elif variables is not None and name in variables:
+        base = variables[name]
+    elif name == "REMOVE":
+        return MISSING
+    elif name == "NOW":
+        return datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    else:
+        raise _err(f"Use of undefined variable: {name}", 17276)
+    if not rest:
+        return base
+    return _path(base, rest) if isinstance(base, (dict, list)) else MISSING
 
 
 def _num(v, op: str):
@@ -99,12 +184,12 @@ def _cmp(a, b) -> int:
     return (ka > kb) - (ka < kb)
 
 
-def _args(x, doc, root, n: int | None = None, op: str = "") -> list:
+def _args(x, doc, root, n: int | None = None, op: str = "", variables=None) -> list:
     args = x if isinstance(x, list) else [x]
     if n is not None and len(args) != n:
         raise _err(f"Expression {op} takes exactly {n} arguments. {len(args)} were passed in.",
                    16020)
-    return [evaluate(a, doc, root) for a in args]
+    return [evaluate(a, doc, root, variables) for a in args]
 
 
 def _arith(op, vals):
@@ -134,29 +219,29 @@ def _truthy(v) -> bool:
     return v not in (None, False, 0, MISSING) if not isinstance(v, (list, dict, str)) else True
 
 
-def _op(op: str, x, doc, root):
+def _op(op: str, x, doc, root, variables=None):
     if op == "$literal":
         return x
     if op in ("$add", "$multiply"):
-        return _arith(op, _args(x, doc, root))
+        return _arith(op, _args(x, doc, root, variables=variables))
     if op in ("$subtract", "$divide", "$mod"):
-        return _arith(op, _args(x, doc, root, 2, op))
+        return _arith(op, _args(x, doc, root, 2, op, variables))
     if op in _COMPARE:
-        a, b = _args(x, doc, root, 2, op)
+        a, b = _args(x, doc, root, 2, op, variables)
         return _COMPARE[op](_cmp(a, b))
     if op == "$concat":
-        vals = _args(x, doc, root)
+        vals = _args(x, doc, root, variables=variables)
         if any(v is None or v is MISSING for v in vals):
             return None
         if not all(isinstance(v, str) for v in vals):
             raise _err("$concat only supports strings", 16702)
         return "".join(vals)
     if op in ("$toLower", "$toUpper"):
-        (v,) = _args(x, doc, root, 1, op)
+        (v,) = _args(x, doc, root, 1, op, variables)
         s = "" if v is None or v is MISSING else str(v)
         return s.lower() if op == "$toLower" else s.upper()
     if op == "$size":
-        (v,) = _args(x, doc, root, 1, op)
+        (v,) = _args(x, doc, root, 1, op, variables)
         if not isinstance(v, list):
             raise _err("The argument to $size must be an array", 17124)
         return len(v)
@@ -164,47 +249,52 @@ def _op(op: str, x, doc, root):
         if isinstance(x, dict):
             x = [x.get("if"), x.get("then"), x.get("else")]
         c, a, b = x
-        return evaluate(a if _truthy(evaluate(c, doc, root)) else b, doc, root)
+        return evaluate(a if _truthy(evaluate(c, doc, root, variables)) else b, doc, root,
+                        variables)
     if op == "$ifNull":
-        vals = _args(x, doc, root)
+        vals = _args(x, doc, root, variables=variables)
         return next((v for v in vals[:-1] if v is not None and v is not MISSING), vals[-1])
     if op == "$and":
-        return all(_truthy(v) for v in _args(x, doc, root))
+        return all(_truthy(v) for v in _args(x, doc, root, variables=variables))
     if op == "$or":
-        return any(_truthy(v) for v in _args(x, doc, root))
+        return any(_truthy(v) for v in _args(x, doc, root, variables=variables))
     if op == "$not":
-        (v,) = _args(x, doc, root, 1, op)
+        (v,) = _args(x, doc, root, 1, op, variables)
         return not _truthy(v)
     if op == "$in":
-        v, arr = _args(x, doc, root, 2, op)
+        v, arr = _args(x, doc, root, 2, op, variables)
         if not isinstance(arr, list):
             raise _err("$in requires an array as a second argument", 40081)
         return any(_cmp(v, a) == 0 for a in arr)
     if op == "$arrayElemAt":
-        arr, i = _args(x, doc, root, 2, op)
+        arr, i = _args(x, doc, root, 2, op, variables)
         if not isinstance(arr, list):
             return None
         return arr[i] if -len(arr) <= i < len(arr) else MISSING
-    raise _err(f"Unrecognized expression '{op}'", 168)
+    fn = expressions.OPS.get(op)
+    if fn is None:
+        raise _err(f"Unrecognized expression '{op}'", 168)
+    return fn(x, lambda e, more=None: evaluate(
+        e, doc, root, variables if not more else dict(variables or {}, **more)))
 
 
-def evaluate(e, doc: dict, root: dict | None = None):
+def evaluate(e, doc: dict, root: dict | None = None, variables: dict | None = None):
     root = doc if root is None else root
     if isinstance(e, str):
         if e.startswith("$$"):
-            return _path(doc, e[1:], root)
+            return _variable(e, doc, root, variables)
         if e.startswith("$"):
-            return _path(doc, e[1:], root)
+            return _path(doc, e[1:])
         return e
     if isinstance(e, dict):
         if len(e) == 1:
             k = next(iter(e))
             if k.startswith("$"):
-                return _op(k, e[k], doc, root)
-        return {k: v for k, v in ((k, evaluate(x, doc, root)) for k, x in e.items())
+                return _op(k, e[k], doc, root, variables)
+        return {k: v for k, v in ((k, evaluate(x, doc, root, variables)) for k, x in e.items())
                 if v is not MISSING}
     if isinstance(e, list):
-        return [evaluate(x, doc, root) for x in e]
+        return [evaluate(x, doc, root, variables) for x in e]
     return e
 
 
@@ -286,7 +376,7 @@ def _unwind(docs, spec):
 
 
 _ACCUMULATORS = ("$sum", "$avg", "$min", "$max", "$first", "$last", "$push", "$addToSet",
-                 "$count")
+                 "$count", "$mergeObjects", "$stdDevPop", "$stdDevSamp")
 
 
 def _group(docs, spec: dict):
@@ -311,10 +401,16 @@ def _group(docs, spec: dict):
             if op in ("$sum", "$count"):
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     s["sum"] += v
-            elif op == "$avg":
+            elif op in ("$avg", "$stdDevPop", "$stdDevSamp"):
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     s["sum"] += v
                     s["n"] += 1
+                    s["vals"].append(v)
+            elif op == "$mergeObjects":
+                if isinstance(v, dict):
+                    s.setdefault("v", {}).update(v)
+                elif v is not None and v is not MISSING:
+                    raise _err(f"$mergeObjects requires object inputs, not {v!r:.40}", 40400)
             elif op in ("$min", "$max"):
                 if v is None or v is MISSING:
                     continue
@@ -339,6 +435,13 @@ def _group(docs, spec: dict):
                 g[field] = s["sum"]
             elif op == "$avg":
                 g[field] = s["sum"] / s["n"] if s["n"] else None
+            elif op in ("$stdDevPop", "$stdDevSamp"):
+                n = s["n"] - (op == "$stdDevSamp")
+                mean = s["sum"] / s["n"] if s["n"] else 0
+                g[field] = (sum((x - mean) ** 2 for x in s["vals"]) / n) ** 0.5 if n > 0 \
+                    else None
+            elif op == "$mergeObjects":
+                g[field] = s.get("v", {})
             elif op in ("$min", "$max", "$first", "$last"):
                 g[field] = s.get("v")
             elif op == "$push":
@@ -473,6 +576,13 @@ def _stages(docs: Iterable[dict], pipeline: list, lookup) -> list[dict]:
                         for k, sub in arg.items()}])
         elif name == "$lookup":
             it = _lookup(it, arg, lookup)
+        elif name == "$unionWith":
+            if lookup is None:
+                raise _err("$unionWith is not available here", 2)
+            coll, sub = _union_spec(arg)
+            it = itertools.chain(it, _stages(iter(lookup(coll)), sub, lookup))
+        elif name in OUTPUTS:  # the caller takes the last stage off and writes the output
+            raise _err(f"{name} can only be the final stage in the pipeline", 40601)
         elif name == "$collStats":  # the caller serves a leading one (the member's count)
             raise _err("$collStats is only valid as the first stage in a pipeline", 40602)
     return list(it)

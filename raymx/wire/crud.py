@@ -25,6 +25,7 @@ from bson import Int64
 from raymx import errors
 from raymx.actors.statements import RETRY_NS  # lsid -> the last retryable write's record
 from raymx.storage import query
+from raymx.storage.keys import encode_key
 from raymx.storage.gtid import GTID
 from raymx.client import composite
 from raymx.wire import aggregate
@@ -567,6 +568,31 @@ def _distinct(d, cmd: dict, conn) -> dict:
     return {"values": composite.distinct_values(docs, key)}
 
 
+def _atomically(d, cmd: dict, work):
+    """``work(call)`` in one member transaction: the command's own (a
+    driver's transaction), else one begun here and committed with the
+    command's write concern (aborted if ``work`` raises). ``call(req)`` runs
+    one member request inside it. On a pool thread (it blocks)."""
+    extra, state = d.drive(_txn_of(d, cmd))
+    inner = state is not None
+    if not inner:
+        state = {}
+        extra = {"txn": d.call({"op": "txnBegin"}, state)["txn"]}
+    done = False
+    try:
+        out = work(lambda req: d.call(dict(req, **extra), state))
+        if not inner:
+            d.call({"op": "txnCommit", **extra, **wc_fields(cmd)}, state)
+        done = True
+        return out
+    finally:
+        if not done and not inner:
+            try:
+                d.call({"op": "txnAbort", **extra}, state)
+            except errors.RaymxError:
+                pass
+
+
 def _find_and_modify(d, cmd: dict, conn) -> dict:
     ns = ns_of(cmd, "findAndModify")
     remove, upd = bool(cmd.get("remove")), cmd.get("update")
@@ -577,26 +603,10 @@ def _find_and_modify(d, cmd: dict, conn) -> dict:
     upd = _plain(upd)
     fields = _plain(cmd.get("fields")) or None
     flt = _plain(cmd.get("query") or {})
-    extra, state = d.drive(_txn_of(d, cmd))
-    inner = state is not None
-    if not inner:
-        state = {}
-        extra = {"txn": d.call({"op": "txnBegin"}, state)["txn"]}
-    done = False
-    try:
-        leo, value = composite.find_and_modify(
-            lambda req: d.call(dict(req, **extra), state), ns, flt, upd, remove=remove,
-            sort=_sort(cmd.get("sort")), upsert=bool(cmd.get("upsert")),
-            new=bool(cmd.get("new")), array_filters=_plain(cmd.get("arrayFilters")))
-        if not inner:
-            d.call({"op": "txnCommit", **extra, **wc_fields(cmd)}, state)
-        done = True
-    finally:
-        if not done and not inner:
-            try:
-                d.call({"op": "txnAbort", **extra}, state)
-            except errors.RaymxError:
-                pass
+    leo, value = _atomically(d, cmd, lambda call: composite.find_and_modify(
+        call, ns, flt, upd, remove=remove, sort=_sort(cmd.get("sort")),
+        upsert=bool(cmd.get("upsert")), new=bool(cmd.get("new")),
+        array_filters=_plain(cmd.get("arrayFilters"))))
     if value is not None and fields:
         value = query.project(value, fields)
     return {"lastErrorObject": leo, "value": value}
@@ -620,10 +630,15 @@ def _aggregate(d, cmd: dict, conn) -> dict:
     elif pipeline and "$match" in pipeline[0] and aggregate.plain_filter(pipeline[0]["$match"]):
         flt, pipeline = pipeline[0]["$match"], pipeline[1:]  # pushed down to the member
     db, seen = ns.split(".", 1)[0], {}
+    final = pipeline.pop() if pipeline and next(iter(pipeline[-1])) in aggregate.OUTPUTS \
+        else None
     out = aggregate.run(iter(source) if source is not None else scan(d, cmd, conn, ns, flt,
                                                                      seen=seen),
                         pipeline,
                         lambda coll: scan(d, cmd, conn, f"{db}.{coll}", {}))
+    if final is not None:  # $out / $merge: written, and an empty cursor answers
+        _write_output(d, cmd, db, final, out)
+        out = []
     # a cursor over the output, a batch at a time as MongoDB's: one answer of
     # it all broke drivers past maxMessageSizeBytes (48 MB)
     spec = cmd.get("cursor")
@@ -632,6 +647,63 @@ def _aggregate(d, cmd: dict, conn) -> dict:
         raise CommandError(f"cursor.batchSize must be a non-negative integer, not {batch!r}",
                            2, "BadValue")
     return _results(d, conn, ns, out, batch, seen)
+
+
+def _write_output(d, cmd: dict, db: str, stage: dict, docs: list) -> None:
+    """A pipeline's ``$out`` or ``$merge``, in one member transaction (so a
+    reader sees the target before or after, never between, and a refused
+    document leaves the target as it was). ``$out`` replaces the target's
+    documents and keeps its indexes; ``$merge`` matches on ``_id``. Output
+    documents without an ``_id`` get an ObjectId, as MongoDB's."""
+    name, spec = next(iter(stage.items()))
+    target, matched, unmatched = aggregate.output_spec(name, spec, db)
+    for doc in docs:
+        if "_id" not in doc:
+            doc["_id"] = bson.ObjectId()
+    if name == "$out":
+        def work(call):
+            call({"op": "delete", "ns": target, "filter": {}, "multi": True})
+            if docs:
+                call({"op": "insert", "ns": target, "docs": docs})
+        return _atomically(d, cmd, work)
+
+    def merge(call):
+        have = set()
+        for i in range(0, len(docs), MERGE_LOOKUP_IDS):
+            ids = [x["_id"] for x in docs[i:i + MERGE_LOOKUP_IDS]]
+            got = call({"op": "find", "ns": target, "filter": {"_id": {"$in": ids}},
+                        "projection": {"_id": 1}})
+            while True:
+                have.update(encode_key(x["_id"]) for x in got["docs"])
+                if not got.get("cursor"):
+                    break
+                got = call({"op": "getMore", "ns": target, "cursor": got["cursor"]})
+        keep = []
+        for doc in docs:
+            k = encode_key(doc["_id"])
+            if k in have:
+                if matched == "fail":
+                    raise CommandError(f"$merge found a document with _id {doc['_id']!r:.60} "
+                                       f"in {target} already (whenMatched: 'fail'); nothing "
+                                       "was written", 11000, "DuplicateKey")
+                if matched == "keepExisting":
+                    continue
+            else:
+                if unmatched == "fail":
+                    raise CommandError(f"$merge could not find a document with _id "
+                                       f"{doc['_id']!r:.60} in {target} (whenNotMatched: "
+                                       "'fail'); nothing was written", 13113, "MergeStageNoMatchingDocument")
+                if unmatched == "discard":
+                    continue
+                have.add(k)  # a later output document with this _id matches it
+            keep.append(doc)
+        if keep:
+            call({"op": "replaceMany", "ns": target, "docs": keep, "upsert": True,
+                  "merge": matched == "merge"})
+    _atomically(d, cmd, merge)
+
+
+MERGE_LOOKUP_IDS = 500  # output _ids looked up in the target per find
 
 
 def storage_stats(d, conn, ns: str, scale: int = 1) -> dict:

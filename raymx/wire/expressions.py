@@ -1,0 +1,975 @@
+"""Aggregation expressions beyond the core ones in ``aggregate.py``: math,
+strings, type conversions, arrays (with ``$map``/``$filter``/``$reduce``
+and their variables), objects, ``$switch``/``$let`` and dates, as MongoDB
+computes them. Pure code over decoded documents.
+
+Each operator is ``fn(arg, ev)``: ``arg`` is its unevaluated argument and
+``ev(expr, more_vars=None)`` evaluates an expression against the current
+document, with ``more_vars`` (``$$name``) added for ``$map``, ``$filter``,
+``$reduce`` and ``$let``. Dates are BSON's: UTC, to the millisecond (the
+port decodes them as naive UTC ``datetime``); a ``timezone`` is an Olson
+name or a ``+hh:mm`` offset.
+"""
+from __future__ import annotations
+
+import calendar
+import datetime
+import math
+import re
+import zoneinfo
+from typing import Any, Callable
+
+import bson
+from bson.decimal128 import Decimal128
+from bson.int64 import Int64
+
+from raymx.storage import query
+from raymx.wire.errors import CommandError
+
+MISSING = query.MISSING
+EPOCH = datetime.datetime(1970, 1, 1)
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _err(msg: str, code: int) -> CommandError:
+    return CommandError(msg, code, "Location%d" % code)
+
+
+def _conversion(msg: str) -> CommandError:
+    return CommandError(msg, 241, "ConversionFailure")
+
+
+def _null(v) -> bool:
+    return v is None or v is MISSING
+
+
+def _list(x) -> list:
+    return x if isinstance(x, list) else [x]
+
+
+def _n(op: str, x, ev, lo: int, hi: int | None = None) -> list:
+    args = _list(x)
+    hi = lo if hi is None else hi
+    if not lo <= len(args) <= hi:
+        want = lo if lo == hi else f"{lo} to {hi}"
+        raise _err(f"Expression {op} takes {want} arguments, {len(args)} were passed in", 16020)
+    return [ev(a) for a in args]
+
+
+def _fields(op: str, x, required: tuple, optional: tuple = ()) -> dict:
+    if not isinstance(x, dict):
+        raise _err(f"{op} expects an object of named arguments", 40515)
+    extra = set(x) - set(required) - set(optional)
+    if extra:
+        raise _err(f"{op} found an unknown argument: {sorted(extra)[0]}", 40515)
+    missing = [k for k in required if k not in x]
+    if missing:
+        raise _err(f"{op} requires '{missing[0]}'", 40516)
+    return x
+
+
+def _number(v, op: str):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _err(f"{op} only supports numeric types, not {_type(v)}", 28765)
+    return v
+
+
+# --- math --------------------------------------------------------------------
+def _unary_math(fn: Callable[[float], Any], domain=None):
+    def op(x, ev, name=""):
+        (v,) = _n(name, x, ev, 1)
+        if _null(v):
+            return None
+        v = _number(v, name)
+        if domain is not None and not domain(v):
+            raise _err(f"{name}'s argument is out of its domain: {v!r}", 28766)
+        return fn(v)
+    return op
+
+
+def _round(x, ev, name="$round"):
+    vals = _n(name, x, ev, 1, 2)
+    v, place = vals[0], (vals[1] if len(vals) > 1 else 0)
+    if _null(v) or _null(place):
+        return None
+    v = _number(v, name)
+    if isinstance(place, bool) or not isinstance(place, int) or not -20 < place < 100:
+        raise _err(f"{name}'s place must be an integer between -20 and 100", 51083)
+    if name == "$trunc":
+        f = 10 ** place
+        out = math.trunc(v * f) / f if place > 0 else math.trunc(v / 10 ** -place) * 10 ** -place
+    else:
+        out = round(v, place)  # half to even, as MongoDB
+    return int(out) if isinstance(v, int) else float(out)
+
+
+def _pow(x, ev, name="$pow"):
+    a, b = _n(name, x, ev, 2)
+    if _null(a) or _null(b):
+        return None
+    a, b = _number(a, name), _number(b, name)
+    if a == 0 and b < 0:
+        raise _err("$pow cannot take a base of 0 and a negative exponent", 28764)
+    out = a ** b
+    return out if isinstance(out, (int, float)) else float("nan")
+
+
+def _log(x, ev, name="$log"):
+    a, b = _n(name, x, ev, 2)
+    if _null(a) or _null(b):
+        return None
+    a, b = _number(a, name), _number(b, name)
+    if a <= 0 or b <= 0 or b == 1:
+        raise _err("$log's argument must be positive and its base positive and not 1", 28758)
+    return math.log(a, b)
+
+
+# --- strings -----------------------------------------------------------------
+def _string(v, op: str) -> str:
+    if _null(v):
+        return ""
+    if not isinstance(v, str):
+        raise _err(f"{op} requires a string, not {_type(v)}", 16702)
+    return v
+
+
+def _int_arg(v, op: str, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
+        raise _err(f"{op}'s {what} must be an integer, not {v!r:.40}", 34448)
+    return int(v)
+
+
+def _substr(x, ev, name="$substrCP"):
+    s, start, n = _n(name, x, ev, 3)
+    start, n = _int_arg(start, name, "start"), _int_arg(n, name, "length")
+    if name == "$substrBytes":
+        b = _string(s, name).encode()
+        return b[max(start, 0):None if n < 0 else max(start, 0) + n].decode("utf-8", "replace")
+    s = _string(s, name) if not isinstance(s, (int, float)) else _to_string(s)
+    if start < 0:
+        return ""
+    return s[start:] if n < 0 else s[start:start + n]
+
+
+def _str_len(x, ev, name="$strLenCP"):
+    (s,) = _n(name, x, ev, 1)
+    if not isinstance(s, str):
+        raise _err(f"{name} requires a string, not {_type(s)}", 34471)
+    return len(s.encode()) if name == "$strLenBytes" else len(s)
+
+
+def _split(x, ev, name="$split"):
+    s, sep = _n(name, x, ev, 2)
+    if _null(s) or _null(sep):
+        return None
+    if not isinstance(s, str) or not isinstance(sep, str):
+        raise _err("$split requires a string and a string delimiter", 40085)
+    if not sep:
+        raise _err("$split requires a non-empty separator", 40087)
+    return s.split(sep)
+
+
+def _trim(x, ev, name="$trim"):
+    a = _fields(name, x, ("input",), ("chars",))
+    s, chars = ev(a["input"]), ev(a["chars"]) if "chars" in a else None
+    if _null(s):
+        return None
+    s = _string(s, name)
+    if chars is not None and not isinstance(chars, str):
+        raise _err(f"{name}'s chars must be a string", 50699)
+    fn = {"$trim": str.strip, "$ltrim": str.lstrip, "$rtrim": str.rstrip}[name]
+    return fn(s, chars) if chars is not None else fn(s)
+
+
+def _strcasecmp(x, ev, name="$strcasecmp"):
+    a, b = (_string(v, name).lower() for v in _n(name, x, ev, 2))
+    return (a > b) - (a < b)
+
+
+def _index_of(x, ev, name="$indexOfCP"):
+    vals = _n(name, x, ev, 2, 4)
+    s, sub = vals[0], vals[1]
+    if _null(s):
+        return None
+    start = _int_arg(vals[2], name, "start") if len(vals) > 2 else 0
+    end = _int_arg(vals[3], name, "end") if len(vals) > 3 else None
+    if name == "$indexOfArray":
+        if not isinstance(s, list):
+            raise _err("$indexOfArray requires an array as its first argument", 40090)
+        from raymx.wire.aggregate import _cmp
+        hit = [i for i, v in enumerate(s[:end]) if i >= start and _cmp(v, sub) == 0]
+        return hit[0] if hit else -1
+    if not isinstance(s, str) or not isinstance(sub, str):
+        raise _err(f"{name} requires strings", 40091)
+    return s.find(sub, start, end if end is not None else len(s))
+
+
+def _replace(x, ev, name="$replaceAll"):
+    a = _fields(name, x, ("input", "find", "replacement"))
+    s, f, r = ev(a["input"]), ev(a["find"]), ev(a["replacement"])
+    if _null(s) or _null(f) or _null(r):
+        return None
+    if not all(isinstance(v, str) for v in (s, f, r)):
+        raise _err(f"{name} requires strings", 51746)
+    return s.replace(f, r) if name == "$replaceAll" else s.replace(f, r, 1)
+
+
+def _regex(x, ev, name="$regexMatch"):
+    a = _fields(name, x, ("input", "regex"), ("options",))
+    s, rx, opts = ev(a["input"]), ev(a["regex"]), ev(a["options"]) if "options" in a else ""
+    if isinstance(rx, bson.regex.Regex):
+        rx, opts = rx.pattern, (opts or "") + (rx.flags if isinstance(rx.flags, str) else "")
+    elif isinstance(rx, re.Pattern):
+        rx = rx.pattern
+    if _null(rx) or not isinstance(rx, str):
+        raise _err(f"{name} needs a regex string", 51105)
+    flags = 0
+    for o in opts or "":
+        flags |= {"i": re.I, "m": re.M, "s": re.S, "x": re.X}.get(o, 0)
+    if _null(s):
+        return False if name == "$regexMatch" else None
+    if not isinstance(s, str):
+        raise _err(f"{name} needs a string input", 51104)
+    m = re.search(rx, s, flags)
+    if name == "$regexMatch":
+        return m is not None
+    if m is None:
+        return None
+    return {"match": m.group(0), "idx": m.start(), "captures": list(m.groups())}
+
+
+# --- types and conversions ---------------------------------------------------
+def _type(v) -> str:
+    if v is MISSING:
+        return "missing"
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, Int64):
+        return "long"
+    if isinstance(v, int):
+        return "int" if _INT32[0] <= v <= _INT32[1] else "long"
+    if isinstance(v, float):
+        return "double"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, dict):
+        return "object"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, (bytes, bson.binary.Binary)):
+        return "binData"
+    if isinstance(v, bson.ObjectId):
+        return "objectId"
+    if isinstance(v, datetime.datetime):
+        return "date"
+    if isinstance(v, Decimal128):
+        return "decimal"
+    if isinstance(v, (bson.regex.Regex, re.Pattern)):
+        return "regex"
+    if isinstance(v, bson.timestamp.Timestamp):
+        return "timestamp"
+    if isinstance(v, bson.min_key.MinKey):
+        return "minKey"
+    if isinstance(v, bson.max_key.MaxKey):
+        return "maxKey"
+    return type(v).__name__
+
+
+def _ms(d: datetime.datetime) -> int:
+    return (d - EPOCH) // datetime.timedelta(milliseconds=1)
+
+
+def _date_of_ms(ms: int) -> datetime.datetime:
+    return EPOCH + datetime.timedelta(milliseconds=ms)
+
+
+def _iso(d: datetime.datetime) -> str:
+    return d.strftime("%Y-%m-%dT%H:%M:%S.") + f"{d.microsecond // 1000:03d}Z"
+
+
+def _to_string(v):
+    if _null(v):
+        return None
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, int):
+        return str(int(v))
+    if isinstance(v, float):
+        if v.is_integer() and abs(v) < 1e15:
+            return str(int(v))
+        return repr(v)
+    if isinstance(v, datetime.datetime):
+        return _iso(v)
+    if isinstance(v, (bson.ObjectId, Decimal128)):
+        return str(v)
+    raise _conversion(f"Unsupported conversion from {_type(v)} to string")
+
+
+def _to_int(v, kind: str = "int"):
+    if _null(v):
+        return None
+    lo, hi = _INT32 if kind == "int" else _INT64
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, datetime.datetime) and kind == "long":
+        return _ms(v)
+    if isinstance(v, int):
+        out = int(v)
+    elif isinstance(v, float):
+        if math.isnan(v) or math.isinf(v):
+            raise _conversion(f"Attempt to convert NaN or infinity to {kind}")
+        out = math.trunc(v)
+    elif isinstance(v, Decimal128):
+        return _to_int(float(v.to_decimal()), kind)
+    elif isinstance(v, str):
+        if not re.fullmatch(r"[+-]?\d+", v.strip()):
+            raise _conversion(f"Failed to parse number '{v}' in $convert with no onError "
+                              "value: Did not consume whole string.")
+        out = int(v)
+    else:
+        raise _conversion(f"Unsupported conversion from {_type(v)} to {kind}")
+    if not lo <= out <= hi:
+        raise _conversion(f"Conversion would overflow target type in $convert with no "
+                          f"onError value: {v!r:.40}")
+    return Int64(out) if kind == "long" else out
+
+
+def _to_double(v):
+    if _null(v):
+        return None
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, datetime.datetime):
+        return float(_ms(v))
+    if isinstance(v, Decimal128):
+        return float(v.to_decimal())
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            raise _conversion(f"Failed to parse number '{v}' in $convert with no onError "
+                              "value") from None
+    raise _conversion(f"Unsupported conversion from {_type(v)} to double")
+
+
+def _to_decimal(v):
+    if _null(v):
+        return None
+    if isinstance(v, Decimal128):
+        return v
+    try:
+        return Decimal128(str(_to_double(v) if not isinstance(v, (int, str)) or
+                              isinstance(v, bool) else v))
+    except Exception as e:  # noqa: BLE001 (the reason goes into the answer)
+        raise _conversion(f"Failed to convert {v!r:.40} to decimal: {e}") from None
+
+
+def _to_bool(v):
+    if _null(v):
+        return None
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)):
+        return v != 0
+    if isinstance(v, Decimal128):
+        return v.to_decimal() != 0
+    return True
+
+
+def _to_date(v):
+    if _null(v):
+        return None
+    if isinstance(v, datetime.datetime):
+        return v
+    if isinstance(v, bool):
+        raise _conversion("Unsupported conversion from bool to date")
+    if isinstance(v, (int, float)):
+        return _date_of_ms(int(v))
+    if isinstance(v, bson.ObjectId):
+        return v.generation_time.replace(tzinfo=None)
+    if isinstance(v, str):
+        return _parse_date(v, None, None)
+    raise _conversion(f"Unsupported conversion from {_type(v)} to date")
+
+
+def _to_object_id(v):
+    if _null(v):
+        return None
+    if isinstance(v, bson.ObjectId):
+        return v
+    if isinstance(v, str) and bson.ObjectId.is_valid(v) and len(v) == 24:
+        return bson.ObjectId(v)
+    raise _conversion(f"Failed to parse objectId '{v!r:.40}' in $convert with no onError value")
+
+
+_CONVERT = {
+    "double": _to_double, 1: _to_double, "string": _to_string, 2: _to_string,
+    "objectId": _to_object_id, 7: _to_object_id, "bool": _to_bool, 8: _to_bool,
+    "date": _to_date, 9: _to_date, "int": _to_int, 16: _to_int,
+    "long": lambda v: _to_int(v, "long"), 18: lambda v: _to_int(v, "long"),
+    "decimal": _to_decimal, 19: _to_decimal,
+}
+
+
+def _converter(fn):
+    def op(x, ev, name=""):
+        (v,) = _n(name, x, ev, 1)
+        return fn(v)
+    return op
+
+
+def _convert(x, ev, name="$convert"):
+    a = _fields(name, x, ("input", "to"), ("onError", "onNull", "format", "base"))
+    to = ev(a["to"])
+    fn = _CONVERT.get(to)
+    if fn is None:
+        raise _err(f"$convert: unknown or unsupported type to convert to: {to!r}", 50865)
+    try:
+        v = ev(a["input"])
+    except CommandError:
+        if "onError" in a:
+            return ev(a["onError"])
+        raise
+    if _null(v):
+        return ev(a["onNull"]) if "onNull" in a else None
+    try:
+        return fn(v)
+    except CommandError as e:
+        if e.code == 241 and "onError" in a:
+            return ev(a["onError"])
+        raise
+
+
+def _is_number(x, ev, name="$isNumber"):
+    (v,) = _n(name, x, ev, 1)
+    return not isinstance(v, bool) and isinstance(v, (int, float, Decimal128))
+
+
+# --- arrays ------------------------------------------------------------------
+def _array(v, op: str) -> list:
+    if not isinstance(v, list):
+        raise _err(f"{op} requires an array, not {_type(v)}", 28651)
+    return v
+
+
+def _var_name(a: dict, default: str, op: str) -> str:
+    name = a.get("as", default)
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z][A-Za-z0-9_]*", name):
+        raise _err(f"{op}: {name!r} is not a valid variable name", 16867)
+    return name
+
+
+def _map(x, ev, name="$map"):
+    a = _fields(name, x, ("input", "in"), ("as",))
+    arr, var = ev(a["input"]), _var_name(a, "this", name)
+    if _null(arr):
+        return None
+    return [ev(a["in"], {var: v}) for v in _array(arr, name)]
+
+
+def _filter(x, ev, name="$filter"):
+    from raymx.wire.aggregate import _truthy
+    a = _fields(name, x, ("input", "cond"), ("as", "limit"))
+    arr, var = ev(a["input"]), _var_name(a, "this", name)
+    if _null(arr):
+        return None
+    limit = ev(a["limit"]) if "limit" in a else None
+    if limit is not None:
+        limit = _int_arg(limit, name, "limit")
+        if limit < 1:
+            raise _err("$filter's limit must be positive", 327)
+    out = []
+    for v in _array(arr, name):
+        if _truthy(ev(a["cond"], {var: v})):
+            out.append(v)
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def _reduce(x, ev, name="$reduce"):
+    a = _fields(name, x, ("input", "initialValue", "in"))
+    arr = ev(a["input"])
+    if _null(arr):
+        return None
+    acc = ev(a["initialValue"])
+    for v in _array(arr, name):
+        acc = ev(a["in"], {"value": acc, "this": v})
+    return acc
+
+
+def _concat_arrays(x, ev, name="$concatArrays"):
+    vals = [ev(a) for a in _list(x)]
+    if any(_null(v) for v in vals):
+        return None
+    return [e for v in vals for e in _array(v, name)]
+
+
+def _slice(x, ev, name="$slice"):
+    vals = _n(name, x, ev, 2, 3)
+    arr = vals[0]
+    if _null(arr):
+        return None
+    arr = _array(arr, name)
+    if len(vals) == 2:
+        n = _int_arg(vals[1], name, "count")
+        return arr[:n] if n >= 0 else arr[n:]
+    pos, n = _int_arg(vals[1], name, "position"), _int_arg(vals[2], name, "count")
+    if n <= 0:
+        raise _err("$slice's count must be positive", 28729)
+    start = pos if pos >= 0 else max(len(arr) + pos, 0)
+    return arr[start:start + n]
+
+
+def _range(x, ev, name="$range"):
+    vals = _n(name, x, ev, 2, 3)
+    start, end = _int_arg(vals[0], name, "start"), _int_arg(vals[1], name, "end")
+    step = _int_arg(vals[2], name, "step") if len(vals) > 2 else 1
+    if step == 0:
+        raise _err("$range requires a non-zero step value", 34449)
+    return list(range(start, end, step))
+
+
+def _array_end(x, ev, name="$first"):
+    (v,) = _n(name, x, ev, 1)
+    if _null(v):
+        return None
+    v = _array(v, name)
+    if not v:
+        return MISSING
+    return v[0] if name == "$first" else v[-1]
+
+
+def _reverse(x, ev, name="$reverseArray"):
+    (v,) = _n(name, x, ev, 1)
+    return None if _null(v) else list(reversed(_array(v, name)))
+
+
+def _is_array(x, ev, name="$isArray"):
+    (v,) = _n(name, x, ev, 1)
+    return isinstance(v, list)
+
+
+def _numbers_of(x, ev, name: str) -> list:
+    """``$sum``/``$avg``/``$min``/``$max`` as expressions: over one array
+    argument's elements, or over several arguments."""
+    vals = [ev(a) for a in _list(x)]
+    if len(vals) == 1 and isinstance(vals[0], list):
+        vals = vals[0]
+    return vals
+
+
+def _sum(x, ev, name="$sum"):
+    nums = [v for v in _numbers_of(x, ev, name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if name == "$sum":
+        return sum(nums)
+    return sum(nums) / len(nums) if nums else None
+
+
+def _extreme(x, ev, name="$max"):
+    from raymx.wire.aggregate import _cmp
+    vals = [v for v in _numbers_of(x, ev, name) if not _null(v)]
+    if not vals:
+        return None
+    best = vals[0]
+    for v in vals[1:]:
+        if (_cmp(v, best) > 0) == (name == "$max") and _cmp(v, best) != 0:
+            best = v
+    return best
+
+
+def _all_any(x, ev, name="$allElementsTrue"):
+    from raymx.wire.aggregate import _truthy
+    (v,) = _n(name, x, ev, 1)
+    v = _array(v, name)
+    return all(map(_truthy, v)) if name == "$allElementsTrue" else any(map(_truthy, v))
+
+
+def _sets(x, ev, name="$setUnion"):
+    from raymx.storage.keys import encode_key
+    vals = [ev(a) for a in _list(x)]
+    if any(_null(v) for v in vals):
+        return None
+    keyed = [{encode_key(e): e for e in _array(v, name)} for v in vals]
+    if name == "$setUnion":
+        out: dict = {}
+        for k in keyed:
+            out.update(k)
+        return list(out.values())
+    if name == "$setIntersection":
+        first = keyed[0] if keyed else {}
+        return [v for k, v in first.items() if all(k in o for o in keyed[1:])]
+    if len(keyed) != 2:
+        raise _err(f"{name} takes exactly 2 arguments", 17048)
+    a, b = keyed
+    if name == "$setDifference":
+        return [v for k, v in a.items() if k not in b]
+    if name == "$setIsSubset":
+        return set(a) <= set(b)
+    return set(a) == set(b)  # $setEquals
+
+
+# --- objects -----------------------------------------------------------------
+def _merge_objects(x, ev, name="$mergeObjects"):
+    out: dict = {}
+    for v in (ev(a) for a in _list(x)):
+        if _null(v):
+            continue
+        if not isinstance(v, dict):
+            raise _err(f"$mergeObjects requires object inputs, but input {v!r:.40} is of "
+                       f"type {_type(v)}", 40400)
+        out.update(v)
+    return out
+
+
+def _object_to_array(x, ev, name="$objectToArray"):
+    (v,) = _n(name, x, ev, 1)
+    if _null(v):
+        return None
+    if not isinstance(v, dict):
+        raise _err(f"$objectToArray requires a document input, found: {_type(v)}", 40390)
+    return [{"k": k, "v": val} for k, val in v.items()]
+
+
+def _array_to_object(x, ev, name="$arrayToObject"):
+    (v,) = _n(name, x, ev, 1)
+    if _null(v):
+        return None
+    out = {}
+    for e in _array(v, name):
+        if isinstance(e, dict) and set(e) == {"k", "v"} and isinstance(e["k"], str):
+            out[e["k"]] = e["v"]
+        elif isinstance(e, list) and len(e) == 2 and isinstance(e[0], str):
+            out[e[0]] = e[1]
+        else:
+            raise _err("$arrayToObject requires an array of [k, v] pairs or {k, v} "
+                       "documents with string keys", 40392)
+    return out
+
+
+def _get_field(x, ev, name="$getField"):
+    a = x if isinstance(x, dict) else {"field": x}
+    a = _fields(name, a, ("field",), ("input",))
+    field = ev(a["field"])
+    if not isinstance(field, str):
+        raise _err("$getField requires 'field' to evaluate to a string", 3041704)
+    src = ev(a["input"]) if "input" in a else ev("$$CURRENT")
+    if _null(src):
+        return None
+    if not isinstance(src, dict):
+        return MISSING
+    return src.get(field, MISSING)
+
+
+# --- control -----------------------------------------------------------------
+def _switch(x, ev, name="$switch"):
+    from raymx.wire.aggregate import _truthy
+    a = _fields(name, x, ("branches",), ("default",))
+    if not isinstance(a["branches"], list):
+        raise _err("$switch expected an array for 'branches'", 40061)
+    for b in a["branches"]:
+        if not isinstance(b, dict) or set(b) != {"case", "then"}:
+            raise _err("$switch requires each branch to have exactly 'case' and 'then'", 40064)
+        if _truthy(ev(b["case"])):
+            return ev(b["then"])
+    if "default" not in a:
+        raise _err("$switch could not find a matching branch for an input, and no default "
+                   "was specified.", 40066)
+    return ev(a["default"])
+
+
+def _let(x, ev, name="$let"):
+    a = _fields(name, x, ("vars", "in"))
+    if not isinstance(a["vars"], dict):
+        raise _err("invalid parameter: expected an object (vars)", 10065)
+    more = {}
+    for k, e in a["vars"].items():
+        _var_name({"as": k}, k, name)
+        more[k] = ev(e)
+    return ev(a["in"], more)
+
+
+# --- dates -------------------------------------------------------------------
+def _zone(tz):
+    if _null(tz) or tz in ("UTC", "GMT", "Z"):
+        return None
+    if not isinstance(tz, str):
+        raise _err(f"timezone must be a string, not {_type(tz)}", 40517)
+    m = re.fullmatch(r"([+-])(\d\d):?(\d\d)", tz) or re.fullmatch(r"([+-])(\d\d)()", tz)
+    if m:
+        delta = datetime.timedelta(hours=int(m.group(2)), minutes=int(m.group(3) or 0))
+        return datetime.timezone(-delta if m.group(1) == "-" else delta)
+    try:
+        return zoneinfo.ZoneInfo(tz)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise _err(f"unrecognized time zone identifier: \"{tz}\"", 40485) from None
+
+
+def _local(d: datetime.datetime, tz) -> datetime.datetime:
+    """``d`` (naive UTC) as wall-clock time in ``tz`` (naive)."""
+    if tz is None:
+        return d
+    return d.replace(tzinfo=datetime.timezone.utc).astimezone(tz).replace(tzinfo=None)
+
+
+def _utc(d: datetime.datetime, tz) -> datetime.datetime:
+    """Wall-clock ``d`` in ``tz`` back to naive UTC."""
+    if tz is None:
+        return d
+    return d.replace(tzinfo=tz).astimezone(datetime.timezone.utc).replace(tzinfo=None)
+
+
+def _date_arg(x, ev, name: str):
+    """(date or None for null, zone) of a date part operator's argument."""
+    if isinstance(x, dict) and "date" in x and not any(k.startswith("$") for k in x):
+        a = _fields(name, x, ("date",), ("timezone",))
+        v, tz = ev(a["date"]), _zone(ev(a["timezone"])) if "timezone" in a else None
+    else:
+        (v,) = _n(name, x, ev, 1)
+        tz = None
+    if _null(v):
+        return None, tz
+    if isinstance(v, bson.ObjectId):
+        v = v.generation_time.replace(tzinfo=None)
+    elif isinstance(v, bson.timestamp.Timestamp):
+        v = _date_of_ms(v.time * 1000)
+    if not isinstance(v, datetime.datetime):
+        raise _err(f"can't convert from BSON type {_type(v)} to Date", 16006)
+    return _local(v, tz), tz
+
+
+_PARTS = {
+    "$year": lambda d: d.year, "$month": lambda d: d.month, "$dayOfMonth": lambda d: d.day,
+    "$hour": lambda d: d.hour, "$minute": lambda d: d.minute, "$second": lambda d: d.second,
+    "$millisecond": lambda d: d.microsecond // 1000,
+    "$dayOfWeek": lambda d: d.isoweekday() % 7 + 1, "$dayOfYear": lambda d: d.timetuple().tm_yday,
+    "$week": lambda d: int(d.strftime("%U")), "$isoWeek": lambda d: d.isocalendar()[1],
+    "$isoWeekYear": lambda d: d.isocalendar()[0], "$isoDayOfWeek": lambda d: d.isoweekday(),
+}
+
+
+def _date_part(x, ev, name="$year"):
+    d, _ = _date_arg(x, ev, name)
+    return None if d is None else _PARTS[name](d)
+
+
+_FORMAT = {
+    "Y": lambda d: f"{d.year:04d}", "m": lambda d: f"{d.month:02d}",
+    "d": lambda d: f"{d.day:02d}", "H": lambda d: f"{d.hour:02d}",
+    "M": lambda d: f"{d.minute:02d}", "S": lambda d: f"{d.second:02d}",
+    "L": lambda d: f"{d.microsecond // 1000:03d}", "j": lambda d: f"{d.timetuple().tm_yday:03d}",
+    "w": lambda d: str(d.isoweekday() % 7 + 1), "u": lambda d: str(d.isoweekday()),
+    "U": lambda d: d.strftime("%U"), "V": lambda d: f"{d.isocalendar()[1]:02d}",
+    "G": lambda d: f"{d.isocalendar()[0]:04d}", "%": lambda d: "%",
+}
+DEFAULT_DATE_FORMAT = "%Y-%m-%dT%H:%M:%S.%LZ"
+
+
+def _format_date(d: datetime.datetime, fmt: str, tz) -> str:
+    out, i = [], 0
+    while i < len(fmt):
+        c = fmt[i]
+        if c != "%":
+            out.append(c)
+            i += 1
+            continue
+        spec = fmt[i + 1:i + 2]
+        if spec == "z" or spec == "Z":
+            off = (tz.utcoffset(_utc(d, tz)) if tz is not None else datetime.timedelta(0))
+            mins = int(off.total_seconds() // 60)
+            out.append(f"{'+' if mins >= 0 else '-'}{abs(mins) // 60:02d}{abs(mins) % 60:02d}"
+                       if spec == "z" else str(mins))
+        elif spec in _FORMAT:
+            out.append(_FORMAT[spec](d))
+        else:
+            raise _err(f"Invalid format character '%{spec}' in format string", 18536)
+        i += 2
+    return "".join(out)
+
+
+def _date_to_string(x, ev, name="$dateToString"):
+    a = _fields(name, x, ("date",), ("format", "timezone", "onNull"))
+    v = ev(a["date"])
+    if _null(v):
+        return ev(a["onNull"]) if "onNull" in a else None
+    tz = _zone(ev(a["timezone"])) if "timezone" in a else None
+    if isinstance(v, bson.ObjectId):
+        v = v.generation_time.replace(tzinfo=None)
+    if not isinstance(v, datetime.datetime):
+        raise _err(f"can't convert from BSON type {_type(v)} to Date", 16006)
+    fmt = ev(a["format"]) if "format" in a else DEFAULT_DATE_FORMAT
+    if not isinstance(fmt, str):
+        raise _err("$dateToString requires that 'format' be a string", 18533)
+    return _format_date(_local(v, tz), fmt, tz)
+
+
+_STRPTIME = {"Y": "%Y", "m": "%m", "d": "%d", "H": "%H", "M": "%M", "S": "%S", "L": "%f",
+             "j": "%j", "z": "%z", "%": "%%"}
+
+
+def _parse_date(s: str, fmt, tz) -> datetime.datetime:
+    try:
+        if fmt is None:
+            t = s.strip().replace("Z", "+00:00")
+            d = datetime.datetime.fromisoformat(t)
+        else:
+            pattern = re.sub(r"%(.)", lambda m: _STRPTIME.get(m.group(1), "%" + m.group(1)),
+                             fmt)
+            d = datetime.datetime.strptime(s, pattern)
+    except ValueError as e:
+        raise _conversion(f"Error parsing date string '{s}': {e}") from None
+    if d.tzinfo is not None:
+        return d.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    return _utc(d, tz)
+
+
+def _date_from_string(x, ev, name="$dateFromString"):
+    a = _fields(name, x, ("dateString",), ("format", "timezone", "onError", "onNull"))
+    s = ev(a["dateString"])
+    if _null(s):
+        return ev(a["onNull"]) if "onNull" in a else None
+    tz = _zone(ev(a["timezone"])) if "timezone" in a else None
+    fmt = ev(a["format"]) if "format" in a else None
+    try:
+        if not isinstance(s, str):
+            raise _conversion(f"$dateFromString requires that 'dateString' be a string, "
+                              f"found: {_type(s)}")
+        return _parse_date(s, fmt, tz)
+    except CommandError:
+        if "onError" in a:
+            return ev(a["onError"])
+        raise
+
+
+_UNITS = {"millisecond": datetime.timedelta(milliseconds=1),
+          "second": datetime.timedelta(seconds=1), "minute": datetime.timedelta(minutes=1),
+          "hour": datetime.timedelta(hours=1), "day": datetime.timedelta(days=1),
+          "week": datetime.timedelta(weeks=1)}
+_MONTHS = {"month": 1, "quarter": 3, "year": 12}
+
+
+def _unit(u) -> str:
+    if u not in _UNITS and u not in _MONTHS:
+        raise _err(f"unknown time unit value: {u!r:.40}", 9)
+    return u
+
+
+def _add_months(d: datetime.datetime, n: int) -> datetime.datetime:
+    y, m = divmod(d.month - 1 + n, 12)
+    year = d.year + y
+    day = min(d.day, calendar.monthrange(year, m + 1)[1])
+    return d.replace(year=year, month=m + 1, day=day)
+
+
+def _date_add(x, ev, name="$dateAdd"):
+    a = _fields(name, x, ("startDate", "unit", "amount"), ("timezone",))
+    d, unit, n = ev(a["startDate"]), ev(a["unit"]), ev(a["amount"])
+    if _null(d) or _null(unit) or _null(n):
+        return None
+    if not isinstance(d, datetime.datetime):
+        raise _err(f"{name} requires startDate to be a date, not {_type(d)}", 5166403)
+    n = _int_arg(n, name, "amount") * (-1 if name == "$dateSubtract" else 1)
+    unit = _unit(unit)
+    if unit in _UNITS:
+        return d + n * _UNITS[unit]
+    tz = _zone(ev(a["timezone"])) if "timezone" in a else None
+    return _utc(_add_months(_local(d, tz), n * _MONTHS[unit]), tz)
+
+
+def _date_diff(x, ev, name="$dateDiff"):
+    a = _fields(name, x, ("startDate", "endDate", "unit"), ("timezone", "startOfWeek"))
+    s, e, unit = ev(a["startDate"]), ev(a["endDate"]), ev(a["unit"])
+    if _null(s) or _null(e) or _null(unit):
+        return None
+    if not isinstance(s, datetime.datetime) or not isinstance(e, datetime.datetime):
+        raise _err(f"{name} requires startDate and endDate to be dates", 5166307)
+    unit = _unit(unit)
+    tz = _zone(ev(a["timezone"])) if "timezone" in a else None
+    s, e = _local(s, tz), _local(e, tz)
+    if unit in _MONTHS:
+        months = (e.year - s.year) * 12 + e.month - s.month
+        return months // _MONTHS[unit] if unit != "quarter" else (
+            (e.year * 12 + e.month - 1) // 3 - (s.year * 12 + s.month - 1) // 3)
+    if unit == "week":  # boundaries crossed (weeks start on Sunday)
+        def sunday(d):
+            d = d.replace(hour=0, minute=0, second=0, microsecond=0)
+            return d - datetime.timedelta(days=d.isoweekday() % 7)
+        return (sunday(e) - sunday(s)).days // 7
+    size = _UNITS[unit]
+
+    def floor(d):
+        return EPOCH + ((d - EPOCH) // size) * size
+    return (floor(e) - floor(s)) // size
+
+
+def _date_trunc(x, ev, name="$dateTrunc"):
+    a = _fields(name, x, ("date", "unit"), ("binSize", "timezone", "startOfWeek"))
+    d, unit = ev(a["date"]), ev(a["unit"])
+    if _null(d) or _null(unit):
+        return None
+    if not isinstance(d, datetime.datetime):
+        raise _err(f"{name} requires 'date' to be a date, not {_type(d)}", 5439012)
+    unit = _unit(unit)
+    bins = _int_arg(ev(a["binSize"]), name, "binSize") if "binSize" in a else 1
+    tz = _zone(ev(a["timezone"])) if "timezone" in a else None
+    local = _local(d, tz)
+    if unit in _MONTHS:
+        months = (local.year * 12 + local.month - 1)
+        months -= months % (_MONTHS[unit] * bins)
+        out = datetime.datetime(months // 12, months % 12 + 1, 1)
+    elif unit == "week":
+        day = local.replace(hour=0, minute=0, second=0, microsecond=0)
+        out = day - datetime.timedelta(days=day.isoweekday() % 7)
+    else:
+        size = _UNITS[unit] * bins
+        out = EPOCH + ((local - EPOCH) // size) * size
+    return _utc(out, tz)
+
+
+def _named(fn, name):
+    return lambda x, ev: fn(x, ev, name)
+
+
+OPS: dict[str, Callable[[Any, Callable], Any]] = {}
+for _name, _fn in {
+    "$abs": _unary_math(abs), "$ceil": _unary_math(math.ceil),
+    "$floor": _unary_math(math.floor),
+    "$sqrt": _unary_math(math.sqrt, lambda v: v >= 0), "$exp": _unary_math(math.exp),
+    "$ln": _unary_math(math.log, lambda v: v > 0),
+    "$log10": _unary_math(math.log10, lambda v: v > 0),
+    "$round": _round, "$trunc": _round, "$pow": _pow, "$log": _log,
+    "$substr": _substr, "$substrCP": _substr, "$substrBytes": _substr,
+    "$strLenCP": _str_len, "$strLenBytes": _str_len, "$split": _split,
+    "$trim": _trim, "$ltrim": _trim, "$rtrim": _trim, "$strcasecmp": _strcasecmp,
+    "$indexOfCP": _index_of, "$indexOfArray": _index_of,
+    "$replaceOne": _replace, "$replaceAll": _replace,
+    "$regexMatch": _regex, "$regexFind": _regex,
+    "$toString": _converter(_to_string), "$toInt": _converter(_to_int),
+    "$toLong": _converter(lambda v: _to_int(v, "long")), "$toDouble": _converter(_to_double),
+    "$toDecimal": _converter(_to_decimal), "$toBool": _converter(_to_bool),
+    "$toDate": _converter(_to_date), "$toObjectId": _converter(_to_object_id),
+    "$type": _converter(_type), "$convert": _convert, "$isNumber": _is_number,
+    "$map": _map, "$filter": _filter, "$reduce": _reduce, "$concatArrays": _concat_arrays,
+    "$slice": _slice, "$range": _range, "$first": _array_end, "$last": _array_end,
+    "$reverseArray": _reverse, "$isArray": _is_array,
+    "$sum": _sum, "$avg": _sum, "$min": _extreme, "$max": _extreme,
+    "$allElementsTrue": _all_any, "$anyElementTrue": _all_any,
+    "$setUnion": _sets, "$setIntersection": _sets, "$setDifference": _sets,
+    "$setIsSubset": _sets, "$setEquals": _sets,
+    "$mergeObjects": _merge_objects, "$objectToArray": _object_to_array,
+    "$arrayToObject": _array_to_object, "$getField": _get_field,
+    "$switch": _switch, "$let": _let,
+    **{p: _date_part for p in _PARTS},
+    "$dateToString": _date_to_string, "$dateFromString": _date_from_string,
+    "$dateAdd": _date_add, "$dateSubtract": _date_add, "$dateDiff": _date_diff,
+    "$dateTrunc": _date_trunc,
+}.items():
+    OPS[_name] = _named(_fn, _name)
