@@ -2,13 +2,18 @@
 ``aggregate``): ``$match $project $addFields/$set $unset $sort $skip $limit
 $group $count $unwind $sample $replaceRoot/$replaceWith $sortByCount $facet
 $lookup`` (``localField``/``foreignField``, or an uncorrelated ``pipeline``,
-or both; the other collection comes from the caller's ``lookup``), and a
-``$match``'s top-level ``$expr``; ``$group`` accumulators ``$sum $avg $min
-$max $first $last $push $addToSet $count``; expressions: field paths (``"$a.b"``,
-``"$$ROOT"``), literals, ``$literal $add $subtract $multiply $divide $mod
-$concat $toLower $toUpper $size $cond $ifNull $eq $ne $gt $gte $lt $lte $and
-$or $not $in $arrayElemAt``. Values compare in raymx's order
-(``raymx.storage.keys``), as filters and sorts do.
+or both; the other collection comes from the caller's ``lookup``),
+``$unionWith``, and a ``$match``'s top-level ``$expr``; a last ``$out`` or
+``$merge`` is checked here (``output_spec``) and written by the caller;
+``$group`` accumulators ``$sum $avg $min $max $first $last $push $addToSet
+$count $mergeObjects $stdDevPop $stdDevSamp``; expressions: field paths
+(``"$a.b"``), variables (``"$$ROOT"``, ``"$$CURRENT"``, ``"$$REMOVE"``,
+``"$$NOW"`` and those of ``$let $map $filter $reduce``), literals,
+``$literal $add $subtract $multiply $divide $mod $concat $toLower $toUpper
+$size $cond $ifNull $eq $ne $gt $gte $lt $lte $and $or $not $in
+$arrayElemAt`` here and the rest in ``expressions.py`` (math, strings,
+conversions, arrays, objects, ``$switch``, dates). Values compare in
+raymx's order (``raymx.storage.keys``), as filters and sorts do.
 """
 from __future__ import annotations
 
