@@ -681,21 +681,17 @@ def _write_output(d, cmd: dict, db: str, stage: dict, docs: list) -> None:
         keep = []
         for doc in docs:
             k = encode_key(doc["_id"])
-            if k in have:
-                if matched == "fail":
-                    raise CommandError(f"$merge found a document with _id {doc['_id']!r:.60} "
-                                       f"in {target} already (whenMatched: 'fail'); nothing "
-                                       "was written", 11000, "DuplicateKey")
-                if matched == "keepExisting":
-                    continue
-            else:
-                if unmatched == "fail":
-                    raise CommandError(f"$merge could not find a document with _id "
-                                       f"{doc['_id']!r:.60} in {target} (whenNotMatched: "
-                                       "'fail'); nothing was written", 13113, "MergeStageNoMatchingDocument")
-                if unmatched == "discard":
-                    continue
-                have.add(k)  # a later output document with this _id matches it
+            found = k in have
+            mode = matched if found else unmatched
+            if mode == "fail":
+                raise CommandError(
+                    f"$merge: the document with _id {doc['_id']!r:.60} "
+                    + (f"is in {target} already (whenMatched" if found else
+                       f"has no match in {target} (whenNotMatched")
+                    + ": 'fail'); nothing was written", *_MERGE_FAILS[found])
+            if mode in ("keepExisting", "discard"):
+                continue
+            have.add(k)  # a later output document with this _id matches it
             keep.append(doc)
         if keep:
             call({"op": "replaceMany", "ns": target, "docs": keep, "upsert": True,
@@ -704,6 +700,7 @@ def _write_output(d, cmd: dict, db: str, stage: dict, docs: list) -> None:
 
 
 MERGE_LOOKUP_IDS = 500  # output _ids looked up in the target per find
+_MERGE_FAILS = {True: (11000, "DuplicateKey"), False: (13113, "MergeStageNoMatchingDocument")}
 
 
 def storage_stats(d, conn, ns: str, scale: int = 1) -> dict:

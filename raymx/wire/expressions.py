@@ -240,42 +240,24 @@ def _regex(x, ev, name="$regexMatch"):
 
 
 # --- types and conversions ---------------------------------------------------
+_TYPE_NAMES = (  # after bool, Int64, int and the missing value (see _type)
+    (float, "double"), (str, "string"), (dict, "object"), (list, "array"),
+    ((bytes, bson.binary.Binary), "binData"), (bson.ObjectId, "objectId"),
+    (datetime.datetime, "date"), (Decimal128, "decimal"),
+    ((bson.regex.Regex, re.Pattern), "regex"), (bson.timestamp.Timestamp, "timestamp"),
+    (bson.min_key.MinKey, "minKey"), (bson.max_key.MaxKey, "maxKey"),
+)
+
+
 def _type(v) -> str:
-    if v is MISSING:
-        return "missing"
-    if v is None:
-        return "null"
+    """``$type``'s name of ``v``'s BSON type."""
+    if v is MISSING or v is None:
+        return "missing" if v is MISSING else "null"
     if isinstance(v, bool):
         return "bool"
-    if isinstance(v, Int64):
-        return "long"
     if isinstance(v, int):
-        return "int" if _INT32[0] <= v <= _INT32[1] else "long"
-    if isinstance(v, float):
-        return "double"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, dict):
-        return "object"
-    if isinstance(v, list):
-        return "array"
-    if isinstance(v, (bytes, bson.binary.Binary)):
-        return "binData"
-    if isinstance(v, bson.ObjectId):
-        return "objectId"
-    if isinstance(v, datetime.datetime):
-        return "date"
-    if isinstance(v, Decimal128):
-        return "decimal"
-    if isinstance(v, (bson.regex.Regex, re.Pattern)):
-        return "regex"
-    if isinstance(v, bson.timestamp.Timestamp):
-        return "timestamp"
-    if isinstance(v, bson.min_key.MinKey):
-        return "minKey"
-    if isinstance(v, bson.max_key.MaxKey):
-        return "maxKey"
-    return type(v).__name__
+        return "int" if not isinstance(v, Int64) and _INT32[0] <= v <= _INT32[1] else "long"
+    return next((name for t, name in _TYPE_NAMES if isinstance(v, t)), type(v).__name__)
 
 
 def _ms(d: datetime.datetime) -> int:
