@@ -702,3 +702,60 @@ def test_out_merge_union_and_date_expressions_through_pymongo(client):
             db.sales.aggregate([{"$match": {"qty": 0}}, {"$merge": "in_txn"}], session=s)
             s.abort_transaction()
     assert db.in_txn.count_documents({}) == 0
+
+
+def test_updates_with_a_pipeline(client):
+    """update_one / update_many / upserts whose update is an aggregation
+    pipeline, computed from each document's own fields, atomically."""
+    import uuid
+    c = client.t.pipe_upd
+    c.insert_many([{"_id": i, "first": f"F{i}", "last": "L", "qty": i, "tags": ["a"]}
+                   for i in range(4)])
+    r = c.update_one({"_id": 1}, [{"$set": {"name": {"$concat": ["$first", " ", "$last"]},
+                                            "qty": {"$multiply": ["$qty", 10]}}},
+                                  {"$unset": "first"}])
+    assert (r.matched_count, r.modified_count) == (1, 1)
+    assert c.find_one({"_id": 1}) == {"_id": 1, "last": "L", "qty": 10, "tags": ["a"],
+                                      "name": "F1 L"}
+    r = c.update_many({"qty": {"$lt": 4}}, [{"$set": {"tags": {"$concatArrays": [
+        "$tags", [{"$toString": "$qty"}]]}}}])
+    assert (r.matched_count, r.modified_count) == (3, 3)
+    assert c.find_one({"_id": 3})["tags"] == ["a", "3"]
+    r = c.update_one({"_id": 9, "kind": "new"}, [{"$set": {"k2": {"$toUpper": "$kind"}}}],
+                     upsert=True)
+    assert r.upserted_id == 9 and c.find_one({"_id": 9}) == {"_id": 9, "kind": "new",
+                                                             "k2": "NEW"}
+    r = c.update_one({"_id": 9}, [{"$set": {"k2": "NEW"}}])  # nothing changes
+    assert (r.matched_count, r.modified_count) == (1, 0)
+    with pytest.raises(WriteError) as e:
+        c.update_one({"_id": 2}, [{"$set": {"_id": 20}}])
+    assert e.value.code == 66 and c.find_one({"_id": 2})["qty"] == 2
+    with pytest.raises(WriteError) as e:
+        c.update_one({"_id": 2}, [{"$group": {"_id": 1}}])
+    assert e.value.code == 40324
+    # a retry of the same retryable write (same lsid and txnNumber) is answered
+    # from its record, not applied twice
+    lsid = {"id": bson.Binary(uuid.uuid4().bytes, 4)}
+    cmd = {"update": "pipe_upd", "updates": [{"q": {"_id": 3}, "u": [
+        {"$set": {"qty": {"$add": ["$qty", 1]}}}]}], "lsid": lsid, "txnNumber": bson.Int64(7)}
+    first = client.t.command(dict(cmd))
+    again = client.t.command(dict(cmd))
+    assert first["nModified"] == again["nModified"] == 1 and c.find_one({"_id": 3})["qty"] == 4
+
+
+def test_find_one_and_update_with_a_pipeline(client):
+    c = client.t.fam_pipe
+    c.insert_one({"_id": 1, "n": 2, "hist": []})
+    after = c.find_one_and_update({"_id": 1}, [{"$set": {"n": {"$add": ["$n", 1]},
+                                                         "hist": {"$concatArrays": [
+                                                             "$hist", ["$n"]]}}}],
+                                  return_document=ReturnDocument.AFTER)
+    assert after == {"_id": 1, "n": 3, "hist": [2]}
+    before = c.find_one_and_update({"_id": 1}, [{"$unset": "hist"}])
+    assert before["hist"] == [2] and c.find_one({"_id": 1}) == {"_id": 1, "n": 3}
+    up = c.find_one_and_update({"_id": 2, "k": "x"}, [{"$set": {"K": {"$toUpper": "$k"}}}],
+                               upsert=True, return_document=ReturnDocument.AFTER)
+    assert up == {"_id": 2, "k": "x", "K": "X"}
+    with pytest.raises(OperationFailure) as e:
+        c.find_one_and_update({"_id": 1}, [{"$set": {"_id": 5}}])
+    assert e.value.code == 66 and c.find_one({"_id": 1}) == {"_id": 1, "n": 3}

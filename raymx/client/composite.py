@@ -17,6 +17,7 @@ from typing import Callable, Iterable
 
 from raymx.storage import query
 from raymx.storage.keys import encode_key
+from raymx.storage.update import upsert_seed
 
 
 def distinct_values(docs: Iterable[dict], key: str) -> list:
@@ -39,13 +40,16 @@ def is_replacement(update) -> bool:
 
 def find_and_modify(call: Callable[[dict], dict], ns: str, flt: dict, update=None, *,
                     remove: bool = False, sort=None, upsert: bool = False,
-                    new: bool = False, array_filters=None) -> tuple[dict, dict | None]:
+                    new: bool = False, array_filters=None,
+                    compute: Callable[[dict], dict] | None = None) -> tuple[dict, dict | None]:
     """Run inside an open member transaction: ``call(req)`` sends ``req`` in it
     and returns the member's answer. ``sort``: ``[[path, 1 | -1], ...]`` or
     None. Returns ``(lastErrorObject, value)`` in MongoDB's shape: ``value``
     is the document before the change (``new``: after it), or None when none
-    matched and none was upserted."""
-    replace = is_replacement(update)
+    matched and none was upserted. ``compute(doc)`` instead of ``update``:
+    the replacement of the matched document (or of the upsert's seed), as
+    the wire port computes a pipeline update."""
+    replace = compute is not None or is_replacement(update)
     extra = {} if array_filters is None else {"array_filters": array_filters}
 
     def one(f, s=None):
@@ -63,11 +67,12 @@ def find_and_modify(call: Callable[[dict], dict], ns: str, flt: dict, update=Non
         else:
             # the filter too: a positional $ takes its element from it
             call({"op": "update", "ns": ns, "filter": {"$and": [sel, flt]} if flt else sel,
-                  "update": update, "replace": replace, **extra})
+                  "update": compute(doc) if compute else update, "replace": replace, **extra})
             leo["updatedExisting"] = True
             value = one(sel) if new else doc
     elif upsert and not remove:
-        res = call({"op": "update", "ns": ns, "filter": flt, "update": update,
+        res = call({"op": "update", "ns": ns, "filter": flt,
+                    "update": compute(upsert_seed(flt)) if compute else update,
                     "replace": replace, "upsert": True, **extra})
         leo.update(n=1, updatedExisting=False, upserted=res.get("upserted_id"))
         if new:

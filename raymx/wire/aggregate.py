@@ -143,6 +143,21 @@ def output_spec(name: str, spec, db: str) -> tuple[str, str, str]:
     return _target(name, spec["into"], db, "'into'"), matched, unmatched
 
 
+UPDATE_STAGES = ("$addFields", "$set", "$project", "$unset", "$replaceRoot", "$replaceWith")
+
+
+def update_pipeline(pipeline) -> list:
+    """An update's pipeline, checked: only the stages MongoDB allows there."""
+    if not isinstance(pipeline, list):
+        raise _err("an update pipeline must be an array of stages", 14)
+    check(pipeline, False)
+    for st in pipeline:
+        name = next(iter(st))
+        if name not in UPDATE_STAGES:
+            raise _err(f"{name} is not allowed to be used within an update", 40324)
+    return pipeline
+
+
 def plain_filter(flt) -> bool:
     """A ``$match`` the member's query engine runs (no ``$expr``, no ``$text``)."""
     return isinstance(flt, dict) and not any(k in ("$expr", "$text", "$where") for k in flt)

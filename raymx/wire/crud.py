@@ -14,6 +14,7 @@ on a thread of its own is ``blocking(fn, ...)``: it runs on the port's pool.
 """
 from __future__ import annotations
 
+import copy
 import datetime
 import inspect
 import threading
@@ -25,6 +26,7 @@ from bson import Int64
 from raymx import errors
 from raymx.actors.statements import RETRY_NS  # lsid -> the last retryable write's record
 from raymx.storage import query
+from raymx.storage import update as update_mod
 from raymx.storage.keys import encode_key
 from raymx.storage.gtid import GTID
 from raymx.client import composite
@@ -339,6 +341,76 @@ def retryable(fn):
     return run
 
 
+PIPELINE_UPDATE = "$pipelineUpdate"  # an update statement the port runs (_pipeline_update)
+
+
+def _in_txn(d, cmd: dict, work):
+    """Steps: ``work(run)``'s steps in one member transaction: the command's
+    own (a driver's transaction, or a retryable write's), else one begun
+    here and committed with the command's write concern (aborted if
+    ``work`` raises). ``run(req)`` is the step of one request inside it."""
+    extra, state = yield from _txn_of(d, cmd)
+    inner = state is not None
+    if not inner:
+        state = {}
+        extra = {"txn": (yield call({"op": "txnBegin"}, state))["txn"]}
+    done = False
+    try:
+        out = yield from work(lambda req: call(dict(req, **extra), state))
+        if not inner:
+            if "$retry" in cmd:  # a retryable write's record commits with it (retryable)
+                yield call({"op": "update", "ns": RETRY_NS, "filter": {"_id": cmd["$retry"]["_id"]},
+                            "update": dict(cmd["$retry"], res=out), "replace": True,
+                            "upsert": True, **extra}, state)
+            yield call({"op": "txnCommit", **extra, **wc_fields(cmd)}, state)
+        done = True
+        return out
+    finally:
+        if not done and not inner:
+            try:
+                yield call({"op": "txnAbort", **extra}, state)
+            except errors.RaymxError:
+                pass
+
+
+def _pipeline_update(req: dict, run):
+    """Steps of an update whose ``u`` is a pipeline (``$set $addFields
+    $unset $project $replaceRoot $replaceWith``), inside a transaction: the
+    matching documents are read, the pipeline computes each one's new
+    version here in the port, and each changed one is replaced by ``_id``.
+    The member's result shape (matched, modified, upserted_id)."""
+    ns, flt, pipeline = req["ns"], req["filter"], req["pipeline"]
+    got = yield run({"op": "find", "ns": ns, "filter": flt,
+                     **({} if req["multi"] else {"limit": 1})})
+    docs = got["docs"]
+    while got.get("cursor"):
+        got = yield run({"op": "getMore", "ns": ns, "cursor": got["cursor"]})
+        docs += got["docs"]
+    res = {"matched": len(docs), "modified": 0, "upserted_id": None}
+    for doc in docs:
+        new = _pipelined(doc, pipeline)
+        if new != doc:
+            yield run({"op": "update", "ns": ns, "filter": {"_id": doc["_id"]}, "update": new,
+                       "replace": True})
+            res["modified"] += 1
+    if not docs and req["upsert"]:
+        new = _pipelined(update_mod.upsert_seed(flt), pipeline)
+        new.setdefault("_id", bson.ObjectId())
+        yield run({"op": "insert", "ns": ns, "docs": [new]})
+        res["upserted_id"] = new["_id"]
+    return res
+
+
+def _pipelined(doc: dict, pipeline: list) -> dict:
+    """``doc`` after an update pipeline; its ``_id`` may not change (an
+    upsert's seed without one may get one from the pipeline)."""
+    new = aggregate.run(iter([copy.deepcopy(doc)]), pipeline)[0]
+    if "_id" in doc and ("_id" not in new or encode_key(new["_id"]) != encode_key(doc["_id"])):
+        raise CommandError("Performing an update on the path '_id' would modify the "
+                           "immutable field '_id'", 66, "ImmutableField")
+    return new
+
+
 def _write(d, cmd: dict, conn, statements: list, to_req, count):
     """Steps: run write statements in order; MongoDB's answer shape (n, writeErrors,
     writeConcernError). ``count(result, i, out)`` adds one statement's result."""
@@ -347,13 +419,20 @@ def _write(d, cmd: dict, conn, statements: list, to_req, count):
     out: dict = {"n": 0}
     werrs = []
     for i, st in enumerate(statements):
+        # a pipeline update: its pipeline's and expressions' errors are the statement's
+        piped = isinstance(st, dict) and isinstance(st.get("u"), list)
         try:
-            res = yield from _run(d, dict(to_req(st), **wc), cmd, conn)
+            req = to_req(st)
+            if req["op"] == PIPELINE_UPDATE:
+                res = yield from _in_txn(d, cmd, lambda run: _pipeline_update(req, run))
+            else:
+                res = yield from _run(d, dict(req, **wc), cmd, conn)
             count(res, i, out)
         except errors.WriteConcernTimeout as e:
             out["writeConcernError"] = write_concern_error(e)
         except Exception as e:
-            if not is_statement_error(e):  # not this statement's fault (not primary...)
+            if not (is_statement_error(e) or piped and isinstance(e, CommandError)):
+                # not this statement's fault (not primary...)
                 if i == 0:
                     raise  # the command fails as a whole: drivers retry it elsewhere
                 werrs.append(write_error(i, e))
@@ -395,7 +474,12 @@ def _update(d, cmd: dict, conn):
         no_collation(st)
         u = st["u"]
         if isinstance(u, list):
-            raise CommandError("pipeline updates are not supported by raymx", 2, "BadValue")
+            if st.get("arrayFilters") is not None:
+                raise CommandError("arrayFilters may not be specified for pipeline-style "
+                                   "updates", 51198, "FailedToParse")
+            return {"op": PIPELINE_UPDATE, "ns": ns, "filter": _plain(st["q"]),
+                    "pipeline": aggregate.update_pipeline(_plain(u)),
+                    "multi": bool(st.get("multi")), "upsert": bool(st.get("upsert"))}
         req = {"op": "update", "ns": ns, "filter": _plain(st["q"]), "update": _plain(u),
                "multi": bool(st.get("multi")), "upsert": bool(st.get("upsert")),
                "replace": composite.is_replacement(u)}
@@ -569,28 +653,11 @@ def _distinct(d, cmd: dict, conn) -> dict:
 
 
 def _atomically(d, cmd: dict, work):
-    """``work(call)`` in one member transaction: the command's own (a
-    driver's transaction), else one begun here and committed with the
-    command's write concern (aborted if ``work`` raises). ``call(req)`` runs
-    one member request inside it. On a pool thread (it blocks)."""
-    extra, state = d.drive(_txn_of(d, cmd))
-    inner = state is not None
-    if not inner:
-        state = {}
-        extra = {"txn": d.call({"op": "txnBegin"}, state)["txn"]}
-    done = False
-    try:
-        out = work(lambda req: d.call(dict(req, **extra), state))
-        if not inner:
-            d.call({"op": "txnCommit", **extra, **wc_fields(cmd)}, state)
-        done = True
-        return out
-    finally:
-        if not done and not inner:
-            try:
-                d.call({"op": "txnAbort", **extra}, state)
-            except errors.RaymxError:
-                pass
+    """``work(call)`` in one member transaction (``_in_txn``), ``call(req)``
+    running one member request inside it; on a pool thread (it blocks)."""
+    def steps(run):
+        return (yield blocking(work, lambda req: d.call(*run(req)[1:])))
+    return d.drive(_in_txn(d, cmd, steps))
 
 
 def _find_and_modify(d, cmd: dict, conn) -> dict:
@@ -598,15 +665,20 @@ def _find_and_modify(d, cmd: dict, conn) -> dict:
     remove, upd = bool(cmd.get("remove")), cmd.get("update")
     if remove == (upd is not None):
         raise bad_value("findAndModify needs exactly one of 'remove' and 'update'")
-    if isinstance(upd, list):
-        raise CommandError("pipeline updates are not supported by raymx", 2, "BadValue")
     upd = _plain(upd)
+    compute = None
+    if isinstance(upd, list):  # a pipeline: the port computes the replacement
+        if cmd.get("arrayFilters") is not None:
+            raise CommandError("arrayFilters may not be specified for pipeline-style "
+                               "updates", 51198, "FailedToParse")
+        pipeline, upd = aggregate.update_pipeline(upd), None
+        compute = lambda doc: _pipelined(doc, pipeline)  # noqa: E731
     fields = _plain(cmd.get("fields")) or None
     flt = _plain(cmd.get("query") or {})
     leo, value = _atomically(d, cmd, lambda call: composite.find_and_modify(
         call, ns, flt, upd, remove=remove, sort=_sort(cmd.get("sort")),
         upsert=bool(cmd.get("upsert")), new=bool(cmd.get("new")),
-        array_filters=_plain(cmd.get("arrayFilters"))))
+        array_filters=_plain(cmd.get("arrayFilters")), compute=compute))
     if value is not None and fields:
         value = query.project(value, fields)
     return {"lastErrorObject": leo, "value": value}
