@@ -129,7 +129,7 @@ def test_lookup_joins_on_equality_as_mongodb_does():
     for bad, code in (({"from": "stock", "as": "x", "localField": "a"}, 40322),
                       ({"from": "stock", "as": "x"}, 40322),
                       ({"from": "stock", "localField": "a", "foreignField": "b"}, 40321),
-                      ({"from": "stock", "as": "x", "let": {}, "pipeline": []}, 2),
+                      ({"from": "stock", "as": "x", "let": {"v": 1}, "localField": "a", "foreignField": "b"}, 9),
                       ({"from": "stock", "as": "x", "pipeline": [{"$nope": 1}]}, 40324),
                       ({"from": "stock", "as": "x", "pipeline": [], "on": 1}, 9)):
         with pytest.raises(CommandError) as ei:
@@ -297,3 +297,19 @@ def test_union_with_appends_another_collection_through_its_pipeline():
                          {"$project": {"qty": 1}}],
                         lambda coll: iter(other) if coll == "other" else iter([]))
     assert out == [{"_id": 1, "qty": 1}, {"_id": "o2", "qty": 200}]
+
+
+def test_lookup_with_let_runs_its_pipeline_with_each_document_s_variables():
+    orders = [{"_id": 1, "item": "a", "qty": 5}, {"_id": 2, "item": "b", "qty": 1}]
+    stock = [{"_id": "s1", "item": "a", "have": 3}, {"_id": "s2", "item": "a", "have": 9},
+             {"_id": "s3", "item": "b", "have": 4}]
+    out = aggregate.run(iter(orders), [{"$lookup": {
+        "from": "stock", "let": {"it": "$item", "need": "$qty"},
+        "pipeline": [{"$match": {"$expr": {"$and": [{"$eq": ["$item", "$$it"]},
+                                                     {"$gte": ["$have", "$$need"]}]}}},
+                     {"$project": {"_id": 1, "short": {"$subtract": ["$have", "$$need"]}}}],
+        "as": "ok"}}], lambda coll: iter(stock))
+    assert [d["ok"] for d in out] == [[{"_id": "s2", "short": 4}], [{"_id": "s3", "short": 3}]]
+    with pytest.raises(CommandError):
+        aggregate.check([{"$lookup": {"from": "s", "let": {"Bad": 1}, "pipeline": [],
+                                      "as": "x"}}])

@@ -1,8 +1,8 @@
 """Aggregation pipelines, pure code over documents (the wire port's
 ``aggregate``): ``$match $project $addFields/$set $unset $sort $skip $limit
 $group $count $unwind $sample $replaceRoot/$replaceWith $sortByCount $facet
-$lookup`` (``localField``/``foreignField``, or an uncorrelated ``pipeline``,
-or both; the other collection comes from the caller's ``lookup``),
+$lookup`` (``localField``/``foreignField``, or a ``pipeline`` with or without
+``let``, or both; the other collection comes from the caller's ``lookup``),
 ``$unionWith``, and a ``$match``'s top-level ``$expr``; a last ``$out`` or
 ``$merge`` is checked here (``output_spec``) and written by the caller;
 ``$group`` accumulators ``$sum $avg $min $max $first $last $push $addToSet
@@ -34,7 +34,7 @@ STAGES = ("$match", "$project", "$addFields", "$set", "$unset", "$sort", "$skip"
           "$sortByCount", "$facet", "$lookup", "$collStats", "$unionWith", "$out", "$merge")
 OUTPUTS = ("$out", "$merge")  # the last stage only: the caller writes the output
 _MERGE_FIELDS = {"into", "on", "whenMatched", "whenNotMatched"}
-_LOOKUP_FIELDS = {"from", "as", "localField", "foreignField", "pipeline"}
+_LOOKUP_FIELDS = {"from", "as", "localField", "foreignField", "pipeline", "let"}
 
 
 def _err(msg: str, code: int = 40324) -> CommandError:
@@ -70,9 +70,14 @@ def check(pipeline: list, top: bool = True) -> None:
             if not isinstance(arg, dict) or not isinstance(arg.get("from"), str) \
                     or not isinstance(arg.get("as"), str):
                 raise _err("$lookup needs 'from' and 'as', strings", 40321)
-            if "let" in arg:
-                raise _err("$lookup with 'let' is not supported by raymx: join with "
-                           "localField and foreignField", 2)
+            let = arg.get("let")
+            if let is not None:
+                if not isinstance(let, dict) or "pipeline" not in arg:
+                    raise _err("$lookup's let must be an object, with a pipeline", 9)
+                for name in let:
+                    if not isinstance(name, str) or not name[:1].islower() \
+                            or not name.replace("_", "").isalnum():
+                        raise _err(f"$lookup: {name!r} is not a valid variable name", 16867)
             extra = set(arg) - _LOOKUP_FIELDS
             if extra:
                 raise _err(f"unknown argument to $lookup: {sorted(extra)[0]}", 9)
@@ -333,7 +338,7 @@ def _set_path(doc: dict, path: str, value) -> None:
         cur[parts[-1]] = value
 
 
-def _project(docs, spec: dict):
+def _project(docs, spec: dict, variables=None):
     if not isinstance(spec, dict) or not spec:
         raise _err("$project requires at least one output field", 40177)
     plain = {k: v for k, v in spec.items() if v in (0, 1, True, False)}
@@ -351,15 +356,15 @@ def _project(docs, spec: dict):
         if include:
             out.update(query.project(d, dict(include, _id=0)))
         for k, e in computed.items():
-            _set_path(out, k, evaluate(e, d))
+            _set_path(out, k, evaluate(e, d, None, variables))
         yield out
 
 
-def _add_fields(docs, spec: dict):
+def _add_fields(docs, spec: dict, variables=None):
     for d in docs:
         out = copy.deepcopy(d)
         for k, e in spec.items():
-            _set_path(out, k, evaluate(e, d))
+            _set_path(out, k, evaluate(e, d, None, variables))
         yield out
 
 
@@ -399,7 +404,7 @@ _ACCUMULATORS = ("$sum", "$avg", "$min", "$max", "$first", "$last", "$push", "$a
                  "$count", "$mergeObjects", "$stdDevPop", "$stdDevSamp")
 
 
-def _group(docs, spec: dict):
+def _group(docs, spec: dict, variables=None):
     if not isinstance(spec, dict) or "_id" not in spec:
         raise _err("a group specification must include an _id", 15955)
     accs = {}
@@ -411,12 +416,12 @@ def _group(docs, spec: dict):
         accs[field] = next(iter(acc.items()))
     groups: dict[bytes, dict] = {}
     for d in docs:
-        gid = evaluate(spec["_id"], d)
+        gid = evaluate(spec["_id"], d, None, variables)
         gid = None if gid is MISSING else gid
         g = groups.setdefault(encode_key(gid), {"_id": gid, "_state": {}})
         st = g["_state"]
         for field, (op, e) in accs.items():
-            v = 1 if op == "$count" else evaluate(e, d)
+            v = 1 if op == "$count" else evaluate(e, d, None, variables)
             s = st.setdefault(field, {"n": 0, "sum": 0, "vals": [], "seen": {}, "set": False})
             if op in ("$sum", "$count"):
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -471,7 +476,7 @@ def _group(docs, spec: dict):
         yield g
 
 
-def _match(flt) -> Callable[[dict], bool]:
+def _match(flt, variables=None) -> Callable[[dict], bool]:
     """A ``$match``'s test: the query engine's filter, and a top-level
     ``$expr`` (an aggregation expression, true by MongoDB's truthiness)
     evaluated here, where the expressions live."""
@@ -479,7 +484,7 @@ def _match(flt) -> Callable[[dict], bool]:
         return query.compile_filter(flt)
     expr = flt["$expr"]
     rest = query.compile_filter({k: v for k, v in flt.items() if k != "$expr"})
-    return lambda d: rest(d) and _truthy(evaluate(expr, d))
+    return lambda d: rest(d) and _truthy(evaluate(expr, d, None, variables))
 
 
 def _sample(docs, spec) -> list:
@@ -492,37 +497,43 @@ def _sample(docs, spec) -> list:
     return random.sample(pool, min(int(n), len(pool)))
 
 
-def _replace_root(docs, expr):
+def _replace_root(docs, expr, variables=None):
     for d in docs:
-        v = evaluate(expr, d)
+        v = evaluate(expr, d, None, variables)
         if not isinstance(v, dict):
             raise _err("'newRoot' expression must evaluate to an object, but resulting value "
                        f"was: {None if v is MISSING else v!r:.80}", 40228)
         yield v
 
 
-def _lookup(docs, spec: dict, lookup):
+def _lookup(docs, spec: dict, lookup, variables=None):
     if lookup is None:
         raise _err("$lookup is not available here", 2)
     foreign = list(lookup(spec["from"]))
-    sub, dest = spec.get("pipeline"), spec["as"]
-    if "localField" not in spec:  # uncorrelated: the pipeline runs once
-        res = _stages(iter(foreign), sub, lookup)
+    sub, dest, let = spec.get("pipeline"), spec["as"], spec.get("let")
+    if "localField" not in spec and not let:  # uncorrelated: the pipeline runs once
+        res = _stages(iter(foreign), sub, lookup, variables)
         for d in docs:
             out = copy.deepcopy(d)
             _set_path(out, dest, copy.deepcopy(res))
             yield out
         return
     index: dict[bytes, list[int]] = {}
-    for i, f in enumerate(foreign):
-        for k in query.equality_keys(f, spec["foreignField"]):
-            index.setdefault(k, []).append(i)
+    if "localField" in spec:
+        for i, f in enumerate(foreign):
+            for k in query.equality_keys(f, spec["foreignField"]):
+                index.setdefault(k, []).append(i)
     for d in docs:
-        hit = sorted({i for k in query.equality_keys(d, spec["localField"])
-                      for i in index.get(k, ())})
-        matched = [copy.deepcopy(foreign[i]) for i in hit]
-        if sub:
-            matched = _stages(iter(matched), sub, lookup)
+        if "localField" in spec:
+            hit = sorted({i for k in query.equality_keys(d, spec["localField"])
+                          for i in index.get(k, ())})
+            matched = [copy.deepcopy(foreign[i]) for i in hit]
+        else:
+            matched = copy.deepcopy(foreign)
+        if sub:  # let: its variables are this document's values, for every stage
+            v = variables if not let else dict(variables or {}, **{
+                k: evaluate(e, d, None, variables) for k, e in let.items()})
+            matched = _stages(iter(matched), sub, lookup, v)
         out = copy.deepcopy(d)
         _set_path(out, dest, matched)
         yield out
@@ -541,16 +552,17 @@ def run(docs: Iterable[dict], pipeline: list, lookup=None) -> list[dict]:
     return _stages(docs, pipeline, lookup)
 
 
-def _stages(docs: Iterable[dict], pipeline: list, lookup) -> list[dict]:
+def _stages(docs: Iterable[dict], pipeline: list, lookup, v: dict | None = None) -> list[dict]:
+    """``v``: the variables the stages' expressions see (a ``$lookup``'s ``let``)."""
     it: Iterable[dict] = docs
     for st in pipeline:
         name, arg = next(iter(st.items()))
         if name == "$match":
-            it = filter(_match(arg), it)
+            it = filter(_match(arg, v), it)
         elif name == "$project":
-            it = _project(it, arg)
+            it = _project(it, arg, v)
         elif name in ("$addFields", "$set"):
-            it = _add_fields(it, arg)
+            it = _add_fields(it, arg, v)
         elif name == "$unset":
             fields = [arg] if isinstance(arg, str) else arg
             it = _project(it, {f: 0 for f in fields})
@@ -566,7 +578,7 @@ def _stages(docs: Iterable[dict], pipeline: list, lookup) -> list[dict]:
                 raise _err("the limit must be positive", 15958)
             it = itertools.islice(it, n)
         elif name == "$group":
-            it = _group(it, arg)
+            it = _group(it, arg, v)
         elif name == "$count":
             if not isinstance(arg, str) or not arg or arg.startswith("$") or "." in arg:
                 raise _err("the count field must be a non-empty string without '$' or '.'",
@@ -580,27 +592,27 @@ def _stages(docs: Iterable[dict], pipeline: list, lookup) -> list[dict]:
         elif name == "$replaceRoot":
             if not isinstance(arg, dict) or "newRoot" not in arg:
                 raise _err("no newRoot specified for the $replaceRoot stage", 40231)
-            it = _replace_root(it, arg["newRoot"])
+            it = _replace_root(it, arg["newRoot"], v)
         elif name == "$replaceWith":
-            it = _replace_root(it, arg)
+            it = _replace_root(it, arg, v)
         elif name == "$sortByCount":
             if not (isinstance(arg, str) and arg.startswith("$")) and not (
                     isinstance(arg, dict) and len(arg) == 1 and next(iter(arg)).startswith("$")):
                 raise _err("the sortByCount field must be a $-prefixed path or an expression",
                            40148)
-            it = iter(sorted(_group(it, {"_id": arg, "count": {"$sum": 1}}),
+            it = iter(sorted(_group(it, {"_id": arg, "count": {"$sum": 1}}, v),
                              key=lambda g: -g["count"]))
         elif name == "$facet":
             pool = list(it)
-            it = iter([{k: _stages(iter(copy.deepcopy(pool)), sub, lookup)
+            it = iter([{k: _stages(iter(copy.deepcopy(pool)), sub, lookup, v)
                         for k, sub in arg.items()}])
         elif name == "$lookup":
-            it = _lookup(it, arg, lookup)
+            it = _lookup(it, arg, lookup, v)
         elif name == "$unionWith":
             if lookup is None:
                 raise _err("$unionWith is not available here", 2)
             coll, sub = _union_spec(arg)
-            it = itertools.chain(it, _stages(iter(lookup(coll)), sub, lookup))
+            it = itertools.chain(it, _stages(iter(lookup(coll)), sub, lookup, v))
         elif name in OUTPUTS:  # the caller takes the last stage off and writes the output
             raise _err(f"{name} can only be the final stage in the pipeline", 40601)
         elif name == "$collStats":  # the caller serves a leading one (the member's count)
