@@ -759,3 +759,27 @@ def test_find_one_and_update_with_a_pipeline(client):
     with pytest.raises(OperationFailure) as e:
         c.find_one_and_update({"_id": 1}, [{"$set": {"_id": 5}}])
     assert e.value.code == 66 and c.find_one({"_id": 1}) == {"_id": 1, "n": 3}
+
+
+def test_db_hash_host_info_list_commands_and_database_sizes(client):
+    from raymx.wire import commands, crud
+    db = client.hashes
+    db.a.insert_many([{"_id": i, "v": "x" * i} for i in range(50)])
+    db.b.insert_one({"_id": "only"})
+    h1 = db.command("dbHash")
+    assert set(h1["collections"]) == {"a", "b"} and len(h1["md5"]) == 32
+    assert db.command("dbHash", collections=["b"])["collections"] == {
+        "b": h1["collections"]["b"]}
+    assert db.command("dbHash")["md5"] == h1["md5"]  # the same data, the same hash
+    db.a.update_one({"_id": 3}, {"$set": {"v": "changed"}})
+    h2 = db.command("dbHash")
+    assert h2["collections"]["a"] != h1["collections"]["a"]
+    assert h2["collections"]["b"] == h1["collections"]["b"] and h2["md5"] != h1["md5"]
+    info = client.admin.command("hostInfo")
+    assert info["system"]["numCores"] >= 1 and info["os"]["type"]
+    names = client.admin.command("listCommands")["commands"]
+    assert {"find", "aggregate", "dbHash", "listCommands"} <= set(names)
+    assert {n.lower() for n in commands.COMMAND_NAMES} == \
+        set(commands.COMMANDS) | set(crud.COMMANDS)
+    dbs = {x["name"]: x for x in client.admin.command("listDatabases")["databases"]}
+    assert dbs["hashes"]["sizeOnDisk"] > 50 and not dbs["hashes"]["empty"]

@@ -92,6 +92,13 @@ def test_pymongo_discovers_the_set_and_follows_a_failover(ray_session, tmp_path)
         print(f"stream caught up in {time.time() - t0:.1f} s")
         assert len(seen) == len(set(seen))
         assert seen == sorted(seen, key=lambda x: int(x[2:]))
+        # dbHash, as replica-set checkers use it: the members hold the same data
+        app = c.get_database("app")
+
+        def hashes():
+            return (app.command("dbHash")["md5"],
+                    app.command("dbHash", read_preference=ReadPreference.SECONDARY)["md5"])
+        wait_until(lambda: len(set(hashes())) == 1, timeout_s=30, every_s=0.2)
         c.close()
     finally:
         rs.shutdown()

@@ -11,11 +11,13 @@ run on a pool thread that waits for their answers.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import logging
 import os
 import threading
 import time
 
+import bson
 from bson import Int64, ObjectId
 
 from raymx import errors
@@ -293,15 +295,72 @@ def _db(cmd: dict) -> str:
 
 
 def _list_databases(d: Dispatcher, cmd: dict, conn) -> dict:
-    dbs = sorted({ns.split(".", 1)[0] for ns in _names(d, conn)})
-    out = [{"name": n, "sizeOnDisk": 0, "empty": False} for n in dbs]
+    """Each database with its size: its collections' stored bytes and index
+    bytes, as ``collStats`` counts them (skipped with ``nameOnly``)."""
+    names = _names(d, conn)
+    dbs = sorted({ns.split(".", 1)[0] for ns in names})
+    size = dict.fromkeys(dbs, 0)
+    if not cmd.get("nameOnly"):
+        for ns in names:
+            st = crud.storage_stats(d, conn, ns)
+            size[ns.split(".", 1)[0]] += st["totalSize"]
+    out = [{"name": n, "sizeOnDisk": size[n], "empty": size[n] == 0} for n in dbs]
     flt = cmd.get("filter")
     if flt:
         m = compile_filter(plain(flt))
         out = [x for x in out if m(x)]
     if cmd.get("nameOnly"):
         out = [{"name": x["name"]} for x in out]
-    return {"databases": out, "totalSize": 0, "totalSizeMb": 0}
+    total = sum(x.get("sizeOnDisk", 0) for x in out)
+    return {"databases": out, "totalSize": total, "totalSizeMb": total >> 20}
+
+
+def _db_hash(d: Dispatcher, cmd: dict, conn) -> dict:
+    """An md5 of each collection of the database (its documents' BSON, in
+    ``_id`` order as stored) and of them all: what replica-set checkers
+    compare between members once writes stopped. The values are raymx's own
+    (they match between raymx members, not with a mongod's)."""
+    db, t0 = _db(cmd), time.monotonic()
+    want = cmd.get("collections")
+    if want is not None and (not isinstance(want, list)
+                             or not all(isinstance(c, str) for c in want)):
+        raise bad_value("dbHash's collections must be an array of names")
+    colls = sorted(ns.partition(".")[2] for ns in _names(d, conn)
+                   if ns.partition(".")[0] == db)
+    if want is not None:
+        colls = [c for c in colls if c in set(want)]
+    hashes = {}
+    for c in colls:
+        h = hashlib.md5()
+        for doc in crud.scan(d, cmd, conn, f"{db}.{c}", {}):
+            h.update(bson.encode(doc, codec_options=framing.CODEC))
+        hashes[c] = h.hexdigest()
+    whole = hashlib.md5()
+    for c in colls:
+        whole.update(hashes[c].encode())
+    return {"host": d.port.address, "collections": hashes, "capped": [], "uuids": {},
+            "md5": whole.hexdigest(), "timeMillis": int((time.monotonic() - t0) * 1000)}
+
+
+def _host_info(d: Dispatcher, cmd: dict, conn) -> dict:
+    un = os.uname()
+    try:
+        mem_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
+    except (ValueError, OSError, AttributeError):
+        mem_mb = 0
+    return {"system": {"currentTime": datetime.datetime.now(datetime.timezone.utc),
+                       "hostname": un.nodename, "cpuAddrSize": 64, "memSizeMB": mem_mb,
+                       "memLimitMB": mem_mb, "numCores": os.cpu_count() or 1,
+                       "cpuArch": un.machine, "numaEnabled": False},
+            "os": {"type": un.sysname, "name": un.sysname, "version": un.release},
+            "extra": {"versionString": un.version, "pageSize": os.sysconf("SC_PAGE_SIZE")}}
+
+
+def _list_commands(d: Dispatcher, cmd: dict, conn) -> dict:
+    return {"commands": {name: {"help": "", "requiresAuth": name.lower() not in PRE_AUTH,
+                                "secondaryOk": name not in WRITE_COMMANDS, "adminOnly": False,
+                                "apiVersions": []}
+                         for name in sorted(COMMAND_NAMES)}}
 
 
 def _list_collections(d: Dispatcher, cmd: dict, conn) -> dict:
@@ -549,6 +608,7 @@ def _logout(d, cmd, conn) -> dict:
 
 
 COMMANDS = {
+    "dbhash": _db_hash, "hostinfo": _host_info, "listcommands": _list_commands,
     "hello": _hello, "ismaster": _hello, "saslstart": _sasl_start,
     "saslcontinue": _sasl_continue, "logout": _logout, "ping": _ok, "buildinfo": _build_info,
     "listdatabases": _list_databases, "listcollections": _list_collections,
@@ -560,3 +620,16 @@ COMMANDS = {
     "getlog": _get_log, "replsetgetstatus": _repl_set_get_status,
     "collstats": _coll_stats, "dbstats": _db_stats, "serverstatus": _server_status,
 }
+# the commands' names as MongoDB spells them (listCommands); tests check that
+# they are exactly the dispatch tables' keys
+COMMAND_NAMES = (
+    "abortTransaction", "aggregate", "buildInfo", "collStats", "commitTransaction",
+    "connectionStatus", "count", "create", "createIndexes", "dbHash", "dbStats", "delete",
+    "distinct", "drop", "dropDatabase", "dropIndexes", "endSessions", "find", "findAndModify",
+    "getLog", "getMore", "getParameter", "hello", "hostInfo", "insert", "isMaster",
+    "killCursors", "killSessions", "listCollections", "listCommands", "listDatabases",
+    "listIndexes", "logout", "ping", "refreshSessions", "replSetGetStatus", "saslContinue",
+    "saslStart", "serverStatus", "update", "whatsmyuri")
+WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "create", "drop",
+                  "dropDatabase", "createIndexes", "dropIndexes", "commitTransaction",
+                  "abortTransaction"}
