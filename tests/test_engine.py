@@ -524,3 +524,57 @@ def test_a_path_fans_out_over_arrays_of_subdocuments_with_and_without_an_index(e
     with engine.begin() as tx:
         assert tx.delete(NS, {"items.sku": None}, multi=True).deleted == 3
     assert ids({}) == [1, 2] and ids({"items.sku": "b"}) == [1]
+
+
+def test_rename_collection_moves_documents_and_indexes_replicates_and_undoes(engine):
+    """A rename moves the catalog record only (documents and indexes keep
+    their keys); it is logged, applied on another store to the same state,
+    undone by renaming back, and its target is refused or dropped first."""
+    dst = Engine(MemoryStore())
+    engine.insert_many(NS, [{"_id": i, "a": i % 3} for i in range(10)])
+    with engine.begin() as tx:
+        tx.create_index(NS, "a")
+    engine.insert_many("app.other", [{"_id": "o"}])
+    for _, e in engine.read_oplog():
+        dst.apply_entry(e["ops"])
+    before = copy.deepcopy(state(engine))
+    last = engine.last()[0]
+    with engine.begin() as tx:
+        assert tx.rename_collection(NS, "app.people") is True
+    assert engine.find(NS) == [] and engine.count("app.people") == 10
+    assert [d["_id"] for d in engine.find("app.people", {"a": 1})] == [1, 4, 7]  # via the index
+    (_, e), = list(engine.read_oplog(after=last))
+    assert e["ops"] == [{"op": "c", "ns": NS, "cmd": "rename", "to": "app.people"}]
+    dst.apply_entry(e["ops"])
+    assert dst.snapshot_state() == state(engine)
+    dst.undo_entry(e["ops"])
+    assert dst.snapshot_state() == before
+    with pytest.raises(errors.CollectionExists, match="target namespace app.other exists"):
+        with engine.begin() as tx:
+            tx.rename_collection("app.people", "app.other")
+    with pytest.raises(errors.CollectionNotFound):
+        with engine.begin() as tx:
+            tx.rename_collection("app.nope", "app.x")
+    last = engine.last()[0]
+    with engine.begin() as tx:  # dropTarget: the target's drop is logged first
+        tx.rename_collection("app.people", "app.other", drop_target=True)
+    (_, e), = list(engine.read_oplog(after=last))
+    assert [op["cmd"] for op in e["ops"]] == ["drop", "rename"]
+    assert engine.count("app.other") == 10 and engine.find("app.other", {"_id": "o"}) == []
+    with pytest.raises(errors.IrreversibleOp):  # the dropped target's documents are gone
+        engine.undo_entry(e["ops"])
+
+
+def test_a_read_as_of_before_a_rename_is_refused_or_finds_no_collection(engine):
+    from raymx.storage.changes import event
+    engine.insert_many(NS, [{"_id": 1}])
+    at = engine.last()[0]
+    with engine.begin() as tx:
+        tx.rename_collection(NS, "app.new")
+    g, e = list(engine.read_oplog(after=at))[0]
+    assert event(g, e["ts"], 0, e["ops"][0])["to"] == "app.new"
+    with engine.store.read() as t:
+        r = engine.reader().__class__(engine, t)
+        assert r.overrides("app.new", at, engine.last()[0]) is None  # it did not exist then
+        with pytest.raises(errors.InvalidOperation, match="renamed"):
+            r.overrides(NS, at, engine.last()[0])

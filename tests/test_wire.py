@@ -783,3 +783,50 @@ def test_db_hash_host_info_list_commands_and_database_sizes(client):
         set(commands.COMMANDS) | set(crud.COMMANDS)
     dbs = {x["name"]: x for x in client.admin.command("listDatabases")["databases"]}
     assert dbs["hashes"]["sizeOnDisk"] > 50 and not dbs["hashes"]["empty"]
+
+
+def test_rename_collection_through_pymongo(client):
+    db = client.ren
+    db.a.insert_many([{"_id": i, "k": i % 2} for i in range(5)])
+    db.a.create_index("k")
+    stream = db.watch(max_await_time_ms=200)
+    db.a.rename("b")
+    assert db.list_collection_names() == ["b"] and db.b.count_documents({"k": 1}) == 2
+    assert "k_1" in db.b.index_information()
+    db.c.insert_one({"_id": "c"})
+    with pytest.raises(OperationFailure) as e:
+        db.b.rename("c")
+    assert e.value.code == 48  # NamespaceExists
+    db.b.rename("c", dropTarget=True)
+    assert db.list_collection_names() == ["c"] and db.c.count_documents({}) == 5
+    with pytest.raises(OperationFailure) as e:
+        db.nope.rename("x")
+    assert e.value.code == 26  # NamespaceNotFound
+    client.admin.command("renameCollection", "ren.c", to="ren2.moved")  # across databases
+    assert client.ren2.moved.count_documents({}) == 5
+    evs = []
+    for _ in range(20):
+        ev = stream.try_next()
+        if ev is not None:
+            evs.append(ev)
+        if any(x["operationType"] == "rename" and x["to"]["coll"] == "c" for x in evs):
+            break
+    renames = [(x["ns"]["coll"], x["to"]["coll"]) for x in evs if x["operationType"] == "rename"]
+    assert renames[:2] == [("a", "b"), ("b", "c")]
+    stream.close()
+
+
+def test_rename_collection_through_the_native_driver(tmp_path):
+    from tests.port_helpers import client_of
+    with serving(tmp_path, Limits(sync_interval_ms=20)) as (p, svc):
+        cl = client_of(p)
+        c = cl["n"]["a"]
+        c.insert_one({"_id": 1})
+        b = c.rename("b")
+        assert b.full_name == "n.b" and b.find_one({"_id": 1}) == {"_id": 1}
+        from raymx import errors
+        cl["n"]["x"].insert_one({"_id": 2})
+        with pytest.raises(errors.CollectionExists):
+            b.rename("x")
+        assert b.rename("x", drop_target=True).count_documents({}) == 1
+        cl.close()

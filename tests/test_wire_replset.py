@@ -92,8 +92,11 @@ def test_pymongo_discovers_the_set_and_follows_a_failover(ray_session, tmp_path)
         print(f"stream caught up in {time.time() - t0:.1f} s")
         assert len(seen) == len(set(seen))
         assert seen == sorted(seen, key=lambda x: int(x[2:]))
-        # dbHash, as replica-set checkers use it: the members hold the same data
+        # a rename replicates (the catalog record moves on every member), and
+        # dbHash, as replica-set checkers use it, says the members hold the same data
+        coll.rename("w_renamed")
         app = c.get_database("app")
+        assert app.list_collection_names() == ["w_renamed"]
 
         def hashes():
             return (app.command("dbHash")["md5"],

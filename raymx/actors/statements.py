@@ -13,7 +13,7 @@ from raymx.storage.engine import Transaction, WriteResult
 from raymx.storage.reader import id_point
 
 WRITE_OPS = {"insert", "replaceMany", "update", "delete", "createIndex", "dropIndex",
-             "dropCollection", "createCollection", "revertTo"}
+             "dropCollection", "createCollection", "renameCollection", "revertTo"}
 PACKED_OPS = ("insert", "replaceMany")  # their documents arrive packed, maybe in parts
 READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes",
             "revertPlan", "collStats"}
@@ -63,6 +63,8 @@ def _statement(tx: Transaction, req: dict):
         return tx.drop_collection(ns)
     if op == "createCollection":
         return tx.create_collection(ns)
+    if op == "renameCollection":
+        return tx.rename_collection(ns, req.get("to"), bool(req.get("drop_target")))
     if op == "revertTo":
         return tx.revert_to(_gtid_in(req.get("target"), "target"))
     raise errors.InvalidOperation(f"unknown write operation {op!r}")

@@ -249,6 +249,19 @@ class Collection:
     def drop(self, **wc) -> bool:
         return self._write({"op": "dropCollection"}, _wc_fields(self.write_concern, wc))["value"]
 
+    def rename(self, new_name: str, drop_target: bool = False, **wc) -> "Collection":
+        """Rename this collection to ``new_name`` in its database (as pymongo's
+        ``rename``), its documents and indexes with it; a target that exists
+        is refused (``CollectionExists``) unless ``drop_target``. The
+        collection under its new name is returned."""
+        if not isinstance(new_name, str) or not new_name:
+            raise errors.InvalidName(f"rename: the new name must be a non-empty string, not "
+                                     f"{new_name!r:.60}")
+        to = f"{self.database_name}.{new_name}"
+        self._write({"op": "renameCollection", "to": to, "drop_target": bool(drop_target)},
+                    _wc_fields(self.write_concern, wc))
+        return Collection(self.client, to, self.write_concern, self._txn)
+
     def list_indexes(self) -> list[dict]:
         return self.client._call({"op": "listIndexes", "ns": self.full_name})["value"]
 

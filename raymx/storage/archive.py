@@ -24,7 +24,7 @@ import base64
 import json
 import re
 
-from raymx.storage import errors
+from raymx.storage import changes, errors
 from raymx.storage.gtid import GTID, ZERO
 
 INDEX = "_index.json"
@@ -221,11 +221,7 @@ def row_event(r: dict) -> dict:
     ev = {"gtid": [r["term"], r["seq"]], "ts": ms, "ns": r["ns"], "_id": None, "pre": None,
           "post": None, "index": None, "token": [r["term"], r["seq"], r["idx"]]}
     if r["op"] == "c":
-        cmd = _from_json(r["cmd"]) or {}
-        ev["op"] = cmd.get("cmd")
-        if ev["op"] in ("createIndex", "dropIndex"):
-            ev["index"] = {"name": cmd.get("name"), **(cmd.get("spec") or {})}
-        return ev
+        return changes.command_event(ev, _from_json(r["cmd"]) or {})
     ev["op"] = _OPS[r["op"]]
     ev["pre"], ev["post"] = _from_json(r["pre"]), _from_json(r["post"])
     ev["_id"] = (ev["post"] or ev["pre"])["_id"]

@@ -25,7 +25,8 @@ from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.keys import prefix_end
 
 OP_NAMES = {"i": "insert", "u": "update", "d": "delete"}
-EVENT_OPS = ("insert", "update", "delete", "create", "drop", "createIndex", "dropIndex")
+EVENT_OPS = ("insert", "update", "delete", "create", "drop", "createIndex", "dropIndex",
+             "rename")
 SCAN_ENTRIES_MAX = 10_000  # entries one batch may look at (filtered streams stay responsive)
 
 
@@ -65,6 +66,16 @@ class Filter:
         return ns in self.colls or ns.split(".", 1)[0] in self.dbs
 
 
+def command_event(ev: dict, op: dict) -> dict:
+    """``ev`` completed from command op ``op`` (live, or archived)."""
+    ev["op"] = op.get("cmd")
+    if ev["op"] in ("createIndex", "dropIndex"):
+        ev["index"] = {"name": op.get("name"), **(op.get("spec") or {})}
+    elif ev["op"] == "rename":
+        ev["to"] = op.get("to")
+    return ev
+
+
 def event(g: GTID, ts: int, i: int, op: dict) -> dict | None:
     kind = op.get("op")
     if kind == "n":
@@ -72,10 +83,7 @@ def event(g: GTID, ts: int, i: int, op: dict) -> dict | None:
     ev = {"gtid": [g.term, g.seq], "ts": ts, "ns": op["ns"], "_id": None, "pre": None,
           "post": None, "index": None, "token": [g.term, g.seq, i]}
     if kind == "c":
-        ev["op"] = op["cmd"]
-        if op["cmd"] in ("createIndex", "dropIndex"):
-            ev["index"] = {"name": op["name"], **op.get("spec", {})}
-        return ev
+        return command_event(ev, op)
     ev["op"] = OP_NAMES[kind]
     ev["pre"], ev["post"] = op.get("pre"), op.get("post")
     ev["_id"] = (ev["post"] or ev["pre"])["_id"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 __all__ = [
     "RaymxError", "InvalidInput", "InvalidDocument", "DocumentTooLarge", "TransactionTooLarge",
     "InvalidName", "InvalidFilter", "InvalidUpdate", "InvalidOperation", "DuplicateKey",
-    "SchemaMismatch", "CollectionNotFound", "IndexNotFound", "ProtocolError",
+    "SchemaMismatch", "CollectionNotFound", "CollectionExists", "IndexNotFound", "ProtocolError",
     "AuthenticationFailed", "CorruptEntry", "CorruptStore", "BatchRefused", "NotPrimary",
     "NotPrimaryOrSecondary", "PrimaryUnavailable", "WriteConcernTimeout", "ReadConcernTimeout",
     "StaleRead", "Diverged", "TooStale", "OplogTrimmed", "StaleTerm", "IrreversibleOp",
@@ -119,6 +119,10 @@ class SchemaMismatch(InvalidInput):
 
 class CollectionNotFound(InvalidInput):
     pass
+
+
+class CollectionExists(InvalidInput):
+    """A collection that must not exist yet does (a rename's target)."""
 
 
 class IndexNotFound(InvalidInput):

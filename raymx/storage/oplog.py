@@ -32,7 +32,7 @@ from raymx.storage.errors import CorruptEntry, IrreversibleOp
 from raymx.storage.gtid import GTID
 
 OP_TYPES = ("i", "u", "d", "c", "n")
-COMMANDS = ("create", "drop", "createIndex", "dropIndex")
+COMMANDS = ("create", "drop", "createIndex", "dropIndex", "rename")
 _H = struct.Struct(">Q")
 
 
@@ -100,6 +100,9 @@ def check_op(op, where: str) -> None:
             raise CorruptEntry(f"{where}: op {kind!r} needs a document with _id in {f!r}")
     if kind == "c" and op.get("cmd") not in COMMANDS:
         raise CorruptEntry(f"{where}: unknown command {op.get('cmd')!r}")
+    if kind == "c" and op["cmd"] == "rename" and (type(op.get("to")) is not str
+                                                  or "." not in op["to"]):
+        raise CorruptEntry(f"{where}: a rename needs a valid 'to'")
 
 
 def check_entry(e, where: str) -> None:
@@ -144,6 +147,8 @@ def invert(op) -> dict:
     if cmd == "dropIndex":
         return {"op": "c", "ns": op["ns"], "cmd": "createIndex", "name": op["name"],
                 "spec": op["spec"]}
+    if cmd == "rename":
+        return {"op": "c", "ns": op["to"], "cmd": "rename", "to": op["ns"]}
     raise IrreversibleOp(f"op {cmd!r} on {op['ns']} cannot be undone "
                          "(dropping a collection does not log its documents)", ns=op["ns"])
 

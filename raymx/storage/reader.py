@@ -86,17 +86,19 @@ class Reader:
         start = prefix_end(at.to_bytes()) if at != ZERO else None
         for k, v in self.t.scan("oplog", start, prefix_end(until.to_bytes())):
             for op in self.e.entry_ops(self.t, codec.unpack(v, "oplog entry")):
-                if op.get("ns") != ns:
+                if op.get("ns") != ns and op.get("to") != ns:
                     continue
                 kind = op["op"]
                 if kind == "c":
-                    if op["cmd"] == "create" and not first:
-                        return None  # created after `at`: it did not exist then
-                    if op["cmd"] == "drop":
+                    if op["cmd"] == "create" and not first or op.get("to") == ns and not first:
+                        return None  # created (or renamed to this name) after `at`
+                    if op["cmd"] == "drop" or op["cmd"] == "rename":
+                        what = "dropped" if op["cmd"] == "drop" else "renamed"
                         raise errors.InvalidOperation(
-                            f"{ns} was dropped at {GTID.from_bytes(k)}, after {at}, and a drop "
-                            f"does not log the documents: it cannot be read as of {at}; read "
-                            "it at a later GTID", ns=ns)
+                            f"{ns} was {what} at {GTID.from_bytes(k)}, after {at}, and a "
+                            f"{'drop' if what == 'dropped' else 'rename'} does not log the "
+                            f"documents: it cannot be read as of {at}; read it at a later "
+                            "GTID", ns=ns)
                     continue
                 img = op["post"] if kind == "i" else op["pre"]
                 pk = encode_key(img["_id"])

@@ -459,6 +459,39 @@ class Transaction(Reader):
             return True
         return self.statement(run)
 
+    def rename_collection(self, ns: str, to: str, drop_target: bool = False) -> bool:
+        """Rename collection ``ns`` to ``to`` (any database), its documents and
+        indexes with it: only its catalog record moves. A ``to`` that exists
+        is refused, or dropped first with ``drop_target`` (an irreversible
+        drop, logged before the rename in the same entry)."""
+        def run():
+            split_ns(ns, self.e.limits)
+            split_ns(to, self.e.limits)
+            c = self.coll(ns)
+            if c is None:
+                raise errors.CollectionNotFound(f"renameCollection: source namespace {ns} "
+                                                "does not exist", ns=ns)
+            if to == ns:
+                raise errors.InvalidOperation(f"renameCollection: {ns} cannot be renamed to "
+                                              "itself", ns=ns)
+            old = self.coll(to)
+            if old is not None:
+                if not drop_target:
+                    raise errors.CollectionExists(f"renameCollection: target namespace {to} "
+                                                  "exists (pass dropTarget to replace it)",
+                                                  ns=to)
+                self._drop(old)
+                self._log(codec.pack({"op": "c", "ns": to, "cmd": "drop",
+                                      "irreversible": True}))
+            self._rename(c, to)
+            self._log(codec.pack({"op": "c", "ns": ns, "cmd": "rename", "to": to}))
+            return True
+        return self.statement(run)
+
+    def _rename(self, c: CollInfo, to: str) -> None:
+        self.t.delete("catalog", c.ns.encode())
+        self._save_coll(CollInfo(to, c.id, c.indexes))
+
     def _drop(self, c: CollInfo) -> None:
         _delete_range(self.t, "docs", c.prefix)
         for ix in c.indexes.values():
@@ -537,7 +570,13 @@ class Transaction(Reader):
             elif cmd == "dropIndex":
                 if c is not None and op["name"] in c.indexes:
                     self._drop_index(c, op["name"])
-            if self._log_on and cmd in ("drop", "dropIndex"):
+            elif cmd == "rename":
+                if c is not None:
+                    old = self.coll(op["to"])
+                    if old is not None:  # never on a primary's order of ops; stay safe
+                        self._drop(old)
+                    self._rename(c, op["to"])
+            if self._log_on and cmd in ("drop", "dropIndex", "rename"):
                 self._log(codec.pack(op))
             return
         c = self._coll_for_write(ns)

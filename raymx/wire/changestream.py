@@ -25,7 +25,8 @@ WAIT_MS_DEFAULT = 1000
 _FOLLOW = ("$match", "$project", "$addFields", "$set", "$unset")
 _EXPANDED = ("create", "createIndexes", "dropIndexes")  # with showExpandedEvents only
 _KINDS = {"insert": "insert", "update": "update", "delete": "delete", "drop": "drop",
-          "create": "create", "createIndex": "createIndexes", "dropIndex": "dropIndexes"}
+          "create": "create", "createIndex": "createIndexes", "dropIndex": "dropIndexes",
+          "rename": "rename"}
 
 
 def token_out(t) -> dict:
@@ -64,6 +65,9 @@ def event_doc(ev: dict, s: Stream) -> dict | None:
            "clusterTime": Timestamp(ts // 1000, ev["token"][2] + 1),
            "wallTime": datetime.datetime(1970, 1, 1) + datetime.timedelta(milliseconds=ts),
            "ns": {"db": db, "coll": coll} if coll else {"db": db}}
+    if kind == "rename":
+        to_db, _, to_coll = ev["to"].partition(".")
+        out["to"] = {"db": to_db, "coll": to_coll}
     if ev["_id"] is not None or kind in ("insert", "update", "delete"):
         out["documentKey"] = {"_id": ev["_id"]}
     if kind == "insert":

@@ -628,8 +628,8 @@ COMMAND_NAMES = (
     "distinct", "drop", "dropDatabase", "dropIndexes", "endSessions", "find", "findAndModify",
     "getLog", "getMore", "getParameter", "hello", "hostInfo", "insert", "isMaster",
     "killCursors", "killSessions", "listCollections", "listCommands", "listDatabases",
-    "listIndexes", "logout", "ping", "refreshSessions", "replSetGetStatus", "saslContinue",
-    "saslStart", "serverStatus", "update", "whatsmyuri")
+    "listIndexes", "logout", "ping", "refreshSessions", "renameCollection",
+    "replSetGetStatus", "saslContinue", "saslStart", "serverStatus", "update", "whatsmyuri")
 WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "create", "drop",
                   "dropDatabase", "createIndexes", "dropIndexes", "commitTransaction",
-                  "abortTransaction"}
+                  "abortTransaction", "renameCollection"}

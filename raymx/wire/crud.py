@@ -805,6 +805,20 @@ def _coll_stats_doc(d, conn, ns: str, spec) -> dict:
     return out
 
 
+def _rename_collection(d, cmd: dict, conn):
+    src, to = cmd.get("renameCollection"), cmd.get("to")
+    for what, v in (("renameCollection", src), ("to", to)):
+        if not isinstance(v, str) or "." not in v:
+            raise bad_value(f"{what} must be a full namespace ('db.collection'), not {v!r:.60}")
+    try:
+        yield from _run(d, {"op": "renameCollection", "ns": src, "to": to,
+                            "drop_target": bool(cmd.get("dropTarget")), **wc_fields(cmd)},
+                        cmd, conn)
+    except errors.WriteConcernTimeout as e:
+        return {"writeConcernError": write_concern_error(e)}
+    return {}
+
+
 def _commit(d, cmd: dict, conn) -> dict:
     return d.txns.finish(cmd, True)
 
@@ -819,4 +833,5 @@ COMMANDS = {
     "getmore": _get_more, "killcursors": _kill_cursors, "count": _count,
     "distinct": _distinct, "findandmodify": retryable(_find_and_modify), "aggregate": _aggregate,
     "committransaction": _commit, "aborttransaction": _abort,
+    "renamecollection": _rename_collection,
 }

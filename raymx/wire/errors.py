@@ -19,6 +19,7 @@ _CODES: list[tuple[type, int, str]] = [
     (errors.InvalidFilter, 2, "BadValue"),
     (errors.InvalidUpdate, 9, "FailedToParse"),
     (errors.CollectionNotFound, 26, "NamespaceNotFound"),
+    (errors.CollectionExists, 48, "NamespaceExists"),
     (errors.IndexNotFound, 27, "IndexNotFound"),
     (errors.InvalidDocument, 2, "BadValue"),
     (errors.InvalidOperation, 2, "BadValue"),
