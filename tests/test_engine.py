@@ -578,3 +578,47 @@ def test_a_read_as_of_before_a_rename_is_refused_or_finds_no_collection(engine):
         assert r.overrides("app.new", at, engine.last()[0]) is None  # it did not exist then
         with pytest.raises(errors.InvalidOperation, match="renamed"):
             r.overrides(NS, at, engine.last()[0])
+
+
+def test_sparse_and_partial_indexes_hold_only_their_documents_and_enforce_uniqueness(engine):
+    """A unique sparse index allows any number of documents without the field;
+    a unique partial one constrains only the documents its filter matches.
+    Queries never read through them (they do not hold every document), so
+    every answer is the full collection's; replay and undo carry the options."""
+    ns = "app.members"
+    engine.insert_many(ns, [{"_id": 1, "email": "a@x"}, {"_id": 2}, {"_id": 3},
+                            {"_id": 4, "email": None}])
+    with engine.begin() as tx:
+        tx.create_index(ns, "email", unique=True, sparse=True)
+        tx.create_index(ns, "code", unique=True, name="code_active",
+                        partial={"active": True})
+    engine.insert_many(ns, [{"_id": 5}])  # no email: not in the sparse index
+    with pytest.raises(errors.DuplicateKey):
+        engine.insert_many(ns, [{"_id": 6, "email": "a@x"}])
+    with pytest.raises(errors.DuplicateKey):  # a null is a value: sparse indexes it
+        engine.insert_many(ns, [{"_id": 6, "email": None}])
+    engine.insert_many(ns, [{"_id": 7, "code": "k", "active": True},
+                            {"_id": 8, "code": "k", "active": False}])
+    with pytest.raises(errors.DuplicateKey):
+        engine.insert_many(ns, [{"_id": 9, "code": "k", "active": True}])
+    with pytest.raises(errors.DuplicateKey):  # updating into the filter is checked too
+        with engine.begin() as tx:
+            tx.update(ns, {"_id": 8}, {"$set": {"active": True}})
+    st = Stats()
+    assert [d["_id"] for d in engine.find(ns, {"email": None}, stats=st)] == [2, 3, 4, 5, 7, 8]
+    assert not st.plan.startswith("IXSCAN email")
+    ixs = engine.reader().coll(ns).indexes
+    assert ixs["email_1"].spec()["sparse"] is True
+    assert ixs["code_active"].spec()["partialFilterExpression"] == {"active": True}
+    stats = engine.reader().coll_stats(ns)["indexes"]
+    assert stats["email_1"][0] == 2 and stats["code_active"][0] == 1
+    dst = Engine(MemoryStore())
+    for _, e in engine.read_oplog():
+        dst.apply_entry(e["ops"])
+    assert dst.snapshot_state() == engine.snapshot_state()
+    with pytest.raises(errors.InvalidFilter):
+        with engine.begin() as tx:
+            tx.create_index(ns, "z", partial={"z": {"$nope": 1}})
+    with pytest.raises(errors.InvalidOperation, match="different spec"):
+        with engine.begin() as tx:
+            tx.create_index(ns, "email", unique=True)  # same name, not sparse

@@ -829,4 +829,30 @@ def test_rename_collection_through_the_native_driver(tmp_path):
         with pytest.raises(errors.CollectionExists):
             b.rename("x")
         assert b.rename("x", drop_target=True).count_documents({}) == 1
+        s = cl["n"]["s"]  # and a unique sparse index from the native driver
+        s.create_index("e", unique=True, sparse=True)
+        s.insert_one({"_id": 1})
+        s.insert_one({"_id": 2})
+        with pytest.raises(errors.DuplicateKey):
+            s.insert_many([{"_id": 3, "e": 1}, {"_id": 4, "e": 1}])
+        assert s.list_indexes()[1]["sparse"] is True
         cl.close()
+
+
+def test_sparse_and_partial_indexes_through_pymongo(client):
+    c = client.t.accounts
+    c.create_index("email", unique=True, sparse=True)
+    c.create_index("code", unique=True, partialFilterExpression={"active": {"$eq": True}})
+    c.insert_many([{"_id": 1, "email": "a@x"}, {"_id": 2}, {"_id": 3},
+                   {"_id": 4, "code": 7, "active": True}, {"_id": 5, "code": 7}])
+    with pytest.raises(DuplicateKeyError):
+        c.insert_one({"_id": 6, "email": "a@x"})
+    with pytest.raises(DuplicateKeyError):
+        c.insert_one({"_id": 6, "code": 7, "active": True})
+    info = c.index_information()
+    assert info["email_1"]["sparse"] is True and info["email_1"]["unique"] is True
+    assert info["code_1"]["partialFilterExpression"] == {"active": {"$eq": True}}
+    assert sorted(d["_id"] for d in c.find({"email": {"$exists": False}})) == [2, 3, 4, 5]
+    with pytest.raises(OperationFailure) as e:
+        c.create_index("z", hidden=True)
+    assert e.value.code == 197  # an option raymx does not have is refused, named

@@ -56,7 +56,8 @@ def _statement(tx: Transaction, req: dict):
         return tx.delete(ns, req.get("filter"), multi=bool(req.get("multi")))
     if op == "createIndex":
         return tx.create_index(ns, req.get("key"), unique=bool(req.get("unique")),
-                               name=req.get("name"), expire_after_s=req.get("expire_after_s"))
+                               name=req.get("name"), expire_after_s=req.get("expire_after_s"),
+                               sparse=bool(req.get("sparse")), partial=req.get("partial"))
     if op == "dropIndex":
         return tx.drop_index(ns, req.get("name"))
     if op == "dropCollection":

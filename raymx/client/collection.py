@@ -232,15 +232,24 @@ class Collection:
         return bulk.bulk_write(self, requests, ordered, wc)
 
     def create_index(self, keys, unique: bool = False, name: str | None = None,
-                     expire_after_seconds: int | None = None, **wc) -> str:
+                     expire_after_seconds: int | None = None, sparse: bool = False,
+                     partial_filter_expression: dict | None = None, **wc) -> str:
         """``expire_after_seconds``: a TTL index, as pymongo's ``expireAfterSeconds``:
         the primary deletes documents whose field is a date (or an array
-        holding one) older than that, once a minute (``Limits.ttl_interval_ms``)."""
+        holding one) older than that, once a minute (``Limits.ttl_interval_ms``).
+        ``sparse``: only documents holding one of the key's fields are indexed;
+        ``partial_filter_expression``: only those the filter matches. Such an
+        index enforces ``unique`` among the documents it holds; queries never
+        read through it (it does not hold every document)."""
         if isinstance(keys, list):
             keys = [list(k) if isinstance(k, tuple) else k for k in keys]
         req = {"op": "createIndex", "key": keys, "unique": unique, "name": name}
         if expire_after_seconds is not None:
             req["expire_after_s"] = expire_after_seconds
+        if sparse:
+            req["sparse"] = True
+        if partial_filter_expression is not None:
+            req["partial"] = partial_filter_expression
         return self._write(req, _wc_fields(self.write_concern, wc))["value"]
 
     def drop_index(self, name: str, **wc) -> None:

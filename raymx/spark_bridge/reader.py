@@ -208,8 +208,8 @@ class SnapshotReader:
         best = None
         for ix in c.indexes.values():
             ib = bounds.get(ix.key[0][0])
-            if ib is None or len(ix.key) != 1:
-                continue  # compound indexes: the filter is applied over a full scan
+            if ib is None or len(ix.key) != 1 or not ix.every_document:
+                continue  # compound, sparse, partial: the filter runs over a full scan
             score = (ib.points is not None, ix.unique)
             if best is None or score > best[0]:
                 best = (score, ix, ib)

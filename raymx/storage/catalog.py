@@ -16,8 +16,9 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
-from raymx.storage import codec, errors, oplog
+from raymx.storage import codec, errors, oplog, query
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import DEFAULT, Limits
 
@@ -130,6 +131,18 @@ def check_expire(expire_after_s, key: list[list]):
     return int(expire_after_s)
 
 
+def check_partial(partial) -> dict | None:
+    """A partial index's ``partialFilterExpression`` (None: not one): a filter
+    map the query engine compiles (it is checked here, once)."""
+    if partial is None:
+        return None
+    if not isinstance(partial, dict) or not partial:
+        raise errors.InvalidOperation("partialFilterExpression must be a non-empty filter "
+                                      f"document, not {partial!r:.80}")
+    query.compile_filter(partial)  # InvalidFilter names what is wrong
+    return partial
+
+
 def index_name(key: list[list]) -> str:
     return "_".join(f"{p}_{d}" for p, d in key)
 
@@ -143,19 +156,45 @@ class IndexInfo:
     # a TTL index: documents whose field is a date older than this many
     # seconds are deleted by the primary (``TrimPath.expire_once``)
     expire_after_s: int | None = None
+    # a sparse index holds only the documents that have one of its fields; a
+    # partial one only those its filter matches. Neither holds every
+    # document, so no query plan reads through them (``every_document``):
+    # they enforce uniqueness among the documents they hold
+    sparse: bool = False
+    partial: dict | None = None
     prefix: bytes = field(init=False, repr=False, compare=False)
     single: str | None = field(init=False, repr=False, compare=False)
+    holds: Callable[[dict], bool] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         self.prefix = _U32.pack(self.id)
         # the field of a one-field index over a top-level path (no dots)
         p = self.key[0][0] if len(self.key) == 1 else "."
         self.single = None if "." in p else p
+        self.holds = None
+        if self.sparse or self.partial is not None:
+            sel = query.compile_filter(self.partial) if self.partial is not None else None
+            paths = [k[0] for k in self.key] if self.sparse else []
+
+            def holds(doc: dict) -> bool:
+                if paths and all(query.reach(doc, q) == [query.MISSING] for q in paths):
+                    return False
+                return sel is None or sel(doc)
+            self.holds = holds
+
+    @property
+    def every_document(self) -> bool:
+        """Holds an entry for every document: query plans may read through it."""
+        return self.holds is None
 
     def spec(self) -> dict:
         out = {"key": self.key, "unique": self.unique}
         if self.expire_after_s is not None:
             out["expireAfterSeconds"] = self.expire_after_s
+        if self.sparse:
+            out["sparse"] = True
+        if self.partial is not None:
+            out["partialFilterExpression"] = self.partial
         return out
 
 
@@ -174,8 +213,9 @@ class CollInfo:
         self.prefix = _U32.pack(self.id)
         ixs = self.indexes.values()
         self.plain = [(ix.single, ix.prefix) for ix in ixs
-                      if not ix.unique and ix.single is not None]
-        self.general = [ix for ix in ixs if ix.unique or ix.single is None]
+                      if not ix.unique and ix.single is not None and ix.holds is None]
+        self.general = [ix for ix in ixs
+                        if ix.unique or ix.single is None or ix.holds is not None]
 
     def record(self) -> bytes:
         return codec.pack({"id": self.id, "indexes": {
@@ -185,7 +225,9 @@ class CollInfo:
     def from_record(cls, ns: str, b: bytes) -> "CollInfo":
         r = codec.unpack(b, "catalog record")
         return cls(ns, r["id"], {n: IndexInfo(n, i["id"], i["key"], i["unique"],
-                                              i.get("expireAfterSeconds"))
+                                              i.get("expireAfterSeconds"),
+                                              bool(i.get("sparse")),
+                                              i.get("partialFilterExpression"))
                                  for n, i in r["indexes"].items()})
 
 

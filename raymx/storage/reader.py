@@ -152,7 +152,7 @@ class Reader:
         best = None
         for ix in c.indexes.values():
             ib = bounds.get(ix.key[0][0])
-            if ib is None:
+            if ib is None or not ix.every_document:
                 continue
             score = (ib.points is not None, ix.unique and len(ix.key) == 1)
             if best is None or score > best[0]:

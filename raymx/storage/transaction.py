@@ -15,8 +15,9 @@ import operator
 from typing import TYPE_CHECKING, Callable
 
 from raymx.storage import codec, errors, oplog, query, update as upd
-from raymx.storage.catalog import (CollInfo, IndexInfo, WriteResult, check_expire, index_name,
-                                   new_id, normalize_index_key, split_ns)
+from raymx.storage.catalog import (CollInfo, IndexInfo, WriteResult, check_expire,
+                                   check_partial, index_name, new_id, normalize_index_key,
+                                   split_ns)
 from raymx.storage.gtid import GTID
 from raymx.storage.keys import encode_key, encode_keys, prefix_end
 from raymx.storage.reader import Reader
@@ -59,8 +60,11 @@ def _index_entries(ix: IndexInfo, doc: dict, pk: bytes) -> list[tuple[bytes, byt
 
     Multikey: an array value is indexed as a whole and once per element (the
     query side matches elements, as MongoDB does), so a compound index over
-    arrays gets the cross product of its fields' keys.
+    arrays gets the cross product of its fields' keys. None for a document a
+    sparse or partial index does not hold.
     """
+    if ix.holds is not None and not ix.holds(doc):
+        return []
     if len(ix.key) == 1:
         p = ix.key[0][0]
         if "." not in p:
@@ -499,13 +503,19 @@ class Transaction(Reader):
         self.t.delete("catalog", c.ns.encode())
 
     def create_index(self, ns: str, key, unique: bool = False, name: str | None = None,
-                     expire_after_s: int | None = None) -> str:
-        """``expire_after_s``: a TTL index (``catalog.check_expire``)."""
-        return self.statement(self._create_index, ns, key, unique, name, True, expire_after_s)
+                     expire_after_s: int | None = None, sparse: bool = False,
+                     partial: dict | None = None) -> str:
+        """``expire_after_s``: a TTL index (``catalog.check_expire``);
+        ``sparse``: only documents with one of the key's fields are indexed;
+        ``partial``: only those this filter matches (``partialFilterExpression``)."""
+        return self.statement(self._create_index, ns, key, unique, name, True, expire_after_s,
+                              sparse, partial)
 
-    def _create_index(self, ns, key, unique, name, check_unique, expire_after_s=None):
+    def _create_index(self, ns, key, unique, name, check_unique, expire_after_s=None,
+                      sparse=False, partial=None):
         key = normalize_index_key(key)
         expire_after_s = check_expire(expire_after_s, key)
+        partial = check_partial(partial)
         name = name or index_name(key)
         if not isinstance(name, str) or not name or name == "_id_" or "\x00" in name:
             raise errors.InvalidName(f"invalid index name {name!r}")
@@ -513,14 +523,13 @@ class Transaction(Reader):
             return "_id_"
         c = self._coll_for_write(ns)
         old = c.indexes.get(name)
+        ix = IndexInfo(name, self.e._next_counter(self.t, b"next_id") if old is None else 0,
+                       key, bool(unique), expire_after_s, bool(sparse), partial)
         if old is not None:
-            if old.key == key and old.unique == bool(unique) \
-                    and old.expire_after_s == expire_after_s:
+            if old.spec() == ix.spec():
                 return name
             raise errors.InvalidOperation(f"index {name} already exists on {ns} with "
                                           f"a different spec {old.spec()}")
-        ix = IndexInfo(name, self.e._next_counter(self.t, b"next_id"), key, bool(unique),
-                       expire_after_s)
         for k, v in self.t.scan("docs", c.prefix, prefix_end(c.prefix)):
             # build one index at a time: _index checks uniqueness within it
             only = CollInfo(ns, c.id, {name: ix})
@@ -565,8 +574,10 @@ class Transaction(Reader):
                 if c is not None:
                     self._drop(c)
             elif cmd == "createIndex":
-                self._create_index(ns, op["spec"]["key"], op["spec"]["unique"], op["name"], False,
-                                   op["spec"].get("expireAfterSeconds"))
+                spec = op["spec"]
+                self._create_index(ns, spec["key"], spec["unique"], op["name"], False,
+                                   spec.get("expireAfterSeconds"), bool(spec.get("sparse")),
+                                   spec.get("partialFilterExpression"))
             elif cmd == "dropIndex":
                 if c is not None and op["name"] in c.indexes:
                     self._drop_index(c, op["name"])

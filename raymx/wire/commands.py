@@ -414,8 +414,9 @@ def _index_doc(ix: dict) -> dict:
     out = {"v": 2, "key": {p: dr for p, dr in ix["key"]}, "name": ix["name"]}
     if ix.get("unique") and ix["name"] != "_id_":
         out["unique"] = True
-    if ix.get("expireAfterSeconds") is not None:
-        out["expireAfterSeconds"] = ix["expireAfterSeconds"]
+    for opt in ("expireAfterSeconds", "sparse", "partialFilterExpression"):
+        if ix.get(opt) is not None:
+            out[opt] = ix[opt]
     return out
 
 
@@ -479,7 +480,8 @@ def _list_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
     return {"cursor": {"firstBatch": [_index_doc(x) for x in ixs], "id": Int64(0), "ns": ns}}
 
 
-_INDEX_OPTIONS = {"key", "name", "unique", "v", "background", "expireAfterSeconds"}
+_INDEX_OPTIONS = {"key", "name", "unique", "v", "background", "expireAfterSeconds", "sparse",
+                  "partialFilterExpression"}
 
 
 def _create_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
@@ -502,6 +504,10 @@ def _create_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
                "name": spec.get("name"), **crud.wc_fields(cmd)}
         if spec.get("expireAfterSeconds") is not None:
             req["expire_after_s"] = spec["expireAfterSeconds"]
+        if spec.get("sparse"):
+            req["sparse"] = True
+        if spec.get("partialFilterExpression") is not None:
+            req["partial"] = plain(spec["partialFilterExpression"])
         d.call(req, conn.state)
     after = len(d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"])
     return {"createdCollectionAutomatically": not existed, "numIndexesBefore": before,
