@@ -856,3 +856,29 @@ def test_sparse_and_partial_indexes_through_pymongo(client):
     with pytest.raises(OperationFailure) as e:
         c.create_index("z", hidden=True)
     assert e.value.code == 197  # an option raymx does not have is refused, named
+
+
+def test_explain_says_how_a_read_reads(client):
+    c = client.t.explained
+    c.insert_many([{"_id": i, "a": i % 10, "b": i} for i in range(100)])
+    c.create_index("a")
+    ex = c.find({"a": 3}).explain()
+    ip = ex["queryPlanner"]["winningPlan"]["inputStage"]
+    assert ip["stage"] == "IXSCAN" and ip["indexName"] == "a_1" and ip["keyPattern"] == {"a": 1}
+    st = ex["executionStats"]
+    assert st["nReturned"] == 10 and st["totalDocsExamined"] == 10
+    ex = c.find({"b": {"$gte": 90}}).sort("b", -1).limit(3).explain()
+    w = ex["queryPlanner"]["winningPlan"]
+    assert w["stage"] == "LIMIT" and w["inputStage"]["stage"] == "SORT"
+    assert w["inputStage"]["inputStage"]["stage"] == "COLLSCAN"
+    assert ex["executionStats"]["nReturned"] == 3
+    assert ex["executionStats"]["totalDocsExamined"] == 100
+    assert c.find({"_id": 5}).explain()["queryPlanner"]["winningPlan"]["stage"] == "IDHACK"
+    ex = client.t.command("explain", {"count": "explained", "query": {"a": 1}})
+    assert ex["executionStats"]["nReturned"] == 10
+    ex = client.t.command("aggregate", "explained", pipeline=[{"$match": {"a": 2}},
+                                                              {"$count": "n"}], explain=True)
+    assert ex["queryPlanner"]["winningPlan"]["inputStage"]["indexName"] == "a_1"
+    with pytest.raises(OperationFailure):
+        client.t.command("explain", {"insert": "explained", "documents": [{}]})
+    assert c.count_documents({}) == 100

@@ -14,7 +14,7 @@ from raymx import errors
 from raymx.actors.core import client_limits
 from raymx.actors.core.replication import applied_point
 from raymx.storage import codec
-from raymx.storage.engine import Reader, split_ns
+from raymx.storage.engine import Reader, Stats, split_ns
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import READ_CONCERNS
 from raymx.storage.reader import id_point
@@ -236,6 +236,13 @@ class ReadPath:
             return {"value": r.list_collections()}
         if op == "collStats":
             return {"value": r.coll_stats(req["ns"])}
+        if op == "explain":  # a find run to its end: how it read, what it examined
+            st, t0 = Stats(), time.monotonic()
+            n = sum(1 for _ in r.find(req["ns"], req.get("filter"), req.get("projection"),
+                                      req.get("sort"), req.get("skip") or 0,
+                                      req.get("limit") or 0, stats=st))
+            return {"value": {"plan": st.plan, "examined": st.examined, "returned": n,
+                              "ms": (time.monotonic() - t0) * 1000}}
         if op == "revertPlan":
             return {"value": r.revert_plan(_gtid_in(req.get("target"), "target"))}
         if op == "listIndexes":

@@ -631,7 +631,8 @@ COMMANDS = {
 COMMAND_NAMES = (
     "abortTransaction", "aggregate", "buildInfo", "collStats", "commitTransaction",
     "connectionStatus", "count", "create", "createIndexes", "dbHash", "dbStats", "delete",
-    "distinct", "drop", "dropDatabase", "dropIndexes", "endSessions", "find", "findAndModify",
+    "distinct", "drop", "dropDatabase", "dropIndexes", "endSessions", "explain", "find",
+    "findAndModify",
     "getLog", "getMore", "getParameter", "hello", "hostInfo", "insert", "isMaster",
     "killCursors", "killSessions", "listCollections", "listCommands", "listDatabases",
     "listIndexes", "logout", "ping", "refreshSessions", "renameCollection",

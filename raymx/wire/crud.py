@@ -693,8 +693,10 @@ def _aggregate(d, cmd: dict, conn) -> dict:
                            "{aggregate: 1})", 2, "BadValue")
     ns = ns_of(cmd, "aggregate")
     pipeline = _plain(_docs(cmd.get("pipeline"), "pipeline"))
-    if cmd.get("explain"):
-        raise CommandError("explain is not supported by raymx", 2, "BadValue")
+    if cmd.get("explain"):  # pymongo's aggregate(..., explain=True)
+        return _explain(d, {"explain": {"aggregate": cmd["aggregate"],
+                                        "pipeline": cmd.get("pipeline"), "$db": cmd.get("$db")},
+                            "$db": cmd.get("$db")}, conn)
     aggregate.check(pipeline)
     flt, source = {}, None
     if pipeline and "$collStats" in pipeline[0]:
@@ -805,6 +807,72 @@ def _coll_stats_doc(d, conn, ns: str, spec) -> dict:
     return out
 
 
+_EXPLAINED = {"find": "filter", "count": "query", "distinct": "query", "aggregate": None}
+
+
+def _explain(d, cmd: dict, conn) -> dict:
+    """``explain`` of a find, count, distinct or aggregate: the member runs the
+    read (a find to its end, or the aggregate's leading ``$match``) and says
+    how it read (``IDHACK``, an index scan and its index, or a collection
+    scan) and what it examined, in MongoDB's ``queryPlanner`` /
+    ``executionStats`` shape. Nothing is written."""
+    inner = cmd.get("explain")
+    kind = next(iter(inner), "").lower() if isinstance(inner, dict) else ""
+    kind = {"findandmodify": "", **{k.lower(): k for k in _EXPLAINED}}.get(kind, "")
+    if not kind:
+        raise CommandError("explain: raymx explains find, count, distinct and aggregate, not "
+                           f"{next(iter(inner), None) if isinstance(inner, dict) else inner!r}",
+                           2, "BadValue")
+    inner = dict(inner, **({"$db": cmd["$db"]} if "$db" in cmd and "$db" not in inner else {}))
+    ns = ns_of(inner, next(iter(inner)))
+    if kind == "aggregate":
+        stages = _plain(_docs(inner.get("pipeline"), "pipeline"))
+        aggregate.check(stages)
+        flt = stages[0]["$match"] if stages and "$match" in stages[0] \
+            and aggregate.plain_filter(stages[0]["$match"]) else {}
+        req = {"filter": flt}
+    else:
+        flt = _plain(inner.get(_EXPLAINED[kind]) or {})
+        if not aggregate.plain_filter(flt):
+            raise CommandError("explain: a filter with $expr is computed in the port and not "
+                               "explained", 2, "BadValue")
+        req = {"filter": flt}
+        if kind == "find":
+            req.update(projection=_plain(inner.get("projection")) or None,
+                       sort=_sort(inner.get("sort")), skip=int(inner.get("skip") or 0),
+                       limit=abs(int(inner.get("limit") or 0)))
+    got = d.call({"op": "explain", "ns": ns, **req, **read_fields(inner)}, conn.state)["value"]
+    plan = got["plan"] or "EOF"
+    if plan.startswith("IXSCAN "):
+        name = plan.split(" ", 1)[1]
+        keys = {x["name"]: x["key"] for x in d.call({"op": "listIndexes", "ns": ns},
+                                                      conn.state)["value"]}
+        winning = {"stage": "FETCH", "inputStage": {
+            "stage": "IXSCAN", "indexName": name,
+            "keyPattern": {p: dr for p, dr in keys.get(name, [["_id", 1]])}}}
+    else:
+        winning = {"stage": plan, **({"direction": "forward"} if plan == "COLLSCAN" else {})}
+    if req.get("sort"):
+        winning = {"stage": "SORT", "sortPattern": dict(inner["sort"]), "inputStage": winning}
+    if req.get("limit"):
+        winning = {"stage": "LIMIT", "limitAmount": req["limit"], "inputStage": winning}
+    return {"explainVersion": "1",
+            "queryPlanner": {"namespace": ns, "parsedQuery": flt, "winningPlan": winning,
+                             "rejectedPlans": []},
+            "executionStats": {"executionSuccess": True, "nReturned": got["returned"],
+                               "executionTimeMillis": int(got["ms"]),
+                               "totalDocsExamined": got["examined"],
+                               "totalKeysExamined": got["examined"]
+                               if plan.startswith(("IXSCAN", "IDHACK")) else 0},
+            "serverInfo": {"host": d.port.address, "version": _version(), "gitVersion": "raymx"},
+            "command": inner}
+
+
+def _version() -> str:
+    from raymx.wire.commands import VERSION  # commands imports this module
+    return VERSION
+
+
 def _rename_collection(d, cmd: dict, conn):
     src, to = cmd.get("renameCollection"), cmd.get("to")
     for what, v in (("renameCollection", src), ("to", to)):
@@ -833,5 +901,5 @@ COMMANDS = {
     "getmore": _get_more, "killcursors": _kill_cursors, "count": _count,
     "distinct": _distinct, "findandmodify": retryable(_find_and_modify), "aggregate": _aggregate,
     "committransaction": _commit, "aborttransaction": _abort,
-    "renamecollection": _rename_collection,
+    "renamecollection": _rename_collection, "explain": _explain,
 }
