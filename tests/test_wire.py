@@ -882,3 +882,23 @@ def test_explain_says_how_a_read_reads(client):
     with pytest.raises(OperationFailure):
         client.t.command("explain", {"insert": "explained", "documents": [{}]})
     assert c.count_documents({}) == 100
+
+
+def test_current_op_lists_the_commands_running_now(client):
+    ops = client.admin.command("currentOp")["inprog"]
+    me = [o for o in ops if o["command"].get("currentOp")]
+    assert len(me) == 1 and me[0]["active"] and me[0]["ns"] == "admin.$cmd"
+    assert me[0]["microsecs_running"] >= 0
+    assert not any("find" in o["command"] for o in ops)  # nothing else runs
+    import threading
+    import time
+    stream = client.t.watched.watch(max_await_time_ms=3000)
+    waiting = threading.Thread(target=stream.try_next)
+    waiting.start()  # a getMore that waits for events
+    time.sleep(0.5)
+    ops = client.admin.command("currentOp")["inprog"]
+    more = [o for o in ops if "getMore" in o["command"]]
+    waiting.join(10)
+    stream.close()
+    assert len(more) == 1 and more[0]["op"] == "getmore" and more[0]["ns"] == "t.watched"
+    assert more[0]["secs_running"] >= 0 and more[0]["microsecs_running"] > 100_000

@@ -136,10 +136,15 @@ class Dispatcher:
         """From the port's loop: run a command; ``done(answer)`` on the loop.
         Its member requests go to the member from the loop and their answers
         come back onto it (no thread waits); a blocking step runs on ``pool``."""
+        conn.current = (cmd, time.monotonic())  # for currentOp
+
+        def finished(answer):
+            conn.current = None
+            done(answer)
         got = self._command(cmd, conn)
         if isinstance(got, dict):
-            return done(got)
-        self._step(got[0], got[1], done, pool, None, None)
+            return finished(got)
+        self._step(got[0], got[1], finished, pool, None, None)
 
     def _step(self, name, steps, done, pool, val, exc) -> None:
         try:
@@ -340,6 +345,31 @@ def _db_hash(d: Dispatcher, cmd: dict, conn) -> dict:
         whole.update(hashes[c].encode())
     return {"host": d.port.address, "collections": hashes, "capped": [], "uuids": {},
             "md5": whole.hexdigest(), "timeMillis": int((time.monotonic() - t0) * 1000)}
+
+
+def _current_op(d: Dispatcher, cmd: dict, conn) -> dict:
+    """The commands running on this member's wire port now, this one
+    included: one per connection (a connection runs one at a time)."""
+    now, out = time.monotonic(), []
+    for c in sorted(list(d.port._conns), key=lambda c: c.id):
+        cur = getattr(c, "current", None)
+        if cur is None:
+            continue
+        running, t0 = cur
+        name = next(iter(running), "")
+        ns = next((v for v in (running.get(name), running.get("collection"))
+                   if isinstance(v, str)), None)  # a getMore names its collection
+        took = now - t0
+        out.append({"type": "op", "host": d.port.address, "desc": f"conn{c.id}",
+                    "connectionId": c.id, "opid": c.id, "active": True,
+                    "op": "command" if name.lower() not in ("find", "getmore", "insert",
+                                                             "update", "delete") else
+                    {"getmore": "getmore"}.get(name.lower(), name.lower()),
+                    "ns": f"{running.get('$db')}.{ns}" if ns else f"{running.get('$db')}.$cmd",
+                    "command": {k: v for k, v in running.items()
+                                if k not in ("lsid", "$clusterTime", "$readPreference")},
+                    "secs_running": int(took), "microsecs_running": Int64(int(took * 1e6))})
+    return {"inprog": out}
 
 
 def _host_info(d: Dispatcher, cmd: dict, conn) -> dict:
@@ -615,6 +645,7 @@ def _logout(d, cmd, conn) -> dict:
 
 COMMANDS = {
     "dbhash": _db_hash, "hostinfo": _host_info, "listcommands": _list_commands,
+    "currentop": _current_op,
     "hello": _hello, "ismaster": _hello, "saslstart": _sasl_start,
     "saslcontinue": _sasl_continue, "logout": _logout, "ping": _ok, "buildinfo": _build_info,
     "listdatabases": _list_databases, "listcollections": _list_collections,
@@ -630,7 +661,7 @@ COMMANDS = {
 # they are exactly the dispatch tables' keys
 COMMAND_NAMES = (
     "abortTransaction", "aggregate", "buildInfo", "collStats", "commitTransaction",
-    "connectionStatus", "count", "create", "createIndexes", "dbHash", "dbStats", "delete",
+    "connectionStatus", "currentOp", "count", "create", "createIndexes", "dbHash", "dbStats", "delete",
     "distinct", "drop", "dropDatabase", "dropIndexes", "endSessions", "explain", "find",
     "findAndModify",
     "getLog", "getMore", "getParameter", "hello", "hostInfo", "insert", "isMaster",
