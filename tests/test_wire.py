@@ -902,3 +902,33 @@ def test_current_op_lists_the_commands_running_now(client):
     stream.close()
     assert len(more) == 1 and more[0]["op"] == "getmore" and more[0]["ns"] == "t.watched"
     assert more[0]["secs_running"] >= 0 and more[0]["microsecs_running"] > 100_000
+
+
+def test_expr_and_let_in_updates_deletes_finds_and_find_and_modify(client):
+    """Filters with $expr (comparing a document's own fields) and commands'
+    let variables, in every command that filters: the port tests the $expr,
+    the member writes exactly the documents it selected, in one transaction."""
+    c = client.t.exprs
+    c.insert_many([{"_id": i, "a": i, "b": 10 - i, "tag": "t"} for i in range(10)])
+    r = c.update_many({"$expr": {"$gt": ["$a", "$b"]}, "tag": "t"}, {"$set": {"big": True}})
+    assert (r.matched_count, r.modified_count) == (4, 4)
+    assert sorted(x["_id"] for x in c.find({"big": True})) == [6, 7, 8, 9]
+    r = c.update_one({"$expr": {"$eq": ["$a", "$$want"]}}, {"$inc": {"a": 100}},
+                     let={"want": 3})
+    assert r.modified_count == 1 and c.find_one({"_id": 3})["a"] == 103
+    r = c.update_one({"$expr": {"$eq": ["$a", -1]}, "tag": "new"}, {"$set": {"n": 1}},
+                     upsert=True)
+    assert c.find_one({"_id": r.upserted_id}) == {"_id": r.upserted_id, "tag": "new", "n": 1}
+    assert c.delete_many({"$expr": {"$lt": ["$a", "$b"]}}).deleted_count == 4  # 0, 1, 2, 4
+    assert list(c.find({"$expr": {"$eq": ["$a", "$$v"]}}, let={"v": 5})) == [
+        {"_id": 5, "a": 5, "b": 5, "tag": "t"}]
+    doc = c.find_one_and_update({"$expr": {"$gte": ["$a", 8]}}, {"$set": {"hit": 1}},
+                                sort=[("_id", -1)], return_document=ReturnDocument.AFTER)
+    assert doc["_id"] == 9 and doc["hit"] == 1
+    assert c.find_one_and_delete({"$expr": {"$eq": ["$a", 1000]}}) is None
+    out = list(c.aggregate([{"$match": {"$expr": {"$eq": ["$a", "$$x"]}}}], let={"x": 6}))
+    assert [x["_id"] for x in out] == [6]
+    with pytest.raises(OperationFailure, match="text index"):
+        list(c.find({"$text": {"$search": "x"}}))
+    with pytest.raises(OperationFailure, match="JavaScript"):
+        list(c.find({"$where": "this.a > 1"}))

@@ -325,6 +325,14 @@ def _compile_field(path: str, cond: Any) -> Predicate:
     return match_path
 
 
+_UNSERVED = {
+    "$text": "$text needs a text index, which raymx does not have: match with $regex",
+    "$where": "$where (server-side JavaScript) is not supported by raymx: use $expr",
+    "$expr": "$expr is evaluated by the MongoDB wire port (aggregation expressions), not in "
+             "the native driver's filters",
+}
+
+
 def _compile(flt: Any) -> Predicate:
     if not isinstance(flt, dict):
         raise InvalidFilter(f"a filter must be a dict, got {type(flt).__name__}")
@@ -332,7 +340,8 @@ def _compile(flt: Any) -> Predicate:
     for k, cond in flt.items():
         if isinstance(k, str) and k.startswith("$"):
             if k not in _LOGICAL:
-                raise InvalidFilter(f"unknown top-level operator {k}", operator=k)
+                raise InvalidFilter(_UNSERVED.get(k, f"unknown top-level operator {k}"),
+                                    operator=k)
             if not isinstance(cond, _ARRAY) or not cond or \
                     not all(isinstance(c, dict) for c in cond):
                 raise InvalidFilter(f"{k} needs a non-empty list of filter dicts")

@@ -545,11 +545,36 @@ def _nonneg(v, stage: str) -> int:
     return int(v)
 
 
-def run(docs: Iterable[dict], pipeline: list, lookup=None) -> list[dict]:
+def run(docs: Iterable[dict], pipeline: list, lookup=None,
+        variables: dict | None = None) -> list[dict]:
     """The pipeline's output documents. ``lookup(collection)``: the documents
-    of another collection of the same database (``$lookup``)."""
+    of another collection of the same database (``$lookup``). ``variables``:
+    the command's ``let`` (``$$name`` in its expressions)."""
     check(pipeline)  # nested pipelines too: they run unchecked (``_stages``)
-    return _stages(docs, pipeline, lookup)
+    return _stages(docs, pipeline, lookup, variables)
+
+
+def let_of(cmd: dict, evaluate_in: dict | None = None) -> dict | None:
+    """A command's ``let``: its variables, each evaluated once (constants,
+    ``$$NOW``...), for the expressions of its filter or pipeline."""
+    let = cmd.get("let")
+    if let is None:
+        return None
+    if not isinstance(let, dict):
+        raise _err("let must be an object", 10065)
+    out = {}
+    for name, e in let.items():
+        if not isinstance(name, str) or not name[:1].islower() \
+                or not name.replace("_", "").isalnum():
+            raise _err(f"let: {name!r} is not a valid variable name", 16867)
+        out[name] = evaluate(e, evaluate_in or {}, None, out)
+    return out
+
+
+def matcher(flt: dict, variables: dict | None = None) -> Callable[[dict], bool]:
+    """A filter's test in the port: the query engine's, and a top-level
+    ``$expr`` evaluated here."""
+    return _match(flt, variables)
 
 
 def _stages(docs: Iterable[dict], pipeline: list, lookup, v: dict | None = None) -> list[dict]:

@@ -341,7 +341,14 @@ def retryable(fn):
     return run
 
 
-PIPELINE_UPDATE = "$pipelineUpdate"  # an update statement the port runs (_pipeline_update)
+PORT_WRITE = "$portWrite"  # an update or delete statement the port computes (_port_write)
+
+
+def _by_port(req: dict) -> dict:
+    """``req`` as a write the port computes if its filter holds ``$expr``."""
+    if aggregate.plain_filter(req["filter"]):
+        return req
+    return dict(req, op=PORT_WRITE, kind=req["op"])
 
 
 def _in_txn(d, cmd: dict, work):
@@ -373,38 +380,69 @@ def _in_txn(d, cmd: dict, work):
                 pass
 
 
-def _pipeline_update(req: dict, run):
-    """Steps of an update whose ``u`` is a pipeline (``$set $addFields
-    $unset $project $replaceRoot $replaceWith``), inside a transaction: the
-    matching documents are read, the pipeline computes each one's new
-    version here in the port, and each changed one is replaced by ``_id``.
-    The member's result shape (matched, modified, upserted_id)."""
-    ns, flt, pipeline = req["ns"], req["filter"], req["pipeline"]
-    got = yield run({"op": "find", "ns": ns, "filter": flt,
-                     **({} if req["multi"] else {"limit": 1})})
+def _matching(run, ns: str, flt: dict, multi: bool, variables: dict):
+    """Steps: the documents an update or delete statement matches (the first
+    only unless ``multi``), inside its transaction: the member reads what
+    the plain part of the filter selects, and the port tests a ``$expr``."""
+    plain = aggregate.plain_filter(flt)
+    rest = flt if plain else {k: v for k, v in flt.items() if k != "$expr"}
+    got = yield run({"op": "find", "ns": ns, "filter": rest,
+                     **({"limit": 1} if plain and not multi else {})})
     docs = got["docs"]
     while got.get("cursor"):
         got = yield run({"op": "getMore", "ns": ns, "cursor": got["cursor"]})
         docs += got["docs"]
+    if not plain:
+        test = aggregate.matcher(flt, variables)
+        docs = [x for x in docs if test(x)]
+    return docs if multi else docs[:1]
+
+
+def _port_write(req: dict, run, variables: dict):
+    """Steps of an update or delete the member cannot run alone, inside a
+    transaction: its filter holds ``$expr``, or its update is a pipeline
+    (``$set $addFields $unset $project $replaceRoot $replaceWith``). The
+    port finds the matching documents (``_matching``); a delete or an
+    operator update then runs on exactly those (by ``_id``, with the rest of
+    the filter for a positional ``$``); a pipeline update computes each new
+    version here and replaces each changed one. The member's result shape."""
+    ns, flt = req["ns"], req["filter"]
+    docs = yield from _matching(run, ns, flt, req["multi"], variables)
+    rest = {k: v for k, v in flt.items() if k != "$expr"}
+    if "pipeline" not in req:
+        by_id = {"_id": {"$in": [x["_id"] for x in docs]}}
+        if req["kind"] == "delete":
+            if not docs:
+                return {"deleted": 0}
+            return (yield run({"op": "delete", "ns": ns, "filter": by_id, "multi": True}))
+        fields = {k: req[k] for k in ("update", "replace", "array_filters") if k in req}
+        if docs:
+            return (yield run({"op": "update", "ns": ns, "multi": req["multi"], **fields,
+                               "filter": {"$and": [by_id, rest]} if rest else by_id}))
+        if req["upsert"]:  # seeded from the plain part of the filter, as MongoDB's
+            return (yield run({"op": "update", "ns": ns, "filter": rest, "upsert": True,
+                               **fields}))
+        return {"matched": 0, "modified": 0, "upserted_id": None}
+    pipeline = req["pipeline"]
     res = {"matched": len(docs), "modified": 0, "upserted_id": None}
     for doc in docs:
-        new = _pipelined(doc, pipeline)
+        new = _pipelined(doc, pipeline, variables)
         if new != doc:
             yield run({"op": "update", "ns": ns, "filter": {"_id": doc["_id"]}, "update": new,
                        "replace": True})
             res["modified"] += 1
     if not docs and req["upsert"]:
-        new = _pipelined(update_mod.upsert_seed(flt), pipeline)
+        new = _pipelined(update_mod.upsert_seed(rest), pipeline, variables)
         new.setdefault("_id", bson.ObjectId())
         yield run({"op": "insert", "ns": ns, "docs": [new]})
         res["upserted_id"] = new["_id"]
     return res
 
 
-def _pipelined(doc: dict, pipeline: list) -> dict:
+def _pipelined(doc: dict, pipeline: list, variables: dict | None = None) -> dict:
     """``doc`` after an update pipeline; its ``_id`` may not change (an
     upsert's seed without one may get one from the pipeline)."""
-    new = aggregate.run(iter([copy.deepcopy(doc)]), pipeline)[0]
+    new = aggregate.run(iter([copy.deepcopy(doc)]), pipeline, variables=variables)[0]
     if "_id" in doc and ("_id" not in new or encode_key(new["_id"]) != encode_key(doc["_id"])):
         raise CommandError("Performing an update on the path '_id' would modify the "
                            "immutable field '_id'", 66, "ImmutableField")
@@ -418,13 +456,17 @@ def _write(d, cmd: dict, conn, statements: list, to_req, count):
     wc = wc_fields(cmd)
     out: dict = {"n": 0}
     werrs = []
+    variables = None
     for i, st in enumerate(statements):
-        # a pipeline update: its pipeline's and expressions' errors are the statement's
-        piped = isinstance(st, dict) and isinstance(st.get("u"), list)
+        # a write the port computes: its pipeline's and expressions' errors are its own
+        piped = isinstance(st, dict) and (isinstance(st.get("u"), list) or isinstance(
+            st.get("q"), dict) and not aggregate.plain_filter(st["q"]))
         try:
             req = to_req(st)
-            if req["op"] == PIPELINE_UPDATE:
-                res = yield from _in_txn(d, cmd, lambda run: _pipeline_update(req, run))
+            if req["op"] == PORT_WRITE:
+                if variables is None:
+                    variables = aggregate.let_of(cmd) or {}
+                res = yield from _in_txn(d, cmd, lambda run: _port_write(req, run, variables))
             else:
                 res = yield from _run(d, dict(req, **wc), cmd, conn)
             count(res, i, out)
@@ -477,7 +519,7 @@ def _update(d, cmd: dict, conn):
             if st.get("arrayFilters") is not None:
                 raise CommandError("arrayFilters may not be specified for pipeline-style "
                                    "updates", 51198, "FailedToParse")
-            return {"op": PIPELINE_UPDATE, "ns": ns, "filter": _plain(st["q"]),
+            return {"op": PORT_WRITE, "ns": ns, "filter": _plain(st["q"]),
                     "pipeline": aggregate.update_pipeline(_plain(u)),
                     "multi": bool(st.get("multi")), "upsert": bool(st.get("upsert"))}
         req = {"op": "update", "ns": ns, "filter": _plain(st["q"]), "update": _plain(u),
@@ -485,7 +527,7 @@ def _update(d, cmd: dict, conn):
                "replace": composite.is_replacement(u)}
         if st.get("arrayFilters") is not None:
             req["array_filters"] = _plain(st["arrayFilters"])
-        return req
+        return _by_port(req)
 
     def count(res, i, out):
         out.setdefault("nModified", 0)
@@ -506,8 +548,8 @@ def _delete(d, cmd: dict, conn):
         if not isinstance(st, dict) or "q" not in st:
             raise bad_value("each delete needs 'q'")
         no_collation(st)
-        return {"op": "delete", "ns": ns, "filter": _plain(st["q"]),
-                "multi": int(st.get("limit", 0)) == 0}
+        return _by_port({"op": "delete", "ns": ns, "filter": _plain(st["q"]),
+                         "multi": int(st.get("limit", 0)) == 0})
 
     def count(res, i, out):
         out["n"] += res.get("deleted") or 0
@@ -568,7 +610,7 @@ def _find_computed(d, cmd: dict, conn, ns: str, flt: dict, limit: int, single: b
         pipeline.append({"$project": _plain(cmd["projection"])})
     rest, seen = {k: v for k, v in flt.items() if k != "$expr"}, {}
     out = aggregate.run(scan(d, cmd, conn, ns, rest if aggregate.plain_filter(rest) else {},
-                             seen=seen), pipeline)
+                             seen=seen), pipeline, variables=aggregate.let_of(cmd))
     return _results(d, conn, ns, out,
                     len(out) if single else (cmd.get("batchSize") or limit or None), seen)
 
@@ -672,13 +714,29 @@ def _find_and_modify(d, cmd: dict, conn) -> dict:
             raise CommandError("arrayFilters may not be specified for pipeline-style "
                                "updates", 51198, "FailedToParse")
         pipeline, upd = aggregate.update_pipeline(upd), None
-        compute = lambda doc: _pipelined(doc, pipeline)  # noqa: E731
+        variables = aggregate.let_of(cmd)
+        compute = lambda doc: _pipelined(doc, pipeline, variables)  # noqa: E731
     fields = _plain(cmd.get("fields")) or None
-    flt = _plain(cmd.get("query") or {})
-    leo, value = _atomically(d, cmd, lambda call: composite.find_and_modify(
-        call, ns, flt, upd, remove=remove, sort=_sort(cmd.get("sort")),
-        upsert=bool(cmd.get("upsert")), new=bool(cmd.get("new")),
-        array_filters=_plain(cmd.get("arrayFilters")), compute=compute))
+    flt, sort = _plain(cmd.get("query") or {}), _sort(cmd.get("sort"))
+
+    def work(call):
+        f = flt
+        if not aggregate.plain_filter(flt):  # $expr: the port picks the document
+            rest = {k: v for k, v in flt.items() if k != "$expr"}
+            test = aggregate.matcher(flt, aggregate.let_of(cmd))
+            got = call({"op": "find", "ns": ns, "filter": rest, "sort": sort})
+            hit = next((x for x in got["docs"] if test(x)), None)
+            while hit is None and got.get("cursor"):
+                got = call({"op": "getMore", "ns": ns, "cursor": got["cursor"]})
+                hit = next((x for x in got["docs"] if test(x)), None)
+            if got.get("cursor"):
+                call({"op": "killCursors", "cursors": [got["cursor"]]})
+            f = {"$and": [{"_id": {"$in": [] if hit is None else [hit["_id"]]}}, rest]}
+        return composite.find_and_modify(
+            call, ns, f, upd, remove=remove, sort=sort, upsert=bool(cmd.get("upsert")),
+            new=bool(cmd.get("new")), array_filters=_plain(cmd.get("arrayFilters")),
+            compute=compute)
+    leo, value = _atomically(d, cmd, work)
     if value is not None and fields:
         value = query.project(value, fields)
     return {"lastErrorObject": leo, "value": value}
@@ -709,7 +767,8 @@ def _aggregate(d, cmd: dict, conn) -> dict:
     out = aggregate.run(iter(source) if source is not None else scan(d, cmd, conn, ns, flt,
                                                                      seen=seen),
                         pipeline,
-                        lambda coll: scan(d, cmd, conn, f"{db}.{coll}", {}))
+                        lambda coll: scan(d, cmd, conn, f"{db}.{coll}", {}),
+                        aggregate.let_of(cmd))
     if final is not None:  # $out / $merge: written, and an empty cursor answers
         _write_output(d, cmd, db, final, out)
         out = []
