@@ -402,3 +402,20 @@ def test_sort_agrees_with_key_order(ds, da, db):
         assert c <= 0
     ref = sorted(ds, key=functools.cmp_to_key(lambda x, y: cmp(x, y, "a", da) or cmp(x, y, "b", db)))
     assert [repr(d) for d in out] == [repr(d) for d in ref]  # both sorts are stable
+
+
+def test_projection_slice_and_elem_match_as_mongodb():
+    from raymx.storage.query import project
+    d = {"_id": 1, "a": [1, 2, 3, 4, 5], "g": [{"s": 50}, {"s": 90}, {"s": 95}], "x": "y",
+         "n": 3}
+    assert project(d, {"a": {"$slice": 2}}) == {**d, "a": [1, 2]}  # every other field kept
+    assert project(d, {"a": {"$slice": -2}, "x": 1}) == {"_id": 1, "a": [4, 5], "x": "y"}
+    assert project(d, {"a": {"$slice": [-3, 2]}})["a"] == [3, 4]
+    assert project(d, {"n": {"$slice": 1}})["n"] == 3  # not an array: as it is
+    assert project(d, {"g": {"$elemMatch": {"s": {"$gte": 90}}}}) == {"_id": 1, "g": [{"s": 90}]}
+    assert project(d, {"g": {"$elemMatch": {"s": 1}}, "x": 1}) == {"_id": 1, "x": "y"}
+    assert d["a"] == [1, 2, 3, 4, 5]
+    for bad in ({"a": {"$slice": "2"}}, {"a": {"$slice": [1, -1]}}, {"a": {"$meta": "x"}},
+                {"g.s": {"$elemMatch": {}}}):
+        with pytest.raises(InvalidFilter):
+            project(d, bad)

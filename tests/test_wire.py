@@ -932,3 +932,21 @@ def test_expr_and_let_in_updates_deletes_finds_and_find_and_modify(client):
         list(c.find({"$text": {"$search": "x"}}))
     with pytest.raises(OperationFailure, match="JavaScript"):
         list(c.find({"$where": "this.a > 1"}))
+
+
+def test_projections_slice_elem_match_and_computed_fields(client):
+    c = client.t.projected
+    c.insert_one({"_id": 1, "first": "Ada", "last": "L", "a": [1, 2, 3, 4, 5],
+                  "grades": [{"s": 50}, {"s": 90}, {"s": 95}], "sub": {"xs": [7, 8, 9]}})
+    assert c.find_one({}, {"a": {"$slice": 2}})["a"] == [1, 2]
+    assert c.find_one({}, {"a": {"$slice": -2}, "first": 1}) == {"_id": 1, "first": "Ada",
+                                                                  "a": [4, 5]}
+    assert c.find_one({}, {"a": {"$slice": [1, 2]}, "_id": 0})["a"] == [2, 3]
+    assert c.find_one({}, {"sub.xs": {"$slice": 1}})["sub"] == {"xs": [7]}
+    assert c.find_one({}, {"grades": {"$elemMatch": {"s": {"$gt": 80}}}}) == {
+        "_id": 1, "grades": [{"s": 90}]}
+    assert c.find_one({}, {"name": {"$concat": ["$first", " ", "$last"]}, "_id": 0}) == {
+        "name": "Ada L"}
+    assert c.find_one({}, {"a": 1})["a"] == [1, 2, 3, 4, 5]  # stored whole
+    with pytest.raises(OperationFailure, match="slice"):
+        c.find_one({}, {"a": {"$slice": [1, 0]}})

@@ -538,10 +538,84 @@ def project(doc: dict, projection: Any) -> dict:
     """
     if projection is None:
         return dict(doc)
+    if isinstance(projection, dict) and any(type(v) is dict for v in projection.values()):
+        return _project_with_operators(doc, projection)
     include, tree = _projection(projection)
     if not projection:
         return dict(doc)
     return _include(doc, tree) if include else _exclude(doc, tree)
+
+
+def _projection_operators(projection: dict) -> tuple[dict, dict]:
+    """(the 0/1 part, {path: ("slice", arg) | ("elem", test)}) of a projection
+    with ``$slice`` or ``$elemMatch``."""
+    plain, ops = {}, {}
+    for path, v in projection.items():
+        if type(v) is not dict:
+            plain[path] = v
+            continue
+        _parts(path)
+        if len(v) != 1 or next(iter(v)) not in ("$slice", "$elemMatch"):
+            raise InvalidFilter(f"projection of {path!r}: raymx's projections take 0, 1, "
+                                f"$slice and $elemMatch, not {v!r:.60}")
+        op, arg = next(iter(v.items()))
+        if op == "$slice":
+            ok = type(arg) is int or (isinstance(arg, _ARRAY) and len(arg) == 2 and all(
+                type(x) is int for x in arg) and arg[1] > 0)
+            if not ok:
+                raise InvalidFilter(f"$slice of {path!r} takes a count or [skip, positive "
+                                    f"count], not {arg!r:.40}")
+            ops[path] = ("slice", arg)
+        else:
+            if "." in path:
+                raise InvalidFilter(f"$elemMatch projection of {path!r}: top-level fields only")
+            if not isinstance(arg, dict):
+                raise InvalidFilter(f"$elemMatch of {path!r} takes a filter document")
+            test = compile_filter({"x": {"$elemMatch": arg}})
+            ops[path] = ("elem", lambda x, t=test: t({"x": [x]}))
+    return plain, ops
+
+
+def _project_with_operators(doc: dict, projection: dict) -> dict:
+    """A projection with ``$slice`` (an array's first or last n elements, or
+    [skip, n]) or ``$elemMatch`` (an array's first element matching a filter,
+    as a one-element array; the field is left out if none does), as
+    MongoDB's: ``$elemMatch`` includes its field; ``$slice`` includes it
+    beside other included fields, and keeps every field otherwise."""
+    plain, ops = _projection_operators(projection)
+    inclusion = any(flag for p, flag in plain.items() if p != "_id") or any(
+        kind == "elem" for kind, _ in ops.values())
+    base = dict(plain, **{p: 1 for p in ops}) if inclusion else plain
+    out = project(doc, base) if base else dict(doc)
+    for path, (kind, arg) in ops.items():
+        v = get_path(doc, path)
+        if not isinstance(v, _ARRAY):
+            if kind == "elem":
+                out.pop(path, None)
+            continue
+        if kind == "elem":
+            hit = next((x for x in v if arg(x)), MISSING)
+            if hit is MISSING:
+                out.pop(path, None)
+            else:
+                out[path] = [hit]
+            continue
+        if type(arg) is int:
+            part = list(v[:arg]) if arg >= 0 else list(v[arg:])
+        else:
+            skip, n = arg
+            start = skip if skip >= 0 else max(len(v) + skip, 0)
+            part = list(v[start:start + n])
+        *head, last = path.split(".")
+        node = out
+        for p in head:  # copied on the way: the projection shares values with doc
+            if not isinstance(node.get(p), dict):
+                break
+            node[p] = node = dict(node[p])
+        else:
+            if last in node:
+                node[last] = part
+    return out
 
 
 # --- sort --------------------------------------------------------------------

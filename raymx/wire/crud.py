@@ -570,7 +570,8 @@ def _find(d, cmd: dict, conn):
     single = bool(cmd.get("singleBatch")) or limit < 0
     limit = abs(limit)
     flt = _plain(cmd.get("filter") or {})
-    if not aggregate.plain_filter(flt):  # $expr: the port's expressions, over a scan
+    if not aggregate.plain_filter(flt) or _computed_projection(cmd.get("projection")):
+        # $expr or computed fields: the port's expressions, over a scan
         return (yield blocking(_find_computed, d, cmd, conn, ns, flt, limit, single))
     batch = cmd.get("batchSize")
     req = {"op": "find", "ns": ns, "filter": flt,
@@ -586,6 +587,16 @@ def _find(d, cmd: dict, conn):
         yield call({"op": "killCursors", "cursors": [cid]}, conn.state)
         cid = 0
     return {"cursor": {"firstBatch": res["docs"], "id": Int64(cid), "ns": ns, **_at(res)}}
+
+
+def _computed_projection(proj) -> bool:
+    """A find's projection with aggregation expressions (MongoDB 4.4's), which
+    the port computes; 0/1, ``$slice`` and ``$elemMatch`` the member does."""
+    if not isinstance(proj, dict):
+        return False
+    return any(not (type(v) in (bool, int, float) and v in (0, 1)) and not (
+        isinstance(v, dict) and len(v) == 1 and next(iter(v)) in ("$slice", "$elemMatch"))
+        for v in proj.values())
 
 
 def _at(res: dict) -> dict:
