@@ -622,3 +622,17 @@ def test_sparse_and_partial_indexes_hold_only_their_documents_and_enforce_unique
     with pytest.raises(errors.InvalidOperation, match="different spec"):
         with engine.begin() as tx:
             tx.create_index(ns, "email", unique=True)  # same name, not sparse
+
+
+def test_validate_finds_a_unique_index_holding_a_key_twice(engine):
+    ns = "app.uniq"
+    engine.insert_many(ns, [{"_id": 1, "e": "a"}, {"_id": 2, "e": "b"}])
+    with engine.begin() as tx:
+        tx.create_index(ns, "e", unique=True)
+    assert engine.reader().validate(ns)["valid"]
+    from raymx.storage.keys import encode_key
+    c = engine.reader().coll(ns)
+    with engine.store.write() as t:  # a second "a", written below the engine
+        t.put("docs", c.prefix + encode_key(3), codec.pack({"_id": 3, "e": "a"}))
+    v = engine.reader().validate(ns)
+    assert not v["valid"] and any("unique" in e for e in v["errors"])

@@ -236,6 +236,8 @@ class ReadPath:
             return {"value": r.list_collections()}
         if op == "collStats":
             return {"value": r.coll_stats(req["ns"])}
+        if op == "validate":
+            return {"value": r.validate(req["ns"])}
         if op == "explain":  # a find run to its end: how it read, what it examined
             st, t0 = Stats(), time.monotonic()
             n = sum(1 for _ in r.find(req["ns"], req.get("filter"), req.get("projection"),

@@ -16,7 +16,7 @@ WRITE_OPS = {"insert", "replaceMany", "update", "delete", "createIndex", "dropIn
              "dropCollection", "createCollection", "renameCollection", "revertTo"}
 PACKED_OPS = ("insert", "replaceMany")  # their documents arrive packed, maybe in parts
 READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes",
-            "revertPlan", "collStats", "explain"}
+            "revertPlan", "collStats", "explain", "validate"}
 TXN_OPS = {"txnBegin", "txnCommit", "txnAbort"}
 
 RETRY_NS = "config.transactions"  # retryable writes' records (raymx/wire/crud.py)

@@ -268,6 +268,49 @@ class Reader:
             ixs[name] = [m, kb + vb]
         return {"ns": ns, "count": n, "size": size, "indexes": ixs}
 
+    def validate(self, ns: str, errors_max: int = 20) -> dict:
+        """Check ``ns`` against itself: every document decodes and is stored
+        under its own ``_id``'s key, and every index holds exactly the entries
+        its documents give (no entry missing, none left over). A full read of
+        the collection and its indexes; what ``validate`` answers."""
+        from raymx.storage.transaction import _index_entries  # it builds on this module
+        split_ns(ns, self.e.limits)
+        c = self.coll(ns)
+        if c is None:
+            raise errors.CollectionNotFound(f"validate: {ns} does not exist", ns=ns)
+        problems: list[str] = []
+        want: dict[str, set] = {name: set() for name in c.indexes}
+        held: dict[str, dict] = {n: {} for n, ix in c.indexes.items() if ix.unique}
+        n = 0
+        for k, v in self.t.scan("docs", c.prefix, prefix_end(c.prefix)):
+            n += 1
+            pk = k[len(c.prefix):]
+            try:
+                doc = codec.unpack_document(v)
+                if encode_key(doc.get("_id")) != pk:
+                    problems.append(f"the document stored under key {pk.hex()} has _id "
+                                    f"{doc.get('_id')!r:.60}")
+            except Exception as e:  # noqa: BLE001 (reported, not raised)
+                problems.append(f"the document under key {pk.hex()} does not decode: {e}")
+                continue
+            for name, ix in c.indexes.items():
+                for pre, key in _index_entries(ix, doc, pk):
+                    want[name].add(key)
+                    if ix.unique and held[name].setdefault(pre, pk) != pk:
+                        problems.append(f"index {name} is unique and two documents have its "
+                                        f"key {pre[len(ix.prefix):].hex()}")
+        keys, details = {"_id_": n}, {"_id_": {"valid": True}}
+        for name, ix in c.indexes.items():
+            have = {k for k, _ in self.t.scan("index", ix.prefix, prefix_end(ix.prefix))}
+            keys[name] = len(have)
+            missing, extra = len(want[name] - have), len(have - want[name])
+            details[name] = {"valid": not missing and not extra}
+            if missing or extra:
+                problems.append(f"index {name}: {missing} missing, {extra} extra entries")
+        return {"ns": ns, "nrecords": n, "nIndexes": len(keys), "keysPerIndex": keys,
+                "indexDetails": details, "valid": not problems, "errors": problems[:errors_max],
+                "warnings": []}
+
     def _tally(self, db: str, prefix: bytes) -> tuple[int, int, int]:
         """(entries, key bytes, value bytes) of ``db`` under ``prefix``."""
         n = kb = vb = 0

@@ -347,6 +347,13 @@ def _db_hash(d: Dispatcher, cmd: dict, conn) -> dict:
             "md5": whole.hexdigest(), "timeMillis": int((time.monotonic() - t0) * 1000)}
 
 
+def _validate(d: Dispatcher, cmd: dict, conn) -> dict:
+    """The member checks the collection's documents and indexes against each
+    other (``Reader.validate``); ``valid`` false with ``errors`` if not."""
+    ns = crud.ns_of(cmd, "validate")
+    return d.call({"op": "validate", "ns": ns}, conn.state)["value"]
+
+
 def _current_op(d: Dispatcher, cmd: dict, conn) -> dict:
     """The commands running on this member's wire port now, this one
     included: one per connection (a connection runs one at a time)."""
@@ -645,7 +652,7 @@ def _logout(d, cmd, conn) -> dict:
 
 COMMANDS = {
     "dbhash": _db_hash, "hostinfo": _host_info, "listcommands": _list_commands,
-    "currentop": _current_op,
+    "currentop": _current_op, "validate": _validate,
     "hello": _hello, "ismaster": _hello, "saslstart": _sasl_start,
     "saslcontinue": _sasl_continue, "logout": _logout, "ping": _ok, "buildinfo": _build_info,
     "listdatabases": _list_databases, "listcollections": _list_collections,
@@ -667,7 +674,8 @@ COMMAND_NAMES = (
     "getLog", "getMore", "getParameter", "hello", "hostInfo", "insert", "isMaster",
     "killCursors", "killSessions", "listCollections", "listCommands", "listDatabases",
     "listIndexes", "logout", "ping", "refreshSessions", "renameCollection",
-    "replSetGetStatus", "saslContinue", "saslStart", "serverStatus", "update", "whatsmyuri")
+    "replSetGetStatus", "saslContinue", "saslStart", "serverStatus", "update", "validate",
+    "whatsmyuri")
 WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "create", "drop",
                   "dropDatabase", "createIndexes", "dropIndexes", "commitTransaction",
                   "abortTransaction", "renameCollection"}
