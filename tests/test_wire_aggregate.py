@@ -313,3 +313,47 @@ def test_lookup_with_let_runs_its_pipeline_with_each_document_s_variables():
     with pytest.raises(CommandError):
         aggregate.check([{"$lookup": {"from": "s", "let": {"Bad": 1}, "pipeline": [],
                                       "as": "x"}}])
+
+
+def test_bucket_and_bucket_auto():
+    docs = [{"_id": i, "price": p} for i, p in enumerate([5, 15, 25, 35, 45, 300, None])]
+    out = aggregate.run(iter(docs), [{"$bucket": {
+        "groupBy": "$price", "boundaries": [0, 20, 50], "default": "other",
+        "output": {"n": {"$sum": 1}, "ids": {"$push": "$_id"}}}}])
+    assert out == [{"_id": 0, "n": 2, "ids": [0, 1]}, {"_id": 20, "n": 3, "ids": [2, 3, 4]},
+                   {"_id": "other", "n": 2, "ids": [5, 6]}]
+    with pytest.raises(CommandError) as e:
+        aggregate.run(iter(docs), [{"$bucket": {"groupBy": "$price", "boundaries": [0, 20]}}])
+    assert e.value.code == 40066  # no default for 25...
+    with pytest.raises(CommandError):
+        aggregate.run(iter(docs), [{"$bucket": {"groupBy": "$price", "boundaries": [5, 1]}}])
+    out = aggregate.run(iter(docs[:6]), [{"$bucketAuto": {"groupBy": "$price", "buckets": 3}}])
+    assert out == [{"_id": {"min": 5, "max": 25}, "count": 2},
+                   {"_id": {"min": 25, "max": 45}, "count": 2},
+                   {"_id": {"min": 45, "max": 300}, "count": 2}]
+
+
+def test_set_window_fields_running_totals_moving_averages_ranks_and_shift():
+    docs = [{"_id": i, "g": "ab"[i % 2], "v": v} for i, v in enumerate([3, 1, 4, 1, 5, 9, 2])]
+    out = aggregate.run(iter(docs), [{"$setWindowFields": {
+        "partitionBy": "$g", "sortBy": {"_id": 1},
+        "output": {"run": {"$sum": "$v", "window": {"documents": ["unbounded", "current"]}},
+                   "avg2": {"$avg": "$v", "window": {"documents": [-1, 0]}},
+                   "tot": {"$sum": "$v"},
+                   "num": {"$documentNumber": {}},
+                   "prev": {"$shift": {"output": "$v", "by": -1, "default": None}}}}},
+        {"$sort": {"_id": 1}}])
+    a = [d for d in out if d["g"] == "a"]  # v: 3, 4, 5, 2
+    assert [d["run"] for d in a] == [3, 7, 12, 14] and [d["tot"] for d in a] == [14] * 4
+    assert [d["avg2"] for d in a] == [3, 3.5, 4.5, 3.5] and [d["num"] for d in a] == [1, 2, 3, 4]
+    assert [d["prev"] for d in a] == [None, 3, 4, 5]
+    ranked = aggregate.run(iter(docs), [{"$setWindowFields": {
+        "sortBy": {"v": -1}, "output": {"r": {"$rank": {}}, "d": {"$denseRank": {}}}}}])
+    assert [(d["v"], d["r"], d["d"]) for d in ranked] == [
+        (9, 1, 1), (5, 2, 2), (4, 3, 3), (3, 4, 4), (2, 5, 5), (1, 6, 6), (1, 6, 6)]
+    ranged = aggregate.run(iter(docs), [{"$setWindowFields": {
+        "sortBy": {"v": 1}, "output": {"near": {"$count": {}, "window": {"range": [-1, 1]}}}}}])
+    assert [(d["v"], d["near"]) for d in ranged] == [
+        (1, 3), (1, 3), (2, 4), (3, 3), (4, 3), (5, 2), (9, 1)]
+    with pytest.raises(CommandError):
+        aggregate.run(iter(docs), [{"$setWindowFields": {"output": {"r": {"$rank": {}}}}}])
