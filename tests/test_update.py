@@ -133,7 +133,7 @@ def test_field_order_is_kept_and_new_fields_appended():
     ({"$push": {"s": 1}}, r"\$push on 's': the field holds a non-array"),
     ({"$push": {"l": {"$slice": 1}}}, "need \\$each"),
     ({"$push": {"l": {"$each": 1}}}, r"\$each needs a list"),
-    ({"$push": {"l": {"$each": [], "$sort": 1}}}, r"unknown modifier \$sort"),
+    ({"$push": {"l": {"$each": [], "$nope": 1}}}, r"unknown modifier \$nope"),
     ({"$push": {"l": {"$each": [], "$slice": "1"}}}, r"\$slice needs an integer"),
     ({"$addToSet": {"l": {"$each": [], "$slice": 1}}}, r"unknown modifier \$slice"),
     ({"$addToSet": {"e": 1}}, "non-array"),
@@ -306,3 +306,33 @@ def test_positional_operators_resolve_against_the_document_before_the_update():
             ({"$set": {"g.$[]": 0, "g.1": 5}}, None, None, "conflicts")):
         with pytest.raises(InvalidUpdate, match=msg):
             apply_update(d, update, flt=flt, array_filters=af)
+
+
+def test_current_date_push_sort_pull_all_bit_and_decimal_arithmetic():
+    import datetime
+
+    from bson import Decimal128
+    before = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    out = apply_update({"_id": 1}, {"$currentDate": {"at": True, "b.at": {"$type": "date"}}})
+    assert out["at"] == out["b"]["at"] and out["at"].microsecond % 1000 == 0
+    assert before - datetime.timedelta(seconds=1) <= out["at"] <= datetime.datetime.now(
+        datetime.timezone.utc).replace(tzinfo=None)
+    with pytest.raises(InvalidUpdate, match="timestamp"):
+        apply_update({"_id": 1}, {"$currentDate": {"t": {"$type": "timestamp"}}})
+    d = {"_id": 1, "a": [3, 1, 2], "s": [{"k": 2}, {"k": 1}], "b": 5,
+         "m": Decimal128("1.10")}
+    assert apply_update(d, {"$push": {"a": {"$each": [9, 0], "$sort": 1, "$slice": 3}}})["a"] \
+        == [0, 1, 2]
+    assert apply_update(d, {"$push": {"a": {"$each": [], "$sort": -1}}})["a"] == [3, 2, 1]
+    assert apply_update(d, {"$push": {"s": {"$each": [{"k": 0}], "$sort": {"k": 1}}}})["s"] \
+        == [{"k": 0}, {"k": 1}, {"k": 2}]
+    assert apply_update(d, {"$pullAll": {"a": [1, 3, 7]}})["a"] == [2]
+    assert apply_update(d, {"$bit": {"b": {"and": 4, "or": 2}}})["b"] == 6
+    assert apply_update(d, {"$inc": {"m": Decimal128("0.05")}})["m"] == Decimal128("1.15")
+    assert apply_update(d, {"$inc": {"m": 1}})["m"] == Decimal128("2.10")
+    assert apply_update(d, {"$mul": {"b": Decimal128("0.5")}})["b"] == Decimal128("2.5")
+    assert d["a"] == [3, 1, 2] and d["m"] == Decimal128("1.10")  # the input is not changed
+    for bad in ({"$push": {"a": {"$each": [1], "$sort": 0}}}, {"$pullAll": {"a": 1}},
+                {"$bit": {"b": {"nand": 1}}}, {"$bit": {"a": {"and": 1}}}):
+        with pytest.raises(InvalidUpdate):
+            apply_update(d, bad)

@@ -14,12 +14,17 @@ every element, ``$[name]`` every element that ``array_filters``' filter on
 """
 from __future__ import annotations
 
+import datetime
+import decimal
 import re
 from typing import Any, Callable
 
+from bson import Decimal128
+
 from raymx.storage.errors import InvalidDocument, InvalidFilter, InvalidUpdate
 from raymx.storage.keys import encode_key
-from raymx.storage.query import MISSING, compile_filter, field_conditions, get_path
+from raymx.storage.query import (MISSING, compile_filter, field_conditions, get_path,
+                                 sort_key)
 
 _ARRAY = (list, tuple)
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1  # what codec stores
@@ -267,12 +272,16 @@ def _unset(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
 
 
 def _is_number(v: Any) -> bool:
-    return type(v) in (int, float)
+    return type(v) in (int, float) or type(v) is Decimal128
+
+
+_DEC = decimal.Context(prec=34, Emin=-6143, Emax=6144, rounding=decimal.ROUND_HALF_EVEN)
 
 
 def _arith(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
     """$inc and $mul: a missing field counts as 0 (as MongoDB: it becomes 0
-    of the factor's type for $mul); ints stay within 64 bits."""
+    of the factor's type for $mul); ints stay within 64 bits; a Decimal128 on
+    either side makes the result a Decimal128 (34 digits, as BSON's)."""
     w = _where(op, path)
     if not _is_number(arg):
         what = "increment" if op == "$inc" else "factor"
@@ -285,6 +294,11 @@ def _arith(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
     elif not _is_number(cur):
         raise InvalidUpdate(f"{w}: the field holds a non-number {cur!r:.40}", operator=op,
                             field=path)
+    if type(cur) is Decimal128 or type(arg) is Decimal128:
+        a, b = (x.to_decimal() if type(x) is Decimal128 else decimal.Decimal(repr(x))
+                for x in (cur, arg))
+        _put(c, k, Decimal128(_DEC.add(a, b) if op == "$inc" else _DEC.multiply(a, b)), w)
+        return
     new = cur + arg if op == "$inc" else cur * arg
     if type(new) is int and not _INT_MIN <= new <= _INT_MAX:
         raise InvalidUpdate(f"{w}: the result {new} does not fit in 64 bits", operator=op,
@@ -354,14 +368,71 @@ def _array(d: _Cow, op: str, path: str, parts: list[str], create: bool) -> tuple
 
 
 def _push(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+    sort = arg.get("$sort") if isinstance(arg, dict) and "$sort" in arg else None
+    if sort is not None:  # checked apart: not an integer modifier
+        arg = {m: v for m, v in arg.items() if m != "$sort"}
     items, mods = _each(op, path, arg, {"$position", "$slice"})
     (c, k), cur = _array(d, op, path, parts, True)
     pos = mods.get("$position", len(cur))
     new = cur[:pos] + items + cur[pos:]
+    if sort is not None:
+        new = _sorted_elements(new, sort, _where(op, path), path)
     if "$slice" in mods:
         n = mods["$slice"]
         new = new[:n] if n >= 0 else new[n:]
     _put(c, k, new, _where(op, path))
+
+
+def _sorted_elements(arr: list, sort: Any, w: str, path: str) -> list:
+    """``$push``'s ``$sort``: 1 or -1 sorts the elements by raymx's order of
+    values; ``{field: 1 | -1, ...}`` sorts subdocuments by those fields."""
+    if type(sort) is int and sort in (1, -1):
+        return sorted(arr, key=encode_key, reverse=sort == -1)
+    if not isinstance(sort, dict) or not sort or not all(
+            type(v) is int and v in (1, -1) for v in sort.values()):
+        raise InvalidUpdate(f"{w}: $sort needs 1, -1 or {{field: 1 | -1}}", operator="$push",
+                            field=path)
+    key = sort_key(list(sort.items()))
+    return sorted(arr, key=lambda x: key(x if isinstance(x, dict) else {}))
+
+
+def _pull_all(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+    w = _where(op, path)
+    if not isinstance(arg, _ARRAY):
+        raise InvalidUpdate(f"{w}: $pullAll needs a list of values", operator=op, field=path)
+    gone = {_key(x, w) for x in arg}
+    found = _array(d, op, path, parts, False)
+    if found is not None:
+        (c, k), cur = found
+        _put(c, k, [x for x in cur if encode_key(x) not in gone], w)
+
+
+def _bit(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+    w = _where(op, path)
+    if not isinstance(arg, dict) or not arg or set(arg) - {"and", "or", "xor"} or not all(
+            type(v) is int for v in arg.values()):
+        raise InvalidUpdate(f"{w}: $bit needs {{and|or|xor: integer}}", operator=op, field=path)
+    c, k = d.loc(w, parts, True)
+    cur = _get(c, k)
+    cur = 0 if cur is MISSING else cur
+    if type(cur) is not int:
+        raise InvalidUpdate(f"{w}: the field holds a non-integer {cur!r:.40}", operator=op,
+                            field=path)
+    for how, v in arg.items():
+        cur = cur & v if how == "and" else cur | v if how == "or" else cur ^ v
+    _put(c, k, cur, w)
+
+
+def _current_date(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+    """The primary's clock, to the millisecond (BSON's precision); the oplog
+    carries the value, so every member stores the same one."""
+    w = _where(op, path)
+    if not (arg is True or arg == {"$type": "date"}):
+        raise InvalidUpdate(f"{w}: $currentDate takes true or {{$type: 'date'}} (raymx has "
+                            "no timestamp type)", operator=op, field=path)
+    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    c, k = d.loc(w, parts, True)
+    _put(c, k, now.replace(microsecond=now.microsecond // 1000 * 1000), w)
 
 
 def _add_to_set(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
@@ -416,7 +487,8 @@ def _rename(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
 _APPLY: dict[str, Callable[[_Cow, str, str, list[str], Any], None]] = {
     "$set": _set, "$unset": _unset, "$inc": _arith, "$min": _min_max, "$max": _min_max,
     "$push": _push, "$addToSet": _add_to_set, "$pull": _pull, "$rename": _rename,
-    "$mul": _arith, "$pop": _pop, "$setOnInsert": _set_on_insert,
+    "$mul": _arith, "$pop": _pop, "$setOnInsert": _set_on_insert, "$pullAll": _pull_all,
+    "$bit": _bit, "$currentDate": _current_date,
 }
 
 
