@@ -419,3 +419,30 @@ def test_projection_slice_and_elem_match_as_mongodb():
                 {"g.s": {"$elemMatch": {}}}):
         with pytest.raises(InvalidFilter):
             project(d, bad)
+
+
+def test_mod_bits_not_regex_in_regex_all_elem_match_and_comment():
+    import re as re_
+    from raymx.storage.query import compile_filter as cf
+    docs = [{"_id": i, "n": i, "s": f"Name{i}", "sub": [{"a": i}], "f": i + 0.5}
+            for i in range(12)]
+
+    def ids(flt):
+        m = cf(flt)
+        return [d["_id"] for d in docs if m(d)]
+    assert ids({"n": {"$mod": [5, 0]}}) == [0, 5, 10]
+    assert ids({"f": {"$mod": [4, 1]}}) == [1, 5, 9]  # 1.5 truncates to 1
+    assert ids({"n": {"$mod": [-3, -0]}}) == [0, 3, 6, 9]
+    assert ids({"n": {"$bitsAllSet": [0, 1]}}) == [3, 7, 11]
+    assert ids({"n": {"$bitsAnySet": 8}}) == [8, 9, 10, 11]
+    assert ids({"n": {"$bitsAllClear": 7}}) == [0, 8]
+    assert ids({"n": {"$bitsAnyClear": 3, "$lt": 4}}) == [0, 1, 2]
+    assert ids({"s": {"$not": re_.compile("^Name1")}}) == [0, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert ids({"s": {"$in": [re_.compile("1$"), "Name2"]}}) == [1, 2, 11]
+    assert ids({"s": {"$nin": [re_.compile("^Name1")]}}) == [0, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert ids({"sub": {"$all": [{"$elemMatch": {"a": {"$gt": 9}}}]}}) == [10, 11]
+    assert ids({"n": 3, "$comment": "why this query"}) == [3]
+    for bad in ({"n": {"$mod": [0, 1]}}, {"n": {"$mod": [2]}}, {"n": {"$bitsAllSet": -1}},
+                {"n": {"$bitsAnySet": [64]}}):
+        with pytest.raises(InvalidFilter):
+            cf(bad)

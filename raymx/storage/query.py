@@ -13,6 +13,7 @@ and ``$ne``/``$nin`` when none does.
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Callable, Container, Iterable, NamedTuple
 
@@ -152,10 +153,17 @@ def _compile_op(path: str, op: str, arg: Any) -> OpPred:
     if op in ("$in", "$nin"):
         if not isinstance(arg, _ARRAY):
             raise InvalidFilter(f"{what} needs a list, got {type(arg).__name__}")
-        s = {_key(x, what) for x in arg}
+        s = {_key(x, what) for x in arg if not _is_regex(x)}
+        rxs = [_regex(what, x) for x in arg if _is_regex(x)]  # a pattern matches strings
+        if rxs:
+            def hit(v, ks):
+                return any(x in s for x in ks) or any(r(v, ks) for r in rxs)
+        else:
+            def hit(v, ks):
+                return any(x in s for x in ks)
         if op == "$in":
-            return lambda v, ks: any(x in s for x in ks)
-        return lambda v, ks: not any(x in s for x in ks)
+            return hit
+        return lambda v, ks: not hit(v, ks)
     if op in _COMPARE:
         k = _key(arg, what)
         b = k[0]
@@ -172,9 +180,13 @@ def _compile_op(path: str, op: str, arg: Any) -> OpPred:
         arg = bool(arg)  # as MongoDB: {"$exists": 1}, {"$exists": 0}
         return lambda v, ks: (v is not MISSING) == arg
     if op == "$not":
-        if not isinstance(arg, dict) or not _is_ops(arg):
-            raise InvalidFilter(f"{what} needs an operator dict such as {{'$gt': 1}}")
-        inner = _compile_ops(path, arg)
+        if _is_regex(arg):
+            inner = _regex(what, arg)
+        elif not isinstance(arg, dict) or not _is_ops(arg):
+            raise InvalidFilter(f"{what} needs an operator dict such as {{'$gt': 1}}, or a "
+                                "regular expression")
+        else:
+            inner = _compile_ops(path, arg)
         return lambda v, ks: not inner(v, ks)
     if op in _MORE:
         return _MORE[op](what, arg)
@@ -226,8 +238,47 @@ def _size(what: str, arg: Any) -> OpPred:
 def _all(what: str, arg: Any) -> OpPred:
     if not isinstance(arg, _ARRAY):
         raise InvalidFilter(f"{what} needs a list")
+    if arg and all(isinstance(x, dict) and list(x) == ["$elemMatch"] for x in arg):
+        # every $elemMatch must find an element (MongoDB's idiom for arrays of documents)
+        preds = [_elem_match(what, x["$elemMatch"]) for x in arg]
+        return lambda v, ks: all(p(v, ks) for p in preds)
     want = [_key(x, what) for x in arg]
     return lambda v, ks: bool(want) and all(k in ks for k in want)
+
+
+def _number_of(v: Any) -> bool:
+    return type(v) in (int, float)
+
+
+def _mod(what: str, arg: Any) -> OpPred:
+    """``$mod: [divisor, remainder]``: numbers (or an array's) whose value,
+    truncated toward zero, leaves that remainder, as MongoDB's."""
+    if not isinstance(arg, _ARRAY) or len(arg) != 2 or not all(_number_of(x) for x in arg):
+        raise InvalidFilter(f"{what} needs [divisor, remainder], two numbers")
+    div, rem = math.trunc(arg[0]), math.trunc(arg[1])
+    if div == 0:
+        raise InvalidFilter(f"{what}: the divisor cannot be 0")
+
+    def one(x):
+        return _number_of(x) and not (isinstance(x, float) and not math.isfinite(x)) and \
+            math.fmod(math.trunc(x), div) == rem
+    return lambda v, ks: one(v) or isinstance(v, _ARRAY) and any(one(x) for x in v)
+
+
+def _bits(op: str):
+    def compile_bits(what: str, arg: Any) -> OpPred:
+        if type(arg) is int and arg >= 0:
+            mask = arg
+        elif isinstance(arg, _ARRAY) and all(type(b) is int and 0 <= b < 64 for b in arg):
+            mask = sum(1 << b for b in set(arg))
+        else:
+            raise InvalidFilter(f"{what} needs a non-negative bitmask or a list of bit "
+                                "positions (0-63)")
+        test = {"$bitsAllSet": lambda x: x & mask == mask, "$bitsAnySet": lambda x: x & mask != 0,
+                "$bitsAllClear": lambda x: x & mask == 0,
+                "$bitsAnyClear": lambda x: x & mask != mask}[op]
+        return lambda v, ks: type(v) is int and test(v)
+    return compile_bits
 
 
 def _elem_match(what: str, arg: Any) -> OpPred:
@@ -292,7 +343,9 @@ def _type(what: str, arg: Any) -> OpPred:
 
 
 _MORE: dict[str, Callable[[str, Any], OpPred]] = {
-    "$regex": _regex, "$size": _size, "$all": _all, "$elemMatch": _elem_match, "$type": _type}
+    "$regex": _regex, "$size": _size, "$all": _all, "$elemMatch": _elem_match, "$type": _type,
+    "$mod": _mod, **{b: _bits(b) for b in ("$bitsAllSet", "$bitsAnySet", "$bitsAllClear",
+                                           "$bitsAnyClear")}}
 
 
 def _compile_ops(path: str, ops: dict) -> OpPred:
@@ -338,6 +391,8 @@ def _compile(flt: Any) -> Predicate:
         raise InvalidFilter(f"a filter must be a dict, got {type(flt).__name__}")
     preds: list[Predicate] = []
     for k, cond in flt.items():
+        if k == "$comment":  # a note for the logs: matches everything
+            continue
         if isinstance(k, str) and k.startswith("$"):
             if k not in _LOGICAL:
                 raise InvalidFilter(_UNSERVED.get(k, f"unknown top-level operator {k}"),

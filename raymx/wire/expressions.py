@@ -15,6 +15,7 @@ from __future__ import annotations
 import calendar
 import datetime
 import math
+import random
 import re
 import zoneinfo
 from typing import Any, Callable
@@ -916,6 +917,12 @@ def _date_trunc(x, ev, name="$dateTrunc"):
     return _utc(out, tz)
 
 
+def _rand(x, ev, name="$rand"):
+    if x != {}:
+        raise _err("$rand takes no arguments ({})", 3040501)
+    return random.random()
+
+
 def _named(fn, name):
     return lambda x, ev: fn(x, ev, name)
 
@@ -948,7 +955,7 @@ for _name, _fn in {
     "$setIsSubset": _sets, "$setEquals": _sets,
     "$mergeObjects": _merge_objects, "$objectToArray": _object_to_array,
     "$arrayToObject": _array_to_object, "$getField": _get_field,
-    "$switch": _switch, "$let": _let,
+    "$switch": _switch, "$let": _let, "$rand": _rand,
     **{p: _date_part for p in _PARTS},
     "$dateToString": _date_to_string, "$dateFromString": _date_from_string,
     "$dateAdd": _date_add, "$dateSubtract": _date_add, "$dateDiff": _date_diff,
