@@ -668,12 +668,11 @@ COMMANDS = {
 # they are exactly the dispatch tables' keys
 COMMAND_NAMES = (
     "abortTransaction", "aggregate", "buildInfo", "collStats", "commitTransaction",
-    "connectionStatus", "currentOp", "count", "create", "createIndexes", "dbHash", "dbStats", "delete",
-    "distinct", "drop", "dropDatabase", "dropIndexes", "endSessions", "explain", "find",
-    "findAndModify",
-    "getLog", "getMore", "getParameter", "hello", "hostInfo", "insert", "isMaster",
-    "killCursors", "killSessions", "listCollections", "listCommands", "listDatabases",
-    "listIndexes", "logout", "ping", "refreshSessions", "renameCollection",
+    "connectionStatus", "count", "create", "createIndexes", "currentOp", "dbHash", "dbStats",
+    "delete", "distinct", "drop", "dropDatabase", "dropIndexes", "endSessions", "explain",
+    "find", "findAndModify", "getLog", "getMore", "getParameter", "hello", "hostInfo",
+    "insert", "isMaster", "killCursors", "killSessions", "listCollections", "listCommands",
+    "listDatabases", "listIndexes", "logout", "ping", "refreshSessions", "renameCollection",
     "replSetGetStatus", "saslContinue", "saslStart", "serverStatus", "update", "validate",
     "whatsmyuri")
 WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "create", "drop",

@@ -366,9 +366,10 @@ def _in_txn(d, cmd: dict, work):
         out = yield from work(lambda req: call(dict(req, **extra), state))
         if not inner:
             if "$retry" in cmd:  # a retryable write's record commits with it (retryable)
-                yield call({"op": "update", "ns": RETRY_NS, "filter": {"_id": cmd["$retry"]["_id"]},
-                            "update": dict(cmd["$retry"], res=out), "replace": True,
-                            "upsert": True, **extra}, state)
+                rec = cmd["$retry"]
+                yield call({"op": "update", "ns": RETRY_NS, "filter": {"_id": rec["_id"]},
+                            "update": dict(rec, res=out), "replace": True, "upsert": True,
+                            **extra}, state)
             yield call({"op": "txnCommit", **extra, **wc_fields(cmd)}, state)
         done = True
         return out
@@ -888,7 +889,7 @@ def _explain(d, cmd: dict, conn) -> dict:
     ``executionStats`` shape. Nothing is written."""
     inner = cmd.get("explain")
     kind = next(iter(inner), "").lower() if isinstance(inner, dict) else ""
-    kind = {"findandmodify": "", **{k.lower(): k for k in _EXPLAINED}}.get(kind, "")
+    kind = {k.lower(): k for k in _EXPLAINED}.get(kind, "")
     if not kind:
         raise CommandError("explain: raymx explains find, count, distinct and aggregate, not "
                            f"{next(iter(inner), None) if isinstance(inner, dict) else inner!r}",
