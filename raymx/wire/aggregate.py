@@ -775,7 +775,7 @@ def _stages(docs: Iterable[dict], pipeline: list, lookup, v: dict | None = None)
         elif name == "$sort":
             if not isinstance(arg, dict) or not arg:
                 raise _err("$sort key specification must be an object", 15973)
-            it = iter(sorted(it, key=query.sort_key([[k, int(v)] for k, v in arg.items()])))
+            it = iter(sorted(it, key=query.sort_key([[k, int(d)] for k, d in arg.items()])))
         elif name == "$skip":
             it = itertools.islice(it, _nonneg(arg, "$skip"), None)
         elif name == "$limit":
