@@ -296,7 +296,8 @@ _TYPE_CODES = {1: "double", 2: "string", 3: "object", 4: "array", 5: "binData", 
                8: "bool", 9: "date", 10: "null", 16: "int", 18: "long", 19: "decimal"}
 
 
-def _type_name(v: Any) -> str | None:
+def type_name(v: Any) -> str | None:
+    """The BSON type name (``$type``'s) of a stored value; None for another."""
     import datetime
     import uuid
     t = type(v)
@@ -336,9 +337,9 @@ def _type(what: str, arg: Any) -> OpPred:
     def match(v, ks):
         if v is MISSING:
             return False
-        if _type_name(v) in names:
+        if type_name(v) in names:
             return True
-        return isinstance(v, _ARRAY) and any(_type_name(x) in names for x in v)
+        return isinstance(v, _ARRAY) and any(type_name(x) in names for x in v)
     return match
 
 

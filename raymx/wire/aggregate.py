@@ -1,36 +1,25 @@
 """Aggregation pipelines, pure code over documents (the wire port's
 ``aggregate``): ``$match $project $addFields/$set $unset $sort $skip $limit
-$group $count $unwind $sample $replaceRoot/$replaceWith $sortByCount $facet
+$count $unwind $sample $replaceRoot/$replaceWith $sortByCount $facet
 $lookup`` (``localField``/``foreignField``, or a ``pipeline`` with or without
 ``let``, or both; the other collection comes from the caller's ``lookup``),
-``$unionWith $bucket $bucketAuto $setWindowFields``, and a ``$match``'s
-top-level ``$expr``; a last ``$out`` or
-``$merge`` is checked here (``output_spec``) and written by the caller;
-``$group`` accumulators ``$sum $avg $min $max $first $last $push $addToSet
-$count $mergeObjects $stdDevPop $stdDevSamp``; expressions: field paths
-(``"$a.b"``), variables (``"$$ROOT"``, ``"$$CURRENT"``, ``"$$REMOVE"``,
-``"$$NOW"`` and those of ``$let $map $filter $reduce``), literals,
-``$literal $add $subtract $multiply $divide $mod $concat $toLower $toUpper
-$size $cond $ifNull $eq $ne $gt $gte $lt $lte $and $or $not $in
-$arrayElemAt`` here and the rest in ``expressions.py`` (math, strings,
-conversions, arrays, objects, ``$switch``, dates). Values compare in
-raymx's order (``raymx.storage.keys``), as filters and sorts do.
+``$unionWith``, and a ``$match``'s top-level ``$expr``; ``$group $bucket
+$bucketAuto $setWindowFields`` are ``grouping.py``'s; a last ``$out`` or
+``$merge`` is checked here (``output_spec``) and written by the caller.
+Expressions are evaluated by ``evaluation.py`` (with ``expressions.py`` and
+``dates.py``).
 """
 from __future__ import annotations
 
-import bisect
 import copy
-import datetime
 import itertools
 import random
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from raymx.storage import query
-from raymx.storage.keys import encode_key
-from raymx.wire import expressions
-from raymx.wire.errors import CommandError
+from raymx.wire import grouping
+from raymx.wire.evaluation import MISSING, _err, _set_path, _truthy, evaluate
 
-MISSING = query.MISSING
 STAGES = ("$match", "$project", "$addFields", "$set", "$unset", "$sort", "$skip", "$limit",
           "$group", "$count", "$unwind", "$sample", "$replaceRoot", "$replaceWith",
           "$sortByCount", "$facet", "$lookup", "$collStats", "$unionWith", "$out", "$merge",
@@ -38,10 +27,6 @@ STAGES = ("$match", "$project", "$addFields", "$set", "$unset", "$sort", "$skip"
 OUTPUTS = ("$out", "$merge")  # the last stage only: the caller writes the output
 _MERGE_FIELDS = {"into", "on", "whenMatched", "whenNotMatched"}
 _LOOKUP_FIELDS = {"from", "as", "localField", "foreignField", "pipeline", "let"}
-
-
-def _err(msg: str, code: int = 40324) -> CommandError:
-    return CommandError(msg, code, "Location%d" % code if code not in (2, 14) else "BadValue")
 
 
 def check(pipeline: list, top: bool = True) -> None:
@@ -171,176 +156,7 @@ def plain_filter(flt) -> bool:
     return isinstance(flt, dict) and not any(k in ("$expr", "$text", "$where") for k in flt)
 
 
-# --- expressions -----------------------------------------------------------
-def _path(doc, path: str) -> Any:
-    vals = query.reach(doc, path)
-    if len(vals) == 1:
-        return vals[0]
-    return [v for v in vals if v is not MISSING]
-
-
-def _variable(e: str, doc: dict, root: dict, variables: dict | None) -> Any:
-    """``$$name`` or ``$$name.path``: ``ROOT``/``CURRENT``, ``REMOVE``,
-    ``NOW``, or a variable of ``$let``, ``$map``, ``$filter``, ``$reduce``."""
-    name, _, rest = e[2:].partition(".")
-    if name in ("ROOT", "CURRENT"):
-        base = root if name == "ROOT" else doc
-    elif variables is not None and name in variables:
-        base = variables[name]
-    elif name == "REMOVE":
-        return MISSING
-    elif name == "NOW":
-        return datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
-    else:
-        raise _err(f"Use of undefined variable: {name}", 17276)
-    if not rest:
-        return base
-    return _path(base, rest) if isinstance(base, (dict, list)) else MISSING
-
-
-def _num(v, op: str):
-    if v is None or v is MISSING:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise _err(f"{op} only supports numeric types, not {type(v).__name__}", 16554)
-    return v
-
-
-def _cmp(a, b) -> int:
-    ka = encode_key(None if a is MISSING else a)
-    kb = encode_key(None if b is MISSING else b)
-    return (ka > kb) - (ka < kb)
-
-
-def _args(x, doc, root, n: int | None = None, op: str = "", variables=None) -> list:
-    args = x if isinstance(x, list) else [x]
-    if n is not None and len(args) != n:
-        raise _err(f"Expression {op} takes exactly {n} arguments. {len(args)} were passed in.",
-                   16020)
-    return [evaluate(a, doc, root, variables) for a in args]
-
-
-def _arith(op, vals):
-    vals = [_num(v, op) for v in vals]
-    if any(v is None for v in vals):
-        return None
-    if op == "$add":
-        return sum(vals)
-    if op == "$multiply":
-        out = 1
-        for v in vals:
-            out *= v
-        return out
-    a, b = vals
-    if op == "$subtract":
-        return a - b
-    if b == 0:
-        raise _err(f"can't {op[1:]} by zero", 16608)
-    return a / b if op == "$divide" else a % b
-
-
-_COMPARE = {"$eq": lambda c: c == 0, "$ne": lambda c: c != 0, "$gt": lambda c: c > 0,
-            "$gte": lambda c: c >= 0, "$lt": lambda c: c < 0, "$lte": lambda c: c <= 0}
-
-
-def _truthy(v) -> bool:
-    return v not in (None, False, 0, MISSING) if not isinstance(v, (list, dict, str)) else True
-
-
-def _op(op: str, x, doc, root, variables=None):
-    if op == "$literal":
-        return x
-    if op in ("$add", "$multiply"):
-        return _arith(op, _args(x, doc, root, variables=variables))
-    if op in ("$subtract", "$divide", "$mod"):
-        return _arith(op, _args(x, doc, root, 2, op, variables))
-    if op in _COMPARE:
-        a, b = _args(x, doc, root, 2, op, variables)
-        return _COMPARE[op](_cmp(a, b))
-    if op == "$concat":
-        vals = _args(x, doc, root, variables=variables)
-        if any(v is None or v is MISSING for v in vals):
-            return None
-        if not all(isinstance(v, str) for v in vals):
-            raise _err("$concat only supports strings", 16702)
-        return "".join(vals)
-    if op in ("$toLower", "$toUpper"):
-        (v,) = _args(x, doc, root, 1, op, variables)
-        s = "" if v is None or v is MISSING else str(v)
-        return s.lower() if op == "$toLower" else s.upper()
-    if op == "$size":
-        (v,) = _args(x, doc, root, 1, op, variables)
-        if not isinstance(v, list):
-            raise _err("The argument to $size must be an array", 17124)
-        return len(v)
-    if op == "$cond":
-        if isinstance(x, dict):
-            x = [x.get("if"), x.get("then"), x.get("else")]
-        c, a, b = x
-        return evaluate(a if _truthy(evaluate(c, doc, root, variables)) else b, doc, root,
-                        variables)
-    if op == "$ifNull":
-        vals = _args(x, doc, root, variables=variables)
-        return next((v for v in vals[:-1] if v is not None and v is not MISSING), vals[-1])
-    if op == "$and":
-        return all(_truthy(v) for v in _args(x, doc, root, variables=variables))
-    if op == "$or":
-        return any(_truthy(v) for v in _args(x, doc, root, variables=variables))
-    if op == "$not":
-        (v,) = _args(x, doc, root, 1, op, variables)
-        return not _truthy(v)
-    if op == "$in":
-        v, arr = _args(x, doc, root, 2, op, variables)
-        if not isinstance(arr, list):
-            raise _err("$in requires an array as a second argument", 40081)
-        return any(_cmp(v, a) == 0 for a in arr)
-    if op == "$arrayElemAt":
-        arr, i = _args(x, doc, root, 2, op, variables)
-        if not isinstance(arr, list):
-            return None
-        return arr[i] if -len(arr) <= i < len(arr) else MISSING
-    fn = expressions.OPS.get(op)
-    if fn is None:
-        raise _err(f"Unrecognized expression '{op}'", 168)
-    return fn(x, lambda e, more=None: evaluate(
-        e, doc, root, variables if not more else dict(variables or {}, **more)))
-
-
-def evaluate(e, doc: dict, root: dict | None = None, variables: dict | None = None):
-    root = doc if root is None else root
-    if isinstance(e, str):
-        if e.startswith("$$"):
-            return _variable(e, doc, root, variables)
-        if e.startswith("$"):
-            return _path(doc, e[1:])
-        return e
-    if isinstance(e, dict):
-        if len(e) == 1:
-            k = next(iter(e))
-            if k.startswith("$"):
-                return _op(k, e[k], doc, root, variables)
-        return {k: v for k, v in ((k, evaluate(x, doc, root, variables)) for k, x in e.items())
-                if v is not MISSING}
-    if isinstance(e, list):
-        return [evaluate(x, doc, root, variables) for x in e]
-    return e
-
-
 # --- stages ----------------------------------------------------------------
-def _set_path(doc: dict, path: str, value) -> None:
-    parts = path.split(".")
-    cur = doc
-    for p in parts[:-1]:
-        nxt = cur.get(p)
-        if not isinstance(nxt, dict):
-            nxt = cur[p] = {}
-        cur = nxt
-    if value is MISSING:
-        cur.pop(parts[-1], None)
-    else:
-        cur[parts[-1]] = value
-
-
 def _project(docs, spec: dict, variables=None):
     if not isinstance(spec, dict) or not spec:
         raise _err("$project requires at least one output field", 40177)
@@ -400,260 +216,6 @@ def _unwind(docs, spec):
             out = copy.deepcopy(d)
             if index:
                 out[index] = None
-            yield out
-
-
-_ACCUMULATORS = ("$sum", "$avg", "$min", "$max", "$first", "$last", "$push", "$addToSet",
-                 "$count", "$mergeObjects", "$stdDevPop", "$stdDevSamp")
-
-
-class _Acc:
-    """One accumulator (``$group``'s, ``$bucket``'s, a window's) fed value by
-    value; ``result()`` is its value so far."""
-
-    __slots__ = ("op", "n", "sum", "sq", "v", "set", "vals", "seen")
-
-    def __init__(self, op: str):
-        self.op, self.n, self.sum, self.sq, self.v, self.set = op, 0, 0, 0.0, None, False
-        self.vals: list = []
-        self.seen: dict = {}
-
-    def add(self, v) -> None:
-        op = self.op
-        if op in ("$sum", "$count", "$avg", "$stdDevPop", "$stdDevSamp"):
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                self.sum += v
-                self.n += 1
-                if op in ("$stdDevPop", "$stdDevSamp"):
-                    self.vals.append(v)
-        elif op in ("$min", "$max"):
-            if v is not None and v is not MISSING and (
-                    not self.set or (_cmp(v, self.v) < 0) == (op == "$min") and _cmp(v, self.v)):
-                self.v, self.set = v, True
-        elif op == "$first":
-            if not self.set:
-                self.v, self.set = (None if v is MISSING else v), True
-        elif op == "$last":
-            self.v, self.set = (None if v is MISSING else v), True
-        elif op == "$push":
-            if v is not MISSING:
-                self.vals.append(v)
-        elif op == "$addToSet":
-            if v is not MISSING:
-                self.seen.setdefault(encode_key(v), v)
-        elif op == "$mergeObjects":
-            if isinstance(v, dict):
-                self.v = {**(self.v or {}), **v}
-            elif v is not None and v is not MISSING:
-                raise _err(f"$mergeObjects requires object inputs, not {v!r:.40}", 40400)
-
-    def result(self):
-        op = self.op
-        if op in ("$sum", "$count"):
-            return self.sum
-        if op == "$avg":
-            return self.sum / self.n if self.n else None
-        if op in ("$stdDevPop", "$stdDevSamp"):
-            n = self.n - (op == "$stdDevSamp")
-            mean = self.sum / self.n if self.n else 0
-            return (sum((x - mean) ** 2 for x in self.vals) / n) ** 0.5 if n > 0 else None
-        if op == "$mergeObjects":
-            return self.v or {}
-        if op == "$push":
-            return list(self.vals)
-        if op == "$addToSet":
-            return list(self.seen.values())
-        return self.v
-
-
-def _accumulators(spec: dict, what: str) -> dict:
-    """{field: (op, expression)} of a stage's accumulator fields (all but ``_id``)."""
-    accs = {}
-    for field, acc in spec.items():
-        if field == "_id":
-            continue
-        if not isinstance(acc, dict) or len(acc) != 1 or next(iter(acc)) not in _ACCUMULATORS:
-            raise _err(f"unknown {what} operator for field '{field}'", 15952)
-        accs[field] = next(iter(acc.items()))
-    return accs
-
-
-def _group(docs, spec: dict, variables=None, key=None):
-    """``$group``; ``key(doc)`` instead of evaluating ``spec["_id"]`` (``$bucket``)."""
-    if not isinstance(spec, dict) or ("_id" not in spec and key is None):
-        raise _err("a group specification must include an _id", 15955)
-    accs = _accumulators(spec, "group")
-    groups: dict[bytes, tuple] = {}
-    for d in docs:
-        gid = key(d) if key is not None else evaluate(spec["_id"], d, None, variables)
-        gid = None if gid is MISSING else gid
-        k = encode_key(gid)
-        g = groups.get(k)
-        if g is None:
-            g = groups[k] = (gid, {f: _Acc(op) for f, (op, _) in accs.items()})
-        for field, (op, e) in accs.items():
-            g[1][field].add(1 if op == "$count" else evaluate(e, d, None, variables))
-    for gid, st in groups.values():
-        yield {"_id": gid, **{f: a.result() for f, a in st.items()}}
-
-
-def _bucket(docs, spec: dict, variables=None):
-    """``$bucket``: documents by ``groupBy`` into ``[boundary, next)``, the
-    rest into ``default``; buckets in boundary order, ``default`` last."""
-    if not isinstance(spec, dict) or "groupBy" not in spec or "boundaries" not in spec \
-            or set(spec) - {"groupBy", "boundaries", "default", "output"}:
-        raise _err("$bucket needs groupBy and boundaries (and may take default, output)",
-                   40197)
-    bounds = spec["boundaries"]
-    if not isinstance(bounds, list) or len(bounds) < 2 or any(
-            _cmp(a, b) >= 0 for a, b in zip(bounds, bounds[1:])):
-        raise _err("$bucket's boundaries must be an array of at least two values, "
-                   "ascending", 40194)
-    output = spec.get("output") or {"count": {"$sum": 1}}
-    keys = [encode_key(b) for b in bounds]
-    has_default = "default" in spec
-
-    def key(d):
-        v = evaluate(spec["groupBy"], d, None, variables)
-        k = encode_key(None if v is MISSING else v)
-        i = bisect.bisect_right(keys, k) - 1
-        if 0 <= i < len(bounds) - 1:
-            return bounds[i]
-        if not has_default:
-            raise _err(f"$bucket could not find a matching branch for an input, and no "
-                       f"default was specified: {v!r:.60}", 40066)
-        return spec["default"]
-    out = list(_group(docs, dict(output), variables, key))
-    order = {encode_key(b): i for i, b in enumerate(bounds)}
-    return sorted(out, key=lambda g: order.get(encode_key(g["_id"]), len(bounds)))
-
-
-def _bucket_auto(docs, spec: dict, variables=None):
-    """``$bucketAuto``: documents sorted by ``groupBy`` into ``buckets`` groups
-    of about equal size (equal values stay together); ``_id`` is ``{min,
-    max}``, each ``max`` the next bucket's ``min`` (the last: its largest)."""
-    if not isinstance(spec, dict) or "groupBy" not in spec or "buckets" not in spec \
-            or set(spec) - {"groupBy", "buckets", "output", "granularity"}:
-        raise _err("$bucketAuto needs groupBy and buckets (and may take output)", 40241)
-    if "granularity" in spec:
-        raise _err("$bucketAuto's granularity is not supported by raymx", 2)
-    n = spec["buckets"]
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise _err("$bucketAuto's buckets must be a positive integer", 40243)
-    output = spec.get("output") or {"count": {"$sum": 1}}
-    accs = _accumulators(output, "bucketAuto")
-    rows = sorted(((evaluate(spec["groupBy"], d, None, variables), d) for d in docs),
-                  key=lambda r: encode_key(None if r[0] is MISSING else r[0]))
-    size = -(-len(rows) // n) if rows else 0
-    groups, i = [], 0
-    while i < len(rows):
-        j = min(i + size, len(rows))
-        while j < len(rows) and _cmp(rows[j][0], rows[j - 1][0]) == 0:
-            j += 1  # equal values share a bucket
-        groups.append(rows[i:j])
-        i = j
-    out = []
-    for gi, g in enumerate(groups):
-        st = {f: _Acc(op) for f, (op, _) in accs.items()}
-        for _, d in g:
-            for f, (op, e) in accs.items():
-                st[f].add(1 if op == "$count" else evaluate(e, d, None, variables))
-        hi = groups[gi + 1][0][0] if gi + 1 < len(groups) else g[-1][0]
-        out.append({"_id": {"min": g[0][0], "max": hi}, **{f: a.result() for f, a in st.items()}})
-    return out
-
-
-_RANKS = ("$rank", "$denseRank", "$documentNumber")
-
-
-def _window_bounds(w, i: int, n: int, sort_vals: list | None) -> tuple[int, int]:
-    """[lo, hi) of the documents in window ``w`` around position ``i`` of ``n``."""
-    if w is None:
-        return 0, n
-    if not isinstance(w, dict) or len(w) != 1 or next(iter(w)) not in ("documents", "range"):
-        raise _err("a window is {documents: [lo, hi]} or {range: [lo, hi]}", 5371600)
-    kind, (lo, hi) = next(iter(w.items()))
-    if kind == "documents":
-        a = 0 if lo == "unbounded" else i if lo == "current" else i + int(lo)
-        b = n if hi == "unbounded" else i + 1 if hi == "current" else i + int(hi) + 1
-        return max(a, 0), min(b, n)
-    if sort_vals is None:
-        raise _err("a range window needs sortBy on one numeric field", 5339902)
-    x = sort_vals[i]
-    a = 0 if lo == "unbounded" else next((k for k in range(n) if sort_vals[k] >= (
-        x if lo == "current" else x + lo)), n)
-    b = n if hi == "unbounded" else next((k for k in range(n - 1, -1, -1) if sort_vals[k] <= (
-        x if hi == "current" else x + hi)), -1) + 1
-    return a, b
-
-
-def _set_window_fields(docs, spec: dict, variables=None):
-    """``$setWindowFields``: per partition (``partitionBy``), in ``sortBy``
-    order, each output field is an accumulator over a window of documents
-    (``documents`` positions or a numeric ``range`` of the sort field; the
-    whole partition by default), ``$rank``/``$denseRank``/``$documentNumber``,
-    or ``$shift``."""
-    if not isinstance(spec, dict) or not isinstance(spec.get("output"), dict) \
-            or set(spec) - {"partitionBy", "sortBy", "output"}:
-        raise _err("$setWindowFields needs output (and may take partitionBy, sortBy)", 40415)
-    sort_by = spec.get("sortBy")
-    outs = {}
-    for field, o in spec["output"].items():
-        if not isinstance(o, dict):
-            raise _err(f"$setWindowFields output {field!r} must be an object", 40415)
-        ops = [k for k in o if k != "window"]
-        if len(ops) != 1 or (ops[0] not in _ACCUMULATORS + _RANKS + ("$shift",)):
-            raise _err(f"$setWindowFields output {field!r}: unknown window function "
-                       f"{ops[:1]}", 5371601)
-        if ops[0] in _RANKS + ("$shift",) and not sort_by:
-            raise _err(f"{ops[0]} needs a sortBy", 5371602)
-        outs[field] = (ops[0], o[ops[0]], o.get("window"))
-    parts: dict[bytes, list] = {}
-    for d in docs:
-        pid = evaluate(spec["partitionBy"], d, None, variables) if "partitionBy" in spec \
-            else None
-        parts.setdefault(encode_key(None if pid is MISSING else pid), []).append(d)
-    keyf = query.sort_key([[k, int(v)] for k, v in sort_by.items()]) if sort_by else None
-    one = next(iter(sort_by)) if sort_by and len(sort_by) == 1 else None
-    for part in parts.values():
-        if keyf is not None:
-            part.sort(key=keyf)
-        n = len(part)
-        sort_vals = [query.get_path(d, one) for d in part] if one is not None else None
-        keys = [keyf(d) for d in part] if keyf is not None else None
-        results = {}
-        for field, (op, arg, w) in outs.items():
-            col = []
-            if op in _RANKS:
-                rank = dense = 0
-                for i in range(n):
-                    if i == 0 or keys[i] != keys[i - 1]:
-                        rank, dense = i + 1, dense + 1
-                    col.append({"$rank": rank, "$denseRank": dense,
-                                "$documentNumber": i + 1}[op])
-            elif op == "$shift":
-                if not isinstance(arg, dict) or "output" not in arg or not isinstance(
-                        arg.get("by"), int) or isinstance(arg.get("by"), bool):
-                    raise _err("$shift needs output and an integer by", 5371603)
-                for i in range(n):
-                    j = i + arg["by"]
-                    col.append(evaluate(arg["output"], part[j], None, variables)
-                               if 0 <= j < n else evaluate(arg.get("default"), {}, None,
-                                                           variables))
-            else:
-                vals = [1 if op == "$count" else evaluate(arg, d, None, variables)
-                        for d in part]
-                for i in range(n):
-                    lo, hi = _window_bounds(w, i, n, sort_vals)
-                    acc = _Acc(op)
-                    for v in vals[lo:hi]:
-                        acc.add(v)
-                    col.append(acc.result())
-            results[field] = col
-        for i, d in enumerate(part):
-            out = copy.deepcopy(d)
-            for field, col in results.items():
-                _set_path(out, field, col[i])
             yield out
 
 
@@ -784,7 +346,7 @@ def _stages(docs: Iterable[dict], pipeline: list, lookup, v: dict | None = None)
                 raise _err("the limit must be positive", 15958)
             it = itertools.islice(it, n)
         elif name == "$group":
-            it = _group(it, arg, v)
+            it = grouping.group(it, arg, v)
         elif name == "$count":
             if not isinstance(arg, str) or not arg or arg.startswith("$") or "." in arg:
                 raise _err("the count field must be a non-empty string without '$' or '.'",
@@ -806,7 +368,7 @@ def _stages(docs: Iterable[dict], pipeline: list, lookup, v: dict | None = None)
                     isinstance(arg, dict) and len(arg) == 1 and next(iter(arg)).startswith("$")):
                 raise _err("the sortByCount field must be a $-prefixed path or an expression",
                            40148)
-            it = iter(sorted(_group(it, {"_id": arg, "count": {"$sum": 1}}, v),
+            it = iter(sorted(grouping.group(it, {"_id": arg, "count": {"$sum": 1}}, v),
                              key=lambda g: -g["count"]))
         elif name == "$facet":
             pool = list(it)
@@ -815,11 +377,11 @@ def _stages(docs: Iterable[dict], pipeline: list, lookup, v: dict | None = None)
         elif name == "$lookup":
             it = _lookup(it, arg, lookup, v)
         elif name == "$bucket":
-            it = iter(_bucket(it, arg, v))
+            it = iter(grouping.bucket(it, arg, v))
         elif name == "$bucketAuto":
-            it = iter(_bucket_auto(it, arg, v))
+            it = iter(grouping.bucket_auto(it, arg, v))
         elif name == "$setWindowFields":
-            it = _set_window_fields(it, arg, v)
+            it = grouping.set_window_fields(it, arg, v)
         elif name == "$unionWith":
             if lookup is None:
                 raise _err("$unionWith is not available here", 2)

@@ -6,18 +6,14 @@ computes them. Pure code over decoded documents.
 Each operator is ``fn(arg, ev)``: ``arg`` is its unevaluated argument and
 ``ev(expr, more_vars=None)`` evaluates an expression against the current
 document, with ``more_vars`` (``$$name``) added for ``$map``, ``$filter``,
-``$reduce`` and ``$let``. Dates are BSON's: UTC, to the millisecond (the
-port decodes them as naive UTC ``datetime``); a ``timezone`` is an Olson
-name or a ``+hh:mm`` offset.
+``$reduce`` and ``$let``. The date operators are in ``dates.py``.
 """
 from __future__ import annotations
 
-import calendar
 import datetime
 import math
 import random
 import re
-import zoneinfo
 from typing import Any, Callable
 
 import bson
@@ -198,7 +194,7 @@ def _index_of(x, ev, name="$indexOfCP"):
     if name == "$indexOfArray":
         if not isinstance(s, list):
             raise _err("$indexOfArray requires an array as its first argument", 40090)
-        from raymx.wire.aggregate import _cmp
+        from raymx.wire.evaluation import _cmp
         hit = [i for i, v in enumerate(s[:end]) if i >= start and _cmp(v, sub) == 0]
         return hit[0] if hit else -1
     if not isinstance(s, str) or not isinstance(sub, str):
@@ -241,24 +237,24 @@ def _regex(x, ev, name="$regexMatch"):
 
 
 # --- types and conversions ---------------------------------------------------
-_TYPE_NAMES = (  # after bool, Int64, int and the missing value (see _type)
-    (float, "double"), (str, "string"), (dict, "object"), (list, "array"),
-    ((bytes, bson.binary.Binary), "binData"), (bson.ObjectId, "objectId"),
-    (datetime.datetime, "date"), (Decimal128, "decimal"),
-    ((bson.regex.Regex, re.Pattern), "regex"), (bson.timestamp.Timestamp, "timestamp"),
-    (bson.min_key.MinKey, "minKey"), (bson.max_key.MaxKey, "maxKey"),
+_WIRE_TYPES = (  # BSON types pymongo decodes that raymx does not store
+    (bson.binary.Binary, "binData"), ((bson.regex.Regex, re.Pattern), "regex"),
+    (bson.timestamp.Timestamp, "timestamp"), (bson.min_key.MinKey, "minKey"),
+    (bson.max_key.MaxKey, "maxKey"),
 )
 
 
 def _type(v) -> str:
-    """``$type``'s name of ``v``'s BSON type."""
-    if v is MISSING or v is None:
-        return "missing" if v is MISSING else "null"
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, int):
-        return "int" if not isinstance(v, Int64) and _INT32[0] <= v <= _INT32[1] else "long"
-    return next((name for t, name in _TYPE_NAMES if isinstance(v, t)), type(v).__name__)
+    """``$type``'s name of ``v``'s BSON type: the query engine's for the types
+    raymx stores (``$type`` in filters), and the wire's own."""
+    if v is MISSING:
+        return "missing"
+    if isinstance(v, Int64):
+        return "long"
+    name = query.type_name(v)
+    if name is not None:
+        return name
+    return next((n for t, n in _WIRE_TYPES if isinstance(v, t)), type(v).__name__)
 
 
 def _ms(d: datetime.datetime) -> int:
@@ -378,7 +374,8 @@ def _to_date(v):
     if isinstance(v, bson.ObjectId):
         return v.generation_time.replace(tzinfo=None)
     if isinstance(v, str):
-        return _parse_date(v, None, None)
+        from raymx.wire.dates import parse_date  # it builds on this module's helpers
+        return parse_date(v, None, None)
     raise _conversion(f"Unsupported conversion from {_type(v)} to date")
 
 
@@ -458,7 +455,7 @@ def _map(x, ev, name="$map"):
 
 
 def _filter(x, ev, name="$filter"):
-    from raymx.wire.aggregate import _truthy
+    from raymx.wire.evaluation import _truthy
     a = _fields(name, x, ("input", "cond"), ("as", "limit"))
     arr, var = ev(a["input"]), _var_name(a, "this", name)
     if _null(arr):
@@ -558,7 +555,7 @@ def _sum(x, ev, name="$sum"):
 
 
 def _extreme(x, ev, name="$max"):
-    from raymx.wire.aggregate import _cmp
+    from raymx.wire.evaluation import _cmp
     vals = [v for v in _numbers_of(x, ev, name) if not _null(v)]
     if not vals:
         return None
@@ -570,7 +567,7 @@ def _extreme(x, ev, name="$max"):
 
 
 def _all_any(x, ev, name="$allElementsTrue"):
-    from raymx.wire.aggregate import _truthy
+    from raymx.wire.evaluation import _truthy
     (v,) = _n(name, x, ev, 1)
     v = _array(v, name)
     return all(map(_truthy, v)) if name == "$allElementsTrue" else any(map(_truthy, v))
@@ -654,7 +651,7 @@ def _get_field(x, ev, name="$getField"):
 
 # --- control -----------------------------------------------------------------
 def _switch(x, ev, name="$switch"):
-    from raymx.wire.aggregate import _truthy
+    from raymx.wire.evaluation import _truthy
     a = _fields(name, x, ("branches",), ("default",))
     if not isinstance(a["branches"], list):
         raise _err("$switch expected an array for 'branches'", 40061)
@@ -678,243 +675,6 @@ def _let(x, ev, name="$let"):
         _var_name({"as": k}, k, name)
         more[k] = ev(e)
     return ev(a["in"], more)
-
-
-# --- dates -------------------------------------------------------------------
-def _zone(tz):
-    if _null(tz) or tz in ("UTC", "GMT", "Z"):
-        return None
-    if not isinstance(tz, str):
-        raise _err(f"timezone must be a string, not {_type(tz)}", 40517)
-    m = re.fullmatch(r"([+-])(\d\d):?(\d\d)", tz) or re.fullmatch(r"([+-])(\d\d)()", tz)
-    if m:
-        delta = datetime.timedelta(hours=int(m.group(2)), minutes=int(m.group(3) or 0))
-        return datetime.timezone(-delta if m.group(1) == "-" else delta)
-    try:
-        return zoneinfo.ZoneInfo(tz)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        raise _err(f"unrecognized time zone identifier: \"{tz}\"", 40485) from None
-
-
-def _local(d: datetime.datetime, tz) -> datetime.datetime:
-    """``d`` (naive UTC) as wall-clock time in ``tz`` (naive)."""
-    if tz is None:
-        return d
-    return d.replace(tzinfo=datetime.timezone.utc).astimezone(tz).replace(tzinfo=None)
-
-
-def _utc(d: datetime.datetime, tz) -> datetime.datetime:
-    """Wall-clock ``d`` in ``tz`` back to naive UTC."""
-    if tz is None:
-        return d
-    return d.replace(tzinfo=tz).astimezone(datetime.timezone.utc).replace(tzinfo=None)
-
-
-def _date_arg(x, ev, name: str):
-    """(date or None for null, zone) of a date part operator's argument."""
-    if isinstance(x, dict) and "date" in x and not any(k.startswith("$") for k in x):
-        a = _fields(name, x, ("date",), ("timezone",))
-        v, tz = ev(a["date"]), _zone(ev(a["timezone"])) if "timezone" in a else None
-    else:
-        (v,) = _n(name, x, ev, 1)
-        tz = None
-    if _null(v):
-        return None, tz
-    if isinstance(v, bson.ObjectId):
-        v = v.generation_time.replace(tzinfo=None)
-    elif isinstance(v, bson.timestamp.Timestamp):
-        v = _date_of_ms(v.time * 1000)
-    if not isinstance(v, datetime.datetime):
-        raise _err(f"can't convert from BSON type {_type(v)} to Date", 16006)
-    return _local(v, tz), tz
-
-
-_PARTS = {
-    "$year": lambda d: d.year, "$month": lambda d: d.month, "$dayOfMonth": lambda d: d.day,
-    "$hour": lambda d: d.hour, "$minute": lambda d: d.minute, "$second": lambda d: d.second,
-    "$millisecond": lambda d: d.microsecond // 1000,
-    "$dayOfWeek": lambda d: d.isoweekday() % 7 + 1, "$dayOfYear": lambda d: d.timetuple().tm_yday,
-    "$week": lambda d: int(d.strftime("%U")), "$isoWeek": lambda d: d.isocalendar()[1],
-    "$isoWeekYear": lambda d: d.isocalendar()[0], "$isoDayOfWeek": lambda d: d.isoweekday(),
-}
-
-
-def _date_part(x, ev, name="$year"):
-    d, _ = _date_arg(x, ev, name)
-    return None if d is None else _PARTS[name](d)
-
-
-_FORMAT = {
-    "Y": lambda d: f"{d.year:04d}", "m": lambda d: f"{d.month:02d}",
-    "d": lambda d: f"{d.day:02d}", "H": lambda d: f"{d.hour:02d}",
-    "M": lambda d: f"{d.minute:02d}", "S": lambda d: f"{d.second:02d}",
-    "L": lambda d: f"{d.microsecond // 1000:03d}", "j": lambda d: f"{d.timetuple().tm_yday:03d}",
-    "w": lambda d: str(d.isoweekday() % 7 + 1), "u": lambda d: str(d.isoweekday()),
-    "U": lambda d: d.strftime("%U"), "V": lambda d: f"{d.isocalendar()[1]:02d}",
-    "G": lambda d: f"{d.isocalendar()[0]:04d}", "%": lambda d: "%",
-}
-DEFAULT_DATE_FORMAT = "%Y-%m-%dT%H:%M:%S.%LZ"
-
-
-def _format_date(d: datetime.datetime, fmt: str, tz) -> str:
-    out, i = [], 0
-    while i < len(fmt):
-        c = fmt[i]
-        if c != "%":
-            out.append(c)
-            i += 1
-            continue
-        spec = fmt[i + 1:i + 2]
-        if spec == "z" or spec == "Z":
-            off = (tz.utcoffset(_utc(d, tz)) if tz is not None else datetime.timedelta(0))
-            mins = int(off.total_seconds() // 60)
-            out.append(f"{'+' if mins >= 0 else '-'}{abs(mins) // 60:02d}{abs(mins) % 60:02d}"
-                       if spec == "z" else str(mins))
-        elif spec in _FORMAT:
-            out.append(_FORMAT[spec](d))
-        else:
-            raise _err(f"Invalid format character '%{spec}' in format string", 18536)
-        i += 2
-    return "".join(out)
-
-
-def _date_to_string(x, ev, name="$dateToString"):
-    a = _fields(name, x, ("date",), ("format", "timezone", "onNull"))
-    v = ev(a["date"])
-    if _null(v):
-        return ev(a["onNull"]) if "onNull" in a else None
-    tz = _zone(ev(a["timezone"])) if "timezone" in a else None
-    if isinstance(v, bson.ObjectId):
-        v = v.generation_time.replace(tzinfo=None)
-    if not isinstance(v, datetime.datetime):
-        raise _err(f"can't convert from BSON type {_type(v)} to Date", 16006)
-    fmt = ev(a["format"]) if "format" in a else DEFAULT_DATE_FORMAT
-    if not isinstance(fmt, str):
-        raise _err("$dateToString requires that 'format' be a string", 18533)
-    return _format_date(_local(v, tz), fmt, tz)
-
-
-_STRPTIME = {"Y": "%Y", "m": "%m", "d": "%d", "H": "%H", "M": "%M", "S": "%S", "L": "%f",
-             "j": "%j", "z": "%z", "%": "%%"}
-
-
-def _parse_date(s: str, fmt, tz) -> datetime.datetime:
-    try:
-        if fmt is None:
-            t = s.strip().replace("Z", "+00:00")
-            d = datetime.datetime.fromisoformat(t)
-        else:
-            pattern = re.sub(r"%(.)", lambda m: _STRPTIME.get(m.group(1), "%" + m.group(1)),
-                             fmt)
-            d = datetime.datetime.strptime(s, pattern)
-    except ValueError as e:
-        raise _conversion(f"Error parsing date string '{s}': {e}") from None
-    if d.tzinfo is not None:
-        return d.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-    return _utc(d, tz)
-
-
-def _date_from_string(x, ev, name="$dateFromString"):
-    a = _fields(name, x, ("dateString",), ("format", "timezone", "onError", "onNull"))
-    s = ev(a["dateString"])
-    if _null(s):
-        return ev(a["onNull"]) if "onNull" in a else None
-    tz = _zone(ev(a["timezone"])) if "timezone" in a else None
-    fmt = ev(a["format"]) if "format" in a else None
-    try:
-        if not isinstance(s, str):
-            raise _conversion(f"$dateFromString requires that 'dateString' be a string, "
-                              f"found: {_type(s)}")
-        return _parse_date(s, fmt, tz)
-    except CommandError:
-        if "onError" in a:
-            return ev(a["onError"])
-        raise
-
-
-_UNITS = {"millisecond": datetime.timedelta(milliseconds=1),
-          "second": datetime.timedelta(seconds=1), "minute": datetime.timedelta(minutes=1),
-          "hour": datetime.timedelta(hours=1), "day": datetime.timedelta(days=1),
-          "week": datetime.timedelta(weeks=1)}
-_MONTHS = {"month": 1, "quarter": 3, "year": 12}
-
-
-def _unit(u) -> str:
-    if u not in _UNITS and u not in _MONTHS:
-        raise _err(f"unknown time unit value: {u!r:.40}", 9)
-    return u
-
-
-def _add_months(d: datetime.datetime, n: int) -> datetime.datetime:
-    y, m = divmod(d.month - 1 + n, 12)
-    year = d.year + y
-    day = min(d.day, calendar.monthrange(year, m + 1)[1])
-    return d.replace(year=year, month=m + 1, day=day)
-
-
-def _date_add(x, ev, name="$dateAdd"):
-    a = _fields(name, x, ("startDate", "unit", "amount"), ("timezone",))
-    d, unit, n = ev(a["startDate"]), ev(a["unit"]), ev(a["amount"])
-    if _null(d) or _null(unit) or _null(n):
-        return None
-    if not isinstance(d, datetime.datetime):
-        raise _err(f"{name} requires startDate to be a date, not {_type(d)}", 5166403)
-    n = _int_arg(n, name, "amount") * (-1 if name == "$dateSubtract" else 1)
-    unit = _unit(unit)
-    if unit in _UNITS:
-        return d + n * _UNITS[unit]
-    tz = _zone(ev(a["timezone"])) if "timezone" in a else None
-    return _utc(_add_months(_local(d, tz), n * _MONTHS[unit]), tz)
-
-
-def _date_diff(x, ev, name="$dateDiff"):
-    a = _fields(name, x, ("startDate", "endDate", "unit"), ("timezone", "startOfWeek"))
-    s, e, unit = ev(a["startDate"]), ev(a["endDate"]), ev(a["unit"])
-    if _null(s) or _null(e) or _null(unit):
-        return None
-    if not isinstance(s, datetime.datetime) or not isinstance(e, datetime.datetime):
-        raise _err(f"{name} requires startDate and endDate to be dates", 5166307)
-    unit = _unit(unit)
-    tz = _zone(ev(a["timezone"])) if "timezone" in a else None
-    s, e = _local(s, tz), _local(e, tz)
-    if unit in _MONTHS:
-        months = (e.year - s.year) * 12 + e.month - s.month
-        return months // _MONTHS[unit] if unit != "quarter" else (
-            (e.year * 12 + e.month - 1) // 3 - (s.year * 12 + s.month - 1) // 3)
-    if unit == "week":  # boundaries crossed (weeks start on Sunday)
-        def sunday(d):
-            d = d.replace(hour=0, minute=0, second=0, microsecond=0)
-            return d - datetime.timedelta(days=d.isoweekday() % 7)
-        return (sunday(e) - sunday(s)).days // 7
-    size = _UNITS[unit]
-
-    def floor(d):
-        return EPOCH + ((d - EPOCH) // size) * size
-    return (floor(e) - floor(s)) // size
-
-
-def _date_trunc(x, ev, name="$dateTrunc"):
-    a = _fields(name, x, ("date", "unit"), ("binSize", "timezone", "startOfWeek"))
-    d, unit = ev(a["date"]), ev(a["unit"])
-    if _null(d) or _null(unit):
-        return None
-    if not isinstance(d, datetime.datetime):
-        raise _err(f"{name} requires 'date' to be a date, not {_type(d)}", 5439012)
-    unit = _unit(unit)
-    bins = _int_arg(ev(a["binSize"]), name, "binSize") if "binSize" in a else 1
-    tz = _zone(ev(a["timezone"])) if "timezone" in a else None
-    local = _local(d, tz)
-    if unit in _MONTHS:
-        months = (local.year * 12 + local.month - 1)
-        months -= months % (_MONTHS[unit] * bins)
-        out = datetime.datetime(months // 12, months % 12 + 1, 1)
-    elif unit == "week":
-        day = local.replace(hour=0, minute=0, second=0, microsecond=0)
-        out = day - datetime.timedelta(days=day.isoweekday() % 7)
-    else:
-        size = _UNITS[unit] * bins
-        out = EPOCH + ((local - EPOCH) // size) * size
-    return _utc(out, tz)
 
 
 def _rand(x, ev, name="$rand"):
@@ -956,9 +716,5 @@ for _name, _fn in {
     "$mergeObjects": _merge_objects, "$objectToArray": _object_to_array,
     "$arrayToObject": _array_to_object, "$getField": _get_field,
     "$switch": _switch, "$let": _let, "$rand": _rand,
-    **{p: _date_part for p in _PARTS},
-    "$dateToString": _date_to_string, "$dateFromString": _date_from_string,
-    "$dateAdd": _date_add, "$dateSubtract": _date_add, "$dateDiff": _date_diff,
-    "$dateTrunc": _date_trunc,
 }.items():
     OPS[_name] = _named(_fn, _name)

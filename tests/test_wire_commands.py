@@ -1,0 +1,173 @@
+"""The MongoDB wire port's commands beyond CRUD, with the real pymongo:
+renameCollection, sparse and partial indexes, explain, validate, dbHash,
+currentOp and the host's facts (a member served in process)."""
+import pytest
+from pymongo.errors import DuplicateKeyError, OperationFailure
+
+from raymx.storage.limits import Limits
+from tests.port_helpers import serving
+from tests.test_wire import client, served  # noqa: F401 (the fixtures)
+
+
+def test_db_hash_host_info_list_commands_and_database_sizes(client):
+    from raymx.wire import commands, crud
+    db = client.hashes
+    db.a.insert_many([{"_id": i, "v": "x" * i} for i in range(50)])
+    db.b.insert_one({"_id": "only"})
+    h1 = db.command("dbHash")
+    assert set(h1["collections"]) == {"a", "b"} and len(h1["md5"]) == 32
+    assert db.command("dbHash", collections=["b"])["collections"] == {
+        "b": h1["collections"]["b"]}
+    assert db.command("dbHash")["md5"] == h1["md5"]  # the same data, the same hash
+    db.a.update_one({"_id": 3}, {"$set": {"v": "changed"}})
+    h2 = db.command("dbHash")
+    assert h2["collections"]["a"] != h1["collections"]["a"]
+    assert h2["collections"]["b"] == h1["collections"]["b"] and h2["md5"] != h1["md5"]
+    info = client.admin.command("hostInfo")
+    assert info["system"]["numCores"] >= 1 and info["os"]["type"]
+    names = client.admin.command("listCommands")["commands"]
+    assert {"find", "aggregate", "dbHash", "listCommands"} <= set(names)
+    assert {n.lower() for n in commands.COMMAND_NAMES} == \
+        set(commands.COMMANDS) | set(crud.COMMANDS)
+    dbs = {x["name"]: x for x in client.admin.command("listDatabases")["databases"]}
+    assert dbs["hashes"]["sizeOnDisk"] > 50 and not dbs["hashes"]["empty"]
+
+
+def test_rename_collection_through_pymongo(client):
+    db = client.ren
+    db.a.insert_many([{"_id": i, "k": i % 2} for i in range(5)])
+    db.a.create_index("k")
+    stream = db.watch(max_await_time_ms=200)
+    db.a.rename("b")
+    assert db.list_collection_names() == ["b"] and db.b.count_documents({"k": 1}) == 2
+    assert "k_1" in db.b.index_information()
+    db.c.insert_one({"_id": "c"})
+    with pytest.raises(OperationFailure) as e:
+        db.b.rename("c")
+    assert e.value.code == 48  # NamespaceExists
+    db.b.rename("c", dropTarget=True)
+    assert db.list_collection_names() == ["c"] and db.c.count_documents({}) == 5
+    with pytest.raises(OperationFailure) as e:
+        db.nope.rename("x")
+    assert e.value.code == 26  # NamespaceNotFound
+    client.admin.command("renameCollection", "ren.c", to="ren2.moved")  # across databases
+    assert client.ren2.moved.count_documents({}) == 5
+    evs = []
+    for _ in range(20):
+        ev = stream.try_next()
+        if ev is not None:
+            evs.append(ev)
+        if any(x["operationType"] == "rename" and x["to"]["coll"] == "c" for x in evs):
+            break
+    renames = [(x["ns"]["coll"], x["to"]["coll"]) for x in evs if x["operationType"] == "rename"]
+    assert renames[:2] == [("a", "b"), ("b", "c")]
+    stream.close()
+
+
+def test_rename_collection_through_the_native_driver(tmp_path):
+    from tests.port_helpers import client_of
+    with serving(tmp_path, Limits(sync_interval_ms=20)) as (p, svc):
+        cl = client_of(p)
+        c = cl["n"]["a"]
+        c.insert_one({"_id": 1})
+        b = c.rename("b")
+        assert b.full_name == "n.b" and b.find_one({"_id": 1}) == {"_id": 1}
+        from raymx import errors
+        cl["n"]["x"].insert_one({"_id": 2})
+        with pytest.raises(errors.CollectionExists):
+            b.rename("x")
+        assert b.rename("x", drop_target=True).count_documents({}) == 1
+        s = cl["n"]["s"]  # and a unique sparse index from the native driver
+        s.create_index("e", unique=True, sparse=True)
+        s.insert_one({"_id": 1})
+        s.insert_one({"_id": 2})
+        with pytest.raises(errors.DuplicateKey):
+            s.insert_many([{"_id": 3, "e": 1}, {"_id": 4, "e": 1}])
+        assert s.list_indexes()[1]["sparse"] is True
+        cl.close()
+
+
+def test_sparse_and_partial_indexes_through_pymongo(client):
+    c = client.t.accounts
+    c.create_index("email", unique=True, sparse=True)
+    c.create_index("code", unique=True, partialFilterExpression={"active": {"$eq": True}})
+    c.insert_many([{"_id": 1, "email": "a@x"}, {"_id": 2}, {"_id": 3},
+                   {"_id": 4, "code": 7, "active": True}, {"_id": 5, "code": 7}])
+    with pytest.raises(DuplicateKeyError):
+        c.insert_one({"_id": 6, "email": "a@x"})
+    with pytest.raises(DuplicateKeyError):
+        c.insert_one({"_id": 6, "code": 7, "active": True})
+    info = c.index_information()
+    assert info["email_1"]["sparse"] is True and info["email_1"]["unique"] is True
+    assert info["code_1"]["partialFilterExpression"] == {"active": {"$eq": True}}
+    assert sorted(d["_id"] for d in c.find({"email": {"$exists": False}})) == [2, 3, 4, 5]
+    with pytest.raises(OperationFailure) as e:
+        c.create_index("z", hidden=True)
+    assert e.value.code == 197  # an option raymx does not have is refused, named
+
+
+def test_explain_says_how_a_read_reads(client):
+    c = client.t.explained
+    c.insert_many([{"_id": i, "a": i % 10, "b": i} for i in range(100)])
+    c.create_index("a")
+    ex = c.find({"a": 3}).explain()
+    ip = ex["queryPlanner"]["winningPlan"]["inputStage"]
+    assert ip["stage"] == "IXSCAN" and ip["indexName"] == "a_1" and ip["keyPattern"] == {"a": 1}
+    st = ex["executionStats"]
+    assert st["nReturned"] == 10 and st["totalDocsExamined"] == 10
+    ex = c.find({"b": {"$gte": 90}}).sort("b", -1).limit(3).explain()
+    w = ex["queryPlanner"]["winningPlan"]
+    assert w["stage"] == "LIMIT" and w["inputStage"]["stage"] == "SORT"
+    assert w["inputStage"]["inputStage"]["stage"] == "COLLSCAN"
+    assert ex["executionStats"]["nReturned"] == 3
+    assert ex["executionStats"]["totalDocsExamined"] == 100
+    assert c.find({"_id": 5}).explain()["queryPlanner"]["winningPlan"]["stage"] == "IDHACK"
+    ex = client.t.command("explain", {"count": "explained", "query": {"a": 1}})
+    assert ex["executionStats"]["nReturned"] == 10
+    ex = client.t.command("aggregate", "explained", pipeline=[{"$match": {"a": 2}},
+                                                              {"$count": "n"}], explain=True)
+    assert ex["queryPlanner"]["winningPlan"]["inputStage"]["indexName"] == "a_1"
+    with pytest.raises(OperationFailure):
+        client.t.command("explain", {"insert": "explained", "documents": [{}]})
+    assert c.count_documents({}) == 100
+
+
+def test_current_op_lists_the_commands_running_now(client):
+    ops = client.admin.command("currentOp")["inprog"]
+    me = [o for o in ops if o["command"].get("currentOp")]
+    assert len(me) == 1 and me[0]["active"] and me[0]["ns"] == "admin.$cmd"
+    assert me[0]["microsecs_running"] >= 0
+    assert not any("find" in o["command"] for o in ops)  # nothing else runs
+    import threading
+    import time
+    stream = client.t.watched.watch(max_await_time_ms=3000)
+    waiting = threading.Thread(target=stream.try_next)
+    waiting.start()  # a getMore that waits for events
+    time.sleep(0.5)
+    ops = client.admin.command("currentOp")["inprog"]
+    more = [o for o in ops if "getMore" in o["command"]]
+    waiting.join(10)
+    stream.close()
+    assert len(more) == 1 and more[0]["op"] == "getmore" and more[0]["ns"] == "t.watched"
+    assert more[0]["secs_running"] >= 0 and more[0]["microsecs_running"] > 100_000
+
+
+def test_validate_checks_documents_against_their_indexes(served, client):
+    _, svc = served
+    c = client.t.checked
+    c.insert_many([{"_id": i, "a": i % 3, "tags": ["x", f"t{i}"]} for i in range(30)])
+    c.create_index("a")
+    c.create_index("tags", sparse=True)
+    v = client.t.command("validate", "checked")
+    assert v["valid"] and v["nrecords"] == 30 and v["errors"] == []
+    assert v["keysPerIndex"] == {"_id_": 30, "a_1": 30, "tags_1": 90}  # multikey: 3 each
+    ix = svc.e.reader().coll("t.checked").indexes["a_1"]
+    with svc.e.store.write() as t:  # lose one index entry behind raymx's back
+        k = next(iter(t.scan("index", ix.prefix, ix.prefix + b"\xff")))[0]
+        t.delete("index", k)
+    v = client.t.command("validate", "checked")
+    assert not v["valid"] and v["indexDetails"]["a_1"] == {"valid": False}
+    assert v["errors"] == ["index a_1: 1 missing, 0 extra entries"]
+    with pytest.raises(OperationFailure) as e:
+        client.t.command("validate", "nope")
+    assert e.value.code == 26

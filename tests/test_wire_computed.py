@@ -1,0 +1,170 @@
+"""What the MongoDB wire port computes itself, with the real pymongo: aggregation
+output written by $out and $merge, pipeline updates, $expr and let in every
+command that filters, computed projections (a member served in process)."""
+import bson
+import pytest
+from pymongo import ReturnDocument
+from pymongo.errors import OperationFailure, WriteError
+
+from tests.test_wire import client, served  # noqa: F401 (the fixtures)
+
+
+def test_out_merge_union_and_date_expressions_through_pymongo(client):
+    """What data pipelines ask of aggregate: $out replaces a collection (its
+    indexes kept), $merge upserts by _id in each mode, $unionWith, and
+    expressions over real BSON dates."""
+    import datetime
+    db = client.pipe
+    day = datetime.datetime(2024, 3, 5, 14, 7, 9, 123000)
+    db.sales.insert_many([{"_id": i, "item": "ab"[i % 2], "qty": i,
+                           "at": day + datetime.timedelta(days=i)} for i in range(6)])
+    db.report.insert_one({"_id": "stale"})
+    db.report.create_index("total")
+    pipeline = [{"$group": {"_id": {"$dateToString": {"date": "$at", "format": "%Y-%m"}},
+                            "total": {"$sum": "$qty"}, "items": {"$addToSet": "$item"}}},
+                {"$set": {"n": {"$size": "$items"}, "first": {"$toDate": "2024-03-01"}}},
+                {"$out": "report"}]
+    assert list(db.sales.aggregate(pipeline)) == []
+    assert list(db.report.find({}, {"items": 0})) == [
+        {"_id": "2024-03", "total": 15, "n": 2, "first": datetime.datetime(2024, 3, 1)}]
+    assert "total_1" in db.report.index_information()  # $out keeps the target's indexes
+    # $merge: the default (merge matched, insert the rest)
+    db.totals.insert_many([{"_id": "a", "qty": -1, "keep": True}])
+    db.sales.aggregate([{"$group": {"_id": "$item", "qty": {"$sum": "$qty"}}},
+                        {"$merge": "totals"}])
+    assert list(db.totals.find().sort("_id")) == [{"_id": "a", "qty": 6, "keep": True},
+                                                 {"_id": "b", "qty": 9}]
+    # replace + discard: "a" replaced whole, nothing inserted
+    db.sales.aggregate([{"$group": {"_id": {"$concat": ["$item", ""]}, "n": {"$sum": 1}}},
+                        {"$set": {"_id": {"$cond": [{"$eq": ["$_id", "b"]}, "c", "$_id"]}}},
+                        {"$merge": {"into": "totals", "whenMatched": "replace",
+                                    "whenNotMatched": "discard"}}])
+    assert list(db.totals.find().sort("_id")) == [{"_id": "a", "n": 3}, {"_id": "b", "qty": 9}]
+    # keepExisting + insert; then fail on a match, which writes nothing
+    db.sales.aggregate([{"$project": {"_id": {"$toString": "$qty"}}},
+                        {"$unionWith": {"coll": "totals", "pipeline": [{"$project": {"_id": 1}}]}},
+                        {"$merge": {"into": "totals", "whenMatched": "keepExisting"}}])
+    assert db.totals.count_documents({}) == 8 and db.totals.find_one({"_id": "a"})["n"] == 3
+    with pytest.raises(OperationFailure) as e:
+        db.sales.aggregate([{"$project": {"_id": {"$toString": "$qty"}}},
+                            {"$set": {"new": 1}},
+                            {"$merge": {"into": "totals", "whenMatched": "fail"}}])
+    assert e.value.code == 11000 and db.totals.count_documents({"new": 1}) == 0
+    with pytest.raises(OperationFailure) as e:
+        db.sales.aggregate([{"$project": {"_id": "$item"}},
+                            {"$merge": {"into": "fresh", "whenNotMatched": "fail"}}])
+    assert e.value.code == 13113 and "fresh" not in db.list_collection_names()
+    with pytest.raises(OperationFailure) as e:
+        db.sales.aggregate([{"$out": "x"}, {"$match": {}}])
+    assert e.value.code == 40601
+    # a $merge inside a driver transaction commits with it, or not at all
+    with client.start_session() as s:
+        with s.start_transaction():
+            db.sales.aggregate([{"$match": {"qty": 0}}, {"$merge": "in_txn"}], session=s)
+            s.abort_transaction()
+    assert db.in_txn.count_documents({}) == 0
+
+
+def test_updates_with_a_pipeline(client):
+    """update_one / update_many / upserts whose update is an aggregation
+    pipeline, computed from each document's own fields, atomically."""
+    import uuid
+    c = client.t.pipe_upd
+    c.insert_many([{"_id": i, "first": f"F{i}", "last": "L", "qty": i, "tags": ["a"]}
+                   for i in range(4)])
+    r = c.update_one({"_id": 1}, [{"$set": {"name": {"$concat": ["$first", " ", "$last"]},
+                                            "qty": {"$multiply": ["$qty", 10]}}},
+                                  {"$unset": "first"}])
+    assert (r.matched_count, r.modified_count) == (1, 1)
+    assert c.find_one({"_id": 1}) == {"_id": 1, "last": "L", "qty": 10, "tags": ["a"],
+                                      "name": "F1 L"}
+    r = c.update_many({"qty": {"$lt": 4}}, [{"$set": {"tags": {"$concatArrays": [
+        "$tags", [{"$toString": "$qty"}]]}}}])
+    assert (r.matched_count, r.modified_count) == (3, 3)
+    assert c.find_one({"_id": 3})["tags"] == ["a", "3"]
+    r = c.update_one({"_id": 9, "kind": "new"}, [{"$set": {"k2": {"$toUpper": "$kind"}}}],
+                     upsert=True)
+    assert r.upserted_id == 9 and c.find_one({"_id": 9}) == {"_id": 9, "kind": "new",
+                                                             "k2": "NEW"}
+    r = c.update_one({"_id": 9}, [{"$set": {"k2": "NEW"}}])  # nothing changes
+    assert (r.matched_count, r.modified_count) == (1, 0)
+    with pytest.raises(WriteError) as e:
+        c.update_one({"_id": 2}, [{"$set": {"_id": 20}}])
+    assert e.value.code == 66 and c.find_one({"_id": 2})["qty"] == 2
+    with pytest.raises(WriteError) as e:
+        c.update_one({"_id": 2}, [{"$group": {"_id": 1}}])
+    assert e.value.code == 40324
+    # a retry of the same retryable write (same lsid and txnNumber) is answered
+    # from its record, not applied twice
+    lsid = {"id": bson.Binary(uuid.uuid4().bytes, 4)}
+    cmd = {"update": "pipe_upd", "updates": [{"q": {"_id": 3}, "u": [
+        {"$set": {"qty": {"$add": ["$qty", 1]}}}]}], "lsid": lsid, "txnNumber": bson.Int64(7)}
+    first = client.t.command(dict(cmd))
+    again = client.t.command(dict(cmd))
+    assert first["nModified"] == again["nModified"] == 1 and c.find_one({"_id": 3})["qty"] == 4
+
+
+def test_find_one_and_update_with_a_pipeline(client):
+    c = client.t.fam_pipe
+    c.insert_one({"_id": 1, "n": 2, "hist": []})
+    after = c.find_one_and_update({"_id": 1}, [{"$set": {"n": {"$add": ["$n", 1]},
+                                                         "hist": {"$concatArrays": [
+                                                             "$hist", ["$n"]]}}}],
+                                  return_document=ReturnDocument.AFTER)
+    assert after == {"_id": 1, "n": 3, "hist": [2]}
+    before = c.find_one_and_update({"_id": 1}, [{"$unset": "hist"}])
+    assert before["hist"] == [2] and c.find_one({"_id": 1}) == {"_id": 1, "n": 3}
+    up = c.find_one_and_update({"_id": 2, "k": "x"}, [{"$set": {"K": {"$toUpper": "$k"}}}],
+                               upsert=True, return_document=ReturnDocument.AFTER)
+    assert up == {"_id": 2, "k": "x", "K": "X"}
+    with pytest.raises(OperationFailure) as e:
+        c.find_one_and_update({"_id": 1}, [{"$set": {"_id": 5}}])
+    assert e.value.code == 66 and c.find_one({"_id": 1}) == {"_id": 1, "n": 3}
+
+
+def test_expr_and_let_in_updates_deletes_finds_and_find_and_modify(client):
+    """Filters with $expr (comparing a document's own fields) and commands'
+    let variables, in every command that filters: the port tests the $expr,
+    the member writes exactly the documents it selected, in one transaction."""
+    c = client.t.exprs
+    c.insert_many([{"_id": i, "a": i, "b": 10 - i, "tag": "t"} for i in range(10)])
+    r = c.update_many({"$expr": {"$gt": ["$a", "$b"]}, "tag": "t"}, {"$set": {"big": True}})
+    assert (r.matched_count, r.modified_count) == (4, 4)
+    assert sorted(x["_id"] for x in c.find({"big": True})) == [6, 7, 8, 9]
+    r = c.update_one({"$expr": {"$eq": ["$a", "$$want"]}}, {"$inc": {"a": 100}},
+                     let={"want": 3})
+    assert r.modified_count == 1 and c.find_one({"_id": 3})["a"] == 103
+    r = c.update_one({"$expr": {"$eq": ["$a", -1]}, "tag": "new"}, {"$set": {"n": 1}},
+                     upsert=True)
+    assert c.find_one({"_id": r.upserted_id}) == {"_id": r.upserted_id, "tag": "new", "n": 1}
+    assert c.delete_many({"$expr": {"$lt": ["$a", "$b"]}}).deleted_count == 4  # 0, 1, 2, 4
+    assert list(c.find({"$expr": {"$eq": ["$a", "$$v"]}}, let={"v": 5})) == [
+        {"_id": 5, "a": 5, "b": 5, "tag": "t"}]
+    doc = c.find_one_and_update({"$expr": {"$gte": ["$a", 8]}}, {"$set": {"hit": 1}},
+                                sort=[("_id", -1)], return_document=ReturnDocument.AFTER)
+    assert doc["_id"] == 9 and doc["hit"] == 1
+    assert c.find_one_and_delete({"$expr": {"$eq": ["$a", 1000]}}) is None
+    out = list(c.aggregate([{"$match": {"$expr": {"$eq": ["$a", "$$x"]}}}], let={"x": 6}))
+    assert [x["_id"] for x in out] == [6]
+    with pytest.raises(OperationFailure, match="text index"):
+        list(c.find({"$text": {"$search": "x"}}))
+    with pytest.raises(OperationFailure, match="JavaScript"):
+        list(c.find({"$where": "this.a > 1"}))
+
+
+def test_projections_slice_elem_match_and_computed_fields(client):
+    c = client.t.projected
+    c.insert_one({"_id": 1, "first": "Ada", "last": "L", "a": [1, 2, 3, 4, 5],
+                  "grades": [{"s": 50}, {"s": 90}, {"s": 95}], "sub": {"xs": [7, 8, 9]}})
+    assert c.find_one({}, {"a": {"$slice": 2}})["a"] == [1, 2]
+    assert c.find_one({}, {"a": {"$slice": -2}, "first": 1}) == {"_id": 1, "first": "Ada",
+                                                                  "a": [4, 5]}
+    assert c.find_one({}, {"a": {"$slice": [1, 2]}, "_id": 0})["a"] == [2, 3]
+    assert c.find_one({}, {"sub.xs": {"$slice": 1}})["sub"] == {"xs": [7]}
+    assert c.find_one({}, {"grades": {"$elemMatch": {"s": {"$gt": 80}}}}) == {
+        "_id": 1, "grades": [{"s": 90}]}
+    assert c.find_one({}, {"name": {"$concat": ["$first", " ", "$last"]}, "_id": 0}) == {
+        "name": "Ada L"}
+    assert c.find_one({}, {"a": 1})["a"] == [1, 2, 3, 4, 5]  # stored whole
+    with pytest.raises(OperationFailure, match="slice"):
+        c.find_one({}, {"a": {"$slice": [1, 0]}})
