@@ -1,7 +1,8 @@
 """mongosh (the npm package; ``./dev setup`` installs it into .tools/mongosh
 when node and npm are present) runs a script against a 3-member set through
 ``rs.mongodb_uri()`` (the string pymongo takes too): documents with a Date and an ObjectId,
-an index, a find, an aggregate with $group, ``rs.status()``; it prints JSON
+an index, a find, an aggregate with $group, ``rs.status()``, ``rs.conf()``,
+``rs.printSecondaryReplicationInfo()`` and ``db.currentOp()``; it prints JSON
 that the test checks, and the native driver reads what mongosh wrote. Skipped,
 saying why, when mongosh is not installed."""
 import datetime
@@ -39,6 +40,9 @@ const groups = t.aggregate([
   {$group: {_id: "$kind", total: {$sum: "$n"}, count: {$sum: 1}, last: {$max: "$at"}}},
   {$sort: {_id: 1}}]).toArray();
 const st = rs.status();
+const conf = rs.conf();
+const lag = rs.printSecondaryReplicationInfo();  // each secondary's lag behind the primary
+const lagText = JSON.stringify(lag.value !== undefined ? lag.value : lag);
 print(JSON.stringify({
   inserted: Object.keys(ins.insertedIds).length,
   index: ix,
@@ -50,6 +54,12 @@ print(JSON.stringify({
   groups: groups.map(g => [g._id, g.total, g.count, g.last.toISOString()]),
   count: t.countDocuments({}),
   members: st.members.map(m => m.stateStr).sort(),
+  optimeDates: st.members.every(m => m.optimeDate instanceof Date && m.optimeDate > at),
+  confHosts: conf.members.map(m => m.host).sort().join(",") ===
+    st.members.map(m => m.name).sort().join(","),
+  lagSources: (lagText.match(/source: /g) || []).length,
+  behind: /secs \([0-9.]+ hrs\) behind the primary/.test(lagText),
+  currentOp: db.currentOp().inprog.length > 0,
   startupWarnings: db.adminCommand({getLog: "startupWarnings"}).log.length,
 }));
 """
@@ -94,6 +104,8 @@ def test_mongosh_runs_a_script_against_a_three_member_set(ray_session, tmp_path)
             "groups": [["a", 4, 2, "2026-11-25T06:00:00.123Z"],
                        ["b", 2, 1, "2026-11-26T00:00:00.000Z"]],
             "count": 3, "members": ["PRIMARY", "SECONDARY", "SECONDARY"],
+            "optimeDates": True, "confHosts": True, "lagSources": 2, "behind": True,
+            "currentOp": True,
             "startupWarnings": 0,
         }, out
         # what mongosh wrote is stored natively: the native driver reads the types back

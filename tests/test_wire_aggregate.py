@@ -357,3 +357,63 @@ def test_set_window_fields_running_totals_moving_averages_ranks_and_shift():
         (1, 3), (1, 3), (2, 4), (3, 3), (4, 3), (5, 2), (9, 1)]
     with pytest.raises(CommandError):
         aggregate.run(iter(docs), [{"$setWindowFields": {"output": {"r": {"$rank": {}}}}}])
+
+
+def test_graph_lookup_walks_a_hierarchy_breadth_first_as_mongodb_does():
+    # MongoDB's own example: the chain of reports (Dev -> Eliot -> Ron -> Andrew)
+    emp = [{"_id": 1, "name": "Dev"}, {"_id": 2, "name": "Eliot", "reportsTo": "Dev"},
+           {"_id": 3, "name": "Ron", "reportsTo": "Eliot"},
+           {"_id": 4, "name": "Andrew", "reportsTo": "Eliot"},
+           {"_id": 5, "name": "Asya", "reportsTo": "Ron"},
+           {"_id": 6, "name": "Dan", "reportsTo": "Andrew", "gone": True}]
+
+    def lookup(coll):
+        assert coll == "employees"
+        return iter([dict(d) for d in emp])
+
+    def chain(spec, who):
+        stage = {"$graphLookup": dict({"from": "employees", "startWith": "$reportsTo",
+                                       "connectFromField": "reportsTo",
+                                       "connectToField": "name", "as": "up"}, **spec)}
+        aggregate.check([stage])
+        out = aggregate.run(iter([d for d in emp if d["name"] == who]), [stage], lookup)
+        return sorted((x["name"], x.get("depth")) for x in out[0]["up"])
+    assert chain({}, "Dan") == [("Andrew", None), ("Dev", None), ("Eliot", None)]
+    assert chain({"depthField": "depth"}, "Asya") == [("Dev", 2), ("Eliot", 1), ("Ron", 0)]
+    assert chain({"maxDepth": 0}, "Asya") == [("Ron", None)]
+    assert chain({}, "Dev") == []  # no startWith value: nothing found
+    # downwards, from an array of start values, each document once, restricted
+    down = {"$graphLookup": {"from": "employees", "startWith": ["$name"],
+                             "connectFromField": "name", "connectToField": "reportsTo",
+                             "as": "team", "restrictSearchWithMatch": {"gone": {"$ne": True}}}}
+    out = aggregate.run(iter([dict(emp[1])]), [down], lookup)
+    assert sorted(x["name"] for x in out[0]["team"]) == ["Andrew", "Asya", "Ron"]
+    cyc = [{"_id": "a", "next": "b"}, {"_id": "b", "next": "a"}]  # a cycle ends
+    out = aggregate.run(iter([{"_id": 0, "start": "a"}]), [{"$graphLookup": {
+        "from": "c", "startWith": "$start", "connectFromField": "next",
+        "connectToField": "_id", "as": "ring", "depthField": "d"}}], lambda c: iter(cyc))
+    assert sorted((x["_id"], x["d"]) for x in out[0]["ring"]) == [("a", 0), ("b", 1)]
+    for bad in ({"from": "e", "as": "x", "connectFromField": "a", "connectToField": "b"},
+                {"from": "e", "as": "x", "startWith": 1, "connectFromField": "a"},
+                {"from": "e", "as": "x", "startWith": 1, "connectFromField": "a",
+                 "connectToField": "b", "maxDepth": -1},
+                {"from": "e", "as": "x", "startWith": 1, "connectFromField": "a",
+                 "connectToField": "b", "bogus": 1}):
+        with pytest.raises(CommandError):
+            aggregate.check([{"$graphLookup": bad}])
+
+
+def test_sort_array_sorts_values_or_documents_by_fields():
+    doc = {"_id": 1, "v": [3, "a", 1, None, 2.5], "d": [{"n": 2, "k": "x"}, {"n": 1},
+                                                         {"n": 2, "k": "a"}]}
+    out = aggregate.run(iter([doc]), [{"$project": {
+        "up": {"$sortArray": {"input": "$v", "sortBy": 1}},
+        "down": {"$sortArray": {"input": "$v", "sortBy": -1}},
+        "docs": {"$sortArray": {"input": "$d", "sortBy": {"n": -1, "k": 1}}},
+        "none": {"$sortArray": {"input": "$nope", "sortBy": 1}}}}])[0]
+    assert out["up"] == [None, 1, 2.5, 3, "a"] and out["down"] == ["a", 3, 2.5, 1, None]
+    assert out["docs"] == [{"n": 2, "k": "a"}, {"n": 2, "k": "x"}, {"n": 1}]
+    assert out["none"] is None
+    for bad in ({"input": "$v", "sortBy": 2}, {"input": "$v"}, {"input": 5, "sortBy": 1}):
+        with pytest.raises(CommandError):
+            aggregate.run(iter([doc]), [{"$project": {"x": {"$sortArray": bad}}}])

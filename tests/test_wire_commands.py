@@ -171,3 +171,60 @@ def test_validate_checks_documents_against_their_indexes(served, client):
     with pytest.raises(OperationFailure) as e:
         client.t.command("validate", "nope")
     assert e.value.code == 26
+
+
+def test_positional_projection_and_find_options_that_would_change_the_answer(client):
+    """``{"arr.$": 1}`` returns the first element the filter matched through
+    (it returned ``[{}]`` before: a silent wrong answer); find options raymx
+    does not serve (min/max, returnKey, showRecordId, tailable) are refused,
+    never ignored (min/max used to return every document)."""
+    from pymongo import CursorType, ReturnDocument
+    co = client.proj.c
+    co.insert_many([{"_id": 1, "arr": [1, 5, 9], "s": {"xs": [{"a": 1}, {"a": 7}]}, "n": 1},
+                    {"_id": 2, "arr": [2, 3, {"k": 2}], "n": 2}])
+    assert co.find_one({"arr": {"$gt": 4}}, {"arr.$": 1}) == {"_id": 1, "arr": [5]}
+    assert co.find_one({"_id": 2, "arr.k": 2}, {"arr.$": 1, "n": 1}) == \
+        {"_id": 2, "arr": [{"k": 2}], "n": 2}
+    assert co.find_one({"s.xs.a": {"$gt": 2}}, {"s.xs.$": 1, "_id": 0}) == \
+        {"s": {"xs": [{"a": 7}]}}
+    assert [d["arr"] for d in co.find({"arr": {"$in": [3, 9]}}, {"arr.$": 1}).sort("_id", 1)] \
+        == [[9], [3]]
+    assert co.find_one_and_update({"arr": 9}, {"$set": {"n": 10}}, projection={"arr.$": 1},
+                                  return_document=ReturnDocument.AFTER) == \
+        {"_id": 1, "arr": [9]}
+    for flt, proj in (({"n": 1}, {"arr.$": 1}), ({"arr": 1}, {"arr.$": 1, "s.xs.$": 1}),
+                      ({"arr": 1}, {"arr.$": 0})):
+        with pytest.raises(OperationFailure, match="positional") as ei:
+            co.find_one(flt, proj)
+        assert ei.value.code == 2
+    refused = [(lambda: co.find().min([("_id", 1)]).hint([("_id", 1)]), "min/max"),
+               (lambda: co.find().max([("_id", 2)]).hint([("_id", 1)]), "min/max"),
+               (lambda: co.find(return_key=True), "returnKey"),
+               (lambda: co.find(show_record_id=True), "record id"),
+               (lambda: co.find(cursor_type=CursorType.TAILABLE), "capped")]
+    for cursor, why in refused:
+        with pytest.raises(OperationFailure, match=why) as ei:
+            list(cursor())
+        assert ei.value.code == 2
+    assert co.count_documents({}) == 2  # the connection and the data are as they were
+
+
+def test_what_mongosh_s_replication_helpers_read(client):
+    """``rs.conf()`` (replSetGetConfig), ``local.system.replset`` (which
+    ``rs.printSecondaryReplicationInfo()`` counts before it reads
+    ``rs.status()``), and ``db.currentOp()`` (an ``aggregate: 1`` with a
+    ``$currentOp`` stage); ``local.system.replset`` is read-only."""
+    conf = client.admin.command("replSetGetConfig")["config"]
+    assert conf["_id"] == "rs" and [m["_id"] for m in conf["members"]] == [0]
+    assert conf["members"][0]["host"] == "%s:%d" % client.address
+    sysrs = client.local["system.replset"]
+    assert sysrs.count_documents({}) == 1 and sysrs.find_one({"_id": "rs"}) == conf
+    assert sysrs.find_one({"_id": "other"}) is None
+    with pytest.raises(OperationFailure):
+        sysrs.insert_one({"_id": "mine"})
+    st = client.admin.command("replSetGetStatus")
+    me = [m for m in st["members"] if m.get("self")]
+    assert len(me) == 1 and me[0]["stateStr"] == "PRIMARY"
+    ops = list(client.admin.aggregate([{"$currentOp": {"allUsers": True}},
+                                       {"$match": {"active": True}}]))
+    assert any(o["command"].get("aggregate") == 1 for o in ops)

@@ -168,3 +168,20 @@ def test_projections_slice_elem_match_and_computed_fields(client):
     assert c.find_one({}, {"a": 1})["a"] == [1, 2, 3, 4, 5]  # stored whole
     with pytest.raises(OperationFailure, match="slice"):
         c.find_one({}, {"a": {"$slice": [1, 0]}})
+
+
+def test_graph_lookup_through_pymongo(client):
+    db = client.graph
+    db.parts.insert_many([{"_id": "car", "in": None}, {"_id": "engine", "in": "car"},
+                          {"_id": "piston", "in": "engine"}, {"_id": "wheel", "in": "car"}])
+    out = db.parts.aggregate([
+        {"$match": {"_id": "car"}},
+        {"$graphLookup": {"from": "parts", "startWith": "$_id", "connectFromField": "_id",
+                          "connectToField": "in", "as": "all", "depthField": "level"}},
+        {"$project": {"all": {"$sortArray": {"input": "$all", "sortBy": {"_id": 1}}}}}])
+    assert [(x["_id"], x["level"]) for x in next(out)["all"]] == \
+        [("engine", 0), ("piston", 1), ("wheel", 0)]
+    with pytest.raises(OperationFailure, match="connectToField") as ei:
+        db.parts.aggregate([{"$graphLookup": {"from": "parts", "startWith": 1, "as": "x",
+                                              "connectFromField": "_id"}}])
+    assert ei.value.code == 40105

@@ -37,6 +37,25 @@ def test_pymongo_discovers_the_set_and_follows_a_failover(ray_session, tmp_path)
         sec = coll.with_options(read_preference=ReadPreference.SECONDARY)
         wait_until(lambda: sec.count_documents({}) == 101, timeout_s=30)
         assert sec.find_one({"_id": oid}) == {"_id": oid, "at": at, "d": Decimal128("1.5")}
+        # rs.status() and rs.conf() as mongosh's rs helpers read them: every
+        # member by its address, its state and its last applied entry (optime,
+        # optimeDate: the lag rs.printSecondaryReplicationInfo() shows)
+        names = {i: f"{h}:{p}" for i, (h, p) in wire.items()}
+        st = c.admin.command("replSetGetStatus")
+        by = {m["_id"]: m for m in st["members"]}
+        assert sorted(by) == sorted(wire) and st["set"] == "wire3" and st["myState"] == 1
+        assert by[old]["stateStr"] == "PRIMARY" and by[old]["self"]
+        assert {by[i]["stateStr"] for i in by if i != old} == {"SECONDARY"}
+        assert all(m["name"] == names[m["_id"]] and m["health"] == 1.0 for m in by.values())
+        top = by[old]["optime"]["ts"]
+        assert top.time == st["term"] and top.inc >= 101
+        assert all(m["optime"]["ts"] <= top and m["optimeDate"] <= by[old]["optimeDate"]
+                   and m["raymx"]["lag"] >= 0 for m in by.values())
+        assert {by[i]["syncSourceHost"] for i in by if i != old} <= set(names.values())
+        conf = c.admin.command("replSetGetConfig")["config"]
+        assert conf["_id"] == "wire3" and conf["version"] >= 1
+        assert sorted(m["host"] for m in conf["members"]) == sorted(names.values())
+        assert all(m["votes"] == 1 and m["priority"] > 0 for m in conf["members"])
 
         # the stream has a client of its own with a shorter server selection:
         # its first getMore after the failover waits that long for the dead
@@ -69,6 +88,11 @@ def test_pymongo_discovers_the_set_and_follows_a_failover(ray_session, tmp_path)
             stop.set()
             t.join(60)
         assert c.primary == wire[new]  # pymongo found the new primary by itself
+        # the dead member stays listed, by its address, as unreachable
+        gone = next(m for m in c.admin.command("replSetGetStatus")["members"]
+                    if m["_id"] == old)
+        assert (gone["health"], gone["stateStr"], gone["name"]) == \
+            (0.0, "(not reachable/healthy)", names[old])
         have = {d["_id"] for d in coll.find({}, {"_id": 1})}
         missing = [i for i in acked if i not in have]
         assert not missing, f"acknowledged majority writes lost: {missing[:5]}"

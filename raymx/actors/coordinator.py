@@ -47,6 +47,9 @@ class Coordinator:
         self._load_newest_config()
         self.core = ElectionCore.from_specs(self.members, limits.heartbeat_timeout_ms)
         self._addr: dict[int, dict] = {}
+        # member id -> the last wire address it had: rs.status() names a member
+        # that is down by it, as MongoDB names a member by its configured host
+        self._last_wire: dict[int, list] = {}
         self._handles: dict[int, object] = {}
         self._inflight: dict[int, object] = {}
         self._pushing: dict[int, object] = {}  # configuration pushes to members behind
@@ -464,6 +467,8 @@ class Coordinator:
                 if ref in ready:
                     try:
                         self._addr[mid] = ray.get(ref)
+                        if self._addr[mid].get("wire"):
+                            self._last_wire[mid] = self._addr[mid]["wire"]
                     except Exception:
                         pass
         out = []
@@ -502,6 +507,7 @@ class Coordinator:
             if s is None:
                 s = {"id": m["id"], "role": "unknown", "state": "down", "error": err}
             s["path"] = m["path"]
+            s["wire"] = self._last_wire.get(m["id"])
             if s["state"] != "down" and s.get("role") != "primary":
                 try:
                     p = ray.get(ray.get_actor(m["actor"] + "/producer", namespace="raymx")

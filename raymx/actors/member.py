@@ -110,6 +110,8 @@ class OplogShard:
         self.service.latency = metrics.CommitLatency(rs_name, self.member_id)
         self.service.topology_source = lambda: ray.get(ray.get_actor(
             f"{rs_name}/coordinator", namespace=NAMESPACE).topology.remote(), timeout=5)
+        self.service.status_source = lambda: ray.get(ray.get_actor(
+            f"{rs_name}/coordinator", namespace=NAMESPACE).status.remote(2.0), timeout=10)
         cap = cfg.get("oplog_cap") or oplog_cap
         if cap:
             self.service.set_oplog_cap(cap)

@@ -72,6 +72,8 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         self.handing_over = False  # a planned step-down drains accepted writes
         # the set's topology for clients outside Ray (its shell asks the coordinator)
         self.topology_source: Callable[[], dict] = lambda: {"members": [], "primary": None}
+        # the set's status (every member, lag) from its coordinator; None without one
+        self.status_source: Callable[[], dict | None] = lambda: None
         # why this member may not serve reads now (its shell decides), or None
         self.read_refusal: Callable[[], str | None] = lambda: None
         # commit latency histogram (metrics.CommitLatency; its shell sets it)

@@ -349,7 +349,7 @@ class Collection:
             with ClientTransaction(self.client, _wc_fields(self.write_concern, wc)) as tx:
                 _, value = composite.find_and_modify(tx._call, **run)
         if value is not None and projection is not None:
-            value = query.project(value, projection)
+            value = query.project(value, projection, flt)
         return value
 
     def find_one_and_update(self, filter, update, projection=None, sort=None,

@@ -583,23 +583,91 @@ def _exclude(d: dict, tree: Tree) -> dict:
     return out
 
 
-def project(doc: dict, projection: Any) -> dict:
+def project(doc: dict, projection: Any, flt: dict | None = None) -> dict:
     """A new dict with the projected fields of ``doc``, in the document's field order.
 
     ``projection`` is None (everything), ``{path: 0|1|True|False}`` or a list
     of paths to include. ``_id`` is kept unless excluded. Dotted paths walk
     dicts only; ``{"a.b": 1}`` keeps ``a: {}`` when ``a`` is a dict without
     ``b``; over an array of subdocuments it keeps each subdocument's part, as
-    MongoDB does. Values are shared with ``doc``, not copied.
+    MongoDB does. Values are shared with ``doc``, not copied. ``flt``: the
+    find's filter, which a positional projection (``{"arr.$": 1}``) needs.
     """
     if projection is None:
         return dict(doc)
-    if isinstance(projection, dict) and any(type(v) is dict for v in projection.values()):
-        return _project_with_operators(doc, projection)
+    if isinstance(projection, dict):
+        positional = [p for p in projection if isinstance(p, str) and p.endswith(".$")]
+        if positional:
+            return _project_positional(doc, projection, positional, flt)
+        if any(type(v) is dict for v in projection.values()):
+            return _project_with_operators(doc, projection)
     include, tree = _projection(projection)
     if not projection:
         return dict(doc)
     return _include(doc, tree) if include else _exclude(doc, tree)
+
+
+def matched_element(doc: dict, parts: list[str], match: Callable[[dict], bool]) -> int | None:
+    """The first element of the array at ``parts`` through which ``match`` (a
+    compiled filter) holds when the array holds that element alone: what the
+    positional ``$`` stands for in an update and a projection. None if no
+    element does, or no array is there."""
+    arr = _walk(doc, parts)
+    if not isinstance(arr, _ARRAY):
+        return None
+    for i, el in enumerate(arr):
+        if match(_with_value(doc, parts, [el])):
+            return i
+    return None
+
+
+def _with_value(doc: dict, parts: list[str], value: Any) -> dict:
+    """A copy of ``doc`` with ``value`` at ``parts`` (a path ``_walk``
+    reaches), copying only the containers on the way."""
+    root: Any = dict(doc)
+    node = root
+    for j, p in enumerate(parts):
+        k: Any = int(p) if isinstance(node, list) else p
+        if j == len(parts) - 1:
+            node[k] = value
+        else:
+            nxt = node[k]
+            node[k] = nxt = dict(nxt) if isinstance(nxt, dict) else list(nxt)
+            node = nxt
+    return root
+
+
+def _project_positional(doc: dict, projection: dict, positional: list[str],
+                        flt: dict | None) -> dict:
+    """``{"arr.$": 1, ...}``: the array with only its first element through
+    which the find's filter matches, as MongoDB's positional projection (an
+    inclusion; the filter must have a condition on the array's field)."""
+    path = positional[0][:-2]
+    parts = _parts(path)
+    if len(positional) > 1 or "$" in parts or type(projection[positional[0]]) is dict \
+            or projection[positional[0]] not in (1, True):
+        raise InvalidFilter(f"a projection takes one positional operator, at the end of an "
+                            f"included path ('arr.$': 1), not {projection!r:.80}")
+    if flt is None or not any(k == path or k.startswith(path + ".")
+                              for k, _ in field_conditions(flt)):
+        raise InvalidFilter(f"positional projection {path + '.$'!r} needs a find whose filter "
+                            f"has a condition on {path!r}")
+    rest = {k: v for k, v in projection.items() if k != positional[0]}
+    out = project(doc, {**rest, path: 1})
+    i = matched_element(doc, parts, compile_filter(flt))
+    if i is None:
+        if isinstance(_walk(doc, parts), _ARRAY):
+            raise InvalidFilter(f"positional projection {path + '.$'!r}: no element of the "
+                                "array matches the filter")
+        return out  # not an array: the field as it is (or absent)
+    node = out
+    for p in parts[:-1]:
+        if not isinstance(node.get(p), dict):
+            raise InvalidFilter(f"positional projection {path + '.$'!r}: the path goes "
+                                "through an array before the projected one")
+        node[p] = node = dict(node[p])
+    node[parts[-1]] = [_walk(doc, parts)[i]]
+    return out
 
 
 def _projection_operators(projection: dict) -> tuple[dict, dict]:
@@ -729,4 +797,4 @@ def sort_key(spec: Any) -> Callable[[dict], tuple]:
 
 
 __all__ = ["MISSING", "Bounds", "compile_filter", "extract_bounds", "get_path", "index_keys",
-           "project", "reach", "sort_key"]
+           "matched_element", "project", "reach", "sort_key"]

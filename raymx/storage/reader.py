@@ -236,7 +236,7 @@ class Reader:
         if not isinstance(skip, int) or skip < 0 or not isinstance(limit, int) or limit < 0:
             raise errors.InvalidFilter("skip and limit must be non-negative integers")
         if projection is not None:
-            query.project({}, projection)  # validate before doing any work
+            query.project({}, projection, flt)  # validate before doing any work
         keyf = query.sort_key(sort) if sort else None
         docs: Iterator[dict] = (d for _, d in self.matching(ns, flt, stats))
         if keyf is not None:
@@ -245,7 +245,7 @@ class Reader:
         for i, d in enumerate(docs):
             if i < skip:
                 continue
-            yield d if projection is None else query.project(d, projection)
+            yield d if projection is None else query.project(d, projection, flt)
             n += 1
             if limit and n >= limit:
                 return

@@ -24,7 +24,7 @@ from bson import Decimal128
 from raymx.storage.errors import InvalidDocument, InvalidFilter, InvalidUpdate
 from raymx.storage.keys import encode_key
 from raymx.storage.query import (MISSING, compile_filter, field_conditions, get_path,
-                                 sort_key)
+                                 matched_element, sort_key)
 
 _ARRAY = (list, tuple)
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1  # what codec stores
@@ -142,13 +142,9 @@ def _match_index(doc: dict, head: list[str], pos: Positional, where: str) -> int
             or not isinstance(arr, _ARRAY):
         raise InvalidUpdate(f"{where}: the positional operator did not find the match needed "
                             "from the query (filter on the array's field)")
-    m = pos.match()
-    for i, el in enumerate(arr):
-        one = _Cow(doc)
-        c, k = one.loc(where, head, True)
-        _put(c, k, [el], where)
-        if m(one.root):
-            return i
+    i = matched_element(doc, head, pos.match())
+    if i is not None:
+        return i
     raise InvalidUpdate(f"{where}: the positional operator did not find the match needed "
                         "from the query")
 

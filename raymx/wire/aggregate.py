@@ -16,6 +16,8 @@ import itertools
 import random
 from typing import Callable, Iterable
 
+from bson import Int64
+
 from raymx.storage import query
 from raymx.wire import grouping
 from raymx.wire.evaluation import MISSING, _err, _set_path, _truthy, evaluate
@@ -23,10 +25,12 @@ from raymx.wire.evaluation import MISSING, _err, _set_path, _truthy, evaluate
 STAGES = ("$match", "$project", "$addFields", "$set", "$unset", "$sort", "$skip", "$limit",
           "$group", "$count", "$unwind", "$sample", "$replaceRoot", "$replaceWith",
           "$sortByCount", "$facet", "$lookup", "$collStats", "$unionWith", "$out", "$merge",
-          "$bucket", "$bucketAuto", "$setWindowFields")
+          "$bucket", "$bucketAuto", "$setWindowFields", "$graphLookup")
 OUTPUTS = ("$out", "$merge")  # the last stage only: the caller writes the output
 _MERGE_FIELDS = {"into", "on", "whenMatched", "whenNotMatched"}
 _LOOKUP_FIELDS = {"from", "as", "localField", "foreignField", "pipeline", "let"}
+_GRAPH_FIELDS = {"from", "as", "startWith", "connectFromField", "connectToField", "maxDepth",
+                 "depthField", "restrictSearchWithMatch"}
 
 
 def check(pipeline: list, top: bool = True) -> None:
@@ -54,6 +58,8 @@ def check(pipeline: list, top: bool = True) -> None:
                 if not isinstance(sub, list):
                     raise _err("arguments to $facet must be arrays", 40170)
                 check(sub, False)
+        elif name == "$graphLookup":
+            _graph_spec(arg)
         elif name == "$lookup":
             if not isinstance(arg, dict) or not isinstance(arg.get("from"), str) \
                     or not isinstance(arg.get("as"), str):
@@ -282,6 +288,73 @@ def _lookup(docs, spec: dict, lookup, variables=None):
         yield out
 
 
+def _graph_spec(arg) -> None:
+    if not isinstance(arg, dict):
+        raise _err("$graphLookup takes an object", 40327)
+    extra = set(arg) - _GRAPH_FIELDS
+    if extra:
+        raise _err(f"unknown argument to $graphLookup: {sorted(extra)[0]}", 40104)
+    for f in ("from", "as", "connectFromField", "connectToField"):
+        if not isinstance(arg.get(f), str) or not arg[f]:
+            raise _err(f"$graphLookup needs '{f}', a non-empty string", 40105)
+    if "startWith" not in arg:
+        raise _err("$graphLookup needs 'startWith', an expression", 40105)
+    if arg.get("maxDepth") is not None:
+        _nonneg(arg["maxDepth"], "$graphLookup's maxDepth")
+    if "depthField" in arg and (not isinstance(arg["depthField"], str) or not arg["depthField"]):
+        raise _err("$graphLookup's depthField must be a non-empty string", 40103)
+    if not isinstance(arg.get("restrictSearchWithMatch", {}), dict):
+        raise _err("$graphLookup's restrictSearchWithMatch must be an object", 40185)
+
+
+def _join_keys(values) -> set:
+    """The equality keys of each present value (each element of an array too)."""
+    return {k for x in values if x is not query.MISSING
+            for k in query.equality_keys({"v": x}, "v")}
+
+
+def _graph_lookup(docs, spec: dict, lookup, variables=None):
+    """``$graphLookup``: from each document's ``startWith`` values, the
+    documents of ``from`` whose ``connectToField`` equals one of them, then
+    recursively those equal to the found ones' ``connectFromField`` (breadth
+    first, each document once, to ``maxDepth``; ``depthField``: the round
+    that found it, 0 first)."""
+    if lookup is None:
+        raise _err("$graphLookup is not available here", 2)
+    foreign = list(lookup(spec["from"]))
+    if spec.get("restrictSearchWithMatch"):
+        keep = query.compile_filter(spec["restrictSearchWithMatch"])
+        foreign = [f for f in foreign if keep(f)]
+    index: dict[bytes, list[int]] = {}
+    for i, f in enumerate(foreign):
+        for k in query.equality_keys(f, spec["connectToField"]):
+            index.setdefault(k, []).append(i)
+    most, depth_field = spec.get("maxDepth"), spec.get("depthField")
+    for d in docs:
+        frontier = _join_keys([evaluate(spec["startWith"], d, None, variables)])
+        found: dict[int, int] = {}  # index in foreign -> depth
+        asked: set[bytes] = set()
+        depth = 0
+        while frontier and (most is None or depth <= most):
+            asked |= frontier
+            nxt: set[bytes] = set()
+            for k in frontier:
+                for i in index.get(k, ()):
+                    if i not in found:
+                        found[i] = depth
+                        nxt |= _join_keys(query.reach(foreign[i], spec["connectFromField"]))
+            frontier, depth = nxt - asked, depth + 1
+        out_docs = []
+        for i, depth_of in found.items():
+            x = copy.deepcopy(foreign[i])
+            if depth_field:
+                _set_path(x, depth_field, Int64(depth_of))
+            out_docs.append(x)
+        out = copy.deepcopy(d)
+        _set_path(out, spec["as"], out_docs)
+        yield out
+
+
 def _nonneg(v, stage: str) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
         raise _err(f"invalid argument to {stage} stage: expected a non-negative integer", 15956)
@@ -376,6 +449,8 @@ def _stages(docs: Iterable[dict], pipeline: list, lookup, v: dict | None = None)
                         for k, sub in arg.items()}])
         elif name == "$lookup":
             it = _lookup(it, arg, lookup, v)
+        elif name == "$graphLookup":
+            it = _graph_lookup(it, arg, lookup, v)
         elif name == "$bucket":
             it = iter(grouping.bucket(it, arg, v))
         elif name == "$bucketAuto":

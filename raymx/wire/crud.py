@@ -564,12 +564,33 @@ def _sort(v):
     return [[k, int(x)] for k, x in v.items()]
 
 
+# find's options that change its answer and that raymx does not serve: refused,
+# never ignored (hint, maxTimeMS, comment, noCursorTimeout, allowDiskUse... only
+# change how an answer is reached, and are ignored)
+_FIND_REFUSED = {
+    "min": "min/max are not supported by raymx: use a range filter ($gte/$lt) on the "
+           "index's fields",
+    "max": "min/max are not supported by raymx: use a range filter ($gte/$lt) on the "
+           "index's fields",
+    "returnKey": "returnKey is not supported by raymx: project the index's fields",
+    "showRecordId": "showRecordId is not supported by raymx: its documents have no record id",
+    "tailable": "tailable cursors need a capped collection, which raymx does not have: "
+                "watch() the collection (a change stream) instead",
+}
+
+
 def _find(d, cmd: dict, conn):
     ns = ns_of(cmd, "find")
+    for k, why in _FIND_REFUSED.items():
+        if cmd.get(k) not in (None, False, {}):
+            raise CommandError(why, 2, "BadValue")
     limit = int(cmd.get("limit") or 0)
     single = bool(cmd.get("singleBatch")) or limit < 0
     limit = abs(limit)
     flt = _plain(cmd.get("filter") or {})
+    if ns in pipelines.SYSTEM:
+        return (yield blocking(lambda: pipelines.find_computed(
+            d, cmd, conn, ns, flt, limit, single, pipelines.system_docs(d, conn, ns))))
     if not aggregate.plain_filter(flt) or pipelines.computed_projection(cmd.get("projection")):
         # $expr or computed fields: the port's expressions, over a scan
         return (yield blocking(pipelines.find_computed, d, cmd, conn, ns, flt, limit, single))
@@ -719,7 +740,7 @@ def _find_and_modify(d, cmd: dict, conn) -> dict:
             compute=compute)
     leo, value = _atomically(d, cmd, work)
     if value is not None and fields:
-        value = query.project(value, fields)
+        value = query.project(value, fields, flt)
     return {"lastErrorObject": leo, "value": value}
 
 

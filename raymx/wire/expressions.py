@@ -532,6 +532,24 @@ def _reverse(x, ev, name="$reverseArray"):
     return None if _null(v) else list(reversed(_array(v, name)))
 
 
+def _sort_array(x, ev, name="$sortArray"):
+    """An array's elements sorted: whole values (``sortBy`` 1 or -1, in
+    raymx's documented order) or documents by fields (a sort document)."""
+    a = _fields(name, x, ("input", "sortBy"))
+    v, by = ev(a["input"]), a["sortBy"]
+    if _null(v):
+        return None
+    arr = _array(v, name)
+    if type(by) is int and by in (1, -1):
+        from raymx.storage.keys import encode_key
+        return sorted(arr, key=encode_key, reverse=by == -1)
+    if isinstance(by, dict) and by and all(type(d) is int and d in (1, -1)
+                                           for d in by.values()):
+        key = query.sort_key([[k, d] for k, d in by.items()])
+        return sorted(arr, key=lambda e: key(e if isinstance(e, dict) else {}))
+    raise _err("$sortArray's sortBy must be 1, -1 or a sort document of fields", 2942505)
+
+
 def _is_array(x, ev, name="$isArray"):
     (v,) = _n(name, x, ev, 1)
     return isinstance(v, list)
@@ -708,7 +726,7 @@ for _name, _fn in {
     "$type": _converter(_type), "$convert": _convert, "$isNumber": _is_number,
     "$map": _map, "$filter": _filter, "$reduce": _reduce, "$concatArrays": _concat_arrays,
     "$slice": _slice, "$range": _range, "$first": _array_end, "$last": _array_end,
-    "$reverseArray": _reverse, "$isArray": _is_array,
+    "$reverseArray": _reverse, "$isArray": _is_array, "$sortArray": _sort_array,
     "$sum": _sum, "$avg": _sum, "$min": _extreme, "$max": _extreme,
     "$allElementsTrue": _all_any, "$anyElementTrue": _all_any,
     "$setUnion": _sets, "$setIntersection": _sets, "$setDifference": _sets,

@@ -17,13 +17,37 @@ from raymx.wire.crud import (_atomically, _docs, _plain, _results, _sort, ns_of,
 from raymx.wire.errors import CommandError
 
 
+# MongoDB's system collections that tools read (mongosh's
+# rs.printSecondaryReplicationInfo() counts local.system.replset's documents
+# first), served read-only from what raymx keeps
+SYSTEM = ("local.system.replset",)
+
+
+def system_docs(d, conn, ns: str) -> list[dict]:
+    from raymx.wire import commands
+    assert ns in SYSTEM
+    return [commands._repl_set_get_config(d, {}, conn)["config"]]
+
+
+def _checked(pipeline: list) -> list:
+    aggregate.check(pipeline)
+    return pipeline
+
+
 def aggregate_command(d, cmd: dict, conn) -> dict:
     pipeline = _docs(cmd.get("pipeline"), "pipeline")
     if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
         return d.streams.start(cmd, conn, pipeline[0]["$changeStream"], _plain(pipeline[1:]))
+    if cmd.get("aggregate") == 1 and pipeline and isinstance(pipeline[0], dict) \
+            and "$currentOp" in pipeline[0]:  # mongosh's db.currentOp()
+        from raymx.wire import commands
+        ns = f"{cmd.get('$db')}.$cmd.aggregate"
+        out = aggregate.run(iter(commands._current_op(d, cmd, conn)["inprog"]),
+                            _checked(_plain(pipeline[1:])), variables=aggregate.let_of(cmd))
+        return _results(d, conn, ns, out, None, {})
     if not isinstance(cmd.get("aggregate"), str):
-        raise CommandError("aggregate: only collection pipelines are supported (not "
-                           "{aggregate: 1})", 2, "BadValue")
+        raise CommandError("aggregate: only collection pipelines and $currentOp are "
+                           "supported (not {aggregate: 1})", 2, "BadValue")
     ns = ns_of(cmd, "aggregate")
     pipeline = _plain(_docs(cmd.get("pipeline"), "pipeline"))
     if cmd.get("explain"):  # pymongo's aggregate(..., explain=True)
@@ -32,7 +56,9 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
                             "$db": cmd.get("$db")}, conn)
     aggregate.check(pipeline)
     flt, source = {}, None
-    if pipeline and "$collStats" in pipeline[0]:
+    if ns in SYSTEM:
+        source = system_docs(d, conn, ns)
+    elif pipeline and "$collStats" in pipeline[0]:
         source, pipeline = [_coll_stats_doc(d, conn, ns, pipeline[0]["$collStats"])], pipeline[1:]
     elif pipeline and "$match" in pipeline[0] and aggregate.plain_filter(pipeline[0]["$match"]):
         flt, pipeline = pipeline[0]["$match"], pipeline[1:]  # pushed down to the member
@@ -204,10 +230,12 @@ def computed_projection(proj) -> bool:
         for v in proj.values())
 
 
-def find_computed(d, cmd: dict, conn, ns: str, flt: dict, limit: int, single: bool) -> dict:
+def find_computed(d, cmd: dict, conn, ns: str, flt: dict, limit: int, single: bool,
+                  source: list | None = None) -> dict:
     """A find whose filter holds ``$expr``: the member reads what the rest of
     the filter selects, the port runs the same steps as a pipeline and hands
-    the result to a cursor, as an aggregate's."""
+    the result to a cursor, as an aggregate's. ``source``: the documents, where
+    the member holds none (``SYSTEM``)."""
     pipeline = [{"$match": flt}]
     if cmd.get("sort"):
         pipeline.append({"$sort": dict(_plain(cmd["sort"]))})
@@ -218,7 +246,8 @@ def find_computed(d, cmd: dict, conn, ns: str, flt: dict, limit: int, single: bo
     if cmd.get("projection"):
         pipeline.append({"$project": _plain(cmd["projection"])})
     rest, seen = {k: v for k, v in flt.items() if k != "$expr"}, {}
-    out = aggregate.run(scan(d, cmd, conn, ns, rest if aggregate.plain_filter(rest) else {},
-                             seen=seen), pipeline, variables=aggregate.let_of(cmd))
+    out = aggregate.run(iter(source) if source is not None else scan(
+        d, cmd, conn, ns, rest if aggregate.plain_filter(rest) else {}, seen=seen),
+        pipeline, variables=aggregate.let_of(cmd))
     return _results(d, conn, ns, out,
                     len(out) if single else (cmd.get("batchSize") or limit or None), seen)
