@@ -228,3 +228,32 @@ def test_what_mongosh_s_replication_helpers_read(client):
     ops = list(client.admin.aggregate([{"$currentOp": {"allUsers": True}},
                                        {"$match": {"active": True}}]))
     assert any(o["command"].get("aggregate") == 1 for o in ops)
+
+
+def test_statement_fields_raymx_does_not_know_fail_the_command_instead_of_being_ignored(client):
+    """An update's ``sort`` (MongoDB 8's) updated another document than asked
+    for, and a delete's ``limit: 5`` deleted one: both now fail the command,
+    as MongoDB 7 parses them. ``$natural`` sorts by raymx's stored order
+    (``_id``) both ways, a ``$meta`` sort is refused by name, and an update
+    statement's constants (``c``) reach its expressions."""
+    co = client.stmts.c
+    co.insert_many([{"_id": i, "a": i % 3} for i in range(10)])
+    for call in (lambda: co.update_one({"a": 1}, {"$set": {"hit": 1}}, sort={"_id": -1}),
+                 lambda: co.replace_one({"a": 1}, {"a": 1, "r": 1}, sort={"_id": -1})):
+        with pytest.raises(OperationFailure, match="'update.updates.sort' is an unknown field"
+                           ".*find_one_and_update") as ei:
+            call()
+        assert ei.value.code == 40415
+    assert co.count_documents({"hit": 1}) == 0 and co.count_documents({"r": 1}) == 0
+    with pytest.raises(OperationFailure, match="must be 0 or 1. Got 5") as ei:
+        client.stmts.command("delete", "c", deletes=[{"q": {}, "limit": 5}])
+    assert ei.value.code == 9 and co.count_documents({}) == 10
+    assert [d["_id"] for d in co.find().sort("$natural", -1).limit(2)] == [9, 8]
+    assert [d["_id"] for d in co.aggregate([{"$sort": {"$natural": -1}}, {"$limit": 2}])] == \
+        [9, 8]
+    with pytest.raises(OperationFailure, match="no text search"):
+        list(co.find().sort([("s", {"$meta": "textScore"})]))
+    r = client.stmts.command("update", "c", updates=[
+        {"q": {"$expr": {"$eq": ["$a", "$$v"]}}, "u": {"$set": {"c": 1}}, "multi": True,
+         "c": {"v": 1}}])
+    assert r["n"] == 3 and sorted(d["_id"] for d in co.find({"c": 1})) == [1, 4, 7]

@@ -355,6 +355,20 @@ def _graph_lookup(docs, spec: dict, lookup, variables=None):
         yield out
 
 
+def sort_fields(spec: dict) -> list[list]:
+    """A sort document as ``[[path, 1 | -1], ...]``: ``$natural`` is raymx's
+    stored order, by ``_id``; a ``$meta`` sort (text score) is refused."""
+    out = []
+    for k, d in spec.items():
+        if isinstance(d, dict):
+            raise _err(f"sort by {d!r:.60} is not supported by raymx: it has no text "
+                       "search, so no $meta score to sort by", 2)
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or d not in (1, -1):
+            raise _err(f"sort direction of {k!r} must be 1 or -1, not {d!r:.40}", 15975)
+        out.append(["_id" if k == "$natural" else k, int(d)])
+    return out
+
+
 def _nonneg(v, stage: str) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
         raise _err(f"invalid argument to {stage} stage: expected a non-negative integer", 15956)
@@ -410,7 +424,7 @@ def _stages(docs: Iterable[dict], pipeline: list, lookup, v: dict | None = None)
         elif name == "$sort":
             if not isinstance(arg, dict) or not arg:
                 raise _err("$sort key specification must be an object", 15973)
-            it = iter(sorted(it, key=query.sort_key([[k, int(d)] for k, d in arg.items()])))
+            it = iter(sorted(it, key=query.sort_key(sort_fields(arg))))
         elif name == "$skip":
             it = itertools.islice(it, _nonneg(arg, "$skip"), None)
         elif name == "$limit":

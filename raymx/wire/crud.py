@@ -466,7 +466,10 @@ def _write(d, cmd: dict, conn, statements: list, to_req, count):
             if req["op"] == PORT_WRITE:
                 if variables is None:
                     variables = aggregate.let_of(cmd) or {}
-                res = yield from _in_txn(d, cmd, lambda run: _port_write(req, run, variables))
+                # an update statement's constants (c) beside the command's let
+                v = dict(variables, **(aggregate.let_of({"let": st["c"]}) or {})) \
+                    if st.get("c") is not None else variables
+                res = yield from _in_txn(d, cmd, lambda run: _port_write(req, run, v))
             else:
                 res = yield from _run(d, dict(req, **wc), cmd, conn)
             count(res, i, out)
@@ -507,6 +510,31 @@ def _insert(d, cmd: dict, conn):
                               lambda x: {"op": "insert", "ns": ns, "docs": [x]}, count))
 
 
+# the fields of an update and a delete statement, as MongoDB 7 parses them:
+# any other fails the command (40415) rather than being ignored (an update's
+# ``sort``, MongoDB 8's, used to update another document than it asked for)
+_STATEMENT = {"update": {"q", "u", "c", "upsert", "multi", "arrayFilters", "hint", "collation",
+                         "upsertSupplied"},
+              "delete": {"q", "limit", "hint", "collation"}}
+
+
+def _statements(cmd: dict, kind: str) -> list:
+    sts = _docs(cmd.get(kind + "s"), kind + "s")
+    for st in sts:
+        extra = set(st) - _STATEMENT[kind] if isinstance(st, dict) else ()
+        if extra:
+            name = sorted(extra)[0]
+            raise CommandError(
+                f"BSON field '{kind}.{kind}s.{name}' is an unknown field"
+                + (" (an update picks the first of a sort with findAndModify: "
+                   "find_one_and_update(sort=...))" if name == "sort" else ""),
+                40415, "Location40415")
+        if kind == "delete" and isinstance(st, dict) and st.get("limit", 0) not in (0, 1):
+            raise CommandError(f"The limit field in delete objects must be 0 or 1. Got "
+                               f"{st['limit']!r:.40}", 9, "FailedToParse")
+    return sts
+
+
 def _update(d, cmd: dict, conn):
     ns = ns_of(cmd, "update")
 
@@ -536,7 +564,7 @@ def _update(d, cmd: dict, conn):
         if res.get("upserted_id") is not None:
             out["n"] += 1
             out.setdefault("upserted", []).append({"index": i, "_id": res["upserted_id"]})
-    out = yield from _write(d, cmd, conn, _docs(cmd.get("updates"), "updates"), to_req, count)
+    out = yield from _write(d, cmd, conn, _statements(cmd, "update"), to_req, count)
     out.setdefault("nModified", 0)
     return out
 
@@ -553,7 +581,7 @@ def _delete(d, cmd: dict, conn):
 
     def count(res, i, out):
         out["n"] += res.get("deleted") or 0
-    return (yield from _write(d, cmd, conn, _docs(cmd.get("deletes"), "deletes"), to_req, count))
+    return (yield from _write(d, cmd, conn, _statements(cmd, "delete"), to_req, count))
 
 
 def _sort(v):
@@ -561,7 +589,7 @@ def _sort(v):
         return None
     if not isinstance(v, dict):
         raise CommandError("sort must be a document", 14, "TypeMismatch")
-    return [[k, int(x)] for k, x in v.items()]
+    return aggregate.sort_fields(v)
 
 
 # find's options that change its answer and that raymx does not serve: refused,
