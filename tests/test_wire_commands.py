@@ -257,3 +257,52 @@ def test_statement_fields_raymx_does_not_know_fail_the_command_instead_of_being_
         {"q": {"$expr": {"$eq": ["$a", "$$v"]}}, "u": {"$set": {"c": 1}}, "multi": True,
          "c": {"v": 1}}])
     assert r["n"] == 3 and sorted(d["_id"] for d in co.find({"c": 1})) == [1, 4, 7]
+
+
+def test_a_retried_commit_is_answered_from_the_session_s_record_not_run_again(tmp_path):
+    """A commitTransaction the driver sends again after a lost answer (here
+    or on the next primary) is answered ok from the record the commit wrote
+    in its own transaction; before, it got NoSuchTransaction with
+    TransientTransactionError and pymongo's with_transaction ran the
+    committed transaction a second time. A transaction the member aborted
+    (idle too long) fails its next statement with that label, so
+    with_transaction runs it again, once."""
+    import time
+
+    import pymongo
+    from bson import Int64
+    from raymx.wire.server import WirePort
+    from tests.test_wire import SECRET, uri
+    with serving(tmp_path, Limits(sync_interval_ms=20, transaction_idle_ms=300),
+                 make_port=lambda svc: WirePort(svc, SECRET, "127.0.0.1",
+                                                {"member": 0, "replset": "rs"})) as (p, svc):
+        c = pymongo.MongoClient(uri(p), serverSelectionTimeoutMS=10_000)
+        co = c.txr.acct
+        co.insert_many([{"_id": 0, "bal": 100}, {"_id": 1, "bal": 100}])
+        with c.start_session() as s:
+            s.start_transaction()
+            co.update_one({"_id": 0}, {"$inc": {"bal": -10}}, session=s)
+            co.update_one({"_id": 1}, {"$inc": {"bal": 10}}, session=s)
+            s.commit_transaction()
+            num = s._server_session.transaction_id  # the number the driver committed
+            again = {"commitTransaction": 1, "txnNumber": Int64(num), "autocommit": False,
+                     "writeConcern": {"w": "majority"}}
+            assert c.admin.command(again, session=s)["ok"] == 1.0  # the retry: ok
+            with pytest.raises(OperationFailure) as ei:  # a number never begun: not open
+                c.admin.command(dict(again, txnNumber=Int64(num + 5)), session=s)
+            assert ei.value.code == 251 and ei.value.has_error_label(
+                "TransientTransactionError")
+        assert [d["bal"] for d in co.find().sort("_id", 1)] == [90, 110]  # once
+        attempts = []
+
+        def transfer(s):
+            attempts.append(1)
+            co.update_one({"_id": 0}, {"$inc": {"bal": -1}}, session=s)
+            if len(attempts) == 1:
+                time.sleep(1.0)  # past transaction_idle_ms: the member aborts it
+            co.update_one({"_id": 1}, {"$inc": {"bal": 1}}, session=s)
+        with c.start_session() as s:
+            s.with_transaction(transfer)
+        assert len(attempts) == 2
+        assert [d["bal"] for d in co.find().sort("_id", 1)] == [89, 111]
+        c.close()

@@ -189,22 +189,38 @@ class Transactions:
                                errorLabels=["TransientTransactionError"])
         return {"txn": got[1]}, got[2]
 
-    def finish(self, cmd: dict, commit: bool) -> dict:
+    def finish(self, cmd: dict, commit: bool, state: dict) -> dict:
+        """commitTransaction / abortTransaction. A commit writes the session's
+        record (``config.transactions``: this txnNumber committed) in the
+        transaction itself, so it replicates with the commit: a commit the
+        driver retries after a lost answer, here or on the next primary after
+        a failover, is answered from it, as MongoDB does. Before stop 40 such a
+        retry got NoSuchTransaction with TransientTransactionError, and
+        pymongo's ``with_transaction`` ran the committed transaction again."""
         lsid, num = self._lsid(cmd), int(cmd.get("txnNumber", -1))
         with self.lock:
             got = self.open.get(lsid)
             if got is not None and got[0] == num:
                 del self.open[lsid]
         if got is None or got[0] != num:
-            if commit:
-                raise CommandError(f"Transaction with txnNumber {num} is not open", 251,
-                                   "NoSuchTransaction",
-                                   errorLabels=["TransientTransactionError"])
-            return {}
-        req = {"op": "txnCommit" if commit else "txnAbort", "txn": got[1]}
+            if not commit:
+                return {}
+            rec = self.d.call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid},
+                               "limit": 1, "rp": "primary"}, state)["docs"]
+            if rec and rec[0].get("n") == num and rec[0].get("committed"):
+                self.d.drive(outcome_durable(lsid, num, cmd, state))
+                return {}
+            if rec and rec[0].get("n", -1) > num:
+                raise _too_old(num, rec[0]["n"])
+            raise CommandError(f"Transaction with txnNumber {num} is not open", 251,
+                               "NoSuchTransaction", errorLabels=["TransientTransactionError"])
         if commit:
-            req.update(wc_fields(cmd))
-        self.d.call(req, got[2])
+            self.d.call({"op": "update", "ns": RETRY_NS, "filter": {"_id": lsid},
+                         "replace": True, "upsert": True, "txn": got[1],
+                         "update": {"_id": lsid, "n": num, "committed": True}}, got[2])
+            self.d.call({"op": "txnCommit", "txn": got[1], **wc_fields(cmd)}, got[2])
+        else:
+            self.d.call({"op": "txnAbort", "txn": got[1]}, got[2])
         return {}
 
     def _abort(self, lsid: bytes):
@@ -257,6 +273,16 @@ _STATEMENTS = {"insert": "documents", "update": "updates", "delete": "deletes"}
 RETRY_SEEN_MAX = 100_000
 
 
+def outcome_durable(lsid: bytes, num: int, cmd: dict, state: dict):
+    """Steps: a retry answered from the session's record (a write or a
+    commit done before) keeps the retry's write concern: the record is
+    touched with it, and that write is acknowledged only once everything
+    before it (the first outcome too) holds the concern (the record may have
+    reached this member, a new primary, and not yet a majority)."""
+    yield call({"op": "update", "ns": RETRY_NS, "filter": {"_id": lsid, "n": num},
+                "update": {"$inc": {"retried": 1}}, **wc_fields(cmd)}, state)
+
+
 def _replayed(cmd: dict, res: dict) -> dict:
     """The answer of a one-statement write from its stored member result."""
     kind = next(iter(cmd)).lower()
@@ -295,7 +321,8 @@ def retryable(fn):
                 # member has not written for as primary in this term)
                 rec = (yield call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid},
                                    "limit": 1, "rp": "primary"}, conn.state))["docs"]
-                if rec and rec[0].get("n") == num:
+                if rec and rec[0].get("n") == num and ("res" in rec[0] or "reply" in rec[0]):
+                    yield from outcome_durable(lsid, num, cmd, conn.state)
                     return _replayed(cmd, rec[0]["res"]) if "res" in rec[0] \
                         else bson.decode(rec[0]["reply"], CODEC)
                 if rec and rec[0].get("n", -1) > num:
@@ -313,7 +340,10 @@ def retryable(fn):
         try:
             rec = (yield call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid},
                                "limit": 1, "txn": txn}, state))["docs"]
-            if rec and rec[0].get("n") == num:
+            if rec and rec[0].get("n") == num and ("res" in rec[0] or "reply" in rec[0]):
+                yield call({"op": "txnAbort", "txn": txn}, state)
+                done = True
+                yield from outcome_durable(lsid, num, cmd, conn.state)
                 return _replayed(cmd, rec[0]["res"]) if "res" in rec[0] \
                     else bson.decode(rec[0]["reply"], CODEC)
             if rec and rec[0].get("n", -1) > num:
@@ -800,11 +830,11 @@ def _rename_collection(d, cmd: dict, conn):
 
 
 def _commit(d, cmd: dict, conn) -> dict:
-    return d.txns.finish(cmd, True)
+    return d.txns.finish(cmd, True, conn.state)
 
 
 def _abort(d, cmd: dict, conn) -> dict:
-    return d.txns.finish(cmd, False)
+    return d.txns.finish(cmd, False, conn.state)
 
 
 from raymx.wire import pipelines  # noqa: E402 (it builds on this module: imported last)

@@ -78,6 +78,8 @@ def error_doc(e: Exception) -> dict:
         out.update(e.extra)
     if code in (10107, 13436, 189, 91):  # drivers retry these (a retryable write)
         out["errorLabels"] = ["RetryableWriteError"]
+    elif code == 251:  # the transaction was aborted (idle, too long): run it again
+        out.setdefault("errorLabels", ["TransientTransactionError"])
     return out
 
 
