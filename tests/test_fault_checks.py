@@ -120,3 +120,18 @@ def test_isolated_check_reports_a_crashing_read(folder):
     assert not fc.ok and fc.problems, fc
     assert ("the checking process died (killed by signal" in fc.problems[0]
             or fc.problems[0].startswith("does not open")), fc.problems
+
+
+def test_the_bank_check_finds_a_transfer_applied_twice_lost_or_in_part():
+    import bank
+    logs = [{"tid": "1-1", "from": "a0", "to": "a1", "amt": 5},
+            {"tid": "2-1", "from": "a1", "to": "a2", "amt": 3}]
+    good = {"a0": 995, "a1": 1002, "a2": 1003}
+    assert bank.check(good, logs, ["1-1", "2-1"]) == []
+    assert bank.check(good, logs, ["1-1"]) == []  # an unknown outcome that happened
+    twice = bank.check({"a0": 990, "a1": 1007, "a2": 1003}, logs + [logs[0]], ["1-1"])
+    assert len(twice) == 1 and "more than once: ['1-1']" in twice[0]
+    lost = bank.check(good, logs, ["1-1", "2-1", "3-1"])
+    assert len(lost) == 1 and "acknowledged transfers lost: ['3-1']" in lost[0]
+    part = bank.check({"a0": 995, "a1": 1005, "a2": 1003}, logs, ["1-1", "2-1"])
+    assert len(part) == 1 and "'a1': (1005, 1002)" in part[0]

@@ -29,13 +29,18 @@ not. Meanwhile a nemesis, one fault at a time, each healed before the next:
   tmpfs of its own: needs root): a ballast file fills one member's file
   system (the primary's half the time) for 1-6 s, then goes.
 
+Beside them, ``--bank`` pymongo clients move money between accounts in
+transactions (``with_transaction``, ``bank.py``).
+
 At the end every fault is healed, each register is read once more, every
-member must converge to the same state (``state_digest``), and the history
-of each register must be linearizable (``linearizable.py``). Prints the
-figures and the first violation found; exits 1 on a violation.
+member must converge to the same state (``state_digest``), the history
+of each register must be linearizable (``linearizable.py``), and the bank
+must hold every acknowledged transfer exactly once, with balances that
+follow from them (``bank.check``). Prints the figures and the first
+violation found; exits 1 on a violation.
 
     RAY_AUTH_MODE=disabled PYTHONPATH=. .venv/bin/python bench/faults/nemesis.py \\
-        --seconds 120 --seed 1 [--members 3] [--clients 4] [--pymongo 2]
+        --seconds 120 --seed 1 [--members 3] [--clients 4] [--pymongo 2] [--bank 1]
 """
 from __future__ import annotations
 
@@ -57,6 +62,7 @@ import ray  # noqa: E402
 
 import raymx  # noqa: E402
 from raymx import errors  # noqa: E402
+import bank  # noqa: E402
 import disks as disks_mod  # noqa: E402
 from linearizable import INF, Op, check  # noqa: E402
 
@@ -337,6 +343,8 @@ def _final_reads(rs, keys, hist: History):
 @click.option("--clients", default=4, show_default=True, help="raymx driver clients.")
 @click.option("--pymongo", "pymongo_clients", default=2, show_default=True,
               help="pymongo clients (through the wire ports).")
+@click.option("--bank", "bank_clients", default=1, show_default=True,
+              help="pymongo clients doing transfers in transactions (bank.py).")
 @click.option("--keys", default=6, show_default=True, help="Registers.")
 @click.option("--faults", default=",".join(Nemesis.FAULTS), show_default=True,
               help="The kinds of fault to draw from, comma-separated.")
@@ -349,8 +357,8 @@ def _final_reads(rs, keys, hist: History):
 @click.option("--disk-mib", default=0, show_default=True,
               help="Put each member's folder on a tmpfs of this many MiB of its own and add "
                    "the disk-full fault (needs root; 0: no).")
-def main(seconds, seed, members, clients, pymongo_clients, keys, faults, map_mib,
-         pad_kib, disk_mib) -> None:
+def main(seconds, seed, members, clients, pymongo_clients, bank_clients, keys, faults,
+         map_mib, pad_kib, disk_mib) -> None:
     kinds = faults.split(",")
     unknown = sorted(set(kinds) - set(Nemesis.FAULTS) - {"disk-full"})
     if unknown:
@@ -365,11 +373,11 @@ def main(seconds, seed, members, clients, pymongo_clients, keys, faults, map_mib
         raise click.BadParameter("mounting a tmpfs per member needs root",
                                  param_hint="--disk-mib")
     sys.exit(run(seconds, seed, members, clients, pymongo_clients, keys, ",".join(kinds),
-                 map_mib, pad_kib, disk_mib))
+                 map_mib, pad_kib, disk_mib, bank_clients))
 
 
 def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad_kib=0,
-        disk_mib=0) -> int:
+        disk_mib=0, n_bank=1) -> int:
     """One run; 1 if a history is not linearizable, the members did not
     converge, or a member could not restart (its folders are kept, and named;
     not those on a tmpfs of --disk-mib, which go with it)."""
@@ -395,6 +403,11 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
         pad = "x" * (pad_kib << 10)
         clients = [Client(i + 1, kind, rs, keys, hist, stop, seed * 100 + i, pad)
                    for i, kind in enumerate(kinds)]
+        book, uri = bank.Book(), rs.mongodb_uri(driver="pymongo")
+        if n_bank:
+            accounts = bank.setup(rs, 5)
+            clients += [bank.Client(i + 1, uri, accounts, book, stop, seed * 1000 + i)
+                        for i in range(n_bank)]
         nem = Nemesis(rs, members, nstop, seed, tuple(faults.split(",")), disks)
         t0 = time.monotonic()
         for c in clients:
@@ -408,7 +421,8 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
         time.sleep(3)  # the clients go on a while on a healed set
         stop.set()
         for c in clients:
-            c.join(60)
+            c.join(150)  # a transfer's with_transaction retries for up to 120 s
+        stuck = [c.name for c in clients if c.is_alive()]
         rs.wait_for_primary(60)
         _final_reads(rs, keys, hist)
         deadline = time.monotonic() + 120
@@ -424,6 +438,12 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
             time.sleep(1)
         converged = bool(digests) and all(d == digests[0] for d in digests)
         res = check(hist.ops, 0)
+        bank_problems = []
+        if n_bank:
+            with book.lock:
+                acked = list(book.acked)
+            bal, logs = bank.final_state(uri)
+            bank_problems = bank.check(bal, logs, acked)
         by = Counter((o.kind, "ok" if o.ret != INF else "unknown") for o in hist.ops)
         cas_ok = sum(1 for o in hist.ops if o.kind == "cas" and o.ok is True)
         print(f"nemesis seed {seed}: {members} members, {len(clients)} clients "
@@ -441,6 +461,13 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
             if n <= 2:  # the rare ones, to look at
                 print(f"    {what}: {hist.examples[what]}")
         print(f"  members converged: {converged}")
+        if stuck:
+            print(f"  clients still running at the end (not checked after): {stuck}")
+        if n_bank:
+            print(f"  bank: {len(acked)} transfers acknowledged, {len(logs)} logged, "
+                  f"errors {dict(book.errors)}; "
+                  + ("; ".join(f"VIOLATION: {p}" for p in bank_problems) or "every "
+                     "acknowledged transfer once, balances follow from the log"))
         print("  data files (MiB): " + ", ".join(
             f"{os.path.basename(dp)} {os.path.getsize(os.path.join(dp, 'data.mdb')) >> 20}"
             for dp, _, fs in sorted(os.walk(data_dir)) if "data.mdb" in fs)
@@ -451,7 +478,7 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
             print(f"  VIOLATION on {k}: {why['reason']}: {why['op']}")
             _dump(hist.ops, k, why["op"])
         restarts_failed = [f for f in nem.failed if f.startswith("start ")]
-        if res["valid"] is False or not converged or restarts_failed:
+        if res["valid"] is False or not converged or restarts_failed or bank_problems:
             rc = 1
     finally:
         rs.shutdown()

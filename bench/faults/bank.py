@@ -1,0 +1,133 @@
+"""Bank transfers through pymongo transactions, for the nemesis.
+
+Each client moves money between a few accounts with
+``ClientSession.with_transaction``, as applications write transactions with
+pymongo: two ``$inc`` updates and one insert into a transfer log naming the
+transfer (``tid``), with ``w: "majority"``. The driver retries what it may
+(a transient error runs the whole transaction again; a commit whose answer
+was lost is sent again), which is exactly where a store can apply a
+transaction twice or lose one it acknowledged.
+
+At the end one snapshot read (a pymongo snapshot session) gives the balances
+and the log, and ``check`` finds:
+
+- a transfer logged more than once (applied twice);
+- an acknowledged transfer that is not logged (lost);
+- balances that do not follow from the transfers logged (a transaction
+  applied in part, or a write outside one).
+
+A transfer whose outcome the client does not know (an error) may or may not
+be logged; it only has to be whole.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+
+DB, ACCOUNTS, LOG = "nem", "bank", "banklog"
+INITIAL = 1_000
+
+
+def check(balances: dict, logs: list[dict], acked: list[str], initial: int = INITIAL
+          ) -> list[str]:
+    """What is wrong with a final state (empty if nothing): ``balances``
+    {account: balance}, ``logs`` the transfer log's documents, ``acked`` the
+    transfers the clients were told committed."""
+    problems = []
+    seen = Counter(x["tid"] for x in logs)
+    twice = sorted(t for t, n in seen.items() if n > 1)
+    if twice:
+        problems.append(f"{len(twice)} transfers applied more than once: {twice[:5]}")
+    lost = [t for t in acked if t not in seen]
+    if lost:
+        problems.append(f"{len(lost)} acknowledged transfers lost: {lost[:5]}")
+    expect = dict.fromkeys(balances, initial)
+    for x in logs:
+        expect[x["from"]] = expect.get(x["from"], initial) - x["amt"]
+        expect[x["to"]] = expect.get(x["to"], initial) + x["amt"]
+    off = {a: (balances.get(a), want) for a, want in expect.items() if balances.get(a) != want}
+    if off:
+        problems.append("balances do not follow from the transfers logged "
+                        f"(account: (balance, expected)): {off}")
+    return problems
+
+
+class Book:
+    """What the clients were told: transfers acknowledged, errors by kind."""
+
+    def __init__(self):
+        self.acked: list[str] = []
+        self.errors: Counter = Counter()
+        self.lock = threading.Lock()
+
+
+class Client(threading.Thread):
+    """One pymongo client doing transfers until ``stop`` is set."""
+
+    def __init__(self, cid: int, uri: str, accounts: list[str], book: Book, stop, seed: int):
+        super().__init__(daemon=True, name=f"bank-{cid}")
+        self.cid, self.uri, self.accounts, self.book = cid, uri, accounts, book
+        self.stop, self.rnd, self.seq = stop, random.Random(seed), 0
+
+    def run(self):
+        import pymongo
+        from pymongo.write_concern import WriteConcern
+        cl = pymongo.MongoClient(self.uri, serverSelectionTimeoutMS=6000,
+                                 socketTimeoutMS=6000, connectTimeoutMS=3000,
+                                 heartbeatFrequencyMS=500)
+        db = cl.get_database(DB)
+        acct, log = db[ACCOUNTS], db[LOG]
+        wc = WriteConcern("majority", wtimeout=4000)
+        try:
+            while not self.stop.is_set():
+                self.seq += 1
+                tid = f"{self.cid}-{self.seq}"
+                a, b = self.rnd.sample(self.accounts, 2)
+                amt = self.rnd.randint(1, 9)
+
+                def transfer(s, a=a, b=b, amt=amt, tid=tid):
+                    acct.update_one({"_id": a}, {"$inc": {"bal": -amt}}, session=s)
+                    acct.update_one({"_id": b}, {"$inc": {"bal": amt}}, session=s)
+                    log.insert_one({"tid": tid, "from": a, "to": b, "amt": amt}, session=s)
+                try:
+                    with cl.start_session() as s:
+                        s.with_transaction(transfer, write_concern=wc)
+                    with self.book.lock:
+                        self.book.acked.append(tid)
+                except Exception as e:  # noqa: BLE001 - its outcome is unknown: recorded
+                    with self.book.lock:
+                        self.book.errors[type(e).__name__] += 1
+                    time.sleep(0.05)
+        finally:
+            cl.close()
+
+
+def setup(rs, n_accounts: int) -> list[str]:
+    accounts = [f"a{i}" for i in range(n_accounts)]
+    rs.client(w="majority")[DB][ACCOUNTS].insert_many(
+        [{"_id": a, "bal": INITIAL} for a in accounts])
+    return accounts
+
+
+def final_state(uri: str) -> tuple[dict, list[dict]]:
+    """The balances and the log, read at one point (a snapshot session), retried
+    while the set settles."""
+    import pymongo
+    cl = pymongo.MongoClient(uri, serverSelectionTimeoutMS=30_000)
+    try:
+        for attempt in range(30):
+            try:
+                with cl.start_session(snapshot=True) as s:
+                    db = cl.get_database(DB)
+                    bal = {d["_id"]: d["bal"] for d in db[ACCOUNTS].find({}, session=s)}
+                    logs = list(db[LOG].find({}, {"_id": 0}, session=s))
+                return bal, logs
+            except pymongo.errors.PyMongoError:
+                if attempt == 29:
+                    raise
+                time.sleep(1)
+    finally:
+        cl.close()
+    raise AssertionError("unreachable")
