@@ -72,12 +72,14 @@ def test_transactions_commit_under_one_gtid_or_leave_no_trace(replset):
 
 def test_durable_writes_and_restart_recovers_under_a_new_term(ray_session, tmp_path):
     d = str(tmp_path / "rs")
-    rs = raymx.ReplicaSet.launch("restart1", data_dir=d)
+    rs = raymx.ReplicaSet.launch("restart1", data_dir=d, secret="kept-across-relaunches")
     c = rs.client(j=True)
     g = c["a"]["b"].insert_many([{"_id": i} for i in range(100)]).gtid
     c["a"]["b"].insert_one({"_id": "last"}, j=False)
     st = rs.status()["members"][0]
     term1 = st["term"]
+    uri = rs.mongodb_uri(driver="pymongo")
+    ports = rs._topology()["members"][0]
     rs.shutdown()
     rs.shutdown()  # again: nothing to do
     t0 = time.monotonic()
@@ -86,7 +88,7 @@ def test_durable_writes_and_restart_recovers_under_a_new_term(ray_session, tmp_p
     assert time.monotonic() - t0 < 10
     with pytest.raises(errors.ConfigError):
         raymx.connect("restart1")
-    rs = raymx.ReplicaSet.launch("restart1", data_dir=d)
+    rs = raymx.ReplicaSet.launch("restart1", data_dir=d, secret="kept-across-relaunches")
     try:
         c = rs.client()
         assert c["a"]["b"].count_documents({}) == 101
@@ -96,6 +98,15 @@ def test_durable_writes_and_restart_recovers_under_a_new_term(ray_session, tmp_p
         entries = list(rs.oplog())
         assert [e.gtid.seq for e in entries] == list(range(1, len(entries) + 1))
         assert raymx.connect("restart1").status()["members"][0]["term"] == term1 + 1
+        # the member took its ports again: a connection string from before the
+        # relaunch (pymongo's, mongosh's; the same secret) still reaches it
+        again = rs._topology()["members"][0]
+        assert (again["port"], again["wire"]) == (ports["port"], ports["wire"])
+        assert rs.mongodb_uri(driver="pymongo") == uri
+        import pymongo
+        pm = pymongo.MongoClient(uri, serverSelectionTimeoutMS=20_000)
+        assert pm["a"]["b"].count_documents({}) == 102
+        pm.close()
     finally:
         rs.shutdown()
 

@@ -442,7 +442,7 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
         if n_bank:
             with book.lock:
                 acked = list(book.acked)
-            bal, logs = bank.final_state(uri)
+            bal, logs = bank.final_state(rs.mongodb_uri(driver="pymongo"))
             bank_problems = bank.check(bal, logs, acked)
         by = Counter((o.kind, "ok" if o.ret != INF else "unknown") for o in hist.ops)
         cas_ok = sum(1 for o in hist.ops if o.kind == "cas" and o.ok is True)

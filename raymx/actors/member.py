@@ -116,11 +116,23 @@ class OplogShard:
         if cap:
             self.service.set_oplog_cap(cap)
         host = bind_host or ray.util.get_node_ip_address()
+        # the ports this member had on this host, taken again if free: a
+        # connection string (pymongo's, mongosh's) stays good across restarts
+        where = {"host": host, "set": rs_name, "member": self.member_id}
+        had = self.engine.get_meta("ports") or {}
+        had = had if all(had.get(k) == v for k, v in where.items()) else {}  # (a copy's)
         self.port = ClientPort(self.service, secret, host, limits.frame_bytes_max,
                                {"member": self.member_id, "replset": rs_name},
-                               limits=limits, tls=tls)
+                               limits=limits, tls=tls, port=had.get("client", 0))
         self.wire = WirePort(self.service, secret, host,  # MongoDB drivers (raymx/wire)
-                             {"member": self.member_id, "replset": rs_name}, tls=tls)
+                             {"member": self.member_id, "replset": rs_name}, tls=tls,
+                             port=had.get("wire", 0))
+        now = dict(where, client=self.port.port, wire=self.wire.port)
+        if now != had:
+            try:
+                self.engine.put_meta("ports", now)
+            except (errors.RaymxError, OSError) as e:  # a full disk: the next start asks again
+                log.warning("member %d could not record its ports: %s", self.member_id, e)
 
     def _on_durable(self, g: GTID) -> None:
         if not self.service.primary or len(self.service.votes) == 1:

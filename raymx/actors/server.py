@@ -57,6 +57,20 @@ def serve_loop(loop, start, ready, what: str) -> None:
     loop.run_forever()
 
 
+async def bind_preferring(bind, port: int, what: str):
+    """``await bind(port)``; if that port is taken, ``bind(0)`` (any free
+    one), saying so. A restarted member asks for the ports it had, so the
+    addresses clients were given (a MongoDB connection string above all) stay
+    good across its restarts."""
+    if port:
+        try:
+            return await bind(port)
+        except OSError as e:
+            log.warning("%s: port %d is taken (%s); another one is used, and clients "
+                        "learn it from the set's topology", what, port, e)
+    return await bind(0)
+
+
 class ClientPort:
     """An asyncio server on its own thread; ``handler.handle(req, reply, conn)``.
 
@@ -68,11 +82,11 @@ class ClientPort:
     """
 
     def __init__(self, handler, secret: str, host: str, frame_bytes_max: int, info: dict,
-                 unix: bool = True, limits=None, tls: dict | None = None):
+                 unix: bool = True, limits=None, tls: dict | None = None, port: int = 0):
         """``limits``: the connection limits (``Limits``; default ``DEFAULT``).
         ``tls``: settings for ``raymx.actors.tls.server_context``; the TCP port
         then requires TLS (the Unix socket, owner-only on this machine, stays
-        plain)."""
+        plain). ``port``: the TCP port to take if it is free (0: any)."""
         lim = limits or DEFAULT_LIMITS
         self.admission = Admission(lim.connections_max, lim.unauthenticated_per_address_max)
         self.tls = None if tls is None else tls_mod.server_context(tls)
@@ -93,7 +107,8 @@ class ClientPort:
         self._loop = new_loop()
         self._tid: int | None = None  # the loop's thread
         self._ready = threading.Event()
-        self._t = threading.Thread(target=self._run, name="raymx-port", daemon=True)
+        self._t = threading.Thread(target=self._run, args=(port,), name="raymx-port",
+                                   daemon=True)
         self._t.start()
         if not self._ready.wait(10) or self.port is None:
             raise RuntimeError(f"client port failed to start on {host}")
@@ -101,21 +116,23 @@ class ClientPort:
         if attach is not None:
             attach(self)
 
-    def _run(self):
+    def _run(self, port: int):
         asyncio.set_event_loop(self._loop)
         self._tid = threading.get_ident()
 
-        async def start():
+        async def bind(port: int):
             if self.tls is None:
-                self._server = await self._loop.create_server(lambda: _Conn(self), self.host, 0,
-                                                              backlog=1024)
-            else:
-                self._server = await tls_mod.serve(
-                    self._loop, self.host, self.tls, lambda: _Conn(self),
-                    lambda: _Conn(self, refuse=errors.TLSError(
-                        f"member {self.info.get('member')}'s client port requires TLS: connect "
-                        "with tls=True (and the CA of its certificate); nothing was read")),
-                    HELLO_TIMEOUT_S)
+                return await self._loop.create_server(lambda: _Conn(self), self.host, port,
+                                                      backlog=1024)
+            return await tls_mod.serve(
+                self._loop, self.host, self.tls, lambda: _Conn(self),
+                lambda: _Conn(self, refuse=errors.TLSError(
+                    f"member {self.info.get('member')}'s client port requires TLS: connect "
+                    "with tls=True (and the CA of its certificate); nothing was read")),
+                HELLO_TIMEOUT_S, port=port)
+
+        async def start():
+            self._server = await bind_preferring(bind, port, f"the client port on {self.host}")
             self.port = self._server.sockets[0].getsockname()[1]
             self._unix_server = None
             if self.unix_path is not None:

@@ -130,10 +130,11 @@ class _Server:
 
 
 async def serve(loop, host: str, ctx: ssl.SSLContext, factory, refuse_factory,
-                timeout_s: float, backlog: int = 1024) -> _Server:
-    """Listen on ``host`` (any free port) for connections that must use TLS:
-    ``factory()`` serves those that do, ``refuse_factory()`` answers the others."""
-    info = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+                timeout_s: float, backlog: int = 1024, port: int = 0) -> _Server:
+    """Listen on ``host`` (``port``, 0: any free one) for connections that must
+    use TLS: ``factory()`` serves those that do, ``refuse_factory()`` answers
+    the others."""
+    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(info[0], socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -21,7 +21,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from raymx.actors.server import new_loop, serve_loop
+from raymx.actors.server import bind_preferring, new_loop, serve_loop
 from raymx.actors.tls import server_context
 from raymx.wire import framing
 from raymx.wire.auth import Credential
@@ -87,9 +87,13 @@ class WirePort:
         asyncio.set_event_loop(self._loop)
         self._tid = threading.get_ident()
 
+        async def bind(port: int):
+            return await self._loop.create_server(lambda: _WireConn(self), self.host, port,
+                                                  ssl=self._ssl)
+
         async def start():
-            self._server = await self._loop.create_server(lambda: _WireConn(self), self.host,
-                                                          port, ssl=self._ssl)
+            self._server = await bind_preferring(bind, port,
+                                                 f"the MongoDB wire port on {self.host}")
             self.port = self._server.sockets[0].getsockname()[1]
             self._ready.set()
         serve_loop(self._loop, start(), self._ready, f"the MongoDB wire port on {self.host}")
