@@ -59,6 +59,7 @@ class Book:
 
     def __init__(self):
         self.acked: list[str] = []
+        self.runs = 0  # callbacks run: above the transfers tried, the driver ran some again
         self.errors: Counter = Counter()
         self.lock = threading.Lock()
 
@@ -88,6 +89,8 @@ class Client(threading.Thread):
                 amt = self.rnd.randint(1, 9)
 
                 def transfer(s, a=a, b=b, amt=amt, tid=tid):
+                    with self.book.lock:
+                        self.book.runs += 1
                     acct.update_one({"_id": a}, {"$inc": {"bal": -amt}}, session=s)
                     acct.update_one({"_id": b}, {"$inc": {"bal": amt}}, session=s)
                     log.insert_one({"tid": tid, "from": a, "to": b, "amt": amt}, session=s)

@@ -447,7 +447,7 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
         by = Counter((o.kind, "ok" if o.ret != INF else "unknown") for o in hist.ops)
         cas_ok = sum(1 for o in hist.ops if o.kind == "cas" and o.ok is True)
         print(f"nemesis seed {seed}: {members} members, {len(clients)} clients "
-              f"({n_raymx} raymx, {n_pymongo} pymongo), {n_keys} registers, "
+              f"({n_raymx} raymx, {n_pymongo} pymongo, {n_bank} bank), {n_keys} registers, "
               f"{seconds:.0f} s")
         print(f"  faults: {len(nem.done)} ({', '.join(f'{f} {n}' for f, n in Counter(x[1] for x in nem.done).most_common())})")
         if nem.failed:
@@ -464,7 +464,9 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
         if stuck:
             print(f"  clients still running at the end (not checked after): {stuck}")
         if n_bank:
-            print(f"  bank: {len(acked)} transfers acknowledged, {len(logs)} logged, "
+            tried = sum(c.seq for c in clients if isinstance(c, bank.Client))
+            print(f"  bank: {len(acked)} transfers acknowledged of {tried} tried, "
+                  f"{len(logs)} logged, {book.runs - tried} run again by the driver, "
                   f"errors {dict(book.errors)}; "
                   + ("; ".join(f"VIOLATION: {p}" for p in bank_problems) or "every "
                      "acknowledged transfer once, balances follow from the log"))
