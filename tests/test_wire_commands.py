@@ -306,3 +306,33 @@ def test_a_retried_commit_is_answered_from_the_session_s_record_not_run_again(tm
         assert len(attempts) == 2
         assert [d["bal"] for d in co.find().sort("_id", 1)] == [89, 111]
         c.close()
+
+
+def test_a_change_stream_starts_after_the_writes_acknowledged_before_it(tmp_path):
+    """A w:1 write acknowledged before ``watch()`` is not one of the stream's
+    events, though it is not majority-committed yet when the stream opens
+    (the stream started at the majority point before: an application that
+    wrote and then watched saw its own earlier write as a new change)."""
+    import time
+
+    import pymongo
+    from raymx.wire.server import WirePort
+    from tests.test_wire import SECRET, uri
+    # syncs far apart: a w:1 write is acknowledged long before it is durable
+    with serving(tmp_path, Limits(sync_interval_ms=400),
+                 make_port=lambda svc: WirePort(svc, SECRET, "127.0.0.1",
+                                                {"member": 0, "replset": "rs"})) as (p, svc):
+        c = pymongo.MongoClient(uri(p), serverSelectionTimeoutMS=10_000)
+        co = c.cs.c
+        co.insert_one({"_id": "seed"})
+        co.insert_one({"_id": "before"})
+        stream = co.watch()
+        co.delete_one({"_id": "seed"})
+        got, deadline = [], time.time() + 10
+        while not got and time.time() < deadline:
+            ev = stream.try_next()
+            if ev is not None:
+                got.append((ev["operationType"], ev["documentKey"]["_id"]))
+        stream.close()
+        assert got == [("delete", "seed")]
+        c.close()

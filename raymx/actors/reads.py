@@ -407,8 +407,15 @@ class ReadPath:
         wait_ms = min(int(req.get("wait_ms") or self.limits.watch_wait_ms), 60_000)
         after = req.get("after")
         if after is None:
-            gate = self.watch_gate(level)
-            after = [0, 0] if gate is None else list(gate)  # from now on
+            # from now on: on the primary after every entry committed here, so a
+            # write acknowledged before the stream opened (w: 1, not yet majority)
+            # is not one of its events, as MongoDB starts a stream at the newest
+            # optime (its events still come once majority-committed; if that
+            # entry is rolled back, the stream ends Diverged, as MongoDB's); a
+            # secondary's unreplicated tail may be rolled back: its gate
+            gate = self.e.last()[0] if self.primary and level == "majority" \
+                else self.watch_gate(level)
+            after = [0, 0] if gate is None or gate == GTID(0, 0) else list(gate)
         token = changes.parse_token(after)
         if req.get("after") is None:  # opening a stream: its start token, at once
             return {"events": [], "resume": list(token)}
