@@ -336,3 +336,32 @@ def test_a_change_stream_starts_after_the_writes_acknowledged_before_it(tmp_path
         stream.close()
         assert got == [("delete", "seed")]
         c.close()
+
+
+def test_a_collection_s_stream_ends_with_invalidate_at_its_drop(client):
+    """As MongoDB's: the drop, then ``invalidate`` (the cursor closes); a new
+    stream ``start_after`` that token sees what comes next. A database's
+    stream goes on past a collection's drop."""
+    import time
+    co = client.inv.c
+
+    def take(stream, n):
+        out, deadline = [], time.time() + 10
+        while len(out) < n and time.time() < deadline and stream.alive:
+            ev = stream.try_next()
+            if ev is not None:
+                out.append(ev)
+        return out
+    stream, dbs = co.watch(), client.inv.watch()
+    co.insert_one({"_id": 1})
+    co.drop()
+    evs = take(stream, 3)
+    assert [e["operationType"] for e in evs] == ["insert", "drop", "invalidate"]
+    assert not stream.alive  # the server closed the cursor
+    co.insert_one({"_id": 2})
+    after = co.watch(start_after=evs[-1]["_id"])
+    got = take(after, 1)
+    after.close()
+    assert [(e["operationType"], e["documentKey"]["_id"]) for e in got] == [("insert", 2)]
+    assert [e["operationType"] for e in take(dbs, 3)] == ["insert", "drop", "insert"]
+    dbs.close()

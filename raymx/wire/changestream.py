@@ -81,6 +81,12 @@ def event_doc(ev: dict, s: Stream) -> dict | None:
     return out
 
 
+def _invalidates(ev: dict, s: Stream) -> bool:
+    """A drop or rename of the one collection a stream watches."""
+    return ev["op"] in ("drop", "rename") and s.namespaces is not None \
+        and len(s.namespaces) == 1 and "." in s.namespaces[0] and ev["ns"] == s.namespaces[0]
+
+
 class Streams:
     """Open change-stream cursors of one member (any connection may getMore)."""
 
@@ -144,10 +150,26 @@ class Streams:
             raise CommandError(e.msg, 286, "ChangeStreamHistoryLost") from None
         except errors.Diverged as e:
             raise CommandError(e.msg, 280, "ChangeStreamFatalError") from None
-        docs = [x for x in (event_doc(ev, s) for ev in res["events"]) if x is not None]
+        events, end = res["events"], None
+        for i, ev in enumerate(events):
+            if _invalidates(ev, s):
+                events, end = events[:i + 1], ev
+                break
+        docs = [x for x in (event_doc(ev, s) for ev in events) if x is not None]
         if s.pipeline:
             docs = aggregate.run(iter(docs), s.pipeline)
-        s.token = tuple(res["resume"])
+        if end is not None:
+            # a collection's stream ends at its drop or rename, with an invalidate
+            # event (never filtered), as MongoDB's: its token starts a new stream
+            # after it (startAfter), and the cursor is closed
+            docs.append({"_id": token_out(end["token"]), "operationType": "invalidate",
+                         "clusterTime": Timestamp(end["ts"] // 1000, end["token"][2] + 1),
+                         "wallTime": datetime.datetime(1970, 1, 1)
+                         + datetime.timedelta(milliseconds=end["ts"])})
+            self.kill([cid])
+            s.token, cid = tuple(end["token"]), 0
+        else:
+            s.token = tuple(res["resume"])
         return {"cursor": {"nextBatch": docs, "id": Int64(cid), "ns": s.ns,
                            "postBatchResumeToken": token_out(s.token)}}
 
