@@ -293,6 +293,11 @@ def test_a_retried_commit_is_answered_from_the_session_s_record_not_run_again(tm
             assert ei.value.code == 251 and ei.value.has_error_label(
                 "TransientTransactionError")
         assert [d["bal"] for d in co.find().sort("_id", 1)] == [90, 110]  # once
+        # a transaction that only reads commits without a record: no oplog entry
+        at = c.admin.command("ping")["operationTime"]
+        with c.start_session() as s:
+            assert s.with_transaction(lambda s: co.find_one({"_id": 0}, session=s))["bal"] == 90
+        assert c.admin.command("ping")["operationTime"] == at
         attempts = []
 
         def transfer(s):

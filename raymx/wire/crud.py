@@ -150,6 +150,20 @@ def _sid(v) -> bytes:
     return v.bytes if isinstance(v, uuid.UUID) else bytes(v)
 
 
+# commands that only read, in a transaction (an aggregate reads unless it ends
+# with $out or $merge): a transaction of only these commits without a record
+_TXN_READS = {"find", "getmore", "count", "distinct", "killcursors", "listcollections",
+              "listindexes", "collstats", "dbstats"}
+
+
+def _may_write(cmd: dict) -> bool:
+    name = next(iter(cmd)).lower()
+    if name == "aggregate":
+        p = cmd.get("pipeline")
+        return bool(p) and isinstance(p[-1], dict) and ("$out" in p[-1] or "$merge" in p[-1])
+    return name not in _TXN_READS
+
+
 class Transactions:
     """Driver sessions' transactions: ``(lsid, txnNumber)`` -> the member's
     transaction and the state it lives in (statements of one transaction may
@@ -158,6 +172,7 @@ class Transactions:
     def __init__(self, d):
         self.d = d
         self.open: dict[bytes, tuple[int, int, dict]] = {}  # lsid -> (txnNumber, txn, state)
+        self.wrote: set[bytes] = set()  # sessions whose open transaction ran a write
         self.lock = threading.Lock()
 
     @staticmethod
@@ -187,6 +202,9 @@ class Transactions:
             raise CommandError(f"Transaction with txnNumber {num} has been aborted or is not "
                                "open", 251, "NoSuchTransaction",
                                errorLabels=["TransientTransactionError"])
+        if _may_write(cmd):
+            with self.lock:
+                self.wrote.add(lsid)
         return {"txn": got[1]}, got[2]
 
     def finish(self, cmd: dict, commit: bool, state: dict) -> dict:
@@ -200,8 +218,10 @@ class Transactions:
         lsid, num = self._lsid(cmd), int(cmd.get("txnNumber", -1))
         with self.lock:
             got = self.open.get(lsid)
+            wrote = lsid in self.wrote
             if got is not None and got[0] == num:
                 del self.open[lsid]
+                self.wrote.discard(lsid)
         if got is None or got[0] != num:
             if not commit:
                 return {}
@@ -215,9 +235,10 @@ class Transactions:
             raise CommandError(f"Transaction with txnNumber {num} is not open", 251,
                                "NoSuchTransaction", errorLabels=["TransientTransactionError"])
         if commit:
-            self.d.call({"op": "update", "ns": RETRY_NS, "filter": {"_id": lsid},
-                         "replace": True, "upsert": True, "txn": got[1],
-                         "update": {"_id": lsid, "n": num, "committed": True}}, got[2])
+            if wrote:  # a read-only transaction writes nothing: run again, it is harmless
+                self.d.call({"op": "update", "ns": RETRY_NS, "filter": {"_id": lsid},
+                             "replace": True, "upsert": True, "txn": got[1],
+                             "update": {"_id": lsid, "n": num, "committed": True}}, got[2])
             self.d.call({"op": "txnCommit", "txn": got[1], **wc_fields(cmd)}, got[2])
         else:
             self.d.call({"op": "txnAbort", "txn": got[1]}, got[2])
@@ -226,6 +247,7 @@ class Transactions:
     def _abort(self, lsid: bytes):
         with self.lock:
             got = self.open.pop(lsid, None)
+            self.wrote.discard(lsid)
         if got is not None:
             try:
                 yield call({"op": "txnAbort", "txn": got[1]}, got[2])
