@@ -19,7 +19,7 @@ READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listI
             "revertPlan", "collStats", "explain", "validate"}
 TXN_OPS = {"txnBegin", "txnCommit", "txnAbort"}
 
-RETRY_NS = "config.transactions"  # retryable writes' records (raymx/wire/crud.py)
+RETRY_NS = "config.transactions"  # driver sessions' records (raymx/wire/sessions.py)
 
 
 def result_out(r) -> dict:

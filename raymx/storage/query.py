@@ -796,5 +796,19 @@ def sort_key(spec: Any) -> Callable[[dict], tuple]:
     return key
 
 
+def sorted_values(arr: list, spec: Any) -> list | None:
+    """``arr`` sorted as ``$push``'s ``$sort`` and ``$sortArray`` sort it: by
+    raymx's order of whole values (``spec`` 1 or -1), or subdocuments by
+    fields (``{field: 1 | -1, ...}``; other elements sort as empty ones).
+    None if ``spec`` is neither (the caller says how it is wrong)."""
+    if type(spec) is int and spec in (1, -1):
+        return sorted(arr, key=encode_key, reverse=spec == -1)
+    if not isinstance(spec, dict) or not spec or not all(
+            type(v) is int and v in (1, -1) for v in spec.values()):
+        return None
+    key = sort_key(list(spec.items()))
+    return sorted(arr, key=lambda x: key(x if isinstance(x, dict) else {}))
+
+
 __all__ = ["MISSING", "Bounds", "compile_filter", "extract_bounds", "get_path", "index_keys",
-           "matched_element", "project", "reach", "sort_key"]
+           "matched_element", "project", "reach", "sort_key", "sorted_values"]

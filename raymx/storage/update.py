@@ -24,7 +24,7 @@ from bson import Decimal128
 from raymx.storage.errors import InvalidDocument, InvalidFilter, InvalidUpdate
 from raymx.storage.keys import encode_key
 from raymx.storage.query import (MISSING, compile_filter, field_conditions, get_path,
-                                 matched_element, sort_key)
+                                 matched_element, sorted_values)
 
 _ARRAY = (list, tuple)
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1  # what codec stores
@@ -382,14 +382,11 @@ def _push(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
 def _sorted_elements(arr: list, sort: Any, w: str, path: str) -> list:
     """``$push``'s ``$sort``: 1 or -1 sorts the elements by raymx's order of
     values; ``{field: 1 | -1, ...}`` sorts subdocuments by those fields."""
-    if type(sort) is int and sort in (1, -1):
-        return sorted(arr, key=encode_key, reverse=sort == -1)
-    if not isinstance(sort, dict) or not sort or not all(
-            type(v) is int and v in (1, -1) for v in sort.values()):
+    out = sorted_values(arr, sort)
+    if out is None:
         raise InvalidUpdate(f"{w}: $sort needs 1, -1 or {{field: 1 | -1}}", operator="$push",
                             field=path)
-    key = sort_key(list(sort.items()))
-    return sorted(arr, key=lambda x: key(x if isinstance(x, dict) else {}))
+    return out
 
 
 def _pull_all(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:

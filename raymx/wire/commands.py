@@ -23,7 +23,7 @@ from bson import Int64, ObjectId
 from raymx import errors
 from raymx.storage.gtid import GTID
 from raymx.storage.query import compile_filter
-from raymx.wire import crud, framing
+from raymx.wire import crud, framing, sessions
 from raymx.wire.auth import MECHANISM, Scram
 from raymx.wire.changestream import Streams
 from raymx.wire.errors import CommandError, bad_value, command_not_found, error_doc
@@ -65,7 +65,7 @@ class Dispatcher:
         self.port = port
         self._topo: tuple[float, dict] | None = None
         self._topo_lock = threading.Lock()
-        self.txns = crud.Transactions(self)
+        self.txns = sessions.Transactions(self)
         self.streams = Streams(self)
         # lsid -> (term, txnNumber) of the last retryable write this member
         # committed as primary for it: a higher number in the same term is new

@@ -539,15 +539,10 @@ def _sort_array(x, ev, name="$sortArray"):
     v, by = ev(a["input"]), a["sortBy"]
     if _null(v):
         return None
-    arr = _array(v, name)
-    if type(by) is int and by in (1, -1):
-        from raymx.storage.keys import encode_key
-        return sorted(arr, key=encode_key, reverse=by == -1)
-    if isinstance(by, dict) and by and all(type(d) is int and d in (1, -1)
-                                           for d in by.values()):
-        key = query.sort_key([[k, d] for k, d in by.items()])
-        return sorted(arr, key=lambda e: key(e if isinstance(e, dict) else {}))
-    raise _err("$sortArray's sortBy must be 1, -1 or a sort document of fields", 2942505)
+    out = query.sorted_values(_array(v, name), by)
+    if out is None:
+        raise _err("$sortArray's sortBy must be 1, -1 or a sort document of fields", 2942505)
+    return out
 
 
 def _is_array(x, ev, name="$isArray"):

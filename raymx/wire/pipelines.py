@@ -29,11 +29,6 @@ def system_docs(d, conn, ns: str) -> list[dict]:
     return [commands._repl_set_get_config(d, {}, conn)["config"]]
 
 
-def _checked(pipeline: list) -> list:
-    aggregate.check(pipeline)
-    return pipeline
-
-
 def aggregate_command(d, cmd: dict, conn) -> dict:
     pipeline = _docs(cmd.get("pipeline"), "pipeline")
     if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
@@ -43,7 +38,7 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
         from raymx.wire import commands
         ns = f"{cmd.get('$db')}.$cmd.aggregate"
         out = aggregate.run(iter(commands._current_op(d, cmd, conn)["inprog"]),
-                            _checked(_plain(pipeline[1:])), variables=aggregate.let_of(cmd))
+                            _plain(pipeline[1:]), variables=aggregate.let_of(cmd))
         return _results(d, conn, ns, out, None, {})
     if not isinstance(cmd.get("aggregate"), str):
         raise CommandError("aggregate: only collection pipelines and $currentOp are "
