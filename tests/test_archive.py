@@ -126,6 +126,32 @@ def test_rows_back_into_events_with_a_split_entry():
     assert len(ev) == 2 and resume == [1, 5] and done
 
 
+def test_replacements_survive_the_archive_and_old_segments_read_as_updates(tmp_path):
+    """Rows carry the op's replace flag (``replace``); a segment written before
+    that column existed reads with it null: its updates stay updates."""
+    import pyarrow.parquet as pq
+
+    from raymx.actors.archiving import read_segment
+    from raymx.spark_bridge import convert
+    pre, post = {"_id": 1, "a": 1}, {"_id": 1, "b": 2}
+    entries = [(GTID(1, 5).to_bytes(), 5_000, [
+        {"op": "u", "ns": "d.c", "pre": pre, "post": post, "r": True},
+        {"op": "u", "ns": "d.c", "pre": post, "post": pre},
+        {"op": "c", "ns": "d.c", "cmd": "create"}])]
+    tb = convert.changes_rows(entries)
+    assert tb.column("replace").to_pylist() == [True, None, None]
+    pq.write_table(tb, tmp_path / "new.parquet")
+    pq.write_table(tb.drop_columns(["replace"]), tmp_path / "old.parquet")
+    for name, kinds in (("new", ["replace", "update"]), ("old", ["update", "update"])):
+        got = read_segment(None, str(tmp_path), {"file": f"{name}.parquet"})
+        assert got.schema == convert.CHANGES_SCHEMA
+        rows = got.drop_columns(["ts"]).to_pylist()
+        for r in rows:
+            r["ts"] = 5_000_000
+        ev, _, _ = A.row_events(rows, (1, 4), None, Filter(), 10, GTID(1, 5))
+        assert [e["op"] for e in ev[:2]] == kinds and ev[0]["post"] == post
+
+
 # --- a running replica set ------------------------------------------------------
 LIM = Limits(trim_interval_ms=100, trim_batch_entries=200)
 

@@ -2,7 +2,7 @@
 import pytest
 
 from raymx import errors
-from raymx.storage import changes
+from raymx.storage import changes, oplog
 from raymx.storage.gtid import GTID, ZERO
 
 ALL = changes.Filter()
@@ -41,6 +41,34 @@ def test_events_format_order_and_tokens(engine):
     assert len(part["events"]) == 2 and part["resume"] == [1, 2, 1]
     nxt = changes.scan(engine, tuple(part["resume"]), GTID(1, 3), ALL, 100)["events"]
     assert part["events"] + nxt == evs[2:]
+
+
+def test_a_replacement_is_a_replace_event_and_undoes_as_one(engine):
+    """A replacement's op says so ("r"): its event is ``replace``, as
+    MongoDB's; an operator update, a merge and an upsert's insert are not."""
+    engine.set_term(1)
+    engine.insert_many("db.r", [{"_id": i, "v": i} for i in range(4)])
+    with engine.begin() as tx:
+        tx.update("db.r", {"_id": 0}, {"_id": 0, "w": 1}, replace=True)
+        tx.update("db.r", {"_id": 1}, {"$set": {"v": 9}})
+        tx.replace_many("db.r", [{"_id": 2, "w": 2}, {"_id": 9, "w": 9}], upsert=True)
+        tx.replace_many("db.r", [{"_id": 3, "w": 3}], merge=True)
+        tx.update("db.r", {"_id": 1}, {"_id": 1, "x": 1}, replace=True, computed=True)
+    evs = changes.scan(engine, (1, 1), GTID(1, 2), ALL, 100)["events"]
+    assert [(e["op"], e["_id"]) for e in evs] == [
+        ("replace", 0), ("update", 1), ("replace", 2), ("insert", 9), ("update", 3),
+        ("update", 1)]
+    assert evs[0]["pre"] == {"_id": 0, "v": 0} and evs[0]["post"] == {"_id": 0, "w": 1}
+    f = changes.Filter(None, ["replace"])
+    assert [e["_id"] for e in changes.scan(engine, (0, 0), GTID(1, 2), f, 100)["events"]] \
+        == [0, 2]
+    entry = dict(engine.read_oplog())[GTID(1, 2)]
+    rep = entry["ops"][0]
+    assert rep["r"] is True and oplog.invert(rep) == {**rep, "pre": rep["post"],
+                                                      "post": rep["pre"]}
+    oplog.check_op(rep, "here")
+    with pytest.raises(errors.CorruptEntry):
+        oplog.check_op({**rep, "r": 1}, "here")
 
 
 def test_gate_filters_and_high_water_mark(engine):

@@ -550,6 +550,28 @@ def test_change_stream_and_resume(client):
     assert (e["ns"]["coll"], e["documentKey"]) == ("other", {"_id": "x"})
 
 
+def test_change_stream_replace_events(client):
+    """replace_one and find_one_and_replace come as ``replace`` events with the
+    new document, as MongoDB's; an update pipeline stays an ``update``."""
+    c = client.db.csr
+    c.insert_one({"_id": 1, "a": 1, "b": 1})
+    with c.watch(max_await_time_ms=200, full_document_before_change="whenAvailable") as s:
+        c.replace_one({"_id": 1}, {"a": 2})
+        c.find_one_and_replace({"_id": 1}, {"c": 3})
+        c.update_one({"_id": 1}, [{"$set": {"d": 4}}])
+        c.update_one({"_id": 1}, {"$set": {"e": 5}})
+        evs = [s.next() for _ in range(4)]
+    assert [e["operationType"] for e in evs] == ["replace", "replace", "update", "update"]
+    assert evs[0]["fullDocument"] == {"_id": 1, "a": 2}
+    assert evs[0]["fullDocumentBeforeChange"] == {"_id": 1, "a": 1, "b": 1}
+    assert evs[0]["documentKey"] == {"_id": 1} and "updateDescription" not in evs[0]
+    assert evs[1]["fullDocument"] == {"_id": 1, "c": 3}
+    assert evs[2]["updateDescription"]["updatedFields"] == {"d": 4}
+    with c.watch([{"$match": {"operationType": "replace"}}], resume_after=evs[0]["_id"],
+                 max_await_time_ms=200) as s:
+        assert s.next()["fullDocument"] == {"_id": 1, "c": 3}
+
+
 BAD_COMMANDS = [
     {"find": 5}, {"find": "c", "limit": "x"}, {"find": "c", "filter": 5},
     {"find": "c", "filter": {"a": {"$frob": 1}}}, {"find": "c", "sort": {"a": "up"}},

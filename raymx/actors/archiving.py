@@ -54,9 +54,14 @@ def read_index_stamped(fs, base: str, cached: tuple | None = None) -> tuple:
 
 
 def read_segment(fs, base: str, seg: dict):
-    """A segment's rows as an Arrow table (in (seq, idx) order)."""
+    """A segment's rows as an Arrow table (in (seq, idx) order). A segment
+    written before the ``replace`` column existed gets it, all null."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
-    return pq.read_table(f"{base}/{seg['file']}", filesystem=fs)
+    tb = pq.read_table(f"{base}/{seg['file']}", filesystem=fs)
+    if "replace" not in tb.column_names:
+        tb = tb.append_column("replace", pa.nulls(tb.num_rows, pa.bool_()))
+    return tb
 
 
 NICE = 10  # the worker's niceness: writes first

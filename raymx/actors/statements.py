@@ -51,7 +51,8 @@ def _statement(tx: Transaction, req: dict):
         return tx.update(ns, req.get("filter"), req.get("update"),
                          multi=bool(req.get("multi")), upsert=bool(req.get("upsert")),
                          replace=bool(req.get("replace")),
-                         array_filters=req.get("array_filters"))
+                         array_filters=req.get("array_filters"),
+                         computed=bool(req.get("computed")))
     if op == "delete":
         return tx.delete(ns, req.get("filter"), multi=bool(req.get("multi")))
     if op == "createIndex":

@@ -453,13 +453,14 @@ CHANGES_SCHEMA = pa.schema([
     ("pre", pa.string()),         # JSON of the image before (u, d), else null
     ("post", pa.string()),        # JSON of the image after (i, u), else null
     ("cmd", pa.string()),         # JSON of a command op (c), else null
+    ("replace", pa.bool_()),      # true: the update (u) replaced the whole document
 ])
 
 
 def changes_rows(entries, ns_filter=None) -> pa.Table:
     """Arrow rows for ``[(gtid bytes, ts, ops)]`` (``ops``: a list, or packed):
     one per op, no-ops left out; built a column at a time per entry."""
-    gtid, term, seq, idx, tss, kind, nss, ids, pre, post, cmd = ([] for _ in range(11))
+    gtid, term, seq, idx, tss, kind, nss, ids, pre, post, cmd, rep = ([] for _ in range(12))
     for k, ts, ops in entries:
         if type(ops) is not list:
             ops = codec.unpack(ops, "oplog ops")
@@ -485,6 +486,7 @@ def changes_rows(entries, ns_filter=None) -> pa.Table:
         post += map(to_json, po)
         cmd += [to_json({x: v for x, v in op.items() if x not in ("op", "ns")})
                 if op.get("op") == "c" else None for op in ops]
-    cols = (gtid, term, seq, idx, tss, kind, nss, ids, pre, post, cmd)
+        rep += [op.get("r") if op.get("op") == "u" else None for op in ops]
+    cols = (gtid, term, seq, idx, tss, kind, nss, ids, pre, post, cmd, rep)
     return pa.Table.from_arrays([pa.array(c, f.type) for c, f in zip(cols, CHANGES_SCHEMA)],
                                 schema=CHANGES_SCHEMA)

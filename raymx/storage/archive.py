@@ -211,9 +211,6 @@ def _from_json(s):
     return None if s is None else json.loads(s, object_hook=_binary_hook)
 
 
-_OPS = {"i": "insert", "u": "update", "d": "delete"}
-
-
 def row_event(r: dict) -> dict:
     """A change event (``raymx.storage.changes``) from one archived row."""
     ts = r["ts"]
@@ -222,10 +219,8 @@ def row_event(r: dict) -> dict:
           "post": None, "index": None, "token": [r["term"], r["seq"], r["idx"]]}
     if r["op"] == "c":
         return changes.command_event(ev, _from_json(r["cmd"]) or {})
-    ev["op"] = _OPS[r["op"]]
-    ev["pre"], ev["post"] = _from_json(r["pre"]), _from_json(r["post"])
-    ev["_id"] = (ev["post"] or ev["pre"])["_id"]
-    return ev
+    return changes.image_event(ev, r["op"], _from_json(r["pre"]), _from_json(r["post"]),
+                               r.get("replace") is True)
 
 
 def row_events(rows, token: tuple, gate: GTID | None, flt, n_max: int, seg_last: GTID,

@@ -4,11 +4,12 @@ A change event is a map (msgpack on the client port, a dict in the driver)::
 
     {"gtid": [term, seq],  # the entry (transaction) the change belongs to
      "ts": ms,              # its commit time
-     "op": "insert" | "update" | "delete" | "create" | "drop" | "createIndex" | "dropIndex",
+     "op": "insert" | "update" | "replace" | "delete" | "create" | "drop" | "createIndex"
+           | "dropIndex" | "rename",
      "ns": "db.coll",
      "_id": ...,            # the document's _id (None for commands)
      "pre": {...} | None,   # full image before (update, delete)
-     "post": {...} | None,  # full image after (insert, update)
+     "post": {...} | None,  # full image after (insert, update, replace)
      "index": {"name", "key", "unique"} | None,   # createIndex / dropIndex
      "token": [term, seq, i]}   # resume after this event (op i of the entry)
 
@@ -25,8 +26,8 @@ from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.keys import prefix_end
 
 OP_NAMES = {"i": "insert", "u": "update", "d": "delete"}
-EVENT_OPS = ("insert", "update", "delete", "create", "drop", "createIndex", "dropIndex",
-             "rename")
+EVENT_OPS = ("insert", "update", "replace", "delete", "create", "drop", "createIndex",
+             "dropIndex", "rename")
 SCAN_ENTRIES_MAX = 10_000  # entries one batch may look at (filtered streams stay responsive)
 
 
@@ -84,9 +85,15 @@ def event(g: GTID, ts: int, i: int, op: dict) -> dict | None:
           "post": None, "index": None, "token": [g.term, g.seq, i]}
     if kind == "c":
         return command_event(ev, op)
-    ev["op"] = OP_NAMES[kind]
-    ev["pre"], ev["post"] = op.get("pre"), op.get("post")
-    ev["_id"] = (ev["post"] or ev["pre"])["_id"]
+    return image_event(ev, kind, op.get("pre"), op.get("post"), op.get("r") is True)
+
+
+def image_event(ev: dict, kind: str, pre, post, replaced: bool) -> dict:
+    """``ev`` completed from an i/u/d op (live, or archived): a u op that
+    replaced the whole document is a ``replace``, as MongoDB names it."""
+    ev["op"] = "replace" if replaced and kind == "u" else OP_NAMES[kind]
+    ev["pre"], ev["post"] = pre, post
+    ev["_id"] = (post or pre)["_id"]
     return ev
 
 

@@ -261,13 +261,18 @@ def map_header(n: int) -> bytes:
 
 _K_OP, _K_NS, _K_PRE, _K_POST = (pack(k) for k in ("op", "ns", "pre", "post"))
 _OPS = {k: pack(k) for k in "iudcn"}
+_K_R, _TRUE = pack("r"), pack(True)  # "r": true, a u op that replaced the document
 
 
-def pack_image_op(kind: str, ns: str, pre: bytes | None, post: bytes | None) -> bytes:
-    """Pack an i/u/d op from documents that are already msgpack bytes."""
+def pack_image_op(kind: str, ns: str, pre: bytes | None, post: bytes | None,
+                  replace: bool = False) -> bytes:
+    """Pack an i/u/d op from documents that are already msgpack bytes;
+    ``replace``: a u op that replaced the document (``"r": true``)."""
     parts = [_K_OP, _OPS[kind], _K_NS, pack(ns)]
     if pre is not None:
         parts += (_K_PRE, pre)
+    if replace:
+        parts += (_K_R, _TRUE)
     if post is not None:
         parts += (_K_POST, post)
     return map_header(len(parts) // 2) + b"".join(parts)
@@ -281,10 +286,11 @@ def insert_op_prefix(ns: str) -> bytes:
 
 
 @functools.lru_cache(maxsize=4096)
-def update_op_parts(ns: str) -> tuple[bytes, bytes]:
-    """``(a, b)`` with ``pack_image_op("u", ns, pre, post) == a + pre + b + post``
-    (packed once per ``ns``)."""
-    return map_header(4) + _K_OP + _OPS["u"] + _K_NS + pack(ns) + _K_PRE, _K_POST
+def update_op_parts(ns: str, replace: bool = False) -> tuple[bytes, bytes]:
+    """``(a, b)`` with ``pack_image_op("u", ns, pre, post, replace) == a + pre
+    + b + post`` (packed once per ``ns``)."""
+    return (map_header(5 if replace else 4) + _K_OP + _OPS["u"] + _K_NS + pack(ns) + _K_PRE,
+            (_K_R + _TRUE if replace else b"") + _K_POST)
 
 
 def map_array_slices(blob: bytes, key: str) -> list[bytes]:

@@ -9,7 +9,7 @@ Ops (every i/u/d carries full images, so it can be undone and so replay can
 keep the last image per document)::
 
     {"op": "i", "ns": "db.c", "post": doc}
-    {"op": "u", "ns": "db.c", "pre": doc, "post": doc}
+    {"op": "u", "ns": "db.c", "pre": doc, "post": doc}     # "r": true if it replaced it
     {"op": "d", "ns": "db.c", "pre": doc}
     {"op": "c", "ns": "db.c", "cmd": "create" | "drop" | "createIndex" | "dropIndex", ...}
     {"op": "n"}
@@ -98,6 +98,8 @@ def check_op(op, where: str) -> None:
     for f in need:
         if type(op.get(f)) is not dict or "_id" not in op[f]:
             raise CorruptEntry(f"{where}: op {kind!r} needs a document with _id in {f!r}")
+    if kind == "u" and "r" in op and op["r"] is not True:
+        raise CorruptEntry(f"{where}: an update's 'r' (replaced) must be true when present")
     if kind == "c" and op.get("cmd") not in COMMANDS:
         raise CorruptEntry(f"{where}: unknown command {op.get('cmd')!r}")
     if kind == "c" and op["cmd"] == "rename" and (type(op.get("to")) is not str
@@ -131,7 +133,7 @@ def invert(op) -> dict:
     if k == "d":
         return {"op": "i", "ns": op["ns"], "post": op["pre"]}
     if k == "u":
-        return {"op": "u", "ns": op["ns"], "pre": op["post"], "post": op["pre"]}
+        return {**op, "pre": op["post"], "post": op["pre"]}
     if k == "n":
         return op
     cmd = op["cmd"]

@@ -369,7 +369,7 @@ class Transaction(Reader):
         w_news = [packed[i] for i in w]
         w_pks = [pks[i] for i in w]
         ins = codec.insert_op_prefix(ns)
-        upd, post = codec.update_op_parts(ns)
+        upd, post = codec.update_op_parts(ns, not merge)
         ops = [ins + n if o is None else b"".join((upd, o, post, n))
                for o, n in zip(w_olds, w_news)]
         res.modified += len(w) - (w_olds.count(None) if missing else 0)
@@ -395,13 +395,17 @@ class Transaction(Reader):
         return list(it if multi else itertools.islice(it, 1)), self.coll(ns)
 
     def update(self, ns: str, flt, update, multi: bool = False, upsert: bool = False,
-               replace: bool = False, array_filters: list | None = None) -> WriteResult:
+               replace: bool = False, array_filters: list | None = None,
+               computed: bool = False) -> WriteResult:
         """``array_filters``: MongoDB's ``arrayFilters`` for ``$[name]`` paths;
-        the positional ``$`` takes its element from ``flt``."""
+        the positional ``$`` takes its element from ``flt``. A replacement's
+        op says it replaced the document (a ``replace`` change event), unless
+        ``computed``: the caller computed it from an update (a pipeline)."""
         return self.statement(self._update, ns, flt, update, multi, upsert, replace,
-                              array_filters)
+                              array_filters, computed)
 
-    def _update(self, ns, flt, update, multi, upsert, replace, array_filters=None):
+    def _update(self, ns, flt, update, multi, upsert, replace, array_filters=None,
+                computed=False):
         if type(update) is not dict:
             raise errors.InvalidUpdate("an update must be a dict")
         if replace and upd.is_operator_update(update):
@@ -421,7 +425,7 @@ class Transaction(Reader):
             if new_b == old_b:
                 continue
             self._write_doc(c, pk, old, new, new_b, True)
-            self._log(codec.pack_image_op("u", ns, old_b, new_b))
+            self._log(codec.pack_image_op("u", ns, old_b, new_b, replace and not computed))
             res.modified += 1
         if not hits and upsert:
             seed = upd.upsert_seed(flt if flt is not None else {})

@@ -24,9 +24,9 @@ CURSOR_BASE = 1 << 62  # above the member's own cursor ids
 WAIT_MS_DEFAULT = 1000
 _FOLLOW = ("$match", "$project", "$addFields", "$set", "$unset")
 _EXPANDED = ("create", "createIndexes", "dropIndexes")  # with showExpandedEvents only
-_KINDS = {"insert": "insert", "update": "update", "delete": "delete", "drop": "drop",
-          "create": "create", "createIndex": "createIndexes", "dropIndex": "dropIndexes",
-          "rename": "rename"}
+_KINDS = {"insert": "insert", "update": "update", "replace": "replace", "delete": "delete",
+          "drop": "drop", "create": "create", "createIndex": "createIndexes",
+          "dropIndex": "dropIndexes", "rename": "rename"}
 
 
 def token_out(t) -> dict:
@@ -68,15 +68,15 @@ def event_doc(ev: dict, s: Stream) -> dict | None:
     if kind == "rename":
         to_db, _, to_coll = ev["to"].partition(".")
         out["to"] = {"db": to_db, "coll": to_coll}
-    if ev["_id"] is not None or kind in ("insert", "update", "delete"):
+    if ev["_id"] is not None or kind in ("insert", "update", "replace", "delete"):
         out["documentKey"] = {"_id": ev["_id"]}
-    if kind == "insert":
+    if kind in ("insert", "replace"):  # MongoDB sends a replacement's document always
         out["fullDocument"] = ev["post"]
     elif kind == "update":
         out["updateDescription"] = _diff(ev["pre"] or {}, ev["post"] or {})
         if s.full in ("updateLookup", "whenAvailable", "required"):
             out["fullDocument"] = ev["post"]  # the image right after this change
-    if kind in ("update", "delete") and s.before in ("whenAvailable", "required"):
+    if kind in ("update", "replace", "delete") and s.before in ("whenAvailable", "required"):
         out["fullDocumentBeforeChange"] = ev["pre"]
     return out
 

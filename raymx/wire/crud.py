@@ -253,7 +253,7 @@ def _port_write(req: dict, run, variables: dict):
         new = _pipelined(doc, pipeline, variables)
         if new != doc:
             yield run({"op": "update", "ns": ns, "filter": {"_id": doc["_id"]}, "update": new,
-                       "replace": True})
+                       "replace": True, "computed": True})  # an update's event, as MongoDB's
             res["modified"] += 1
     if not docs and req["upsert"]:
         new = _pipelined(update_mod.upsert_seed(rest), pipeline, variables)
