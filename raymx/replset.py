@@ -87,6 +87,35 @@ def _wait_dead(handle, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+SECRET_FILE = "secret"  # in the set's data folder (mode 0600): a relaunch keeps it
+
+
+def _kept_secret(data_dir: str, secret: str | None) -> str:
+    """The set's secret: ``secret`` if given (stored for the next relaunch),
+    else the one a launch over this folder stored, else a new one. So a
+    relaunch keeps the password of every connection string given out."""
+    path = os.path.join(data_dir, SECRET_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            stored = f.read().strip()
+    except FileNotFoundError:
+        stored = None
+    if (secret is not None and type(secret) is not str) or secret == "":
+        raise errors.ConfigError("secret must be a non-empty string")
+    if stored and secret is None:
+        return stored
+    secret = secret or secrets.token_urlsafe(32)
+    if secret != stored:
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(secret)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    return secret
+
+
 def _check_name(name) -> str:
     if not isinstance(name, str) or not name or len(name) > 64 or not all(
             c.isalnum() or c in "-_" for c in name):
@@ -146,7 +175,7 @@ class ReplicaSet:
             pass
         data_dir = os.path.abspath(data_dir or os.path.join("raymx-data", name))
         os.makedirs(data_dir, mode=0o700, exist_ok=True)
-        secret = secret or secrets.token_urlsafe(32)
+        secret = _kept_secret(data_dir, secret)
         tls = check_settings(tls)
         votes = {m["id"]: m["votes"] for m in specs}
         handles = []

@@ -1,4 +1,5 @@
 """A single-member replica set: real Ray actors, real LMDB, the driver over TCP."""
+import os
 import time
 
 import pytest
@@ -88,7 +89,7 @@ def test_durable_writes_and_restart_recovers_under_a_new_term(ray_session, tmp_p
     assert time.monotonic() - t0 < 10
     with pytest.raises(errors.ConfigError):
         raymx.connect("restart1")
-    rs = raymx.ReplicaSet.launch("restart1", data_dir=d, secret="kept-across-relaunches")
+    rs = raymx.ReplicaSet.launch("restart1", data_dir=d)  # the stored secret
     try:
         c = rs.client()
         assert c["a"]["b"].count_documents({}) == 101
@@ -99,7 +100,8 @@ def test_durable_writes_and_restart_recovers_under_a_new_term(ray_session, tmp_p
         assert [e.gtid.seq for e in entries] == list(range(1, len(entries) + 1))
         assert raymx.connect("restart1").status()["members"][0]["term"] == term1 + 1
         # the member took its ports again: a connection string from before the
-        # relaunch (pymongo's, mongosh's; the same secret) still reaches it
+        # relaunch (pymongo's, mongosh's; the secret the relaunch took from the
+        # folder) still reaches it
         again = rs._topology()["members"][0]
         assert (again["port"], again["wire"]) == (ports["port"], ports["wire"])
         assert rs.mongodb_uri(driver="pymongo") == uri
@@ -109,6 +111,19 @@ def test_durable_writes_and_restart_recovers_under_a_new_term(ray_session, tmp_p
         pm.close()
     finally:
         rs.shutdown()
+
+
+def test_the_secret_is_kept_in_the_data_folder_for_relaunches(tmp_path):
+    from raymx.replset import SECRET_FILE, _kept_secret
+    d = str(tmp_path)
+    first = _kept_secret(d, None)
+    assert len(first) >= 32 and _kept_secret(d, None) == first
+    assert os.stat(os.path.join(d, SECRET_FILE)).st_mode & 0o777 == 0o600
+    assert _kept_secret(d, "rotated") == "rotated" and _kept_secret(d, None) == "rotated"
+    for bad in ("", 5):
+        with pytest.raises(errors.ConfigError, match="secret"):
+            _kept_secret(d, bad)
+    assert _kept_secret(d, None) == "rotated"
 
 
 def test_launch_refuses_a_running_name_and_bad_specs(replset):
