@@ -253,6 +253,9 @@ def test_statement_fields_raymx_does_not_know_fail_the_command_instead_of_being_
         [9, 8]
     with pytest.raises(OperationFailure, match="no text search"):
         list(co.find().sort([("s", {"$meta": "textScore"})]))
+    for kind in ("text", "2dsphere", "hashed"):  # refused by name, not as a bad key
+        with pytest.raises(OperationFailure, match=f"'{kind}' indexes .* not supported"):
+            co.create_index([("s", kind)])
     r = client.stmts.command("update", "c", updates=[
         {"q": {"$expr": {"$eq": ["$a", "$$v"]}}, "u": {"$set": {"c": 1}}, "multi": True,
          "c": {"v": 1}}])

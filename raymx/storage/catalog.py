@@ -106,6 +106,10 @@ def normalize_index_key(key) -> list[list]:
     for item in key:
         if isinstance(item, str):
             item = (item, 1)
+        if isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[1], str):
+            raise errors.InvalidOperation(
+                f"{item[1]!r} indexes (on {item[0]!r}) are not supported by raymx: its "
+                "indexes are ascending (1) or descending (-1) B-tree indexes")
         if (not isinstance(item, (list, tuple)) or len(item) != 2 or not isinstance(item[0], str)
                 or not item[0] or item[0].startswith("$") or item[1] not in (1, -1)):
             raise errors.InvalidOperation(f"bad index key element {item!r}: "
