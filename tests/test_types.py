@@ -35,6 +35,28 @@ def test_unknown_types_are_still_refused_by_name():
         codec.pack_document({"x": 1j}, 1 << 20)
 
 
+def test_a_dbref_is_stored_as_its_map_queried_and_indexed(engine):
+    """pymongo decodes ``{"$ref", "$id"}`` maps into DBRefs (ODMs store
+    references so): stored as that map, found by the DBRef or by its
+    ``$id``, with or without an index."""
+    from bson.dbref import DBRef
+    ref, other = DBRef("users", ObjectId()), DBRef("users", 8, "app", note="x")
+    engine.insert_many(NS, [{"_id": 1, "owner": ref}, {"_id": 2, "owner": other},
+                            {"_id": 3, "owners": [ref]}])
+    assert engine.find(NS, {"_id": 2})[0]["owner"] == {"$ref": "users", "$id": 8,
+                                                       "$db": "app", "note": "x"}
+    for indexed in (False, True):
+        if indexed:
+            with engine.begin() as tx:
+                tx.create_index(NS, "owner")
+        assert [d["_id"] for d in engine.find(NS, {"owner": ref})] == [1]
+        assert [d["_id"] for d in engine.find(NS, {"owner": {"$in": [other]}})] == [2]
+        assert [d["_id"] for d in engine.find(NS, {"owner.$id": 8})] == [2]
+        assert [d["_id"] for d in engine.find(NS, {"owners": ref})] == [3]
+    with pytest.raises(errors.InvalidDocument, match=r"field owner.\$id: type complex"):
+        codec.pack_document({"owner": DBRef("users", 1j)}, 1 << 20)
+
+
 def test_cross_type_order_is_mongodbs():
     ordered = [None, -1, Decimal128("0.5"), 2, "a", {"a": 1}, [1], b"\x00",
                uuid.UUID(int=0), ObjectId(b"\x00" * 12), False, True,

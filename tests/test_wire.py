@@ -550,6 +550,18 @@ def test_change_stream_and_resume(client):
     assert (e["ns"]["coll"], e["documentKey"]) == ("other", {"_id": "x"})
 
 
+def test_dbrefs_round_trip_and_are_found_through_pymongo(client):
+    from bson.dbref import DBRef
+    c = client.db.refs
+    refs = [DBRef("users", 7), DBRef("users", 8, "app", note="x")]
+    c.insert_many([{"_id": i, "owner": r} for i, r in enumerate(refs)])
+    assert [d["owner"] for d in c.find().sort("_id", 1)] == refs
+    assert [d["_id"] for d in c.find({"owner": refs[1]})] == [1]
+    assert [d["_id"] for d in c.find({"owner.$id": 7})] == [0]
+    c.update_one({"_id": 0}, {"$set": {"owner": DBRef("users", 9)}})
+    assert c.find_one({"owner": DBRef("users", 9)})["_id"] == 0
+
+
 def test_change_stream_replace_events(client):
     """replace_one and find_one_and_replace come as ``replace`` events with the
     new document, as MongoDB's; an update pipeline stays an ``update``."""

@@ -77,11 +77,13 @@ def check_value(v, path: str = "", depth: int = 0) -> None:
     elif t is int:
         if not _I64_MIN <= v <= _U64_MAX:
             raise InvalidDocument(f"field {path or '<value>'}: integer {v} does not fit in 64 bits")
+    elif t in types.MAPPED:  # a DBRef: the map it is stored as
+        check_value(types.as_map(v), path, depth)
     elif t not in _SCALARS and not isinstance(v, types.datetime.datetime):
         raise InvalidDocument(
             f"field {path or '<value>'}: type {t.__name__} cannot be stored "
             "(allowed: None, bool, int, float, str, bytes, list, dict, datetime, ObjectId, "
-            "Decimal128, UUID)")
+            "Decimal128, UUID, DBRef)")
 
 
 _FLAT = frozenset((type(None), bool, int, float, str, bytes) + types.STORED)

@@ -32,9 +32,10 @@ import uuid
 
 from bson import Decimal128, ObjectId
 from bson.datetime_ms import DatetimeMS
+from bson.dbref import DBRef
 
 from raymx.storage.errors import InvalidDocument
-from raymx.storage.types import millis
+from raymx.storage.types import as_map, millis
 
 T_NULL = 0x05
 T_NUM = 0x10
@@ -133,6 +134,8 @@ def encode_key(v) -> bytes:
         return _num(float(v.to_decimal()))
     if t is uuid.UUID:
         return _UUID_TAG + v.bytes
+    if t is DBRef:  # stored as its map
+        return encode_key(as_map(v))
     for base in (int, float, str, bytes, dict, list):  # subclasses: IntEnum, OrderedDict...
         if isinstance(v, base):
             return encode_key(base(v))

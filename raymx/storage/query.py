@@ -130,6 +130,8 @@ def _is_ops(cond: Any) -> bool:
     """Whether a field's condition is an operator dict (else it is a value to equal)."""
     if not isinstance(cond, dict) or not cond:
         return False
+    if next(iter(cond)) == "$ref":  # a DBRef as its map: a value, as MongoDB reads it
+        return False
     ops = [isinstance(k, str) and k.startswith("$") for k in cond]
     if any(ops) and not all(ops):
         raise InvalidFilter(f"condition {cond!r:.80} mixes $operators and field names")

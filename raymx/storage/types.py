@@ -11,6 +11,9 @@ Decimal128    3  its 16 bytes (IEEE 754-2008 BID, little-endian, as BSON)
 UUID          4  its 16 bytes (uuid.UUID; BSON binary subtype 4)
 =========  ====  ========================================================
 
+A ``bson.DBRef`` is stored as what BSON holds it as, a map ``{"$ref", "$id"[,
+"$db"], ...}``: pymongo reads such a map back as a DBRef.
+
 Decoded: datetime as a naive UTC ``datetime`` (as pymongo by default),
 ``bson.ObjectId``, ``bson.Decimal128``, ``uuid.UUID``. The classes are those
 of pymongo's ``bson`` package; this module only maps them onto msgpack.
@@ -25,9 +28,17 @@ import uuid
 import msgpack
 from bson import Decimal128, ObjectId
 from bson.datetime_ms import DatetimeMS
+from bson.dbref import DBRef
 
 EXT_DATE, EXT_OID, EXT_DEC, EXT_UUID = 1, 2, 3, 4
 STORED = (datetime.datetime, ObjectId, Decimal128, uuid.UUID, DatetimeMS)
+MAPPED = (DBRef,)  # stored as a map (``as_map``)
+
+
+def as_map(ref: DBRef) -> dict:
+    """A DBRef as the map BSON stores it as: ``$ref``, ``$id``, ``$db`` if any,
+    then its other fields."""
+    return dict(ref.as_doc())
 _Q = struct.Struct(">q")
 EPOCH = datetime.datetime(1970, 1, 1)
 _EPOCH_UTC = EPOCH.replace(tzinfo=datetime.timezone.utc)
@@ -58,6 +69,8 @@ def default(v):
         return msgpack.ExtType(EXT_UUID, v.bytes)
     if t is DatetimeMS:
         return msgpack.ExtType(EXT_DATE, _Q.pack(int(v)))
+    if t is DBRef:
+        return as_map(v)
     raise TypeError(f"type {t.__name__} cannot be stored")
 
 
