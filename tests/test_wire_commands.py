@@ -33,6 +33,26 @@ def test_db_hash_host_info_list_commands_and_database_sizes(client):
     assert dbs["hashes"]["sizeOnDisk"] > 50 and not dbs["hashes"]["empty"]
 
 
+def test_the_admin_commands_tools_ask_for(client, served):
+    """db.getUsers(), getCmdLineOpts, fsync and the profiler's status, as
+    mongosh and monitoring tools ask; what raymx cannot do is refused by name."""
+    p, svc = served
+    users = client.admin.command("usersInfo", 1)["users"]
+    assert [(u["user"], u["db"]) for u in users] == [("raymx", "admin")]
+    assert client.admin.command("usersInfo", "nobody")["users"] == []
+    opts = client.admin.command("getCmdLineOpts")
+    assert opts["parsed"]["replication"]["replSetName"] == "rs"
+    assert opts["parsed"]["net"]["port"] == p.port
+    client.fs_db.c.insert_one({"_id": 1})  # w:1: acknowledged before it is durable
+    assert client.admin.command("fsync")["numFiles"] == 1
+    assert svc.group.durable is not None and svc.group.durable >= svc.group.committed
+    with pytest.raises(OperationFailure, match="rs.backup"):
+        client.admin.command("fsync", lock=True)
+    assert client.fs_db.command("profile", -1)["was"] == 0
+    with pytest.raises(OperationFailure, match="profiler is not supported"):
+        client.fs_db.command("profile", 1)
+
+
 def test_rename_collection_through_pymongo(client):
     db = client.ren
     db.a.insert_many([{"_id": i, "k": i % 2} for i in range(5)])

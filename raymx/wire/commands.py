@@ -24,7 +24,7 @@ from raymx import errors
 from raymx.storage.gtid import GTID
 from raymx.storage.query import compile_filter
 from raymx.wire import crud, framing, sessions
-from raymx.wire.auth import MECHANISM, Scram
+from raymx.wire.auth import MECHANISM, USER, Scram
 from raymx.wire.changestream import Streams
 from raymx.wire.errors import CommandError, bad_value, command_not_found, error_doc
 
@@ -728,6 +728,52 @@ def _repl_set_get_config(d: Dispatcher, cmd: dict, conn) -> dict:
                      "electionTimeoutMillis": lim.heartbeat_timeout_ms}}}
 
 
+def _users_info(d, cmd, conn) -> dict:
+    """``db.getUsers()``: raymx has one user, ``raymx`` (the set's secret is
+    its password), with every right; asked for another, there is none."""
+    q = cmd.get("usersInfo")
+    me = {"_id": f"admin.{USER}", "user": USER, "db": "admin",
+          "roles": [{"role": "root", "db": "admin"}], "mechanisms": [MECHANISM]}
+    names = q if isinstance(q, list) else [q]
+    hit = any(n == 1 or n == USER or (isinstance(n, dict) and n.get("user") == USER)
+              for n in names)
+    return {"users": [me] if hit else []}
+
+
+def _get_cmd_line_opts(d, cmd, conn) -> dict:
+    """What a member was started with, as MongoDB's ``parsed`` options show it."""
+    return {"argv": ["raymx-member"], "parsed": {
+        "replication": {"replSetName": d.port.info.get("replset", "raymx")},
+        "net": {"bindIp": d.port.address.rsplit(":", 1)[0],
+                "port": int(d.port.address.rsplit(":", 1)[1])}}}
+
+
+def _flush(svc) -> None:
+    svc.group.sync_now()
+
+
+def _fsync(d, cmd, conn):
+    """``{fsync: 1}``: everything committed is made durable before the answer.
+    ``lock`` (``db.fsyncLock()``, for copying the files) is refused: raymx
+    copies a member while it runs (``rs.backup``, ``raymx backup``)."""
+    if cmd.get("lock"):
+        raise CommandError("fsync with lock is not supported by raymx: take a consistent "
+                           "copy of a running member with rs.backup(member, path) or "
+                           "'raymx backup'", 2, "BadValue")
+    yield crud.blocking(_flush, d.service)
+    return {"numFiles": 1}
+
+
+def _profile(d, cmd, conn) -> dict:
+    """The profiler's status (``db.getProfilingStatus()``): off. Turning it
+    on is refused; raymx's latencies are in its metrics and ``rs.status()``."""
+    level = cmd.get("profile")
+    if level not in (-1, 0):
+        raise CommandError("the profiler is not supported by raymx (only level 0, off): its "
+                           "request latencies are in the members' metrics", 2, "BadValue")
+    return {"was": 0, "slowms": 100, "sampleRate": 1.0}
+
+
 def _logout(d, cmd, conn) -> dict:
     conn.authed = False
     return {}
@@ -747,6 +793,8 @@ COMMANDS = {
     "getlog": _get_log, "replsetgetstatus": _repl_set_get_status,
     "replsetgetconfig": _repl_set_get_config,
     "collstats": _coll_stats, "dbstats": _db_stats, "serverstatus": _server_status,
+    "usersinfo": _users_info, "getcmdlineopts": _get_cmd_line_opts, "fsync": _fsync,
+    "profile": _profile,
 }
 # the commands' names as MongoDB spells them (listCommands); tests check that
 # they are exactly the dispatch tables' keys
@@ -754,10 +802,11 @@ COMMAND_NAMES = (
     "abortTransaction", "aggregate", "buildInfo", "collStats", "commitTransaction",
     "connectionStatus", "count", "create", "createIndexes", "currentOp", "dbHash", "dbStats",
     "delete", "distinct", "drop", "dropDatabase", "dropIndexes", "endSessions", "explain",
-    "find", "findAndModify", "getLog", "getMore", "getParameter", "hello", "hostInfo",
-    "insert", "isMaster", "killCursors", "killSessions", "listCollections", "listCommands",
-    "listDatabases", "listIndexes", "logout", "ping", "refreshSessions", "renameCollection",
-    "replSetGetConfig", "replSetGetStatus", "saslContinue", "saslStart", "serverStatus", "update", "validate",
+    "find", "findAndModify", "fsync", "getCmdLineOpts", "getLog", "getMore", "getParameter",
+    "hello", "hostInfo", "insert", "isMaster", "killCursors", "killSessions",
+    "listCollections", "listCommands", "listDatabases", "listIndexes", "logout", "ping",
+    "profile", "refreshSessions", "renameCollection", "replSetGetConfig", "replSetGetStatus",
+    "saslContinue", "saslStart", "serverStatus", "update", "usersInfo", "validate",
     "whatsmyuri")
 WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "create", "drop",
                   "dropDatabase", "createIndexes", "dropIndexes", "commitTransaction",
