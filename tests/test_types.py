@@ -2,6 +2,7 @@
 ObjectId, Decimal128 and UUID round-trip, are indexed, queried and sorted in
 MongoDB's cross-type order, and survive the oplog (replay on another engine)."""
 import datetime
+import json
 import uuid
 
 import pytest
@@ -57,9 +58,35 @@ def test_a_dbref_is_stored_as_its_map_queried_and_indexed(engine):
         codec.pack_document({"owner": DBRef("users", 1j)}, 1 << 20)
 
 
+def test_binary_subtypes_keep_their_subtype_and_are_found(engine):
+    """A Binary of a subtype other than 0 and 4 is stored with it (msgpack
+    alone would store its bytes and drop the subtype); subtype 0 is bytes
+    and 4 of 16 bytes a UUID, as pymongo reads them."""
+    from bson.binary import Binary
+    vals = [Binary(b"\x00ab", 5), Binary(b"0123456789abcdef", 3), Binary(b"x", 0x80),
+            Binary(b"raw", 0), Binary(uuid.UUID(int=7).bytes, 4)]
+    back = codec.unpack(codec.pack_document({"v": vals}, 1 << 20))["v"]
+    assert [type(x) for x in back] == [Binary, Binary, Binary, bytes, uuid.UUID]
+    assert [(x.subtype, bytes(x)) for x in back[:3]] == [(x.subtype, bytes(x)) for x in vals[:3]]
+    assert back[3:] == [b"raw", uuid.UUID(int=7)]
+    engine.insert_many(NS, [{"_id": i, "b": v} for i, v in enumerate(vals)])
+    for indexed in (False, True):
+        if indexed:
+            with engine.begin() as tx:
+                tx.create_index(NS, "b")
+        assert [d["_id"] for d in engine.find(NS, {"b": Binary(b"\x00ab", 5)})] == [0]
+        assert engine.find(NS, {"b": b"\x00ab"}) == []  # another subtype: another value
+        assert [d["_id"] for d in engine.find(NS, {"b": Binary(b"raw", 0)})] == [3]
+        assert [d["_id"] for d in engine.find(NS, {"b": uuid.UUID(int=7)})] == [4]
+    assert [d["_id"] for d in engine.find(NS, {"b": {"$type": "binData"}})] == [0, 1, 2, 3, 4]
+    # tuples and subclasses are still stored as their base types
+    assert codec.unpack(codec.pack((1, [2, (3,)]))) == [1, [2, [3]]]
+
+
 def test_cross_type_order_is_mongodbs():
-    ordered = [None, -1, Decimal128("0.5"), 2, "a", {"a": 1}, [1], b"\x00",
-               uuid.UUID(int=0), ObjectId(b"\x00" * 12), False, True,
+    from bson.binary import Binary
+    ordered = [None, -1, Decimal128("0.5"), 2, "a", {"a": 1}, [1], b"\x00", b"\xff",
+               Binary(b"\xff", 3), Binary(b"\x00", 5), uuid.UUID(int=0), ObjectId(b"\x00" * 12), False, True,
                datetime.datetime(1960, 1, 1), T0]
     keys = [encode_key(v) for v in ordered]
     assert keys == sorted(keys)
@@ -119,6 +146,14 @@ def test_arrow_mapping_both_ways():
     t = convert.docs_to_table(docs, schema)
     row = t.to_pylist()[0]
     assert row["_id"] == str(oid) and row["u"] == str(u)
+    from bson.binary import Binary  # a binary column; the subtype stays in JSON only
+    bins = [{"b": Binary(b"\x00z", 5)}, {"b": b"raw"}]
+    assert convert.docs_to_table(bins, convert.infer_schema(bins)).column("b").to_pylist() \
+        == [b"\x00z", b"raw"]
+    assert json.loads(convert.to_json(bins[0]))["b"] == {"$binary": {"base64": "AHo=",
+                                                                   "subType": "05"}}
+    from raymx.storage import archive
+    assert archive._from_json(convert.to_json(bins[0]))["b"] == Binary(b"\x00z", 5)
     assert row["price"] == decimal.Decimal("12.25")
     assert row["at"] == T0.replace(tzinfo=datetime.timezone.utc)
     back = convert.table_to_docs(pa.table({

@@ -562,6 +562,28 @@ def test_dbrefs_round_trip_and_are_found_through_pymongo(client):
     assert c.find_one({"owner": DBRef("users", 9)})["_id"] == 0
 
 
+def test_binary_subtypes_and_legacy_uuids_round_trip_through_pymongo(served, client):
+    """A pymongo with ``uuidRepresentation=pythonLegacy`` (as older
+    applications run) sends UUIDs as binary subtype 3: stored as such and
+    read back as the same UUIDs; any other subtype keeps its subtype."""
+    import uuid
+    from bson.binary import Binary
+    legacy = pymongo.MongoClient(uri(served[0]).replace("standard", "pythonLegacy"),
+                                 serverSelectionTimeoutMS=10_000)
+    try:
+        u = uuid.uuid4()
+        legacy.db.bins.insert_one({"_id": u, "md5": Binary(b"\x01" * 16, 5),
+                                   "mine": Binary(b"x", 0x80)})
+        got = legacy.db.bins.find_one({"_id": u})
+        assert got == {"_id": u, "md5": Binary(b"\x01" * 16, 5), "mine": Binary(b"x", 0x80)}
+        raw = client.db.bins.find_one({})  # a standard client sees the stored subtype 3
+        assert raw["_id"] == Binary(u.bytes, 3) and raw["md5"].subtype == 5
+        assert client.db.bins.count_documents({"mine": Binary(b"x", 0x80)}) == 1
+        assert client.db.bins.count_documents({"mine": b"x"}) == 0
+    finally:
+        legacy.close()
+
+
 def test_change_stream_replace_events(client):
     """replace_one and find_one_and_replace come as ``replace`` events with the
     new document, as MongoDB's; an update pipeline stays an ``update``."""

@@ -13,7 +13,8 @@ float              float64 (double)            float
 int and float      float64 (double)            float: 3 becomes 3.0 (equal in
   in one field                                 raymx: 3 == 3.0, same key)
 str                string (string)             str
-bytes              binary (binary)             bytes
+bytes, Binary      binary (binary)             bytes (a Binary's subtype
+                                               is not kept)
 dict               struct (struct), fields     dict; absent fields stay absent
                    merged over all documents
 list               list<T> (array<T>)          list
@@ -50,6 +51,7 @@ import uuid
 
 import pyarrow as pa
 from bson import Decimal128, ObjectId
+from bson.binary import Binary
 
 from raymx import errors
 from raymx.storage import codec
@@ -61,6 +63,7 @@ _I64_MAX = (1 << 63) - 1
 # ("float",), ("str",), ("bytes",), ("struct", {name: tree}), ("list", tree).
 _NULL = ("null",)
 _SCALAR_KIND = {bool: "bool", int: "int", float: "float", str: "str", bytes: "bytes",
+                Binary: "bytes",
                 datetime.datetime: "date", Decimal128: "decimal", ObjectId: "str",
                 uuid.UUID: "str"}
 DECIMAL = pa.decimal128(38, 18)
@@ -184,7 +187,7 @@ def _fits(v, t: pa.DataType) -> bool:
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return tv in (str, ObjectId, uuid.UUID)
     if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return tv is bytes
+        return tv is bytes or tv is Binary
     if pa.types.is_timestamp(t):
         return isinstance(v, datetime.datetime)
     if pa.types.is_decimal(t):
@@ -393,6 +396,8 @@ def _has_map(t) -> bool:
 
 # --- JSON for the change stream -------------------------------------------
 def _json_default(v):
+    if type(v) is Binary and v.subtype != 0:  # canonical extended JSON keeps the subtype
+        return {"$binary": {"base64": base64.b64encode(v).decode(), "subType": f"{v.subtype:02x}"}}
     if isinstance(v, (bytes, bytearray)):
         return {"$binary": base64.b64encode(bytes(v)).decode()}
     if isinstance(v, datetime.datetime):  # MongoDB's extended JSON

@@ -24,7 +24,7 @@ import base64
 import json
 import re
 
-from raymx.storage import changes, errors
+from raymx.storage import changes, errors, types
 from raymx.storage.gtid import GTID, ZERO
 
 INDEX = "_index.json"
@@ -202,8 +202,13 @@ def segments_after(idx: dict, token: tuple) -> list[dict]:
 
 # --- archived rows back into change events ---------------------------------
 def _binary_hook(d: dict):
-    if len(d) == 1 and "$binary" in d and isinstance(d["$binary"], str):
-        return base64.b64decode(d["$binary"])
+    if len(d) == 1 and "$binary" in d:
+        b = d["$binary"]
+        if isinstance(b, str):
+            return base64.b64decode(b)
+        if isinstance(b, dict) and set(b) == {"base64", "subType"}:  # another subtype
+            return types.ext_hook(types.EXT_BIN, bytes((int(b["subType"], 16),))
+                                  + base64.b64decode(b["base64"]))
     return d
 
 

@@ -2,7 +2,8 @@
 
 Documents are msgpack maps with string keys; values are None, bool, 64-bit
 ints, floats, str, bytes, lists and maps, and MongoDB's datetime, ObjectId,
-Decimal128 and UUID as msgpack extension types (``raymx.storage.types``).
+Decimal128, UUID and binary subtypes as msgpack extension types
+(``raymx.storage.types``).
 Anything else is refused before it is stored, with an error naming the
 offending field.
 """
@@ -32,7 +33,8 @@ def _packer() -> msgpack.Packer:
     try:
         return _LOCAL.p
     except AttributeError:
-        p = _LOCAL.p = msgpack.Packer(use_bin_type=True, default=types.default)
+        p = _LOCAL.p = msgpack.Packer(use_bin_type=True, default=types.default,
+                                      strict_types=True)  # keeps a Binary's subtype
         return p
 
 
@@ -83,7 +85,7 @@ def check_value(v, path: str = "", depth: int = 0) -> None:
         raise InvalidDocument(
             f"field {path or '<value>'}: type {t.__name__} cannot be stored "
             "(allowed: None, bool, int, float, str, bytes, list, dict, datetime, ObjectId, "
-            "Decimal128, UUID, DBRef)")
+            "Decimal128, UUID, Binary, DBRef)")
 
 
 _FLAT = frozenset((type(None), bool, int, float, str, bytes) + types.STORED)

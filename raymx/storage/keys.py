@@ -6,14 +6,15 @@ comparison operators. The order across types (MongoDB's, minus the types
 msgpack lacks):
 
     null/missing < numbers (int, float and Decimal128 together) < strings < maps
-    < arrays < binary < UUIDs < ObjectIds < booleans < dates
+    < arrays < binary < binary of other subtypes < UUIDs < ObjectIds < booleans
+    < dates
 
 (MongoDB's: MinKey, timestamps, regexes and MaxKey are not stored.) Within a
 type: numbers numerically (1 == 1.0 == Decimal128("1"); a Decimal128 is
 placed by its nearest double, so decimals closer than a double tells apart
 share a key), strings by UTF-8 bytes, maps field by field (name, then value,
 in stored order), arrays element by element (a prefix sorts first), binary
-bytewise, UUIDs and ObjectIds by their bytes (an ObjectId's start is its
+bytewise (other subtypes by subtype, then bytewise), UUIDs and ObjectIds by their bytes (an ObjectId's start is its
 creation time), false < true, dates by their milliseconds since 1970 UTC.
 
 Every encoding is self-delimiting (strings and binary escape 0x00 and end with
@@ -31,6 +32,7 @@ import struct
 import uuid
 
 from bson import Decimal128, ObjectId
+from bson.binary import Binary
 from bson.datetime_ms import DatetimeMS
 from bson.dbref import DBRef
 
@@ -43,6 +45,7 @@ T_STR = 0x20
 T_MAP = 0x30
 T_ARR = 0x40
 T_BIN = 0x50
+T_BINX = 0x52  # binary of another subtype than 0 (generic) and 4 (UUID)
 T_UUID = 0x54
 T_OID = 0x58
 T_BOOL = 0x60
@@ -134,6 +137,13 @@ def encode_key(v) -> bytes:
         return _num(float(v.to_decimal()))
     if t is uuid.UUID:
         return _UUID_TAG + v.bytes
+    if t is Binary:  # subtype 0 is bytes, 4 of 16 bytes a UUID, as stored
+        st = v.subtype
+        if st == 0:
+            return _escaped(T_BIN, bytes(v))
+        if st == 4 and len(v) == 16:
+            return _UUID_TAG + bytes(v)
+        return _escaped(T_BINX, bytes((st,)) + v)
     if t is DBRef:  # stored as its map
         return encode_key(as_map(v))
     for base in (int, float, str, bytes, dict, list):  # subclasses: IntEnum, OrderedDict...

@@ -302,6 +302,8 @@ def type_name(v: Any) -> str | None:
     """The BSON type name (``$type``'s) of a stored value; None for another."""
     import datetime
     import uuid
+
+    from bson.binary import Binary
     t = type(v)
     if v is None:
         return "null"
@@ -317,7 +319,7 @@ def type_name(v: Any) -> str | None:
         return "object"
     if t in _ARRAY:
         return "array"
-    if t is bytes or t is uuid.UUID:
+    if t is bytes or t is uuid.UUID or t is Binary:
         return "binData"
     if isinstance(v, datetime.datetime):
         return "date"

@@ -9,13 +9,20 @@ datetime      1  8 bytes: milliseconds since 1970-01-01 UTC, signed,
 ObjectId      2  its 12 bytes
 Decimal128    3  its 16 bytes (IEEE 754-2008 BID, little-endian, as BSON)
 UUID          4  its 16 bytes (uuid.UUID; BSON binary subtype 4)
+Binary        5  its subtype (1 byte), then its bytes (``bson.Binary`` of a
+                 subtype other than 0, plain ``bytes``, and 4 with 16 bytes,
+                 a UUID: stored as those)
 =========  ====  ========================================================
 
 A ``bson.DBRef`` is stored as what BSON holds it as, a map ``{"$ref", "$id"[,
 "$db"], ...}``: pymongo reads such a map back as a DBRef.
 
 Decoded: datetime as a naive UTC ``datetime`` (as pymongo by default),
-``bson.ObjectId``, ``bson.Decimal128``, ``uuid.UUID``. The classes are those
+``bson.ObjectId``, ``bson.Decimal128``, ``uuid.UUID``, ``bson.Binary``.
+Packing checks types exactly (``strict_types``): ``bson.Binary`` is a
+``bytes`` subclass that msgpack would otherwise store as plain bytes,
+dropping its subtype; other subclasses (an ``IntEnum``, an ``OrderedDict``)
+and tuples are stored as their base type, as before. The classes are those
 of pymongo's ``bson`` package; this module only maps them onto msgpack.
 Their place in the order of values is in ``raymx.storage.keys``.
 """
@@ -27,11 +34,13 @@ import uuid
 
 import msgpack
 from bson import Decimal128, ObjectId
+from bson.binary import Binary
 from bson.datetime_ms import DatetimeMS
 from bson.dbref import DBRef
 
-EXT_DATE, EXT_OID, EXT_DEC, EXT_UUID = 1, 2, 3, 4
-STORED = (datetime.datetime, ObjectId, Decimal128, uuid.UUID, DatetimeMS)
+EXT_DATE, EXT_OID, EXT_DEC, EXT_UUID, EXT_BIN = 1, 2, 3, 4, 5
+STORED = (datetime.datetime, ObjectId, Decimal128, uuid.UUID, DatetimeMS, Binary)
+_BASES = (int, float, str, bytes, dict, list)  # their subclasses are stored as them
 MAPPED = (DBRef,)  # stored as a map (``as_map``)
 
 
@@ -57,7 +66,8 @@ def from_millis(ms: int) -> datetime.datetime:
 
 
 def default(v):
-    """msgpack's ``default`` hook: the four types as extension types."""
+    """msgpack's ``default`` hook: the types above as extension types (a
+    DBRef as its map; a subclass or a tuple as its base type)."""
     if isinstance(v, datetime.datetime):
         return msgpack.ExtType(EXT_DATE, _Q.pack(millis(v)))
     t = type(v)
@@ -69,8 +79,20 @@ def default(v):
         return msgpack.ExtType(EXT_UUID, v.bytes)
     if t is DatetimeMS:
         return msgpack.ExtType(EXT_DATE, _Q.pack(int(v)))
+    if t is Binary:
+        st = v.subtype
+        if st == 0:
+            return bytes(v)
+        if st == 4 and len(v) == 16:
+            return msgpack.ExtType(EXT_UUID, bytes(v))
+        return msgpack.ExtType(EXT_BIN, bytes((st,)) + v)
     if t is DBRef:
         return as_map(v)
+    if t is tuple:
+        return list(v)
+    for base in _BASES:
+        if isinstance(v, base):
+            return base(v)
     raise TypeError(f"type {t.__name__} cannot be stored")
 
 
@@ -88,4 +110,6 @@ def ext_hook(code: int, data: bytes):
         return Decimal128.from_bid(data)
     if code == EXT_UUID and len(data) == 16:
         return uuid.UUID(bytes=data)
+    if code == EXT_BIN and data:
+        return Binary(data[1:], data[0])
     return msgpack.ExtType(code, data)
