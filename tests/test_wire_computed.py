@@ -185,3 +185,36 @@ def test_graph_lookup_through_pymongo(client):
         db.parts.aggregate([{"$graphLookup": {"from": "parts", "startWith": 1, "as": "x",
                                               "connectFromField": "_id"}}])
     assert ei.value.code == 40105
+
+
+def test_decimal128_and_date_arithmetic_as_mongodb(client):
+    """$sum/$avg count Decimal128 values (they were skipped: a wrong total
+    without an error) and a Decimal128 makes the result one; $add and
+    $subtract take dates; an int past 64 bits becomes a double."""
+    import datetime
+
+    from bson import Decimal128
+    c = client.nums.c
+    day = datetime.datetime(2024, 1, 1)
+    c.insert_many([{"_id": 1, "a": 5, "d": day}, {"_id": 2, "a": 2.5},
+                   {"_id": 3, "a": Decimal128("1.1")}, {"_id": 4, "a": "x"},
+                   {"_id": 5, "a": 2 ** 62}])
+    g = list(c.aggregate([{"$match": {"_id": {"$lt": 5}}},
+                          {"$group": {"_id": None, "s": {"$sum": "$a"}, "n": {"$avg": "$a"}}}]))
+    assert g[0]["s"] == Decimal128("8.6") and str(g[0]["n"].to_decimal())[:6] == "2.8666"
+    p = list(c.aggregate([{"$match": {"_id": 3}}, {"$project": {
+        "add": {"$add": ["$a", 1]}, "mul": {"$multiply": ["$a", 2]},
+        "sub": {"$subtract": ["$a", 0.1]}, "div": {"$divide": ["$a", 2]},
+        "sum": {"$sum": [1, "$a", "s"]}}}]))[0]
+    assert (p["add"], p["mul"], p["sub"], p["div"], p["sum"]) == (
+        Decimal128("2.1"), Decimal128("2.2"), Decimal128("1.0"), Decimal128("0.55"),
+        Decimal128("2.1"))
+    p = list(c.aggregate([{"$match": {"_id": 1}}, {"$project": {
+        "next": {"$add": ["$d", 86_400_000]}, "before": {"$subtract": ["$d", 1000]},
+        "ms": {"$subtract": [datetime.datetime(2024, 1, 2), "$d"]},
+        "mod": {"$mod": [-7, 3]}}}]))[0]
+    assert p["next"] == datetime.datetime(2024, 1, 2) and p["ms"] == 86_400_000
+    assert p["before"] == day - datetime.timedelta(seconds=1) and p["mod"] == -1
+    big = list(c.aggregate([{"$match": {"_id": 5}},
+                            {"$project": {"x": {"$multiply": ["$a", 4]}}}]))[0]["x"]
+    assert isinstance(big, float) and big == 2.0 ** 64

@@ -15,12 +15,12 @@ every element, ``$[name]`` every element that ``array_filters``' filter on
 from __future__ import annotations
 
 import datetime
-import decimal
 import re
 from typing import Any, Callable
 
 from bson import Decimal128
 
+from raymx.storage import numbers
 from raymx.storage.errors import InvalidDocument, InvalidFilter, InvalidUpdate
 from raymx.storage.keys import encode_key
 from raymx.storage.query import (MISSING, compile_filter, field_conditions, get_path,
@@ -267,11 +267,7 @@ def _unset(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
         _delete(*loc)
 
 
-def _is_number(v: Any) -> bool:
-    return type(v) in (int, float) or type(v) is Decimal128
-
-
-_DEC = decimal.Context(prec=34, Emin=-6143, Emax=6144, rounding=decimal.ROUND_HALF_EVEN)
+_is_number = numbers.is_number
 
 
 def _arith(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
@@ -291,9 +287,7 @@ def _arith(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
         raise InvalidUpdate(f"{w}: the field holds a non-number {cur!r:.40}", operator=op,
                             field=path)
     if type(cur) is Decimal128 or type(arg) is Decimal128:
-        a, b = (x.to_decimal() if type(x) is Decimal128 else decimal.Decimal(repr(x))
-                for x in (cur, arg))
-        _put(c, k, Decimal128(_DEC.add(a, b) if op == "$inc" else _DEC.multiply(a, b)), w)
+        _put(c, k, numbers.combine("add" if op == "$inc" else "mul", cur, arg), w)
         return
     new = cur + arg if op == "$inc" else cur * arg
     if type(new) is int and not _INT_MIN <= new <= _INT_MAX:

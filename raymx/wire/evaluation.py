@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from raymx.storage import query
+from raymx.storage import numbers, query
 from raymx.storage.keys import encode_key
 from raymx.wire import dates, expressions
 from raymx.wire.errors import CommandError
@@ -49,10 +49,10 @@ def _variable(e: str, doc: dict, root: dict, variables: dict | None) -> Any:
     return _path(base, rest) if isinstance(base, (dict, list)) else MISSING
 
 
-def _num(v, op: str):
+def _num(v, op: str, dates: bool = False):
     if v is None or v is MISSING:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if not numbers.is_number(v) and not (dates and isinstance(v, datetime.datetime)):
         raise _err(f"{op} only supports numeric types, not {type(v).__name__}", 16554)
     return v
 
@@ -72,22 +72,37 @@ def _args(x, doc, root, n: int | None = None, op: str = "", variables=None) -> l
 
 
 def _arith(op, vals):
-    vals = [_num(v, op) for v in vals]
+    """``$add $multiply $subtract $divide $mod`` over ints, doubles and
+    Decimal128 (``numbers``); ``$add`` takes one date and adds milliseconds
+    to it, ``$subtract`` takes milliseconds from a date or gives the
+    milliseconds between two, as MongoDB's."""
+    vals = [_num(v, op, op in ("$add", "$subtract")) for v in vals]
     if any(v is None for v in vals):
         return None
     if op == "$add":
-        return sum(vals)
+        when = [v for v in vals if isinstance(v, datetime.datetime)]
+        if len(when) > 1:
+            raise _err("only one date allowed in an $add expression", 16612)
+        out = numbers.total(vals)
+        return when[0] + datetime.timedelta(milliseconds=round(numbers.as_float(out))) \
+            if when else out
     if op == "$multiply":
         out = 1
         for v in vals:
-            out *= v
+            out = numbers.combine("mul", out, v)
         return out
     a, b = vals
     if op == "$subtract":
-        return a - b
+        if isinstance(a, datetime.datetime):
+            if isinstance(b, datetime.datetime):
+                return (a - b) // datetime.timedelta(milliseconds=1)
+            return a - datetime.timedelta(milliseconds=round(numbers.as_float(b)))
+        if isinstance(b, datetime.datetime):
+            raise _err("can't $subtract a date from a number", 16556)
+        return numbers.combine("sub", a, b)
     if b == 0:
         raise _err(f"can't {op[1:]} by zero", 16608)
-    return a / b if op == "$divide" else a % b
+    return numbers.divide(a, b, op)
 
 
 _COMPARE = {"$eq": lambda c: c == 0, "$ne": lambda c: c != 0, "$gt": lambda c: c > 0,

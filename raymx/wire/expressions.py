@@ -20,7 +20,7 @@ import bson
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 
-from raymx.storage import query
+from raymx.storage import numbers, query
 from raymx.wire.errors import CommandError
 
 MISSING = query.MISSING
@@ -560,11 +560,8 @@ def _numbers_of(x, ev, name: str) -> list:
 
 
 def _sum(x, ev, name="$sum"):
-    nums = [v for v in _numbers_of(x, ev, name)
-            if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    if name == "$sum":
-        return sum(nums)
-    return sum(nums) / len(nums) if nums else None
+    vals = _numbers_of(x, ev, name)
+    return numbers.total(vals) if name == "$sum" else numbers.mean(vals)
 
 
 def _extreme(x, ev, name="$max"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 import copy
 
-from raymx.storage import query
+from raymx.storage import numbers, query
 from raymx.storage.keys import encode_key
 from raymx.wire.evaluation import MISSING, _cmp, _err, _set_path, evaluate
 
@@ -31,11 +31,12 @@ class _Acc:
     def add(self, v) -> None:
         op = self.op
         if op in ("$sum", "$count", "$avg", "$stdDevPop", "$stdDevSamp"):
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                self.sum += v
-                self.n += 1
+            if numbers.is_number(v):
                 if op in ("$stdDevPop", "$stdDevSamp"):
+                    v = numbers.as_float(v)
                     self.vals.append(v)
+                self.sum = numbers.combine("add", self.sum, v)
+                self.n += 1
         elif op in ("$min", "$max"):
             if v is not None and v is not MISSING and (
                     not self.set or (_cmp(v, self.v) < 0) == (op == "$min") and _cmp(v, self.v)):
@@ -62,7 +63,7 @@ class _Acc:
         if op in ("$sum", "$count"):
             return self.sum
         if op == "$avg":
-            return self.sum / self.n if self.n else None
+            return numbers.divide(self.sum, self.n) if self.n else None
         if op in ("$stdDevPop", "$stdDevSamp"):
             n = self.n - (op == "$stdDevSamp")
             mean = self.sum / self.n if self.n else 0
