@@ -2,6 +2,7 @@
 renameCollection, sparse and partial indexes, explain, validate, dbHash,
 currentOp and the host's facts (a member served in process)."""
 import pytest
+from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from raymx.storage.limits import Limits
@@ -51,6 +52,28 @@ def test_the_admin_commands_tools_ask_for(client, served):
     assert client.fs_db.command("profile", -1)["was"] == 0
     with pytest.raises(OperationFailure, match="profiler is not supported"):
         client.fs_db.command("profile", 1)
+
+
+def test_ids_the_server_makes_are_object_ids(client):
+    """An upsert's new document, and an insert command's document without an
+    _id, get an ObjectId, as MongoDB's server gives them (a 24-digit string
+    before); a pipeline findAndModify is an update in change streams."""
+    from bson import ObjectId
+    c = client.ids.c
+    r = c.update_one({"k": 1}, {"$set": {"v": 1}}, upsert=True)
+    assert isinstance(r.upserted_id, ObjectId) and c.find_one({"k": 1})["_id"] == r.upserted_id
+    assert isinstance(c.replace_one({"k": 2}, {"k": 2}, upsert=True).upserted_id, ObjectId)
+    got = c.find_one_and_update({"k": 3}, {"$set": {"v": 3}}, upsert=True,
+                                return_document=ReturnDocument.AFTER)
+    assert isinstance(got["_id"], ObjectId)
+    got = c.find_one_and_update({"k": 4, "$expr": {"$eq": [1, 1]}}, {"$set": {"v": 4}},
+                                upsert=True, return_document=ReturnDocument.AFTER)
+    assert isinstance(got["_id"], ObjectId)
+    client.ids.command("insert", "c", documents=[{"k": 5}])
+    assert isinstance(c.find_one({"k": 5})["_id"], ObjectId)
+    with c.watch(max_await_time_ms=200) as s:
+        c.find_one_and_update({"k": 5}, [{"$set": {"w": 1}}])
+        assert s.next()["operationType"] == "update"
 
 
 def test_rename_collection_through_pymongo(client):

@@ -52,7 +52,8 @@ def _statement(tx: Transaction, req: dict):
                          multi=bool(req.get("multi")), upsert=bool(req.get("upsert")),
                          replace=bool(req.get("replace")),
                          array_filters=req.get("array_filters"),
-                         computed=bool(req.get("computed")))
+                         computed=bool(req.get("computed")),
+                         upsert_id=req.get("upsert_id"))
     if op == "delete":
         return tx.delete(ns, req.get("filter"), multi=bool(req.get("multi")))
     if op == "createIndex":

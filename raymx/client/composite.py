@@ -41,16 +41,21 @@ def is_replacement(update) -> bool:
 def find_and_modify(call: Callable[[dict], dict], ns: str, flt: dict, update=None, *,
                     remove: bool = False, sort=None, upsert: bool = False,
                     new: bool = False, array_filters=None,
-                    compute: Callable[[dict], dict] | None = None) -> tuple[dict, dict | None]:
+                    compute: Callable[[dict], dict] | None = None,
+                    upsert_id=None) -> tuple[dict, dict | None]:
     """Run inside an open member transaction: ``call(req)`` sends ``req`` in it
     and returns the member's answer. ``sort``: ``[[path, 1 | -1], ...]`` or
     None. Returns ``(lastErrorObject, value)`` in MongoDB's shape: ``value``
     is the document before the change (``new``: after it), or None when none
     matched and none was upserted. ``compute(doc)`` instead of ``update``:
     the replacement of the matched document (or of the upsert's seed), as
-    the wire port computes a pipeline update."""
+    the wire port computes a pipeline update (logged as an update, not a
+    replacement: ``computed``). ``upsert_id``: the ``_id`` an upserted
+    document without one gets (the wire port's ObjectId; else the member's)."""
     replace = compute is not None or is_replacement(update)
     extra = {} if array_filters is None else {"array_filters": array_filters}
+    if compute is not None:
+        extra["computed"] = True
 
     def one(f, s=None):
         docs = call({"op": "find", "ns": ns, "filter": f, "sort": s, "limit": 1})["docs"]
@@ -73,7 +78,8 @@ def find_and_modify(call: Callable[[dict], dict], ns: str, flt: dict, update=Non
     elif upsert and not remove:
         res = call({"op": "update", "ns": ns, "filter": flt,
                     "update": compute(upsert_seed(flt)) if compute else update,
-                    "replace": replace, "upsert": True, **extra})
+                    "replace": replace, "upsert": True, **extra,
+                    **({} if upsert_id is None else {"upsert_id": upsert_id})})
         leo.update(n=1, updatedExisting=False, upserted=res.get("upserted_id"))
         if new:
             value = one({"_id": res.get("upserted_id")})

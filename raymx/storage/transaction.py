@@ -396,16 +396,18 @@ class Transaction(Reader):
 
     def update(self, ns: str, flt, update, multi: bool = False, upsert: bool = False,
                replace: bool = False, array_filters: list | None = None,
-               computed: bool = False) -> WriteResult:
+               computed: bool = False, upsert_id=None) -> WriteResult:
         """``array_filters``: MongoDB's ``arrayFilters`` for ``$[name]`` paths;
         the positional ``$`` takes its element from ``flt``. A replacement's
         op says it replaced the document (a ``replace`` change event), unless
-        ``computed``: the caller computed it from an update (a pipeline)."""
+        ``computed``: the caller computed it from an update (a pipeline).
+        ``upsert_id``: the ``_id`` of an upserted document the filter gives
+        none (MongoDB's drivers expect an ObjectId; by default ``new_id()``)."""
         return self.statement(self._update, ns, flt, update, multi, upsert, replace,
-                              array_filters, computed)
+                              array_filters, computed, upsert_id)
 
     def _update(self, ns, flt, update, multi, upsert, replace, array_filters=None,
-                computed=False):
+                computed=False, upsert_id=None):
         if type(update) is not dict:
             raise errors.InvalidUpdate("an update must be a dict")
         if replace and upd.is_operator_update(update):
@@ -431,7 +433,8 @@ class Transaction(Reader):
             seed = upd.upsert_seed(flt if flt is not None else {})
             doc = upd.apply_update(seed, update, inserting=True, positional=pos)
             if "_id" not in doc:
-                doc = {"_id": seed.get("_id", new_id()), **doc}
+                doc = {"_id": seed["_id"] if "_id" in seed else
+                       new_id() if upsert_id is None else upsert_id, **doc}
             res.upserted_id = doc["_id"]
             self._insert(ns, [doc])
         return res

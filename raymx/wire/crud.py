@@ -239,7 +239,8 @@ def _port_write(req: dict, run, variables: dict):
             if not docs:
                 return {"deleted": 0}
             return (yield run({"op": "delete", "ns": ns, "filter": by_id, "multi": True}))
-        fields = {k: req[k] for k in ("update", "replace", "array_filters") if k in req}
+        fields = {k: req[k] for k in ("update", "replace", "array_filters", "upsert_id")
+                  if k in req}
         if docs:
             return (yield run({"op": "update", "ns": ns, "multi": req["multi"], **fields,
                                "filter": {"$and": [by_id, rest]} if rest else by_id}))
@@ -316,7 +317,9 @@ def _write(d, cmd: dict, conn, statements: list, to_req, count):
 
 def _insert(d, cmd: dict, conn):
     ns = ns_of(cmd, "insert")
-    docs = [_plain(x) for x in _docs(cmd.get("documents"), "documents")]
+    # a document without an _id gets an ObjectId, as MongoDB's server gives it
+    docs = [{"_id": bson.ObjectId(), **x} if isinstance(x, dict) and "_id" not in x else x
+            for x in map(_plain, _docs(cmd.get("documents"), "documents"))]
     wc = wc_fields(cmd)
     if len(docs) > 1:  # all in one statement; one by one only if that fails
         try:
@@ -377,6 +380,8 @@ def _update(d, cmd: dict, conn):
         req = {"op": "update", "ns": ns, "filter": _plain(st["q"]), "update": _plain(u),
                "multi": bool(st.get("multi")), "upsert": bool(st.get("upsert")),
                "replace": composite.is_replacement(u)}
+        if req["upsert"]:  # an upserted document's _id: an ObjectId, as MongoDB's
+            req["upsert_id"] = bson.ObjectId()
         if st.get("arrayFilters") is not None:
             req["array_filters"] = _plain(st["arrayFilters"])
         return _by_port(req)
@@ -589,7 +594,7 @@ def _find_and_modify(d, cmd: dict, conn) -> dict:
         return composite.find_and_modify(
             call, ns, f, upd, remove=remove, sort=sort, upsert=bool(cmd.get("upsert")),
             new=bool(cmd.get("new")), array_filters=_plain(cmd.get("arrayFilters")),
-            compute=compute)
+            compute=compute, upsert_id=bson.ObjectId())
     leo, value = _atomically(d, cmd, work)
     if value is not None and fields:
         value = query.project(value, fields, flt)
