@@ -76,6 +76,22 @@ def test_ids_the_server_makes_are_object_ids(client):
         assert s.next()["operationType"] == "update"
 
 
+def test_index_conflicts_get_mongodb_codes(client):
+    """One key, one index: another name for it is IndexOptionsConflict (85);
+    a name taken by another key is IndexKeySpecsConflict (86); a partial
+    index may share a key."""
+    c = client.ixc.c
+    assert c.create_index("a", name="one") == "one" and c.create_index("a", name="one") == "one"
+    for call, code in ((lambda: c.create_index("a"), 85),
+                       (lambda: c.create_index("a", name="two", unique=True), 85),
+                       (lambda: c.create_index("b", name="one"), 86)):
+        with pytest.raises(OperationFailure) as ei:
+            call()
+        assert ei.value.code == code
+    assert c.create_index("a", name="p", partialFilterExpression={"a": {"$gt": 1}}) == "p"
+    assert sorted(c.index_information()) == ["_id_", "one", "p"]
+
+
 def test_rename_collection_through_pymongo(client):
     db = client.ren
     db.a.insert_many([{"_id": i, "k": i % 2} for i in range(5)])

@@ -19,6 +19,7 @@ from __future__ import annotations
 __all__ = [
     "RaymxError", "InvalidInput", "InvalidDocument", "DocumentTooLarge", "TransactionTooLarge",
     "InvalidName", "InvalidFilter", "InvalidUpdate", "InvalidOperation", "DuplicateKey",
+    "IndexOptionsConflict", "IndexKeySpecsConflict",
     "SchemaMismatch", "CollectionNotFound", "CollectionExists", "IndexNotFound", "ProtocolError",
     "AuthenticationFailed", "CorruptEntry", "CorruptStore", "BatchRefused", "NotPrimary",
     "NotPrimaryOrSecondary", "PrimaryUnavailable", "WriteConcernTimeout", "ReadConcernTimeout",
@@ -107,6 +108,16 @@ class InvalidUpdate(InvalidInput):
 
 class InvalidOperation(InvalidInput):
     """An operation that does not make sense here (drop a missing index...)."""
+
+
+class IndexOptionsConflict(InvalidOperation):
+    """An index with the same key already exists under another name (or
+    with other options): MongoDB's IndexOptionsConflict (85)."""
+
+
+class IndexKeySpecsConflict(InvalidOperation):
+    """An index of that name already exists with another key or options:
+    MongoDB's IndexKeySpecsConflict (86)."""
 
 
 class DuplicateKey(InvalidInput):

@@ -535,8 +535,14 @@ class Transaction(Reader):
         if old is not None:
             if old.spec() == ix.spec():
                 return name
-            raise errors.InvalidOperation(f"index {name} already exists on {ns} with "
-                                          f"a different spec {old.spec()}")
+            raise errors.IndexKeySpecsConflict(f"index {name} already exists on {ns} with "
+                                               f"a different spec {old.spec()}")
+        same = check_unique and next(  # decided here, not replayed (apply_op)
+            (x for x in c.indexes.values() if x.key == key and x.partial == partial), None)
+        if same:  # one key, one index (MongoDB's rule, partial ones apart)
+            raise errors.IndexOptionsConflict(
+                f"index already exists on {ns} with a different name: {same.name} (key "
+                f"{key}); drop it first, or create it under that name")
         for k, v in self.t.scan("docs", c.prefix, prefix_end(c.prefix)):
             # build one index at a time: _index checks uniqueness within it
             only = CollInfo(ns, c.id, {name: ix})

@@ -21,6 +21,8 @@ _CODES: list[tuple[type, int, str]] = [
     (errors.CollectionNotFound, 26, "NamespaceNotFound"),
     (errors.CollectionExists, 48, "NamespaceExists"),
     (errors.IndexNotFound, 27, "IndexNotFound"),
+    (errors.IndexOptionsConflict, 85, "IndexOptionsConflict"),
+    (errors.IndexKeySpecsConflict, 86, "IndexKeySpecsConflict"),
     (errors.InvalidDocument, 2, "BadValue"),
     (errors.InvalidOperation, 2, "BadValue"),
     (errors.InvalidInput, 2, "BadValue"),
