@@ -14,8 +14,9 @@ type: numbers numerically (1 == 1.0 == Decimal128("1"); a Decimal128 is
 placed by its nearest double, so decimals closer than a double tells apart
 share a key), strings by UTF-8 bytes, maps field by field (name, then value,
 in stored order), arrays element by element (a prefix sorts first), binary
-bytewise (other subtypes by subtype, then bytewise), UUIDs and ObjectIds by their bytes (an ObjectId's start is its
-creation time), false < true, dates by their milliseconds since 1970 UTC.
+bytewise (other subtypes by subtype, then bytewise), UUIDs and ObjectIds by
+their bytes (an ObjectId's start is its creation time), false < true, dates
+by their milliseconds since 1970 UTC.
 
 Every encoding is self-delimiting (strings and binary escape 0x00 and end with
 0x00 0x00; maps and arrays end with 0x00, below every type tag), so the
