@@ -38,7 +38,7 @@ from bson.datetime_ms import DatetimeMS
 from bson.dbref import DBRef
 
 from raymx.storage.errors import InvalidDocument
-from raymx.storage.types import as_map, millis
+from raymx.storage.types import BASES, as_map, millis, stored_binary
 
 T_NULL = 0x05
 T_NUM = 0x10
@@ -139,15 +139,12 @@ def encode_key(v) -> bytes:
     if t is uuid.UUID:
         return _UUID_TAG + v.bytes
     if t is Binary:  # subtype 0 is bytes, 4 of 16 bytes a UUID, as stored
-        st = v.subtype
-        if st == 0:
-            return _escaped(T_BIN, bytes(v))
-        if st == 4 and len(v) == 16:
-            return _UUID_TAG + bytes(v)
-        return _escaped(T_BINX, bytes((st,)) + v)
+        v = stored_binary(v)
+        return _escaped(T_BINX, bytes((v.subtype,)) + v) if type(v) is Binary \
+            else encode_key(v)
     if t is DBRef:  # stored as its map
         return encode_key(as_map(v))
-    for base in (int, float, str, bytes, dict, list):  # subclasses: IntEnum, OrderedDict...
+    for base in BASES:  # subclasses: IntEnum, OrderedDict...
         if isinstance(v, base):
             return encode_key(base(v))
     raise InvalidDocument(f"value of type {type(v).__name__} cannot be stored: {v!r:.80}")

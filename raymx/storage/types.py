@@ -40,8 +40,18 @@ from bson.dbref import DBRef
 
 EXT_DATE, EXT_OID, EXT_DEC, EXT_UUID, EXT_BIN = 1, 2, 3, 4, 5
 STORED = (datetime.datetime, ObjectId, Decimal128, uuid.UUID, DatetimeMS, Binary)
-_BASES = (int, float, str, bytes, dict, list)  # their subclasses are stored as them
+BASES = (int, float, str, bytes, dict, list)  # their subclasses are stored as them
 MAPPED = (DBRef,)  # stored as a map (``as_map``)
+
+
+def stored_binary(v: Binary):
+    """What a Binary is stored as: ``bytes`` (subtype 0), a ``uuid.UUID``
+    (subtype 4 of 16 bytes), else itself (extension type 5)."""
+    if v.subtype == 0:
+        return bytes(v)
+    if v.subtype == 4 and len(v) == 16:
+        return uuid.UUID(bytes=bytes(v))
+    return v
 
 
 def as_map(ref: DBRef) -> dict:
@@ -71,6 +81,13 @@ def default(v):
     if isinstance(v, datetime.datetime):
         return msgpack.ExtType(EXT_DATE, _Q.pack(millis(v)))
     t = type(v)
+    if t is Binary:
+        v = stored_binary(v)
+        t = type(v)
+        if t is Binary:
+            return msgpack.ExtType(EXT_BIN, bytes((v.subtype,)) + v)
+        if t is bytes:
+            return v
     if t is ObjectId:
         return msgpack.ExtType(EXT_OID, v.binary)
     if t is Decimal128:
@@ -79,18 +96,11 @@ def default(v):
         return msgpack.ExtType(EXT_UUID, v.bytes)
     if t is DatetimeMS:
         return msgpack.ExtType(EXT_DATE, _Q.pack(int(v)))
-    if t is Binary:
-        st = v.subtype
-        if st == 0:
-            return bytes(v)
-        if st == 4 and len(v) == 16:
-            return msgpack.ExtType(EXT_UUID, bytes(v))
-        return msgpack.ExtType(EXT_BIN, bytes((st,)) + v)
     if t is DBRef:
         return as_map(v)
     if t is tuple:
         return list(v)
-    for base in _BASES:
+    for base in BASES:
         if isinstance(v, base):
             return base(v)
     raise TypeError(f"type {t.__name__} cannot be stored")
