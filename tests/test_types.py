@@ -79,8 +79,20 @@ def test_binary_subtypes_keep_their_subtype_and_are_found(engine):
         assert [d["_id"] for d in engine.find(NS, {"b": Binary(b"raw", 0)})] == [3]
         assert [d["_id"] for d in engine.find(NS, {"b": uuid.UUID(int=7)})] == [4]
     assert [d["_id"] for d in engine.find(NS, {"b": {"$type": "binData"}})] == [0, 1, 2, 3, 4]
-    # tuples and subclasses are still stored as their base types
-    assert codec.unpack(codec.pack((1, [2, (3,)]))) == [1, [2, [3]]]
+    # tuples, named tuples (a GTID) and subclasses pack to the same bytes as
+    # before the packer checked types exactly
+    import collections
+    import enum
+
+    import msgpack
+
+    from raymx.storage.gtid import GTID
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+    mixed = {"g": GTID(1, 2), "t": (1, [2, (3,)]), "e": Level.HIGH,
+             "o": collections.OrderedDict(a=1.5), "s": [GTID(4, 5)]}
+    assert codec.pack(mixed) == msgpack.packb(mixed, use_bin_type=True)
 
 
 def test_cross_type_order_is_mongodbs():

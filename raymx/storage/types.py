@@ -98,7 +98,7 @@ def default(v):
         return msgpack.ExtType(EXT_DATE, _Q.pack(int(v)))
     if t is DBRef:
         return as_map(v)
-    if t is tuple:
+    if isinstance(v, tuple):  # tuples and named tuples (a GTID): arrays, as before
         return list(v)
     for base in BASES:
         if isinstance(v, base):
