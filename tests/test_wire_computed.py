@@ -218,3 +218,40 @@ def test_decimal128_and_date_arithmetic_as_mongodb(client):
     big = list(c.aggregate([{"$match": {"_id": 5}},
                             {"$project": {"x": {"$multiply": ["$a", 4]}}}]))[0]["x"]
     assert isinstance(big, float) and big == 2.0 ** 64
+
+
+def test_date_parts_trig_bits_zip_cmp_and_regex_find_all(client):
+    """The expressions MongoDB 7 has that raymx answered with 'Unrecognized
+    expression': $dateToParts/$dateFromParts (parts overflow into the next,
+    as MongoDB's), trigonometry, bitwise, $zip, $cmp, $regexFindAll."""
+    import datetime
+    import math
+    c = client.more_exprs.c
+    d = datetime.datetime(2024, 3, 15, 10, 30, 5, 123000)
+    c.insert_one({"_id": 1, "d": d, "a": [1, 2, 3], "b": ["x", "y"], "s": "a1b22"})
+
+    def p(e):
+        return next(c.aggregate([{"$project": {"_id": 0, "r": e}}]))["r"]
+    assert p({"$dateToParts": {"date": "$d"}}) == {
+        "year": 2024, "month": 3, "day": 15, "hour": 10, "minute": 30, "second": 5,
+        "millisecond": 123}
+    assert p({"$dateToParts": {"date": "$d", "timezone": "Asia/Tokyo", "iso8601": True}}) \
+        == {"isoWeekYear": 2024, "isoWeek": 11, "isoDayOfWeek": 5, "hour": 19, "minute": 30,
+            "second": 5, "millisecond": 123}
+    assert p({"$dateFromParts": {"year": 2024, "month": 14, "day": 1, "hour": 25}}) == \
+        datetime.datetime(2025, 2, 2, 1)
+    assert p({"$dateFromParts": {"year": 2024, "month": 3, "day": 15, "hour": 19,
+                                 "timezone": "+09:00"}}) == datetime.datetime(2024, 3, 15, 10)
+    assert p({"$dateFromParts": {"isoWeekYear": 2024, "isoWeek": 11, "isoDayOfWeek": 5}}) == \
+        datetime.datetime(2024, 3, 15)
+    assert [p({"$cmp": [1, 2]}), p({"$cmp": ["b", "a"]}), p({"$cmp": [1, 1.0]})] == [-1, 1, 0]
+    assert p({"$zip": {"inputs": ["$a", "$b"]}}) == [[1, "x"], [2, "y"]]
+    assert p({"$zip": {"inputs": ["$a", "$b"], "useLongestLength": True,
+                       "defaults": [0, "z"]}})[-1] == [3, "z"]
+    assert [p({"$bitAnd": [12, 10]}), p({"$bitOr": [12, 10]}), p({"$bitXor": [12, 10]}),
+            p({"$bitNot": 12})] == [8, 14, 6, -13]
+    assert [m["match"] for m in p({"$regexFindAll": {"input": "$s", "regex": "[a-z]\\d+"}})] \
+        == ["a1", "b22"]
+    assert p({"$atan2": [1, 1]}) == math.pi / 4 and p({"$cos": 0}) == 1.0
+    with pytest.raises(OperationFailure, match="domain"):
+        p({"$asin": 2})

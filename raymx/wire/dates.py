@@ -1,6 +1,6 @@
 """Aggregation expressions over dates: date parts, ``$dateToString``,
-``$dateFromString``, ``$dateAdd``/``$dateSubtract``, ``$dateDiff`` and
-``$dateTrunc``, as MongoDB computes them (``fn(arg, ev)``, as in
+``$dateFromString``, ``$dateToParts``/``$dateFromParts``,
+``$dateAdd``/``$dateSubtract``, ``$dateDiff`` and ``$dateTrunc``, as MongoDB computes them (``fn(arg, ev)``, as in
 ``expressions.py``, whose argument helpers they use). Dates are BSON's: UTC,
 to the millisecond (the port decodes them as naive UTC ``datetime``); a
 ``timezone`` is an Olson name or a ``+hh:mm`` offset.
@@ -255,8 +255,55 @@ def _date_trunc(x, ev, name="$dateTrunc"):
     return _utc(out, tz)
 
 
+_CALENDAR = ("year", "month", "day", "hour", "minute", "second", "millisecond")
+_ISO = ("isoWeekYear", "isoWeek", "isoDayOfWeek", "hour", "minute", "second", "millisecond")
+
+
+def _date_to_parts(x, ev, name="$dateToParts"):
+    a = _fields(name, x, ("date",), ("timezone", "iso8601"))
+    local, _ = _date_arg({k: a[k] for k in ("date", "timezone") if k in a}, ev, name)
+    if local is None:
+        return None
+    time = {"hour": local.hour, "minute": local.minute, "second": local.second,
+            "millisecond": local.microsecond // 1000}
+    if ev(a["iso8601"]) if "iso8601" in a else False:
+        y, w, wd = local.isocalendar()
+        return {"isoWeekYear": y, "isoWeek": w, "isoDayOfWeek": wd, **time}
+    return {"year": local.year, "month": local.month, "day": local.day, **time}
+
+
+def _date_from_parts(x, ev, name="$dateFromParts"):
+    """A date from its parts; each part may overflow into the next, as in
+    MongoDB (``month: 14`` is February of the next year)."""
+    iso = isinstance(x, dict) and "isoWeekYear" in x
+    names = _ISO if iso else _CALENDAR
+    a = _fields(name, x, names[:1], names[1:] + ("timezone",))
+    parts = {}
+    for k in names:
+        v = ev(a[k]) if k in a else (1 if k in ("month", "day", "isoWeek", "isoDayOfWeek")
+                                     else 0)
+        if _null(v):
+            return None
+        parts[k] = _int_arg(v, name, k)
+    tz = _zone(ev(a["timezone"])) if "timezone" in a else None
+    clock = datetime.timedelta(hours=parts["hour"], minutes=parts["minute"],
+                               seconds=parts["second"], milliseconds=parts["millisecond"])
+    try:
+        if iso:
+            base = datetime.datetime.fromisocalendar(parts["isoWeekYear"], 1, 1)
+            day = base + datetime.timedelta(weeks=parts["isoWeek"] - 1,
+                                            days=parts["isoDayOfWeek"] - 1)
+        else:
+            day = _add_months(datetime.datetime(parts["year"], 1, 1), parts["month"] - 1) \
+                + datetime.timedelta(days=parts["day"] - 1)
+    except (ValueError, OverflowError):
+        raise _err(f"{name}: the year must be from 1 to 9999", 40523) from None
+    return _utc(day + clock, tz)
+
+
 OPS: dict[str, Callable[[Any, Callable], Any]] = {}
 for _name, _fn in {
+    "$dateToParts": _date_to_parts, "$dateFromParts": _date_from_parts,
     **{p: _date_part for p in _PARTS},
     "$dateToString": _date_to_string, "$dateFromString": _date_from_string,
     "$dateAdd": _date_add, "$dateSubtract": _date_add, "$dateDiff": _date_diff,

@@ -112,6 +112,13 @@ def _pow(x, ev, name="$pow"):
     return out if isinstance(out, (int, float)) else float("nan")
 
 
+def _atan2(x, ev, name="$atan2"):
+    y, x_ = _n(name, x, ev, 2)
+    if _null(y) or _null(x_):
+        return None
+    return math.atan2(_number(y, name), _number(x_, name))
+
+
 def _log(x, ev, name="$log"):
     a, b = _n(name, x, ev, 2)
     if _null(a) or _null(b):
@@ -225,14 +232,18 @@ def _regex(x, ev, name="$regexMatch"):
     for o in opts or "":
         flags |= {"i": re.I, "m": re.M, "s": re.S, "x": re.X}.get(o, 0)
     if _null(s):
-        return False if name == "$regexMatch" else None
+        return {"$regexMatch": False, "$regexFindAll": []}.get(name)
     if not isinstance(s, str):
         raise _err(f"{name} needs a string input", 51104)
+    if name == "$regexFindAll":
+        return [_found(m) for m in re.finditer(rx, s, flags)]
     m = re.search(rx, s, flags)
     if name == "$regexMatch":
         return m is not None
-    if m is None:
-        return None
+    return None if m is None else _found(m)
+
+
+def _found(m: re.Match) -> dict:
     return {"match": m.group(0), "idx": m.start(), "captures": list(m.groups())}
 
 
@@ -693,6 +704,42 @@ def _rand(x, ev, name="$rand"):
     return random.random()
 
 
+def _cmp3(x, ev, name="$cmp"):
+    from raymx.wire.evaluation import _cmp
+    a, b = _n(name, x, ev, 2)
+    return _cmp(a, b)
+
+
+def _bits(x, ev, name="$bitAnd"):
+    vals = _n(name, x, ev, 1, 1) if name == "$bitNot" else [ev(a) for a in _list(x)]
+    if any(_null(v) for v in vals):
+        return None
+    if not all(type(v) is int for v in vals):
+        raise _err(f"{name} only supports int and long operands", 28766)
+    if name == "$bitNot":
+        return ~vals[0]
+    out = -1 if name == "$bitAnd" else 0
+    for v in vals:
+        out = out & v if name == "$bitAnd" else out | v if name == "$bitOr" else out ^ v
+    return out
+
+
+def _zip(x, ev, name="$zip"):
+    a = _fields(name, x, ("inputs",), ("useLongestLength", "defaults"))
+    arrays = [ev(e) for e in _list(a["inputs"])]
+    if any(_null(v) for v in arrays):
+        return None
+    arrays = [_array(v, name) for v in arrays]
+    longest = bool(ev(a["useLongestLength"])) if "useLongestLength" in a else False
+    defaults = _array(ev(a["defaults"]), name) if "defaults" in a else None
+    if defaults is not None and (not longest or len(defaults) != len(arrays)):
+        raise _err(f"{name}: defaults need useLongestLength and one value per input", 34466)
+    n = max(map(len, arrays), default=0) if longest else min(map(len, arrays), default=0)
+    pad = defaults or [None] * len(arrays)
+    return [[arr[i] if i < len(arr) else pad[j] for j, arr in enumerate(arrays)]
+            for i in range(n)]
+
+
 def _named(fn, name):
     return lambda x, ev: fn(x, ev, name)
 
@@ -725,6 +772,16 @@ for _name, _fn in {
     "$setIsSubset": _sets, "$setEquals": _sets,
     "$mergeObjects": _merge_objects, "$objectToArray": _object_to_array,
     "$arrayToObject": _array_to_object, "$getField": _get_field,
-    "$switch": _switch, "$let": _let, "$rand": _rand,
+    "$switch": _switch, "$let": _let, "$rand": _rand, "$cmp": _cmp3, "$zip": _zip,
+    "$bitAnd": _bits, "$bitOr": _bits, "$bitXor": _bits, "$bitNot": _bits,
+    "$regexFindAll": _regex,
+    **{f"${n}": _unary_math(getattr(math, n)) for n in ("sin", "cos", "tan", "atan", "sinh",
+                                                       "cosh", "tanh", "asinh")},
+    **{f"${n}": _unary_math(getattr(math, n), lambda v: -1 <= v <= 1) for n in ("asin",
+                                                                                "acos")},
+    "$acosh": _unary_math(math.acosh, lambda v: v >= 1), "$atan2": _atan2,
+    "$atanh": _unary_math(math.atanh, lambda v: -1 < v < 1),
+    "$degreesToRadians": _unary_math(math.radians),
+    "$radiansToDegrees": _unary_math(math.degrees),
 }.items():
     OPS[_name] = _named(_fn, _name)
