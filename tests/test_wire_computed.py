@@ -255,3 +255,34 @@ def test_date_parts_trig_bits_zip_cmp_and_regex_find_all(client):
     assert p({"$atan2": [1, 1]}) == math.pi / 4 and p({"$cos": 0}) == 1.0
     with pytest.raises(OperationFailure, match="domain"):
         p({"$asin": 2})
+
+
+def test_n_accumulators_top_and_bottom(client):
+    """$firstN $lastN $maxN $minN (accumulators, window functions and array
+    expressions) and $top $bottom $topN $bottomN, as MongoDB 5.2+ answers."""
+    c = client.nacc.c
+    c.insert_many([{"_id": i, "g": i % 2, "s": (i * 7) % 10, "name": f"n{i}"} for i in range(8)]
+                  + [{"_id": 9, "g": 0, "name": "nos"}])
+    g = list(c.aggregate([{"$sort": {"_id": 1}}, {"$group": {
+        "_id": "$g", "f": {"$firstN": {"input": "$s", "n": 2}},
+        "l": {"$lastN": {"input": "$s", "n": 2}}, "mx": {"$maxN": {"input": "$s", "n": 2}},
+        "mn": {"$minN": {"input": "$s", "n": 2}},
+        "top": {"$top": {"sortBy": {"s": -1}, "output": "$name"}},
+        "topN": {"$topN": {"sortBy": {"s": -1, "_id": 1}, "output": ["$name", "$s"], "n": 2}},
+        "bot": {"$bottomN": {"sortBy": {"s": -1}, "output": "$name", "n": 2}}}},
+        {"$sort": {"_id": 1}}]))
+    assert g[0] == {"_id": 0, "f": [0, 4], "l": [2, None], "mx": [8, 4], "mn": [0, 2],
+                    "top": "n4", "topN": [["n4", 8], ["n2", 4]], "bot": ["n0", "nos"]}
+    assert g[1]["bot"] == ["n5", "n3"] and g[1]["mx"] == [9, 7]
+    e = next(c.aggregate([{"$match": {"_id": 0}}, {"$project": {
+        "_id": 0, "l": {"$lastN": {"input": [3, 1, 2], "n": 2}},
+        "mx": {"$maxN": {"input": [3, None, 1, 2], "n": 2}},
+        "mn": {"$minN": {"input": [3, 1, 2], "n": 5}}}}]))
+    assert e == {"l": [1, 2], "mx": [3, 2], "mn": [1, 2, 3]}
+    w = list(c.aggregate([{"$match": {"g": 0}}, {"$setWindowFields": {
+        "sortBy": {"_id": 1}, "output": {"best": {"$maxN": {"input": "$s", "n": 2},
+                                                  "window": {"documents": ["unbounded",
+                                                                           "current"]}}}}}]))
+    assert [x["best"] for x in w[:3]] == [[0], [4, 0], [8, 4]]
+    with pytest.raises(OperationFailure, match="positive integer"):
+        list(c.aggregate([{"$group": {"_id": None, "f": {"$firstN": {"input": "$s", "n": 0}}}}]))

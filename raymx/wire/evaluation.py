@@ -1,7 +1,8 @@
 """Aggregation expressions evaluated against a document (``evaluate``):
 field paths, variables (``$$ROOT``, ``$$CURRENT``, ``$$REMOVE``, ``$$NOW`` and
 those of ``$let $map $filter $reduce`` or a command's ``let``), literals and
-the core operators here; the rest are ``expressions.py``'s and ``dates.py``'s.
+the core operators here; the rest are ``expressions.py``'s, ``dates.py``'s and
+``mathops.py``'s.
 Values compare in raymx's order (``raymx.storage.keys``), as filters and
 sorts do.
 """
@@ -12,11 +13,11 @@ from typing import Any
 
 from raymx.storage import numbers, query
 from raymx.storage.keys import encode_key
-from raymx.wire import dates, expressions
+from raymx.wire import dates, expressions, mathops
 from raymx.wire.errors import CommandError
 
 MISSING = query.MISSING
-_MORE_OPS = {**expressions.OPS, **dates.OPS}
+_MORE_OPS = {**expressions.OPS, **dates.OPS, **mathops.OPS}
 
 
 def _err(msg: str, code: int = 40324) -> CommandError:

@@ -112,13 +112,6 @@ def _pow(x, ev, name="$pow"):
     return out if isinstance(out, (int, float)) else float("nan")
 
 
-def _atan2(x, ev, name="$atan2"):
-    y, x_ = _n(name, x, ev, 2)
-    if _null(y) or _null(x_):
-        return None
-    return math.atan2(_number(y, name), _number(x_, name))
-
-
 def _log(x, ev, name="$log"):
     a, b = _n(name, x, ev, 2)
     if _null(a) or _null(b):
@@ -704,26 +697,6 @@ def _rand(x, ev, name="$rand"):
     return random.random()
 
 
-def _cmp3(x, ev, name="$cmp"):
-    from raymx.wire.evaluation import _cmp
-    a, b = _n(name, x, ev, 2)
-    return _cmp(a, b)
-
-
-def _bits(x, ev, name="$bitAnd"):
-    vals = _n(name, x, ev, 1, 1) if name == "$bitNot" else [ev(a) for a in _list(x)]
-    if any(_null(v) for v in vals):
-        return None
-    if not all(type(v) is int for v in vals):
-        raise _err(f"{name} only supports int and long operands", 28766)
-    if name == "$bitNot":
-        return ~vals[0]
-    out = -1 if name == "$bitAnd" else 0
-    for v in vals:
-        out = out & v if name == "$bitAnd" else out | v if name == "$bitOr" else out ^ v
-    return out
-
-
 def _zip(x, ev, name="$zip"):
     a = _fields(name, x, ("inputs",), ("useLongestLength", "defaults"))
     arrays = [ev(e) for e in _list(a["inputs"])]
@@ -738,6 +711,20 @@ def _zip(x, ev, name="$zip"):
     pad = defaults or [None] * len(arrays)
     return [[arr[i] if i < len(arr) else pad[j] for j, arr in enumerate(arrays)]
             for i in range(n)]
+
+
+def _n_of(x, ev, name="$firstN"):
+    """``$firstN $lastN $maxN $minN`` over an array: the accumulators' rules."""
+    from raymx.wire.grouping import _Acc
+    a = _fields(name, x, ("input", "n"))
+    arr, n = ev(a["input"]), ev(a["n"])
+    if _null(arr):
+        return None
+    acc = _Acc(name)
+    acc.n = n
+    for el in _array(arr, name):
+        acc.add({"input": el, "n": n})
+    return acc.result() if arr else []
 
 
 def _named(fn, name):
@@ -772,16 +759,8 @@ for _name, _fn in {
     "$setIsSubset": _sets, "$setEquals": _sets,
     "$mergeObjects": _merge_objects, "$objectToArray": _object_to_array,
     "$arrayToObject": _array_to_object, "$getField": _get_field,
-    "$switch": _switch, "$let": _let, "$rand": _rand, "$cmp": _cmp3, "$zip": _zip,
-    "$bitAnd": _bits, "$bitOr": _bits, "$bitXor": _bits, "$bitNot": _bits,
-    "$regexFindAll": _regex,
-    **{f"${n}": _unary_math(getattr(math, n)) for n in ("sin", "cos", "tan", "atan", "sinh",
-                                                       "cosh", "tanh", "asinh")},
-    **{f"${n}": _unary_math(getattr(math, n), lambda v: -1 <= v <= 1) for n in ("asin",
-                                                                                "acos")},
-    "$acosh": _unary_math(math.acosh, lambda v: v >= 1), "$atan2": _atan2,
-    "$atanh": _unary_math(math.atanh, lambda v: -1 < v < 1),
-    "$degreesToRadians": _unary_math(math.radians),
-    "$radiansToDegrees": _unary_math(math.degrees),
+    "$switch": _switch, "$let": _let, "$rand": _rand, "$zip": _zip,
+    "$regexFindAll": _regex, "$firstN": _n_of, "$lastN": _n_of, "$maxN": _n_of,
+    "$minN": _n_of,
 }.items():
     OPS[_name] = _named(_fn, _name)

@@ -7,14 +7,37 @@ from __future__ import annotations
 
 import bisect
 import copy
+import functools
 
 from raymx.storage import numbers, query
 from raymx.storage.keys import encode_key
 from raymx.wire.evaluation import MISSING, _cmp, _err, _set_path, evaluate
 
 
+_N_OF = ("$firstN", "$lastN", "$maxN", "$minN")  # {input, n}
+_RANKED = ("$top", "$bottom", "$topN", "$bottomN")  # {sortBy, output[, n]}
 _ACCUMULATORS = ("$sum", "$avg", "$min", "$max", "$first", "$last", "$push", "$addToSet",
-                 "$count", "$mergeObjects", "$stdDevPop", "$stdDevSamp")
+                 "$count", "$mergeObjects", "$stdDevPop", "$stdDevSamp") + _N_OF + _RANKED
+
+
+def _ranked_expression(op: str, e) -> dict:
+    """``$top``/``$bottom``(``N``)'s argument as the expression each document
+    is evaluated with: its output, its sort values (``key``) and the sort's
+    directions, so the accumulator sees what it orders by."""
+    named = ("sortBy", "output") + (("n",) if op.endswith("N") else ())
+    if not isinstance(e, dict) or set(e) != set(named) or not isinstance(e["sortBy"], dict) \
+            or not e["sortBy"] or any(v not in (1, -1) for v in e["sortBy"].values()):
+        raise _err(f"{op} needs exactly {', '.join(named)}; sortBy a document of fields "
+                   "and 1 or -1", 5788002)
+    return {"output": e["output"], "n": e.get("n", 1),
+            "key": [f"${p}" for p in e["sortBy"]],
+            "dirs": {"$literal": list(e["sortBy"].values())}}
+
+
+def _count_n(op: str, n) -> int:
+    if type(n) is not int or n < 1:
+        raise _err(f"{op}: 'n' must be a positive integer, got {n!r:.40}", 5787908)
+    return n
 
 
 class _Acc:
@@ -57,6 +80,19 @@ class _Acc:
                 self.v = {**(self.v or {}), **v}
             elif v is not None and v is not MISSING:
                 raise _err(f"$mergeObjects requires object inputs, not {v!r:.40}", 40400)
+        elif op in _N_OF or op in _RANKED:
+            if not isinstance(v, dict) or "n" not in v:
+                raise _err(f"{op} needs an object with 'n'", 5787901)
+            self.n = _count_n(op, v["n"])
+            if op in _N_OF:
+                x = v.get("input", MISSING)
+                x = None if x is MISSING else x
+                if op in ("$maxN", "$minN") and x is None:
+                    return  # null and missing are not among the largest or smallest
+                self.vals.append(x)
+            else:
+                out = v.get("output", MISSING)
+                self.vals.append((v["key"], v["dirs"], None if out is MISSING else out))
 
     def result(self):
         op = self.op
@@ -72,9 +108,34 @@ class _Acc:
             return self.v or {}
         if op == "$push":
             return list(self.vals)
+        if op in _N_OF or op in _RANKED:
+            return self._nth()
         if op == "$addToSet":
             return list(self.seen.values())
         return self.v
+
+
+    def _nth(self):
+        """``$firstN $lastN $maxN $minN $top $bottom $topN $bottomN``."""
+        op, vals, n = self.op, self.vals, self.n
+        if op == "$firstN":
+            return vals[:n]
+        if op == "$lastN":
+            return vals[-n:] if vals else []
+        if op in ("$maxN", "$minN"):
+            key = functools.cmp_to_key(_cmp)
+            return sorted(vals, key=key, reverse=op == "$maxN")[:n]
+
+        def order(a, b):
+            for x, y, d in zip(a[0], b[0], a[1]):
+                c = _cmp(x, y)
+                if c:
+                    return c * d
+            return 0
+        ranked = sorted(vals, key=functools.cmp_to_key(order))
+        chosen = ranked[:n] if op.startswith("$top") else ranked[-n:]
+        outs = [out for _, _, out in chosen]
+        return outs if op.endswith("N") else (outs[0] if outs else None)
 
 
 def _accumulators(spec: dict, what: str) -> dict:
@@ -85,7 +146,8 @@ def _accumulators(spec: dict, what: str) -> dict:
             continue
         if not isinstance(acc, dict) or len(acc) != 1 or next(iter(acc)) not in _ACCUMULATORS:
             raise _err(f"unknown {what} operator for field '{field}'", 15952)
-        accs[field] = next(iter(acc.items()))
+        op, e = next(iter(acc.items()))
+        accs[field] = (op, _ranked_expression(op, e) if op in _RANKED else e)
     return accs
 
 
@@ -218,7 +280,8 @@ def set_window_fields(docs, spec: dict, variables=None):
                        f"{ops[:1]}", 5371601)
         if ops[0] in _RANKS + ("$shift",) and not sort_by:
             raise _err(f"{ops[0]} needs a sortBy", 5371602)
-        outs[field] = (ops[0], o[ops[0]], o.get("window"))
+        arg = _ranked_expression(ops[0], o[ops[0]]) if ops[0] in _RANKED else o[ops[0]]
+        outs[field] = (ops[0], arg, o.get("window"))
     parts: dict[bytes, list] = {}
     for d in docs:
         pid = evaluate(spec["partitionBy"], d, None, variables) if "partitionBy" in spec \
