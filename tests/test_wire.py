@@ -584,6 +584,32 @@ def test_binary_subtypes_and_legacy_uuids_round_trip_through_pymongo(served, cli
         legacy.close()
 
 
+def test_change_stream_starts_at_an_operation_time(client):
+    """startAtOperationTime with an operationTime raymx answered (a GTID as
+    Timestamp(term, seq)) starts at that entry, included; a wall-clock time
+    is refused by name, as is a second resume option."""
+    import time
+    c = client.db.sat
+    with client.start_session() as s:
+        c.insert_one({"_id": "before"}, session=s)
+        c.insert_one({"_id": "at"}, session=s)
+        at = s.operation_time
+    c.insert_one({"_id": "after"})
+    with c.watch(start_at_operation_time=at, max_await_time_ms=200) as st:
+        got = [st.next()["documentKey"]["_id"] for _ in range(2)]
+        resumed = st.resume_token
+    assert got == ["at", "after"]
+    c.insert_one({"_id": "later"})
+    with c.watch(resume_after=resumed, max_await_time_ms=200) as st:
+        assert st.next()["documentKey"]["_id"] == "later"
+    with pytest.raises(OperationFailure, match="wall-clock"):
+        c.watch(start_at_operation_time=bson.Timestamp(int(time.time()), 1))
+    with pytest.raises(OperationFailure) as ei:  # pymongo sends one; a raw command both
+        client.db.command("aggregate", "sat", cursor={}, pipeline=[{"$changeStream": {
+            "startAtOperationTime": at, "resumeAfter": resumed}}])
+    assert ei.value.code == 40674
+
+
 def test_change_stream_replace_events(client):
     """replace_one and find_one_and_replace come as ``replace`` events with the
     new document, as MongoDB's; an update pipeline stays an ``update``."""

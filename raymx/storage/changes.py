@@ -32,13 +32,15 @@ SCAN_ENTRIES_MAX = 10_000  # entries one batch may look at (filtered streams sta
 
 
 def parse_token(t) -> tuple:
-    """``[term, seq]`` or ``[term, seq, i]`` (also a GTID or "term:seq")."""
+    """``[term, seq]`` or ``[term, seq, i]`` (also a GTID or "term:seq");
+    ``i`` is -1 for a stream that starts at the entry ``[term, seq]``
+    itself (MongoDB's ``startAtOperationTime``)."""
     if isinstance(t, (list, tuple)) and len(t) == 3:
         try:
             g, i = GTID.parse(t[:2]), int(t[2])
         except (TypeError, ValueError):
             g = None
-        if g is not None and i >= 0:
+        if g is not None and i >= -1:
             return (g.term, g.seq, i)
     try:
         g = GTID.parse(t if not isinstance(t, list) else tuple(t))

@@ -42,6 +42,26 @@ def token_in(doc) -> tuple:
         raise CommandError(f"invalid resume token {doc!r:.80}", 2, "BadValue") from None
 
 
+def _start_at(at) -> tuple:
+    """``startAtOperationTime``: an ``operationTime`` raymx answered is
+    ``Timestamp(term, seq)``, a GTID; the stream starts at that entry,
+    included (the token before its first op). A wall-clock time is refused
+    by name: raymx's timestamps are not seconds."""
+    if not isinstance(at, Timestamp):
+        raise CommandError(f"startAtOperationTime must be a Timestamp, not {at!r:.40}", 14,
+                           "TypeMismatch")
+    if at.time >= 1_000_000_000:
+        raise CommandError(
+            f"startAtOperationTime {at} looks like a wall-clock time: raymx's operation "
+            "times are Timestamp(term, seq) of its oplog (an answer's operationTime), not "
+            "seconds; start at one of those, or resume with resumeAfter/startAfter", 2,
+            "BadValue")
+    if at.inc < 1:
+        raise CommandError(f"startAtOperationTime {at} names no oplog entry (seq starts at 1)",
+                           2, "BadValue")
+    return (at.time, at.inc, -1)
+
+
 class Stream:
     def __init__(self, namespaces, token, full: str, before: str, pipeline: list, ns: str):
         self.namespaces, self.token, self.full, self.before = namespaces, token, full, before
@@ -107,9 +127,6 @@ class Streams:
                                    f"pipeline (raymx serves {', '.join(_FOLLOW)})", 2,
                                    "BadValue")
         aggregate.check(rest)
-        if spec.get("startAtOperationTime") is not None:
-            raise CommandError("startAtOperationTime is not supported by raymx: resume "
-                               "with resumeAfter or startAfter", 2, "BadValue")
         db, target = cmd.get("$db"), cmd.get("aggregate")
         if spec.get("allChangesForCluster"):
             namespaces, ns = None, "admin.$cmd.aggregate"
@@ -118,9 +135,15 @@ class Streams:
         else:
             namespaces, ns = [db], f"{db}.$cmd.aggregate"
         tok = spec.get("resumeAfter") or spec.get("startAfter")
+        at = spec.get("startAtOperationTime")
+        if tok is not None and at is not None:
+            raise CommandError("Only one type of resume option is allowed, but multiple were "
+                               "found", 40674, "Location40674")
         from raymx.wire.crud import read_fields
         rf = {k: v for k, v in read_fields(cmd).items() if k == "rp"}
-        if tok is not None:
+        if at is not None:
+            token = _start_at(at)
+        elif tok is not None:
             token = token_in(tok)
         else:
             token = tuple(self.d.call({"op": "watch", "namespaces": namespaces, **rf},
