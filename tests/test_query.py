@@ -9,8 +9,9 @@ from hypothesis import given, settings, strategies as st
 
 from raymx.errors import InvalidFilter
 from raymx.storage.keys import encode_key, encode_keys
+from raymx.storage.projection import project
 from raymx.storage.query import (MISSING, Bounds, compile_filter, extract_bounds, get_path,
-                                 index_keys, project, sort_key)
+                                 index_keys, sort_key)
 
 FAST = settings(max_examples=100, deadline=None)
 
@@ -405,7 +406,6 @@ def test_sort_agrees_with_key_order(ds, da, db):
 
 
 def test_projection_slice_and_elem_match_as_mongodb():
-    from raymx.storage.query import project
     d = {"_id": 1, "a": [1, 2, 3, 4, 5], "g": [{"s": 50}, {"s": 90}, {"s": 95}], "x": "y",
          "n": 3}
     assert project(d, {"a": {"$slice": 2}}) == {**d, "a": [1, 2]}  # every other field kept

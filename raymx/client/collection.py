@@ -13,8 +13,9 @@ from raymx.client.options import (ReadConcern, ReadPreference, ReturnDocument, W
 from raymx.client.results import (BulkWriteResult, DeleteResult, InsertManyResult,
                                   InsertOneResult, ReplaceManyResult, UpdateResult,
                                   _gtid)
-from raymx.storage import codec, query
+from raymx.storage import codec
 from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS
+from raymx.storage.projection import project
 
 if TYPE_CHECKING:
     from raymx.client.change_stream import ChangeStream
@@ -349,7 +350,7 @@ class Collection:
             with ClientTransaction(self.client, _wc_fields(self.write_concern, wc)) as tx:
                 _, value = composite.find_and_modify(tx._call, **run)
         if value is not None and projection is not None:
-            value = query.project(value, projection, flt)
+            value = project(value, projection, flt)
         return value
 
     def find_one_and_update(self, filter, update, projection=None, sort=None,

@@ -24,7 +24,9 @@ import base64
 import json
 import re
 
-from raymx.storage import changes, errors, types
+from bson.binary import Binary
+
+from raymx.storage import changes, errors
 from raymx.storage.gtid import GTID, ZERO
 
 INDEX = "_index.json"
@@ -207,8 +209,7 @@ def _binary_hook(d: dict):
         if isinstance(b, str):
             return base64.b64decode(b)
         if isinstance(b, dict) and set(b) == {"base64", "subType"}:  # another subtype
-            return types.ext_hook(types.EXT_BIN, bytes((int(b["subType"], 16),))
-                                  + base64.b64decode(b["base64"]))
+            return Binary(base64.b64decode(b["base64"]), int(b["subType"], 16))
     return d
 
 

@@ -8,6 +8,7 @@ expressions and accumulators (``$add``, ``$sum``, ``$avg``...).
 from __future__ import annotations
 
 import decimal
+import math
 import operator
 
 from bson import Decimal128
@@ -53,7 +54,6 @@ def divide(a, b, op: str = "$divide"):
     if type(a) is int and type(b) is int:
         r = abs(a) % abs(b)
         return -r if a < 0 else r
-    import math
     return math.fmod(a, b)
 
 
@@ -71,12 +71,7 @@ def mean(values):
     """The average of the numbers among ``values`` (a double, or a
     Decimal128 if one of them is), None if there are none."""
     nums = [v for v in values if is_number(v)]
-    if not nums:
-        return None
-    s = total(nums)
-    if type(s) is Decimal128:
-        return Decimal128(DEC.divide(s.to_decimal(), decimal.Decimal(len(nums))))
-    return s / len(nums)
+    return divide(total(nums), len(nums)) if nums else None
 
 
 def as_float(v) -> float:

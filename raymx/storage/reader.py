@@ -15,6 +15,7 @@ from raymx.storage import codec, errors, oplog, query
 from raymx.storage.catalog import CollInfo, Stats, _applied_in, split_ns
 from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.keys import encode_key, prefix_end
+from raymx.storage.projection import project
 
 if TYPE_CHECKING:
     from raymx.storage.engine import Engine
@@ -236,7 +237,7 @@ class Reader:
         if not isinstance(skip, int) or skip < 0 or not isinstance(limit, int) or limit < 0:
             raise errors.InvalidFilter("skip and limit must be non-negative integers")
         if projection is not None:
-            query.project({}, projection, flt)  # validate before doing any work
+            project({}, projection, flt)  # validate before doing any work
         keyf = query.sort_key(sort) if sort else None
         docs: Iterator[dict] = (d for _, d in self.matching(ns, flt, stats))
         if keyf is not None:
@@ -245,7 +246,7 @@ class Reader:
         for i, d in enumerate(docs):
             if i < skip:
                 continue
-            yield d if projection is None else query.project(d, projection, flt)
+            yield d if projection is None else project(d, projection, flt)
             n += 1
             if limit and n >= limit:
                 return

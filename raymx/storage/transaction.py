@@ -518,8 +518,10 @@ class Transaction(Reader):
         return self.statement(self._create_index, ns, key, unique, name, True, expire_after_s,
                               sparse, partial)
 
-    def _create_index(self, ns, key, unique, name, check_unique, expire_after_s=None,
+    def _create_index(self, ns, key, unique, name, deciding, expire_after_s=None,
                       sparse=False, partial=None):
+        # deciding: the primary creates it here (uniqueness and one index a key
+        # checked); False for an op a member replays (apply_op): already decided
         key = normalize_index_key(key)
         expire_after_s = check_expire(expire_after_s, key)
         partial = check_partial(partial)
@@ -537,7 +539,7 @@ class Transaction(Reader):
                 return name
             raise errors.IndexKeySpecsConflict(f"index {name} already exists on {ns} with "
                                                f"a different spec {old.spec()}")
-        same = check_unique and next(  # decided here, not replayed (apply_op)
+        same = deciding and next(  # decided here, not replayed (apply_op)
             (x for x in c.indexes.values() if x.key == key and x.partial == partial), None)
         if same:  # one key, one index (MongoDB's rule, partial ones apart)
             raise errors.IndexOptionsConflict(
@@ -546,7 +548,7 @@ class Transaction(Reader):
         for k, v in self.t.scan("docs", c.prefix, prefix_end(c.prefix)):
             # build one index at a time: _index checks uniqueness within it
             only = CollInfo(ns, c.id, {name: ix})
-            self._index(only, k[4:], codec.unpack_document(v), check_unique)
+            self._index(only, k[4:], codec.unpack_document(v), deciding)
         self._save_coll(CollInfo(ns, c.id, {**c.indexes, name: ix}))
         self._log(codec.pack({"op": "c", "ns": ns, "cmd": "createIndex", "name": name,
                               "spec": ix.spec()}))

@@ -81,13 +81,6 @@ def default(v):
     if isinstance(v, datetime.datetime):
         return msgpack.ExtType(EXT_DATE, _Q.pack(millis(v)))
     t = type(v)
-    if t is Binary:
-        v = stored_binary(v)
-        t = type(v)
-        if t is Binary:
-            return msgpack.ExtType(EXT_BIN, bytes((v.subtype,)) + v)
-        if t is bytes:
-            return v
     if t is ObjectId:
         return msgpack.ExtType(EXT_OID, v.binary)
     if t is Decimal128:
@@ -96,6 +89,11 @@ def default(v):
         return msgpack.ExtType(EXT_UUID, v.bytes)
     if t is DatetimeMS:
         return msgpack.ExtType(EXT_DATE, _Q.pack(int(v)))
+    if t is Binary:
+        v = stored_binary(v)
+        if type(v) is Binary:
+            return msgpack.ExtType(EXT_BIN, bytes((v.subtype,)) + v)
+        return v if type(v) is bytes else msgpack.ExtType(EXT_UUID, v.bytes)
     if t is DBRef:
         return as_map(v)
     if isinstance(v, tuple):  # tuples and named tuples (a GTID): arrays, as before

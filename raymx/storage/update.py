@@ -267,15 +267,12 @@ def _unset(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
         _delete(*loc)
 
 
-_is_number = numbers.is_number
-
-
 def _arith(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
     """$inc and $mul: a missing field counts as 0 (as MongoDB: it becomes 0
     of the factor's type for $mul); ints stay within 64 bits; a Decimal128 on
     either side makes the result a Decimal128 (34 digits, as BSON's)."""
     w = _where(op, path)
-    if not _is_number(arg):
+    if not numbers.is_number(arg):
         what = "increment" if op == "$inc" else "factor"
         raise InvalidUpdate(f"{w}: the {what} must be a number, got {arg!r:.40}",
                             operator=op, field=path)
@@ -283,7 +280,7 @@ def _arith(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
     cur = _get(c, k)
     if cur is MISSING:
         cur = 0
-    elif not _is_number(cur):
+    elif not numbers.is_number(cur):
         raise InvalidUpdate(f"{w}: the field holds a non-number {cur!r:.40}", operator=op,
                             field=path)
     if type(cur) is Decimal128 or type(arg) is Decimal128:

@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 from bson import Int64
 
 from raymx.storage import query
+from raymx.storage.projection import project
 from raymx.wire import grouping
 from raymx.wire.evaluation import MISSING, _err, _set_path, _truthy, evaluate
 
@@ -175,11 +176,11 @@ def _project(docs, spec: dict, variables=None):
     include = {k: 1 for k, v in plain.items() if v and k != "_id"}
     for d in docs:
         if excluding:
-            yield query.project(d, plain)
+            yield project(d, plain)
             continue
         out = {"_id": d["_id"]} if keep_id and "_id" in d else {}
         if include:
-            out.update(query.project(d, dict(include, _id=0)))
+            out.update(project(d, dict(include, _id=0)))
         for k, e in computed.items():
             _set_path(out, k, evaluate(e, d, None, variables))
         yield out

@@ -21,9 +21,8 @@ import bson
 from bson import Int64, ObjectId
 
 from raymx import errors
-from raymx.storage.gtid import GTID
 from raymx.storage.query import compile_filter
-from raymx.wire import crud, framing, sessions
+from raymx.wire import crud, framing, rs_status, sessions
 from raymx.wire.auth import MECHANISM, USER, Scram
 from raymx.wire.changestream import Streams
 from raymx.wire.errors import CommandError, bad_value, command_not_found, error_doc
@@ -619,115 +618,6 @@ def _get_log(d, cmd, conn) -> dict:
     raise CommandError(f"No log named '{which}'", 96, "OperationFailed")
 
 
-_STATES = {"primary": (1, "PRIMARY"), "running": (2, "SECONDARY"), "paused": (2, "SECONDARY"),
-           "recovering": (3, "RECOVERING"), "resync": (3, "RECOVERING"),
-           "synchronizing": (5, "STARTUP2"), "down": (8, "(not reachable/healthy)")}
-
-
-def _optime(g, ts_ms) -> dict:
-    """A GTID and its entry's commit time as MongoDB's optime fields."""
-    g = GTID(*g) if g else GTID(0, 0)
-    date = datetime.datetime.fromtimestamp((ts_ms or 0) / 1000, datetime.timezone.utc)
-    op = {"ts": crud.operation_time(g), "t": Int64(g.term)}
-    return {"optime": op, "optimeDurable": op, "optimeDate": date, "optimeDurableDate": date,
-            "lastAppliedWallTime": date, "lastDurableWallTime": date}
-
-
-def _learn_names(d: Dispatcher, members) -> dict[int, str]:
-    """Remember each member's wire address as ``host:port`` (a member that
-    is down keeps the name it had); all names known."""
-    d.wire_names.update({m["id"]: f"{m['wire'][0]}:{m['wire'][1]}" for m in members
-                         if m.get("wire")})
-    d.wire_names[d.port.info.get("member", 0)] = d.port.address
-    return d.wire_names
-
-
-def _set_status(d: Dispatcher) -> dict | None:
-    """The set's status from its coordinator (every member, with its last
-    applied entry and lag), or None where there is none to ask."""
-    try:
-        return d.service.status_source()
-    except Exception:  # no coordinator (a member outside a set), or it restarts
-        return None
-
-
-def _repl_set_get_status(d: Dispatcher, cmd: dict, conn):
-    """``rs.status()``: every configured member with its state, health, last
-    applied entry (``optime``, and ``optimeDate`` its commit time, from which
-    mongosh's ``rs.printSecondaryReplicationInfo()`` shows each secondary's
-    lag), and sync source, from the coordinator's status; raymx's own view
-    (lag in entries and seconds, state) under ``raymx``. A member asked
-    without a coordinator lists the members its topology knows."""
-    svc, port = d.service, d.port
-    topo = d.topology()
-    names = _learn_names(d, topo.get("members", ()))
-    st = yield crud.blocking(_set_status, d)
-    members = []
-    if st is not None:
-        _learn_names(d, st["members"])
-        for m in st["members"]:
-            down = m.get("state") == "down"
-            role = "primary" if m.get("role") == "primary" and not down else m.get("state")
-            code, name = _STATES.get(role, (0, "STARTUP"))
-            x = {"_id": m["id"], "name": names.get(m["id"], f"member {m['id']}"),
-                 "health": 0.0 if down else 1.0, "state": code, "stateStr": name}
-            if m.get("role") == "primary":
-                x.update(_optime(m.get("last"), m.get("last_ts")))
-            else:
-                x.update(_optime(m.get("applied"), m.get("applied_ts")))
-            src = m.get("sync_source")
-            x["syncSourceHost"] = names.get(src, "") if src is not None else ""
-            x["syncSourceId"] = src if src is not None else -1
-            x["lastHeartbeatMessage"] = m.get("error") or "" if down else ""
-            x["raymx"] = {"state": m.get("state"), "lag": m.get("lag"), "lag_s": m.get("lag_s")}
-            members.append(x)
-    else:
-        for m in topo.get("members", ()):
-            if not m.get("wire"):
-                continue
-            role = "primary" if m.get("role") == "primary" else m.get("state", "running")
-            code, name = _STATES.get(role, (0, "STARTUP"))
-            members.append({"_id": m["id"], "name": names[m["id"]], "health": 1.0,
-                            "state": code, "stateStr": name})
-    for x in members:
-        if x["_id"] == port.info.get("member"):
-            x["self"] = True
-    if not any(x.get("self") for x in members):  # alone: itself, as its own answer
-        info = svc.e.oplog_info()
-        code, name = _STATES["primary" if svc.primary else "running"]
-        members.append({"_id": port.info.get("member", 0), "name": port.address,
-                        "health": 1.0, "state": code, "stateStr": name, "self": True,
-                        "syncSourceHost": "", "syncSourceId": -1,
-                        **_optime(info["last"], info["last_ts"])})
-    writable = bool(svc.primary and not svc.handing_over)
-    my = 1 if writable else (2 if svc.read_refusal() is None else 3)
-    return {"set": port.info.get("replset", "raymx"),
-            "date": datetime.datetime.now(datetime.timezone.utc), "myState": my,
-            "term": Int64(int(svc.gm.term)), "heartbeatIntervalMillis":
-                Int64(svc.limits.heartbeat_interval_ms), "members": members}
-
-
-def _repl_set_get_config(d: Dispatcher, cmd: dict, conn) -> dict:
-    """``rs.conf()``: the set's configuration as this member stores it."""
-    svc, port = d.service, d.port
-    cfg = svc.e.get_meta("rs_config") or {}
-    names = _learn_names(d, d.topology().get("members", ()))
-    specs = cfg.get("members") or [{"id": port.info.get("member", 0)}]
-    members = [{"_id": m["id"], "host": names.get(m["id"], f"member {m['id']}"),
-                "arbiterOnly": False, "buildIndexes": True, "hidden": bool(m.get("hidden")),
-                "priority": float(m.get("priority", 1)), "tags": {},
-                "secondaryDelaySecs": Int64(int(m.get("delay_s") or 0)),
-                "votes": int(m.get("votes", 1))} for m in specs]
-    lim = svc.limits
-    return {"config": {
-        "_id": port.info.get("replset", "raymx"), "version": int(cfg.get("version", 1)),
-        "term": int(svc.gm.term), "protocolVersion": Int64(1),
-        "writeConcernMajorityJournalDefault": True, "members": members,
-        "settings": {"chainingAllowed": True,
-                     "heartbeatIntervalMillis": lim.heartbeat_interval_ms,
-                     "electionTimeoutMillis": lim.heartbeat_timeout_ms}}}
-
-
 def _users_info(d, cmd, conn) -> dict:
     """``db.getUsers()``: raymx has one user, ``raymx`` (the set's secret is
     its password), with every right; asked for another, there is none."""
@@ -742,14 +632,10 @@ def _users_info(d, cmd, conn) -> dict:
 
 def _get_cmd_line_opts(d, cmd, conn) -> dict:
     """What a member was started with, as MongoDB's ``parsed`` options show it."""
+    host, _, port = d.port.address.rpartition(":")
     return {"argv": ["raymx-member"], "parsed": {
         "replication": {"replSetName": d.port.info.get("replset", "raymx")},
-        "net": {"bindIp": d.port.address.rsplit(":", 1)[0],
-                "port": int(d.port.address.rsplit(":", 1)[1])}}}
-
-
-def _flush(svc) -> None:
-    svc.group.sync_now()
+        "net": {"bindIp": host, "port": int(port)}}}
 
 
 def _fsync(d, cmd, conn):
@@ -760,7 +646,7 @@ def _fsync(d, cmd, conn):
         raise CommandError("fsync with lock is not supported by raymx: take a consistent "
                            "copy of a running member with rs.backup(member, path) or "
                            "'raymx backup'", 2, "BadValue")
-    yield crud.blocking(_flush, d.service)
+    yield crud.blocking(d.service.group.sync_now)
     return {"numFiles": 1}
 
 
@@ -790,8 +676,8 @@ COMMANDS = {
     "dropindexes": _drop_indexes, "endsessions": _end_sessions, "killsessions": _end_sessions,
     "refreshsessions": _ok, "whatsmyuri": _whats_my_uri,
     "connectionstatus": _connection_status, "getparameter": _get_parameter,
-    "getlog": _get_log, "replsetgetstatus": _repl_set_get_status,
-    "replsetgetconfig": _repl_set_get_config,
+    "getlog": _get_log, "replsetgetstatus": rs_status.get_status,
+    "replsetgetconfig": rs_status.get_config,
     "collstats": _coll_stats, "dbstats": _db_stats, "serverstatus": _server_status,
     "usersinfo": _users_info, "getcmdlineopts": _get_cmd_line_opts, "fsync": _fsync,
     "profile": _profile,

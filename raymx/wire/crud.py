@@ -22,10 +22,10 @@ from bson import Int64
 
 from raymx import errors
 from raymx.actors.statements import RETRY_NS  # lsid -> the last retryable write's record
-from raymx.storage import query
 from raymx.storage import update as update_mod
 from raymx.storage.keys import encode_key
 from raymx.storage.gtid import GTID
+from raymx.storage.projection import project
 from raymx.client import composite
 from raymx.wire import aggregate
 from raymx.wire.errors import (CommandError, bad_value, is_statement_error, write_concern_error,
@@ -597,7 +597,7 @@ def _find_and_modify(d, cmd: dict, conn) -> dict:
             compute=compute, upsert_id=bson.ObjectId())
     leo, value = _atomically(d, cmd, work)
     if value is not None and fields:
-        value = query.project(value, fields, flt)
+        value = project(value, fields, flt)
     return {"lastErrorObject": leo, "value": value}
 
 

@@ -1,7 +1,8 @@
 """Aggregation expressions over dates: date parts, ``$dateToString``,
 ``$dateFromString``, ``$dateToParts``/``$dateFromParts``,
-``$dateAdd``/``$dateSubtract``, ``$dateDiff`` and ``$dateTrunc``, as MongoDB computes them (``fn(arg, ev)``, as in
-``expressions.py``, whose argument helpers they use). Dates are BSON's: UTC,
+``$dateAdd``/``$dateSubtract``, ``$dateDiff`` and ``$dateTrunc``, as MongoDB
+computes them (``fn(arg, ev)``, as in ``expressions.py``, whose argument
+helpers they use). Dates are BSON's: UTC,
 to the millisecond (the port decodes them as naive UTC ``datetime``); a
 ``timezone`` is an Olson name or a ``+hh:mm`` offset.
 """

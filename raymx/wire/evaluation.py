@@ -50,10 +50,10 @@ def _variable(e: str, doc: dict, root: dict, variables: dict | None) -> Any:
     return _path(base, rest) if isinstance(base, (dict, list)) else MISSING
 
 
-def _num(v, op: str, dates: bool = False):
+def _num(v, op: str, allow_dates: bool = False):
     if v is None or v is MISSING:
         return None
-    if not numbers.is_number(v) and not (dates and isinstance(v, datetime.datetime)):
+    if not numbers.is_number(v) and not (allow_dates and isinstance(v, datetime.datetime)):
         raise _err(f"{op} only supports numeric types, not {type(v).__name__}", 16554)
     return v
 

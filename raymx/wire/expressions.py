@@ -721,10 +721,9 @@ def _n_of(x, ev, name="$firstN"):
     if _null(arr):
         return None
     acc = _Acc(name)
-    acc.n = n
     for el in _array(arr, name):
         acc.add({"input": el, "n": n})
-    return acc.result() if arr else []
+    return acc.result()
 
 
 def _named(fn, name):

@@ -92,7 +92,8 @@ class _Acc:
                 self.vals.append(x)
             else:
                 out = v.get("output", MISSING)
-                self.vals.append((v["key"], v["dirs"], None if out is MISSING else out))
+                self.v = v["dirs"]  # the sort's directions: the same for every value
+                self.vals.append((v["key"], None if out is MISSING else out))
 
     def result(self):
         op = self.op
@@ -114,7 +115,6 @@ class _Acc:
             return list(self.seen.values())
         return self.v
 
-
     def _nth(self):
         """``$firstN $lastN $maxN $minN $top $bottom $topN $bottomN``."""
         op, vals, n = self.op, self.vals, self.n
@@ -126,15 +126,17 @@ class _Acc:
             key = functools.cmp_to_key(_cmp)
             return sorted(vals, key=key, reverse=op == "$maxN")[:n]
 
+        dirs = self.v
+
         def order(a, b):
-            for x, y, d in zip(a[0], b[0], a[1]):
+            for x, y, d in zip(a[0], b[0], dirs):
                 c = _cmp(x, y)
                 if c:
                     return c * d
             return 0
         ranked = sorted(vals, key=functools.cmp_to_key(order))
         chosen = ranked[:n] if op.startswith("$top") else ranked[-n:]
-        outs = [out for _, _, out in chosen]
+        outs = [out for _, out in chosen]
         return outs if op.endswith("N") else (outs[0] if outs else None)
 
 

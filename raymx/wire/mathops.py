@@ -3,7 +3,9 @@
 """
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from typing import Any, Callable
 
 from raymx.wire.expressions import _err, _list, _n, _named, _null, _number, _unary_math
@@ -22,6 +24,9 @@ def _cmp3(x, ev, name="$cmp"):
     return _cmp(a, b)
 
 
+_BITS = {"$bitAnd": operator.and_, "$bitOr": operator.or_, "$bitXor": operator.xor}
+
+
 def _bits(x, ev, name="$bitAnd"):
     vals = _n(name, x, ev, 1, 1) if name == "$bitNot" else [ev(a) for a in _list(x)]
     if any(_null(v) for v in vals):
@@ -30,10 +35,7 @@ def _bits(x, ev, name="$bitAnd"):
         raise _err(f"{name} only supports int and long operands", 28766)
     if name == "$bitNot":
         return ~vals[0]
-    out = -1 if name == "$bitAnd" else 0
-    for v in vals:
-        out = out & v if name == "$bitAnd" else out | v if name == "$bitOr" else out ^ v
-    return out
+    return functools.reduce(_BITS[name], vals, -1 if name == "$bitAnd" else 0)
 
 
 OPS: dict[str, Callable[[Any, Callable], Any]] = {}

@@ -11,7 +11,7 @@ import datetime
 import bson
 
 from raymx.storage.keys import encode_key
-from raymx.wire import aggregate
+from raymx.wire import aggregate, rs_status
 from raymx.wire.crud import (_atomically, _docs, _plain, _results, _sort, ns_of, read_fields,
                              scan, storage_stats)
 from raymx.wire.errors import CommandError
@@ -24,9 +24,8 @@ SYSTEM = ("local.system.replset",)
 
 
 def system_docs(d, conn, ns: str) -> list[dict]:
-    from raymx.wire import commands
     assert ns in SYSTEM
-    return [commands._repl_set_get_config(d, {}, conn)["config"]]
+    return [rs_status.get_config(d, {}, conn)["config"]]
 
 
 def aggregate_command(d, cmd: dict, conn) -> dict:
