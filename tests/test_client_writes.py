@@ -214,26 +214,81 @@ def test_a_write_that_times_out_says_its_outcome_is_unknown(port):
     c.close()
 
 
-def test_a_transaction_holds_back_small_writes_of_other_connections(port):
-    """An open transaction holds the writer: an autocommit write from another
-    connection waits for its commit (never runs on the port thread meanwhile)."""
+def test_transactions_run_beside_other_writes_and_the_first_committer_wins(port):
+    """An open transaction holds no writer (snapshot isolation): writes of
+    other connections commit meanwhile. A transaction fails with
+    ``WriteConflict``, nothing of it stored, when something it wrote (a
+    document, a unique key, its collection's definition) was changed by a
+    commit after it began; a statement writing a document another open
+    transaction wrote fails at once. Its reads see its snapshot."""
     p, svc = port
     a, b = Connection("127.0.0.1", p.port, SECRET), Connection("127.0.0.1", p.port, SECRET)
-    txn = a.request({"op": "txnBegin"})["txn"]
-    a.request({"op": "insert", "ns": "x.c", "docs": [{"_id": 1}], "txn": txn})
-    f = b.submit({"op": "insert", "ns": "x.c", "docs": [{"_id": 2}]})
-    time.sleep(0.2)
-    assert not f.done()
-    g_txn = a.request({"op": "txnCommit", "txn": txn})["gtid"]
-    assert f.result(10)["gtid"][1] == g_txn[1] + 1
+
+    def begin():
+        return a.request({"op": "txnBegin"})["txn"]
+
+    def ids():
+        return [d["_id"] for d in b.request({"op": "find", "ns": "x.c"})["docs"]]
+
+    # no conflict: the other write commits first, the transaction after it
+    b.request({"op": "insert", "ns": "x.c", "docs": [{"_id": 2, "v": 0}]})
+    t = begin()
+    a.request({"op": "insert", "ns": "x.c", "docs": [{"_id": 1}], "txn": t})
+    g_plain = b.request({"op": "insert", "ns": "x.c", "docs": [{"_id": 4}]})["gtid"]
+    assert a.request({"op": "txnCommit", "txn": t})["gtid"][1] == g_plain[1] + 1
+    # a document the transaction wrote, changed by a commit since: it fails
+    t = begin()
+    a.request({"op": "update", "ns": "x.c", "filter": {"_id": 2}, "update": {"$set": {"v": 1}},
+               "txn": t})
+    b.request({"op": "update", "ns": "x.c", "filter": {"_id": 2}, "update": {"$set": {"v": 2}}})
+    with pytest.raises(errors.WriteConflict):
+        a.request({"op": "txnCommit", "txn": t})
+    with pytest.raises(errors.TransactionAborted):  # it is over
+        a.request({"op": "find", "ns": "x.c", "txn": t})
+    assert b.request({"op": "find", "ns": "x.c", "filter": {"_id": 2}})["docs"][0]["v"] == 2
+    # two open transactions writing one document: the second statement fails at once
+    t1, t2 = begin(), begin()
+    a.request({"op": "insert", "ns": "x.c", "docs": [{"_id": 5}], "txn": t1})
+    with pytest.raises(errors.WriteConflict, match=f"transaction {t1}"):
+        a.request({"op": "insert", "ns": "x.c", "docs": [{"_id": 5, "by": 2}], "txn": t2})
+    a.request({"op": "txnCommit", "txn": t1})
+    assert b.request({"op": "find", "ns": "x.c", "filter": {"_id": 5}})["docs"] == [{"_id": 5}]
+    # a unique key another commit took meanwhile
+    b.request({"op": "createIndex", "ns": "x.c", "key": [["u", 1]], "unique": True, "sparse": True})
+    t = begin()
+    a.request({"op": "insert", "ns": "x.c", "docs": [{"_id": 10, "u": 1}], "txn": t})
+    b.request({"op": "insert", "ns": "x.c", "docs": [{"_id": 11, "u": 1}]})
+    with pytest.raises(errors.WriteConflict, match="unique key"):
+        a.request({"op": "txnCommit", "txn": t})
+    # its collection redefined meanwhile (an index built without its documents)
+    t = begin()
+    a.request({"op": "insert", "ns": "x.c", "docs": [{"_id": 12, "w": 1}], "txn": t})
+    b.request({"op": "createIndex", "ns": "x.c", "key": [["w", 1]]})
+    with pytest.raises(errors.WriteConflict, match="collection x.c"):
+        a.request({"op": "txnCommit", "txn": t})
+    assert ids() == [1, 2, 4, 5, 11]
+    # reads in a transaction see its snapshot, its own writes over it
+    t = begin()
+    a.request({"op": "update", "ns": "x.c", "filter": {"_id": 1}, "update": {"$set": {"m": 1}},
+               "txn": t})
+    b.request({"op": "insert", "ns": "x.c", "docs": [{"_id": 3}]})
+    b.request({"op": "delete", "ns": "x.c", "filter": {"_id": 5}})
+    seen = a.request({"op": "find", "ns": "x.c", "txn": t, "sort": [["_id", -1]]})["docs"]
+    assert seen == [{"_id": 11, "u": 1}, {"_id": 5}, {"_id": 4}, {"_id": 2, "v": 2},
+                    {"_id": 1, "m": 1}]
+    assert a.request({"op": "count", "ns": "x.c", "txn": t})["value"] == 5
+    a.request({"op": "txnCommit", "txn": t})  # it wrote only _id 1: no conflict
+    assert ids() == [1, 2, 3, 4, 11]
+    assert svc.status()["open_transactions"] == 0
     a.close()
     b.close()
 
 
-def test_a_transaction_begin_that_timed_out_is_aborted_not_left_holding_the_writer(tmp_path):
-    """c2's txnBegin waits behind c1's transaction and times out at c2: the
-    driver cancels it, so when c1 commits the member aborts that transaction
-    at once instead of holding the writer for its whole lifetime."""
+def test_a_transaction_begin_that_timed_out_is_aborted_not_left_open(tmp_path):
+    """c2's txnBegin waits behind a busy writer and times out at c2: the
+    driver cancels it, so once the writer is free the member aborts that
+    transaction at once instead of keeping it open (its snapshot) for its
+    whole lifetime."""
     from raymx.client import Client
     lim = Limits(transaction_lifetime_ms=20_000, sync_interval_ms=20)
     with serving(tmp_path, lim) as (p, svc):
@@ -241,46 +296,52 @@ def test_a_transaction_begin_that_timed_out_is_aborted_not_left_holding_the_writ
                                                "role": "primary"}]}
         c1, c2 = Client(lambda: topo, timeout_s=10), Client(lambda: topo, timeout_s=0.5)
         try:
-            tx1 = c1.transaction().__enter__()
-            tx1["a"]["b"].insert_one({"_id": "t1"})
+            blocker = busy_writer(svc)
             with pytest.raises(TimeoutError):
                 with c2.transaction() as tx2:
                     tx2["a"]["b"].insert_one({"_id": "t2"})
-            tx1.commit()
-            t0 = time.monotonic()
+            blocker.set()
             c1["a"]["b"].insert_one({"_id": "after"})
-            assert time.monotonic() - t0 < 3  # not the 20 s lifetime of an orphan
-            assert [d["_id"] for d in c1["a"]["b"].find()] == ["after", "t1"]
+            wait_for(lambda: svc.status()["open_transactions"] == 0)
             with c2.transaction() as tx2:  # c2's connection serves transactions as before
                 tx2["a"]["b"].insert_one({"_id": "t2"})
-            assert c1["a"]["b"].count_documents({}) == 3
+            assert sorted(d["_id"] for d in c1["a"]["b"].find()) == ["after", "t2"]
+            assert svc.status()["open_transactions"] == 0
         finally:
             c1.close()
             c2.close()
 
 
-def test_a_thread_inside_a_transaction_cannot_wait_for_itself(port):
+def test_a_thread_inside_a_transaction_may_write_outside_it(port):
     """A write outside the transaction, or a second transaction, on the thread
-    holding one open would wait for it until the timeout: refused at once."""
+    holding one open runs at once (nothing waits for the open one); a
+    conflict between them is the later committer's ``WriteConflict``, which
+    ``Client.with_transaction`` runs again."""
     p, svc = port
     c = client_of(p)
     c.timeout_s = 5
     coll = c["tt"]["c"]
-    other = []
+    coll.insert_one({"_id": "n", "v": 0})
     with c.transaction() as tx:
         tx["tt"]["c"].insert_one({"_id": "in"})
         t0 = time.monotonic()
-        with pytest.raises(errors.InvalidOperation, match="transaction open"):
-            coll.insert_one({"_id": "out"})
-        with pytest.raises(errors.InvalidOperation, match="transaction open"):
-            with c.transaction():
-                pass
+        coll.insert_one({"_id": "out"})
+        with c.transaction() as tx2:
+            tx2["tt"]["c"].insert_one({"_id": "second"})
         assert time.monotonic() - t0 < 1
-        t = threading.Thread(target=lambda: other.append(coll.insert_one({"_id": "other"})))
-        t.start()  # another thread's write waits for the transaction, as documented
-        time.sleep(0.2)
-        assert not other
-    t.join(5)
-    assert other and sorted(d["_id"] for d in coll.find()) == ["in", "other"]
-    coll.insert_one({"_id": "after"})
+        tx["tt"]["c"].update_one({"_id": "n"}, {"$inc": {"v": 1}})
+        coll.update_one({"_id": "n"}, {"$inc": {"v": 10}})  # commits first
+        with pytest.raises(errors.WriteConflict):
+            tx.commit()
+    assert sorted(d["_id"] for d in coll.find()) == ["n", "out", "second"]
+    runs = []
+
+    def bump(tx):
+        runs.append(1)
+        tx["tt"]["c"].update_one({"_id": "n"}, {"$inc": {"v": 1}})
+        if len(runs) == 1:  # another write to it commits before this one
+            coll.update_one({"_id": "n"}, {"$inc": {"v": 100}})
+        return len(runs)
+    assert c.with_transaction(bump) == 2
+    assert coll.find_one({"_id": "n"})["v"] == 111
     c.close()

@@ -432,3 +432,99 @@ def test_a_collection_s_stream_ends_with_invalidate_at_its_drop(client):
     assert [(e["operationType"], e["documentKey"]["_id"]) for e in got] == [("insert", 2)]
     assert [e["operationType"] for e in take(dbs, 3)] == ["insert", "drop", "insert"]
     dbs.close()
+
+
+def test_transactions_of_several_sessions_interleave_as_in_mongodb(client):
+    """Two sessions' transactions open at once on one thread (as MongoDB's
+    documentation shows them): both commit when they write different
+    documents; the second to write one document fails at once with
+    WriteConflict (code 112, TransientTransactionError), the first commits;
+    a write outside transactions never waits for one."""
+    import time
+    co = client.txi.c
+    co.insert_many([{"_id": 1, "n": 0}, {"_id": 2, "n": 0}])
+    s1, s2 = client.start_session(), client.start_session()
+    s1.start_transaction()
+    s2.start_transaction()
+    co.update_one({"_id": 1}, {"$inc": {"n": 1}}, session=s1)
+    t0 = time.monotonic()
+    co.update_one({"_id": 2}, {"$inc": {"n": 1}}, session=s2)
+    co.insert_one({"_id": 3})  # outside both
+    assert time.monotonic() - t0 < 1
+    assert co.find_one({"_id": 1}, session=s2)["n"] == 0  # s2's snapshot
+    s1.commit_transaction()
+    s2.commit_transaction()
+    assert [d.get("n") for d in co.find().sort("_id", 1)] == [1, 1, None]
+    s1.start_transaction()
+    s2.start_transaction()
+    co.update_one({"_id": 1}, {"$inc": {"n": 10}}, session=s1)
+    with pytest.raises(OperationFailure) as ei:
+        co.update_one({"_id": 1}, {"$inc": {"n": 100}}, session=s2)
+    assert ei.value.code == 112 and ei.value.has_error_label("TransientTransactionError")
+    s2.abort_transaction()
+    s1.commit_transaction()
+    # a commit after another commit changed the document: WriteConflict at commit
+    s1.start_transaction()
+    co.update_one({"_id": 2}, {"$set": {"by": "txn"}}, session=s1)
+    co.update_one({"_id": 2}, {"$set": {"by": "plain"}})
+    with pytest.raises(OperationFailure) as ei:
+        s1.commit_transaction()
+    assert ei.value.code == 112 and ei.value.has_error_label("TransientTransactionError")
+    assert [(d["_id"], d.get("n"), d.get("by")) for d in co.find().sort("_id", 1)] == [
+        (1, 11, None), (2, 1, "plain"), (3, None, None)]
+    s1.end_session()
+    s2.end_session()
+
+
+def test_concurrent_transactions_and_atomic_writes_lose_nothing(client):
+    """Threads moving money between five accounts in transactions
+    (``with_transaction``), others incrementing one counter with
+    find_one_and_update and others moving money with plain updates, all at
+    once on the same documents: every conflict is run again (by the driver
+    for transactions, by the member's port for the single commands, which
+    never fail with it), so the total stays and every increment counts."""
+    import random
+    import threading
+    acct, seq = client.txc.acct, client.txc.seq
+    acct.insert_many([{"_id": i, "bal": 100} for i in range(5)])
+    seq.insert_one({"_id": "n", "v": 0})
+    failures, moved = [], []
+
+    def transfers(k):
+        rnd = random.Random(k)
+        for _ in range(25):
+            a, b = rnd.sample(range(5), 2)
+
+            def move(s):
+                acct.update_one({"_id": a}, {"$inc": {"bal": -1}}, session=s)
+                acct.update_one({"_id": b}, {"$inc": {"bal": 1}}, session=s)
+            with client.start_session() as s:
+                s.with_transaction(move)
+            moved.append(1)
+
+    def counter(k):
+        for _ in range(40):
+            seq.find_one_and_update({"_id": "n"}, {"$inc": {"v": 1}})
+
+    def plain(k):
+        rnd = random.Random(100 + k)
+        for _ in range(40):
+            a, b = rnd.sample(range(5), 2)
+            acct.update_one({"_id": a}, {"$inc": {"bal": -1}})
+            acct.update_one({"_id": b}, {"$inc": {"bal": 1}})
+
+    def run(fn, k):
+        try:
+            fn(k)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            failures.append(repr(e))
+    threads = [threading.Thread(target=run, args=(fn, k))
+               for k in range(3) for fn in (transfers, counter, plain)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not failures, failures[:3]
+    assert len(moved) == 75
+    assert sum(d["bal"] for d in acct.find()) == 500
+    assert seq.find_one({"_id": "n"})["v"] == 120

@@ -1,16 +1,17 @@
 """Interactive transactions and multi-part inserts of a client connection:
 what ``ShardService`` keeps per connection between frames (``SessionPath``).
 
-A transaction (``txnBegin``) is a ``Session``: its statements queue on it and
-run on the writer thread, which the transaction holds until commit, abort,
-``transaction_lifetime_ms`` or ``transaction_idle_ms``. A large insert comes
-in parts, decoded as they arrive and run as one statement with the last.
+A transaction (``txnBegin``) is a ``Session``: an optimistic transaction of
+the engine (it reads a snapshot and keeps its writes in memory; its commit
+fails with ``WriteConflict`` if another commit changed what it wrote). Its
+steps run on the writer one at a time, each holding the writer only while it
+runs; it ends at commit, abort, ``transaction_lifetime_ms`` or
+``transaction_idle_ms``. A large insert comes in parts, decoded as they
+arrive and run as one statement with the last.
 """
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 
 from raymx import errors
@@ -24,31 +25,20 @@ log = logging.getLogger("raymx.shard")
 
 
 class Session:
-    """An interactive transaction: its statements run on the writer thread."""
+    """An interactive transaction of a connection: an optimistic engine
+    transaction (``Engine.begin_snapshot``) once its ``txnBegin`` ran. Every
+    step (begin, statement, commit, abort) is a writer item, so a
+    transaction's steps run in order and one at a time with every other
+    write, but it holds the writer only for the step: other writes and
+    transactions run between them."""
 
     def __init__(self, sid: int, rid=None):
         self.id = sid
         self.rid = rid  # the id of the txnBegin request (see SessionPath._cancel_begin)
-        self.q: queue.Queue = queue.Queue()
+        self.tx = None  # the engine transaction, from its begin to its end
         self.closed = False
-        self.lock = threading.Lock()
-
-    def submit(self, req: dict, reply: Reply) -> None:
-        with self.lock:
-            if not self.closed:
-                return self.q.put((req, reply))
-        reply(err=errors.TransactionAborted(
-            f"transaction {self.id} is no longer open (finished, timed out or aborted)"))
-
-    def end(self) -> None:
-        with self.lock:
-            self.closed = True
-        while True:
-            try:
-                req, reply = self.q.get_nowait()
-            except queue.Empty:
-                return
-            reply(err=errors.TransactionAborted(f"transaction {self.id} is no longer open"))
+        self.deadline = self.used = 0.0  # monotonic seconds
+        self.locked: list[bytes] = []  # documents' keys it wrote (the member's _txn_locks)
 
 
 class SessionPath:
@@ -56,8 +46,8 @@ class SessionPath:
     uses the service's engine, limits, writer queue, commit and reads)."""
 
     def _to_session(self, op: str, req: dict, reply: Reply, conn: dict) -> None:
-        """``txnBegin`` opens a session (counted per connection) and queues it
-        for the writer; a statement with ``txn`` goes to its open session."""
+        """``txnBegin`` opens a session (counted per connection); it and each
+        statement, commit or abort of an open one go to the writer in turn."""
         if op == "txnBegin":
             sessions = conn.setdefault("sessions", {})
             for old in [x for x in sessions.values() if x.closed]:  # timed out
@@ -65,29 +55,161 @@ class SessionPath:
             client_limits.check_transactions(sessions, self.limits)
             s = Session(next(self._ids), req.get("id"))
             sessions[s.id] = s
-            return self._to_writer(("session", s, req, reply))
+            return self._to_writer(("txn", s, req, reply))
         s = conn.get("sessions", {}).get(req["txn"])
         if s is None:
-            return reply(err=errors.TransactionAborted(
-                f"transaction {req['txn']} is not open (finished, timed out or aborted)"))
+            return reply(err=self._not_open(req["txn"]))
         if op in ("txnCommit", "txnAbort"):
             conn["sessions"].pop(s.id, None)
-        s.submit(req, reply)
+        self._to_writer(("txn", s, req, reply))
 
     @staticmethod
-    def _abort_sessions(conn: dict) -> None:
+    def _not_open(sid) -> errors.TransactionAborted:
+        return errors.TransactionAborted(
+            f"transaction {sid} is not open (finished, timed out or aborted)")
+
+    def _abort_sessions(self, conn: dict) -> None:
         for s in conn.get("sessions", {}).values():
-            s.submit({"op": "txnAbort"}, lambda **kw: None)
+            self._to_writer(("txn", s, {"op": "txnAbort"}, lambda **kw: None))
 
-    @staticmethod
-    def _cancel_begin(rid, conn: dict) -> None:
+    def _cancel_begin(self, rid, conn: dict) -> None:
         """The ``txnBegin`` request ``rid`` of this connection timed out at its
-        caller, who will never learn the transaction's id: abort it (at once
-        if it is still queued behind another transaction). Not answered."""
+        caller, who will never learn the transaction's id: abort it (once
+        its begin has run). Not answered."""
         sessions = conn.get("sessions", {})
         s = next((x for x in sessions.values() if x.rid == rid), None)
         if s is not None:  # it stays counted (transactions_per_connection_max) until it ends
-            s.submit({"op": "txnAbort"}, lambda **kw: None)
+            self._to_writer(("txn", s, {"op": "txnAbort"}, lambda **kw: None))
+
+    # --- on the writer ----------------------------------------------------
+    def _txn_step(self, s: Session, req: dict, reply: Reply) -> None:
+        """One step of transaction ``s`` (the writer held for it alone)."""
+        op = req.get("op")
+        now = time.monotonic()
+        self._expire_txns(now)
+        if op == "txnBegin":
+            if s.closed:  # aborted before it began (its caller gave up)
+                return
+            if len(self._txns) >= self.limits.transactions_max:
+                s.closed = True
+                return reply(err=errors.LimitExceeded(
+                    f"{len(self._txns)} transactions are open on this member, the most "
+                    f"allowed (Limits.transactions_max = {self.limits.transactions_max}): "
+                    "retry once some have ended", limit="transactions_max",
+                    max=self.limits.transactions_max))
+            s.tx = self.e.begin_snapshot()
+            s.deadline, s.used = now + self.limits.transaction_lifetime_ms / 1000, now
+            self._txns[s.id] = s
+            return reply(ok={"txn": s.id})
+        if s.closed or s.tx is None:
+            s.closed = True
+            return reply(err=self._not_open(s.id))
+        if self._expired(s, now):
+            return reply(err=self._not_open(s.id))
+        s.used = now
+        try:
+            if op == "txnAbort":
+                self._end_txn(s, abort=True)
+                return reply(ok={"aborted": True})
+            if op == "txnCommit":
+                self._end_txn(s)
+                if s.tx.optimistic and s.tx.t.writes:
+                    s.tx.take_writer()  # WriteConflict: aborted
+                return self._commit(s.tx, WriteResult(), req, reply)
+            if op in WRITE_OPS and op != "revertTo":
+                res = run_statement(s.tx, req)
+                self._lock_written(s)
+                reply(ok=result_out(res))
+            elif op in ("find", "count"):
+                reply(ok=self._read_in(s.tx, req, {}))
+            else:
+                reply(err=errors.InvalidOperation(f"{op!r} is not allowed in a transaction"))
+        except errors.WriteConflict as e:
+            self._end_txn(s, abort=True)
+            reply(err=e)
+        except errors.RaymxError as e:
+            if op == "txnCommit":
+                s.tx.abort()
+            reply(err=e)
+        except Exception as e:
+            log.exception("transaction step %s failed", op)
+            self._end_txn(s, abort=True)
+            reply(err=errors.TransactionAborted(f"internal error: {e}"))
+
+    def _lock_written(self, s: Session) -> None:
+        """The documents a statement of ``s`` wrote are its own until it ends:
+        a statement of another open transaction writing one fails with
+        ``WriteConflict`` (and its transaction is aborted), at once, as in
+        MongoDB; the first writer keeps it. Writes outside transactions take
+        no lock: one that commits first makes the transaction's commit fail."""
+        fresh = s.tx.t.fresh
+        if not fresh:
+            return
+        locks = self._txn_locks
+        for key in fresh:
+            holder = locks.get(key)
+            if holder is None:
+                locks[key] = s
+                s.locked.append(key)
+            elif holder is not s:
+                fresh.clear()
+                raise errors.WriteConflict(
+                    f"transaction {holder.id} has written a document this statement writes "
+                    "and has not ended; this transaction is aborted: run it again")
+        fresh.clear()
+
+    def _end_txn(self, s: Session, abort: bool = False) -> None:
+        """``s`` ends: out of the open table, its documents unlocked (and its
+        engine transaction aborted with ``abort``)."""
+        s.closed = True
+        self._txns.pop(s.id, None)
+        locks = self._txn_locks
+        for key in s.locked:
+            if locks.get(key) is s:
+                del locks[key]
+        s.locked = []
+        if abort and s.tx is not None:
+            s.tx.abort()
+
+    def _expire_txns(self, now: float) -> None:
+        """Abort the transactions past ``transaction_lifetime_ms`` or idle past
+        ``transaction_idle_ms`` (looked at most once a second, at a step of
+        any transaction): their snapshots and documents are released."""
+        if now < self._txns_swept + 1.0:
+            return
+        self._txns_swept = now
+        for s in list(self._txns.values()):
+            self._expired(s, now)
+
+    def _expired(self, s: Session, now: float) -> bool:
+        """True (and ``s`` aborted) if ``s`` is past its lifetime or idle limit."""
+        if now <= s.deadline and now - s.used <= self.limits.transaction_idle_ms / 1000:
+            return False
+        log.warning("transaction %d aborted: %s", s.id,
+                    client_limits.txn_ended_why(s.deadline - now, self.limits))
+        self._end_txn(s, abort=True)
+        return True
+
+    def _abort_txns(self) -> None:
+        """Every open transaction ends, aborted (the member stepped down)."""
+        for s in list(self._txns.values()):
+            self._end_txn(s, abort=True)
+
+    def _release_txns(self) -> None:
+        """The store's map is being remapped and waits for this process's
+        snapshots: the open transactions' are ended (each is aborted; its next
+        step says so). Runs on the resizing thread: it waits briefly for the
+        writer, and leaves them if a step holds it."""
+        if not self._wlock.acquire(timeout=0.05):
+            return
+        try:
+            open_ = len(self._txns)
+            self._abort_txns()
+        finally:
+            self._wlock.release()
+        if open_:
+            log.warning("%d open transaction(s) aborted: the store's map grew and its remap "
+                        "waits for every open snapshot of this process", open_)
 
     def _receive_insert(self, req: dict, reply: Reply, conn: dict) -> dict | None:
         """Decode an insert's documents as they arrive. A large insert comes in
@@ -121,42 +243,3 @@ class SessionPath:
             reply(err=got)
             return None
         return dict(req, packed=got)
-
-    def _run_session(self, s: Session, req: dict, reply: Reply) -> None:
-        try:
-            self._session_loop(s, req, reply)
-        finally:
-            s.end()
-
-    def _session_loop(self, s: Session, req: dict, reply: Reply) -> None:
-        tx = self.e.begin()
-        reply(ok={"txn": s.id})
-        deadline = time.monotonic() + self.limits.transaction_lifetime_ms / 1000
-        idle_s = self.limits.transaction_idle_ms / 1000
-        while True:
-            try:
-                sreq, sreply = s.q.get(timeout=max(0.0, min(idle_s, deadline - time.monotonic())))
-            except queue.Empty:  # it holds the writer: past its lifetime, or idle too long
-                tx.abort()
-                log.warning("transaction %d aborted: %s", s.id, client_limits.txn_ended_why(
-                    deadline - time.monotonic(), self.limits))
-                return
-            op = sreq.get("op")
-            try:
-                if op == "txnCommit":
-                    return self._commit(tx, WriteResult(), sreq, sreply)
-                if op == "txnAbort":
-                    tx.abort()
-                    return sreply(ok={"aborted": True})
-                if op in WRITE_OPS and op != "revertTo":
-                    sreply(ok=result_out(run_statement(tx, sreq)))
-                elif op in ("find", "count"):
-                    sreply(ok=self._read_in(tx, sreq, {}))
-                else:
-                    sreply(err=errors.InvalidOperation(f"{op!r} is not allowed in a transaction"))
-            except errors.RaymxError as e:
-                sreply(err=e)
-            except Exception as e:
-                log.exception("transaction statement failed")
-                tx.abort()
-                return sreply(err=errors.TransactionAborted(f"internal error: {e}"))

@@ -107,6 +107,12 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         # a remap of the store's map (it grew) waits for every open snapshot
         # of this process: idle cursors are closed for it (reads.py)
         self._unhook_remap = engine.store.on_remap(self._release_for_remap)
+        # open interactive transactions (sessions.py): by id, and the documents
+        # each wrote ({key in docs: its Session}); both only on the writer
+        self._txns: dict = {}
+        self._txn_locks: dict = {}
+        self._txns_swept = time.monotonic()
+        self._unhook_remap_txns = engine.store.on_remap(self._release_txns)
         self._unwritten: list[GTID] = []  # taken GTIDs whose n entry waits (_write_noop)
         self._cursors_swept = time.monotonic()
         self.readers = ThreadPoolExecutor(4, thread_name_prefix="raymx-reader")
@@ -218,6 +224,7 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         self.primary = False
         self.handing_over = False
         self.wc.step_down(self.member_id)
+        self.on_writer(self._abort_txns)  # open transactions end, as MongoDB aborts them
 
     # --- dispatch --------------------------------------------------------
     def request(self, req: dict, conn: dict, timeout_s: float) -> dict:
@@ -362,8 +369,8 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
                 reply.set_exception(e)
             return
         try:
-            if kind == "session":
-                self._run_session(sess, req, reply)
+            if kind == "txn":
+                self._txn_step(sess, req, reply)
             else:
                 tx = self.e.begin(autocommit=True)
                 try:
@@ -410,8 +417,8 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
                 reply.set_exception(err)
             else:
                 reply(err=err)
-                if kind == "session":
-                    sess.end()
+                if kind == "txn":
+                    self._end_txn(sess, abort=True)
         return False
 
     def _noop_done(self, g: GTID) -> None:
@@ -627,6 +634,7 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
                 "majority": gtid_out(self.wc.majority_point()) if self.primary else None,
                 "majority_known": gtid_out(self.majority_known),
                 "open_cursors": len(self._cursors) + len(self._cursors_busy),
+                "open_transactions": len(self._txns),
                 "after_waits": self.after_waits.counters(), "ttl": dict(self.ttl)}
 
     def close(self) -> None:
@@ -643,6 +651,8 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         self.after_waits.stop()
         self.readers.shutdown(wait=True)
         self._unhook_remap()
+        self._unhook_remap_txns()
+        self._abort_txns()  # the writer has stopped: their snapshots end
         for cid in list(self._cursors):
             self._close_cursor(cid)
         if self.group.failed is None:  # after a failed sync, never another

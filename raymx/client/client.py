@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 import threading
 import time
 from typing import Callable
@@ -44,7 +45,6 @@ class Client:
         self._primary: int | None = None
         self._rr = itertools.count()
         self.retry_interval_s = 0.05
-        self._local = threading.local()  # .txn: the transaction this thread has open
 
     def _conn_to(self, m: dict, secret: str) -> Connection:
         c = self._conns.get(m["id"])
@@ -220,14 +220,23 @@ class Client:
     def transaction(self, **wc) -> "ClientTransaction":
         return ClientTransaction(self, _wc_fields(self.write_concern, wc))
 
-    def _no_open_transaction(self, what: str) -> None:
-        """A transaction holds the member's writer until it ends: ``what`` on
-        the thread that holds it open would wait for itself until the timeout."""
-        if getattr(self._local, "txn", None) is not None:
-            raise errors.InvalidOperation(
-                f"this thread has a transaction open on this client; {what} would wait for "
-                "it to end (a transaction holds the writer): write through the transaction "
-                "(tx[db][coll]), or end it first")
+    def with_transaction(self, fn, timeout_s: float = 120.0, **wc):
+        """``fn(tx)`` in a transaction, committed; run again while it fails
+        with ``WriteConflict`` (another commit changed what it wrote first),
+        for up to ``timeout_s``, as pymongo's ``with_transaction``. Returns
+        what ``fn`` returned; ``fn`` must be safe to run more than once."""
+        return self._transacted(fn, _wc_fields(self.write_concern, wc), timeout_s)
+
+    def _transacted(self, fn, wc_fields: dict, timeout_s: float = 120.0):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with ClientTransaction(self, wc_fields) as tx:
+                    return fn(tx)
+            except errors.WriteConflict:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(random.uniform(0.0005, 0.005))
 
     def close(self):
         with self._lock:
@@ -245,9 +254,13 @@ class Client:
 class ClientTransaction:
     """``with client.transaction() as tx: tx["db"]["coll"].insert_one(...)``.
 
-    All statements run on the primary under one LMDB write transaction and
-    commit under one GTID; an exception in the block aborts and leaves no
-    trace. The transaction holds the shard's writer: keep it short.
+    All statements run on the primary, reading one snapshot, and commit
+    under one GTID; an exception in the block aborts and leaves no trace.
+    Other writes and transactions run meanwhile (snapshot isolation): a
+    statement writing a document another open transaction wrote, or a commit
+    after another commit changed what this one wrote, fails with
+    ``WriteConflict`` and the transaction is aborted; run it again
+    (``Client.with_transaction`` does).
     """
 
     def __init__(self, client: Client, wc: dict):
@@ -258,14 +271,12 @@ class ClientTransaction:
         self.gtid: GTID | None = None
 
     def __enter__(self):
-        self.client._no_open_transaction("another transaction")
         self._conn = self.client._primary_conn()
         try:
             self._id = self._conn.request({"op": "txnBegin"}, self.client.timeout_s)["txn"]
         except errors.RequestTimeout as e:  # the member may open it later: it must abort that one
             self._conn.cancel(e.request_id, "txnBegin")
             raise
-        self.client._local.txn = self
         return self
 
     def _call(self, req: dict, parts=None):
@@ -293,13 +304,13 @@ class ClientTransaction:
         if self._id is not None:
             try:
                 self._call({"op": "txnAbort"})
+            except errors.TransactionAborted:
+                pass  # the member ended it already (a conflict, a timeout): it is aborted
             finally:
                 self._ended()
 
     def _ended(self) -> None:
         self._id = None
-        if getattr(self.client._local, "txn", None) is self:
-            self.client._local.txn = None
 
     def __exit__(self, et, e, tb):
         if self._id is None:

@@ -116,7 +116,6 @@ class Collection:
         req["ns"] = self.full_name
         if self._txn is not None:
             return self._txn._call(req, parts)
-        self.client._no_open_transaction("a write outside it")
         req.update(wc_fields)
         return self.client._call(req, parts=parts)
 
@@ -345,10 +344,10 @@ class Collection:
                    array_filters=array_filters)
         if self._txn is not None:
             _, value = composite.find_and_modify(self._txn._call, **run)
-        else:
-            from raymx.client.client import ClientTransaction
-            with ClientTransaction(self.client, _wc_fields(self.write_concern, wc)) as tx:
-                _, value = composite.find_and_modify(tx._call, **run)
+        else:  # in a transaction of its own, run again after a WriteConflict
+            _, value = self.client._transacted(
+                lambda tx: composite.find_and_modify(tx._call, **run),
+                _wc_fields(self.write_concern, wc))
         if value is not None and projection is not None:
             value = project(value, projection, flt)
         return value

@@ -41,6 +41,7 @@ from raymx.storage.catalog import (
 from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.keys import prefix_end
 from raymx.storage.limits import DEFAULT, Limits
+from raymx.storage.overlay import Overlay
 from raymx.storage.reader import Reader
 from raymx.storage.transaction import Transaction, WriteGroup, _pk
 
@@ -114,6 +115,13 @@ class Engine:
     # transactions
     def begin(self, log: bool = True, autocommit: bool = False) -> Transaction:
         return Transaction(self, self.store.write(), log=log, autocommit=autocommit)
+
+    def begin_snapshot(self) -> Transaction:
+        """An interactive transaction: it reads one snapshot and keeps its
+        writes in memory (``Overlay``) without holding the writer; its commit
+        takes the writer (``Transaction.take_writer``) and fails with
+        ``WriteConflict`` if another commit changed what it wrote since."""
+        return Transaction(self, Overlay(self.store.read()))
 
     def begin_group(self) -> "WriteGroup":
         return WriteGroup(self)

@@ -24,7 +24,8 @@ __all__ = [
     "AuthenticationFailed", "CorruptEntry", "CorruptStore", "BatchRefused", "NotPrimary",
     "NotPrimaryOrSecondary", "PrimaryUnavailable", "WriteConcernTimeout", "ReadConcernTimeout",
     "StaleRead", "Diverged", "TooStale", "OplogTrimmed", "StaleTerm", "IrreversibleOp",
-    "ShutDown", "ConnectionLost", "RequestTimeout", "TransactionAborted", "DiskFailed",
+    "ShutDown", "ConnectionLost", "RequestTimeout", "TransactionAborted", "WriteConflict",
+    "DiskFailed",
     "DiskFull", "ConfigError", "ArchiveError", "LimitExceeded", "TLSError", "BulkWriteError",
     "OperationFailure", "ConnectionFailure", "AutoReconnect", "ServerSelectionTimeoutError",
     # pymongo's names for the classes above (the same class objects)
@@ -268,6 +269,13 @@ class RequestTimeout(AutoReconnect, TimeoutError):
 
 class TransactionAborted(OperationFailure):
     """The transaction was aborted (timeout, conflict, member change)."""
+
+
+class WriteConflict(TransactionAborted):
+    """Another commit changed what an interactive transaction wrote (or a
+    collection it used) after the transaction began, or another open
+    transaction already wrote that document: this one is aborted, nothing of
+    it stored; run it again (MongoDB's WriteConflict, a transient error)."""
 
 
 class DiskFailed(RaymxError):

@@ -40,11 +40,15 @@ class Limits:
     # the writer thread is idle: no hand-off between threads; the rest go to
     # the writer thread.
     port_insert_docs_max: int = 64
-    # Interactive transactions hold the shard's writer; abort after this long,
-    # or when no statement came for transaction_idle_ms (a client that begins
-    # a transaction and goes quiet stalls every writer meanwhile).
+    # Interactive transactions: each holds a read snapshot (an LMDB reader
+    # slot, and the pages it sees) and the documents it wrote (another
+    # transaction writing one fails with WriteConflict) until it ends: aborted
+    # after this long, or when no statement came for transaction_idle_ms
+    # (as MongoDB's transactionLifetimeLimitSeconds); at most
+    # transactions_max open on a member.
     transaction_lifetime_ms: int = 60_000
-    transaction_idle_ms: int = 5_000
+    transaction_idle_ms: int = 60_000
+    transactions_max: int = 256
     # Applier batches (DESIGN section 4).
     apply_batch_ms: int = 1000
     apply_batch_ops: int = 5000
@@ -129,6 +133,9 @@ class Limits:
         if self.cursors_max > 768:
             raise ConfigError("cursors_max must be at most 768 (LMDB's reader table has 1024 "
                               "slots for the member's cursors, threads and processes)")
+        if self.cursors_max + self.transactions_max > 896:
+            raise ConfigError("cursors_max + transactions_max must be at most 896 (each holds "
+                              "a slot of LMDB's reader table, 1024 for the whole member)")
         if self.heartbeat_timeout_ms <= self.heartbeat_interval_ms:
             raise ConfigError("heartbeat_timeout_ms must be greater than heartbeat_interval_ms")
 

@@ -20,6 +20,7 @@ from raymx.storage.catalog import (CollInfo, IndexInfo, WriteResult, check_expir
                                    split_ns)
 from raymx.storage.gtid import GTID
 from raymx.storage.keys import encode_key, encode_keys, prefix_end
+from raymx.storage.overlay import Overlay
 from raymx.storage.reader import Reader
 
 if TYPE_CHECKING:
@@ -206,6 +207,8 @@ class Transaction(Reader):
         for ix in ixs:
             for pre, key in _index_entries(ix, doc, pk):
                 if ix.unique and check_unique:
+                    if type(self.t) is Overlay:  # checked again at its commit
+                        self.t.note_unique(pre)
                     for k, other in self.t.scan("index", pre, prefix_end(pre)):
                         if other != pk:
                             vals = {p: _none(query.get_path(doc, p)) for p, _ in ix.key}
@@ -644,6 +647,41 @@ class Transaction(Reader):
     @property
     def nops(self) -> int:
         return self._nops
+
+    @property
+    def optimistic(self) -> bool:
+        """Begun by ``Engine.begin_snapshot`` and not yet holding the writer."""
+        return type(self.t) is Overlay
+
+    def take_writer(self) -> None:
+        """An optimistic transaction's commit, first step: take the store's
+        writer and move this transaction's writes into a write transaction,
+        which it holds until ``commit`` or ``abort``. ``WriteConflict`` (the
+        transaction aborted) if, since its snapshot, another commit changed a
+        document or entry it wrote or a collection it used, or gave another
+        document a unique key it added: the first to commit wins."""
+        ov = self.t
+        if type(ov) is not Overlay:
+            return
+        w = self.e.store.write()
+        try:
+            what = ov.conflict(w)
+            if what is None:
+                ov.replay(w)
+                for pre in ov.unique:
+                    if len({pk for _, pk in w.scan("index", pre, prefix_end(pre))}) > 1:
+                        what = "a unique key it added"
+                        break
+            if what is not None:
+                raise errors.WriteConflict(
+                    f"another write changed {what} after this transaction began; the "
+                    "transaction is aborted: run it again")
+        except BaseException:
+            w.abort()
+            self.abort()
+            raise
+        ov.abort()  # its snapshot
+        self.t = w
 
     def commit(self, gtid: GTID | None = None, ts_ms: int | None = None) -> GTID | None:
         """Write the oplog entry and commit. Returns its GTID (None if nothing changed).

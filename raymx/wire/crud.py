@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import copy
 import inspect
+import random
+import time
 
 import bson
 from bson import Int64
@@ -115,6 +117,11 @@ def _docs(v, what: str) -> list:
     return v
 
 
+# a transaction begun for one command (_in_txn) runs again after a WriteConflict
+# for up to this long
+CONFLICT_RETRY_S = 60.0
+
+
 def call(req: dict, state: dict) -> tuple:
     """A step: one member request; ``yield call(...)`` gives its answer (or
     raises its error)."""
@@ -178,26 +185,47 @@ def _in_txn(d, cmd: dict, work):
     """Steps: ``work(run)``'s steps in one member transaction: the command's
     own (a driver's transaction, or a retryable write's), else one begun
     here and committed with the command's write concern (aborted if
-    ``work`` raises). ``run(req)`` is the step of one request inside it."""
+    ``work`` raises). ``run(req)`` is the step of one request inside it.
+    One begun here that meets a ``WriteConflict`` (another write changed
+    what it read and wrote first) runs again, from its reads, as MongoDB
+    retries a write that conflicts: the command never fails with it."""
     extra, state = yield from _txn_of(d, cmd)
-    inner = state is not None
-    if not inner:
-        state = {}
-        extra = {"txn": (yield call({"op": "txnBegin"}, state))["txn"]}
+    if state is not None:
+        return (yield from work(lambda req: call(dict(req, **extra), state)))
+    return (yield from again_on_conflict(lambda: _own_txn(cmd, work)))
+
+
+def again_on_conflict(attempt):
+    """Steps: ``attempt()``'s (a transaction begun and ended in them), run
+    again from the start while they fail with ``WriteConflict``, for up to
+    ``CONFLICT_RETRY_S``, after a pause of a few milliseconds."""
+    deadline = time.monotonic() + CONFLICT_RETRY_S
+    while True:
+        try:
+            return (yield from attempt())
+        except errors.WriteConflict:
+            if time.monotonic() >= deadline:
+                raise
+            yield blocking(time.sleep, random.uniform(0.0005, 0.005))
+
+
+def _own_txn(cmd: dict, work):
+    """Steps: ``work`` in a member transaction begun, and committed, here."""
+    state: dict = {}
+    extra = {"txn": (yield call({"op": "txnBegin"}, state))["txn"]}
     done = False
     try:
         out = yield from work(lambda req: call(dict(req, **extra), state))
-        if not inner:
-            if "$retry" in cmd:  # a retryable write's record commits with it (retryable)
-                rec = cmd["$retry"]
-                yield call({"op": "update", "ns": RETRY_NS, "filter": {"_id": rec["_id"]},
-                            "update": dict(rec, res=out), "replace": True, "upsert": True,
-                            **extra}, state)
-            yield call({"op": "txnCommit", **extra, **wc_fields(cmd)}, state)
+        if "$retry" in cmd:  # a retryable write's record commits with it (retryable)
+            rec = cmd["$retry"]
+            yield call({"op": "update", "ns": RETRY_NS, "filter": {"_id": rec["_id"]},
+                        "update": dict(rec, res=out), "replace": True, "upsert": True,
+                        **extra}, state)
+        yield call({"op": "txnCommit", **extra, **wc_fields(cmd)}, state)
         done = True
         return out
     finally:
-        if not done and not inner:
+        if not done:
             try:
                 yield call({"op": "txnAbort", **extra}, state)
             except errors.RaymxError:
@@ -301,6 +329,8 @@ def _write(d, cmd: dict, conn, statements: list, to_req, count):
         except errors.WriteConcernTimeout as e:
             out["writeConcernError"] = write_concern_error(e)
         except Exception as e:
+            if isinstance(e, errors.WriteConflict):
+                raise  # its transaction is aborted: the command fails (or runs again)
             if not (is_statement_error(e) or piped and isinstance(e, CommandError)):
                 # not this statement's fault (not primary...)
                 if i == 0:

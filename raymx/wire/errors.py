@@ -33,6 +33,7 @@ _CODES: list[tuple[type, int, str]] = [
     (errors.WriteConcernTimeout, 64, "WriteConcernFailed"),
     (errors.ReadConcernTimeout, 50, "MaxTimeMSExpired"),
     (errors.RequestTimeout, 50, "MaxTimeMSExpired"),
+    (errors.WriteConflict, 112, "WriteConflict"),
     (errors.TransactionAborted, 251, "NoSuchTransaction"),
     (errors.DiskFull, 14031, "OutOfDiskSpace"),
     (errors.ShutDown, 91, "ShutdownInProgress"),
@@ -80,7 +81,7 @@ def error_doc(e: Exception) -> dict:
         out.update(e.extra)
     if code in (10107, 13436, 189, 91):  # drivers retry these (a retryable write)
         out["errorLabels"] = ["RetryableWriteError"]
-    elif code == 251:  # the transaction was aborted (idle, too long): run it again
+    elif code in (251, 112):  # the transaction was aborted (a conflict, idle): run it again
         out.setdefault("errorLabels", ["TransientTransactionError"])
     return out
 

@@ -15,7 +15,7 @@ import bson
 
 from raymx import errors
 from raymx.actors.statements import RETRY_NS  # lsid -> the session's last record
-from raymx.wire.crud import call, steps_of, wc_fields
+from raymx.wire.crud import again_on_conflict, call, steps_of, wc_fields
 from raymx.wire.errors import CommandError, bad_value, write_concern_error
 from raymx.wire.framing import CODEC
 
@@ -219,36 +219,40 @@ def retryable(fn):
                     d.retry_seen.clear()  # forgetting only costs a record read
                 d.retry_seen[lsid] = (term, num)
             return out
-        state: dict = {}
-        txn = (yield call({"op": "txnBegin"}, state))["txn"]
-        done = False
-        try:
-            rec = (yield call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid},
-                               "limit": 1, "txn": txn}, state))["docs"]
-            if _recorded(rec, num, "res", "reply"):
-                yield call({"op": "txnAbort", "txn": txn}, state)
-                done = True
-                yield from outcome_durable(lsid, num, cmd, conn.state)
-                return _answer(cmd, rec[0])
-            inner = {k: v for k, v in cmd.items() if k != "writeConcern"}
-            inner["$txn"] = (txn, state)
-            out = yield from fn(d, inner, conn)
-            yield call({"op": "update", "ns": RETRY_NS, "filter": {"_id": lsid}, "replace": True,
-                        "upsert": True, "txn": txn,
-                        "update": {"_id": lsid, "n": num,
-                                   "reply": bson.encode(out, codec_options=CODEC)}}, state)
-            done = True
+
+        def attempt():  # one member transaction: run again after a WriteConflict
+            state: dict = {}
+            txn = (yield call({"op": "txnBegin"}, state))["txn"]
+            done = False
             try:
-                yield call({"op": "txnCommit", "txn": txn, **wc_fields(cmd)}, state)
-            except errors.WriteConcernTimeout as e:
-                out["writeConcernError"] = write_concern_error(e)
-            return out
-        finally:
-            if not done:
-                try:
+                rec = (yield call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid},
+                                   "limit": 1, "txn": txn}, state))["docs"]
+                if _recorded(rec, num, "res", "reply"):
                     yield call({"op": "txnAbort", "txn": txn}, state)
-                except errors.RaymxError:
-                    pass
+                    done = True
+                    yield from outcome_durable(lsid, num, cmd, conn.state)
+                    return _answer(cmd, rec[0])
+                inner = {k: v for k, v in cmd.items() if k != "writeConcern"}
+                inner["$txn"] = (txn, state)
+                out = yield from fn(d, inner, conn)
+                yield call({"op": "update", "ns": RETRY_NS, "filter": {"_id": lsid}, "replace": True,
+                            "upsert": True, "txn": txn,
+                            "update": {"_id": lsid, "n": num,
+                                       "reply": bson.encode(out, codec_options=CODEC)}}, state)
+                done = True
+                try:
+                    yield call({"op": "txnCommit", "txn": txn, **wc_fields(cmd)}, state)
+                except errors.WriteConcernTimeout as e:
+                    out["writeConcernError"] = write_concern_error(e)
+                return out
+            finally:
+                if not done:
+                    try:
+                        yield call({"op": "txnAbort", "txn": txn}, state)
+                    except errors.RaymxError:
+                        pass
+        return (yield from again_on_conflict(attempt))
+
     return run
 
 

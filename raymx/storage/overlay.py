@@ -1,0 +1,217 @@
+"""An interactive transaction's writes, kept in memory over a read snapshot
+of the store until its commit (optimistic concurrency, snapshot isolation).
+
+``Overlay`` is a ``WriteTxn`` (raymx/storage/store.py) whose reads come
+from one read transaction of the store, the transaction's snapshot, with its
+own writes laid over them; nothing is written to the store and the store's
+writer is not held, so other writes and other transactions go on meanwhile.
+At commit (``Transaction.take_writer``) the writer is taken, ``conflict``
+checks that nothing this transaction wrote, no collection it used and no
+unique key it added changed since the snapshot (first committer wins, as
+MongoDB's snapshot isolation decides), and ``replay`` writes its changes
+into the write transaction that then commits with its oplog entry.
+
+Pure: no threads, any store (LMDB, or the simulation's in-memory one).
+"""
+from __future__ import annotations
+
+from raymx.storage.store import DBS, _TxnBase
+
+
+class Overlay(_TxnBase):
+    """Writes over a snapshot ``snap`` (a read transaction, the root's) or over
+    a parent overlay (``nested``: a statement's savepoint)."""
+
+    _write = True
+
+    def __init__(self, snap, parent: "Overlay | None" = None):
+        self._snap = snap
+        self._parent = parent
+        self._root = self if parent is None else parent._root
+        self._over: dict[str, dict[bytes, bytes | None]] = {}
+        self._open = True
+        self._child: Overlay | None = None
+        if parent is None:
+            self.catalog_read: set[bytes] = set()  # collections used: unchanged at commit
+            self.unique: list[bytes] = []  # unique index prefixes it added a key under
+            self.fresh: list[bytes] = []  # documents' keys first written since taken
+
+    # --- reads: own writes (innermost first), then the snapshot ----------
+    def _check(self, db):
+        if not self._open:
+            raise RuntimeError("transaction is finished")
+        if self._child is not None:
+            raise RuntimeError("a nested transaction is open")
+        if db not in DBS:
+            raise KeyError(f"unknown sub-database {db!r}")
+
+    def _lookup(self, db, key):
+        t = self
+        while t is not None:
+            o = t._over.get(db)
+            if o is not None and key in o:
+                return o[key]
+            t = t._parent
+        if db == "catalog":
+            self._root.catalog_read.add(key)
+        return self._snap.get(db, key)
+
+    def _written(self, db, start, stop, reverse) -> list[tuple[bytes, bytes | None]]:
+        """This overlay's writes (and its parents') in [start, stop), sorted."""
+        merged: dict[bytes, bytes | None] = {}
+        chain = []
+        t = self
+        while t is not None:
+            chain.append(t)
+            t = t._parent
+        for t in reversed(chain):  # the innermost last: its writes win
+            for k, v in t._over.get(db, {}).items():
+                if (start is None or k >= start) and (stop is None or k < stop):
+                    merged[k] = v
+        return sorted(merged.items(), reverse=reverse)
+
+    def get(self, db, key):
+        self._check(db)
+        return self._lookup(db, bytes(key))
+
+    def scan(self, db, start=None, stop=None, reverse=False):
+        """The snapshot's rows merged with this transaction's writes, in order."""
+        self._check(db)
+        mine = self._written(db, start, stop, reverse)
+        if not mine:
+            yield from self._snap.scan(db, start, stop, reverse)
+            return
+        before = (lambda a, b: a > b) if reverse else (lambda a, b: a < b)
+        i = 0
+        for k, v in self._snap.scan(db, start, stop, reverse):
+            while i < len(mine) and before(mine[i][0], k):
+                if mine[i][1] is not None:
+                    yield mine[i]
+                i += 1
+            if i < len(mine) and mine[i][0] == k:
+                if mine[i][1] is not None:
+                    yield mine[i]
+                i += 1
+                continue
+            yield k, v
+        for k, v in mine[i:]:
+            if v is not None:
+                yield k, v
+
+    # --- writes: kept here ------------------------------------------------
+    def _set(self, db, key: bytes, value: bytes | None) -> None:
+        o = self._over.get(db)
+        if o is None:
+            o = self._over[db] = {}
+        if self._parent is None and db == "docs" and key not in o:
+            self.fresh.append(key)
+        o[key] = value
+
+    def put(self, db, key, value, overwrite=True):
+        self._check(db)
+        key = bytes(key)
+        if not overwrite and self._lookup(db, key) is not None:
+            return False
+        self._set(db, key, bytes(value))
+        return True
+
+    def put_many(self, db, rows):
+        for k, v in rows:
+            self.put(db, k, v)
+
+    def put_sorted(self, db, rows):
+        self._check(db)
+        prev = None
+        for k, v in rows:
+            if prev is not None and k <= prev:
+                raise ValueError(f"put_sorted: key {k!r:.40} does not follow {prev!r:.40}")
+            self.put(db, k, v)
+            prev = k
+        return len(rows)
+
+    def put_new(self, db, rows):
+        self._check(db)
+        keys = [bytes(k) for k, _ in rows]
+        if len(set(keys)) != len(keys) or any(self._lookup(db, k) is not None for k in keys):
+            return False
+        for k, (_, v) in zip(keys, rows):
+            self._set(db, k, bytes(v))
+        return True
+
+    def delete(self, db, key):
+        self._check(db)
+        key = bytes(key)
+        existed = self._lookup(db, key) is not None
+        if existed:
+            self._set(db, key, None)
+        return existed
+
+    def putter(self, db, overwrite=True):
+        return lambda key, value: self.put(db, key, value, overwrite)
+
+    def nested(self):
+        self._check("meta")
+        self._child = Overlay(self._snap, self)
+        return self._child
+
+    def note_unique(self, prefix: bytes) -> None:
+        """A key was added under unique index prefix ``prefix``: at commit no
+        other document may hold it (another transaction may have added one)."""
+        self._root.unique.append(prefix)
+
+    def db_stat(self, db):
+        return self._snap.db_stat(db)  # the snapshot's: LMDB counts pages, not rows
+
+    # --- the end ----------------------------------------------------------
+    @property
+    def writes(self) -> int:
+        return sum(map(len, self._over.values()))
+
+    def commit(self):
+        """A statement's savepoint: its writes join the parent's. The root
+        commits nothing itself: a transaction that wrote takes the writer
+        first (``Transaction.take_writer``); one that only read ends here."""
+        if not self._open:
+            raise RuntimeError("transaction is finished")
+        p = self._parent
+        if p is None:
+            if self.writes:
+                raise RuntimeError("an overlay's writes commit through take_writer")
+            return self.abort()
+        self._open = False
+        p._child = None
+        for db, o in self._over.items():
+            for k, v in o.items():
+                p._set(db, k, v)
+
+    def abort(self):
+        if not self._open:
+            return
+        self._open = False
+        if self._parent is not None:
+            self._parent._child = None
+        else:
+            self._snap.abort()
+
+    def conflict(self, w) -> str | None:
+        """What changed since the snapshot, as write transaction ``w`` sees it
+        (the store's writer held): a key this transaction wrote, a collection
+        it used; None if nothing did."""
+        snap = self._snap
+        for db, o in self._over.items():
+            for k in o:
+                if w.get(db, k) != snap.get(db, k):
+                    return f"a {'document' if db == 'docs' else db + ' entry'} it wrote"
+        for k in self.catalog_read:
+            if w.get("catalog", k) != snap.get("catalog", k):
+                return f"collection {k.decode(errors='replace')}"
+        return None
+
+    def replay(self, w) -> None:
+        """Write this transaction's changes into ``w``."""
+        for db, o in self._over.items():
+            for k, v in o.items():
+                if v is None:
+                    w.delete(db, k)
+                else:
+                    w.put(db, k, v)
