@@ -145,9 +145,11 @@ class SessionPath:
         fresh = s.tx.t.fresh
         if not fresh:
             return
-        locks = self._txn_locks
+        locks, now = self._txn_locks, time.monotonic()
         for key in fresh:
             holder = locks.get(key)
+            if holder is not None and holder is not s and self._expired(holder, now):
+                holder = None  # it ran out of time: aborted now, its documents free
             if holder is None:
                 locks[key] = s
                 s.locked.append(key)

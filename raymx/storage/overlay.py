@@ -15,6 +15,8 @@ Pure: no threads, any store (LMDB, or the simulation's in-memory one).
 """
 from __future__ import annotations
 
+import bisect
+
 from raymx.storage.store import DBS, _TxnBase
 
 
@@ -29,6 +31,7 @@ class Overlay(_TxnBase):
         self._parent = parent
         self._root = self if parent is None else parent._root
         self._over: dict[str, dict[bytes, bytes | None]] = {}
+        self._keys: dict[str, list[bytes]] = {}  # each db's keys of _over, sorted
         self._open = True
         self._child: Overlay | None = None
         if parent is None:
@@ -58,17 +61,25 @@ class Overlay(_TxnBase):
 
     def _written(self, db, start, stop, reverse) -> list[tuple[bytes, bytes | None]]:
         """This overlay's writes (and its parents') in [start, stop), sorted."""
-        merged: dict[bytes, bytes | None] = {}
         chain = []
         t = self
         while t is not None:
             chain.append(t)
             t = t._parent
+        merged: dict[bytes, bytes | None] = {}
         for t in reversed(chain):  # the innermost last: its writes win
-            for k, v in t._over.get(db, {}).items():
-                if (start is None or k >= start) and (stop is None or k < stop):
-                    merged[k] = v
-        return sorted(merged.items(), reverse=reverse)
+            keys = t._keys.get(db)
+            if not keys:
+                continue
+            lo = 0 if start is None else bisect.bisect_left(keys, start)
+            hi = len(keys) if stop is None else bisect.bisect_left(keys, stop)
+            o = t._over[db]
+            for k in keys[lo:hi]:
+                merged[k] = o[k]
+        if len(chain) > 1:
+            return sorted(merged.items(), reverse=reverse)
+        items = list(merged.items())  # one level: already in order
+        return items[::-1] if reverse else items
 
     def get(self, db, key):
         self._check(db)
@@ -103,8 +114,15 @@ class Overlay(_TxnBase):
         o = self._over.get(db)
         if o is None:
             o = self._over[db] = {}
-        if self._parent is None and db == "docs" and key not in o:
-            self.fresh.append(key)
+            self._keys[db] = []
+        if key not in o:
+            keys = self._keys[db]
+            if not keys or key > keys[-1]:
+                keys.append(key)  # the common case: keys made in order (inserts, the oplog)
+            else:
+                bisect.insort(keys, key)
+            if self._parent is None and db == "docs":
+                self.fresh.append(key)
         o[key] = value
 
     def put(self, db, key, value, overwrite=True):
