@@ -98,3 +98,29 @@ def test_the_conflict_check_names_what_changed_since_the_snapshot(store):
     ov2.abort()
     with pytest.raises(RuntimeError):
         ov.get("docs", b"a")  # finished
+
+
+def test_sorted_keys_answer_ranges_as_a_sorted_list():
+    """``SortedKeys`` (an overlay's written keys) against ``sorted``: keys
+    added in random, ascending and descending order, small lists so that
+    they split often."""
+    from raymx.storage.overlay import SortedKeys
+    rnd = random.Random(3)
+    for order in ("random", "up", "down"):
+        ks = SortedKeys(load=4)
+        ref: list[bytes] = []
+        pool = [rnd.randrange(10_000).to_bytes(2, "big") for _ in range(600)]
+        pool = list(dict.fromkeys(pool))
+        if order != "random":
+            pool.sort(reverse=order == "down")
+        for k in pool:
+            ks.add(k)
+            ref.append(k)
+            if rnd.random() < 0.2:
+                ref.sort()
+                a, b = sorted(rnd.randrange(10_000).to_bytes(2, "big") for _ in range(2))
+                want = [x for x in ref if a <= x < b]
+                assert ks.range(a, b) == want
+                assert ks.range(None, b) == [x for x in ref if x < b]
+                assert ks.range(a, None) == [x for x in ref if x >= a]
+        assert ks.range(None, None) == sorted(ref)

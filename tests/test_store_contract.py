@@ -29,6 +29,27 @@ def test_put_get_delete_and_snapshot_isolation(store):
         assert r2.get("docs", b"c") == b"3"
 
 
+def test_snapshot_ids_tell_whether_a_commit_came_between(store):
+    """Two transactions have the same ``snapshot_id`` exactly when no commit
+    came between their begins (an optimistic transaction's commit skips
+    its conflict check so)."""
+    with store.write() as t:
+        t.put("docs", b"a", b"1")
+    r1, r2 = store.read(), store.read()
+    assert r1.snapshot_id() == r2.snapshot_id()
+    w = store.write()
+    assert w.snapshot_id() == r1.snapshot_id()
+    w.put("docs", b"b", b"2")
+    w.commit()
+    r3 = store.read()
+    assert r3.snapshot_id() != r1.snapshot_id()
+    w = store.write()
+    assert w.snapshot_id() == r3.snapshot_id() != r2.snapshot_id()
+    w.abort()
+    for r in (r1, r2, r3):
+        r.abort()
+
+
 def test_scan_ranges_and_reverse(store):
     with store.write() as t:
         for i in range(10):

@@ -314,6 +314,12 @@ class _Txn(_TxnBase):
     def _too_many(self):
         self._log, self._unlogged = None, True
 
+    def snapshot_id(self):
+        """LMDB's id of the last commit this transaction sees (a write
+        transaction's own id is the next)."""
+        i = self._t.id()
+        return i - 1 if self._write else i
+
     def get(self, db, key):
         return self._t.get(bytes(key), db=self._s._dbs[db])
 

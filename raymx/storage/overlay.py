@@ -31,7 +31,7 @@ class Overlay(_TxnBase):
         self._parent = parent
         self._root = self if parent is None else parent._root
         self._over: dict[str, dict[bytes, bytes | None]] = {}
-        self._keys: dict[str, list[bytes]] = {}  # each db's keys of _over, sorted
+        self._keys: dict[str, SortedKeys] = {}  # each db's keys of _over, in order
         self._open = True
         self._child: Overlay | None = None
         if parent is None:
@@ -69,13 +69,10 @@ class Overlay(_TxnBase):
         merged: dict[bytes, bytes | None] = {}
         for t in reversed(chain):  # the innermost last: its writes win
             keys = t._keys.get(db)
-            if not keys:
-                continue
-            lo = 0 if start is None else bisect.bisect_left(keys, start)
-            hi = len(keys) if stop is None else bisect.bisect_left(keys, stop)
-            o = t._over[db]
-            for k in keys[lo:hi]:
-                merged[k] = o[k]
+            if keys is not None:
+                o = t._over[db]
+                for k in keys.range(start, stop):
+                    merged[k] = o[k]
         if len(chain) > 1:
             return sorted(merged.items(), reverse=reverse)
         items = list(merged.items())  # one level: already in order
@@ -114,13 +111,9 @@ class Overlay(_TxnBase):
         o = self._over.get(db)
         if o is None:
             o = self._over[db] = {}
-            self._keys[db] = []
+            self._keys[db] = SortedKeys()
         if key not in o:
-            keys = self._keys[db]
-            if not keys or key > keys[-1]:
-                keys.append(key)  # the common case: keys made in order (inserts, the oplog)
-            else:
-                bisect.insort(keys, key)
+            self._keys[db].add(key)
             if self._parent is None and db == "docs":
                 self.fresh.append(key)
         o[key] = value
@@ -199,6 +192,11 @@ class Overlay(_TxnBase):
         self._open = False
         p._child = None
         for db, o in self._over.items():
+            if db not in p._over:  # the parent's first writes there: these, as they are
+                p._over[db], p._keys[db] = o, self._keys[db]
+                if p._parent is None and db == "docs":
+                    p.fresh += o
+                continue
             for k, v in o.items():
                 p._set(db, k, v)
 
@@ -215,6 +213,8 @@ class Overlay(_TxnBase):
         """What changed since the snapshot, as write transaction ``w`` sees it
         (the store's writer held): a key this transaction wrote, a collection
         it used; None if nothing did."""
+        if self.unchanged_since(w):
+            return None
         snap = self._snap
         for db, o in self._over.items():
             for k in o:
@@ -225,6 +225,10 @@ class Overlay(_TxnBase):
                 return f"collection {k.decode(errors='replace')}"
         return None
 
+    def unchanged_since(self, w) -> bool:
+        """Nothing committed between the snapshot and write transaction ``w``."""
+        return w.snapshot_id() == self._snap.snapshot_id()
+
     def replay(self, w) -> None:
         """Write this transaction's changes into ``w``."""
         for db, o in self._over.items():
@@ -233,3 +237,54 @@ class Overlay(_TxnBase):
                     w.delete(db, k)
                 else:
                     w.put(db, k, v)
+
+
+class SortedKeys:
+    """A growing set of keys kept in order, for range lookups: sorted lists of
+    at most ``2 * load`` keys each, so adding one moves at most that many
+    (one sorted list grows quadratically when keys come out of order, as a
+    large transaction's index keys do)."""
+
+    __slots__ = ("_lists", "_maxes", "_load")
+
+    def __init__(self, load: int = 512):
+        self._lists: list[list[bytes]] = []
+        self._maxes: list[bytes] = []  # the last key of each list
+        self._load = load
+
+    def add(self, key: bytes) -> None:
+        """Add ``key`` (not in the set yet)."""
+        maxes, lists = self._maxes, self._lists
+        if not maxes:
+            lists.append([key])
+            maxes.append(key)
+            return
+        i = bisect.bisect_left(maxes, key)
+        if i == len(maxes):  # past every key: at the end of the last list
+            i -= 1
+            lists[i].append(key)
+            maxes[i] = key
+        else:
+            bisect.insort(lists[i], key)
+        lst = lists[i]
+        if len(lst) > 2 * self._load:  # split in two
+            lists.insert(i + 1, lst[self._load:])
+            del lst[self._load:]
+            maxes.insert(i, lst[-1])
+
+    def range(self, start: bytes | None, stop: bytes | None) -> list[bytes]:
+        """The keys in [start, stop), in order."""
+        maxes, lists = self._maxes, self._lists
+        out: list[bytes] = []
+        j = 0 if start is None else bisect.bisect_left(maxes, start)
+        first = True
+        while j < len(lists):
+            lst = lists[j]
+            lo = bisect.bisect_left(lst, start) if first and start is not None else 0
+            hi = len(lst) if stop is None else bisect.bisect_left(lst, stop)
+            out += lst[lo:hi]
+            if hi < len(lst):
+                break
+            first = False
+            j += 1
+        return out

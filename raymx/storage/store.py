@@ -33,6 +33,9 @@ class ReadTxn(Protocol):
     def first(self, db: str) -> tuple[bytes, bytes] | None: ...
     def last(self, db: str) -> tuple[bytes, bytes] | None: ...
     def db_stat(self, db: str) -> tuple[int, int]: ...  # (entries, bytes)
+    # the commit this top-level transaction began after: two transactions
+    # have the same one only if no commit came between their begins
+    def snapshot_id(self) -> int: ...
     def abort(self) -> None: ...
 
 
@@ -118,9 +121,13 @@ class _Table:
 
 
 class _MemRead(_TxnBase):
-    def __init__(self, tables: dict[str, _Table]):
+    def __init__(self, tables: dict[str, _Table], version: int):
         self._tables = tables
+        self._version = version
         self._open = True
+
+    def snapshot_id(self):
+        return self._version
 
     def _check(self, db):
         if not self._open:
@@ -154,6 +161,10 @@ class _MemWrite(_TxnBase):
         self._over: dict[str, dict[bytes, bytes | None]] = {}
         self._open = True
         self._child = None
+        self._version = store._version if store is not None else None
+
+    def snapshot_id(self):
+        return self._version
 
     def _check(self, db):
         if not self._open:
@@ -292,13 +303,14 @@ class MemoryStore:
         self.full = False
         self.disk_refusals = 0
         self._tables = {db: _Table() for db in DBS}
+        self._version = 0  # commits so far
         self._durable = self._tables
         self._writer = threading.Lock()
         self._closed = False
 
     def read(self):
         self._alive()
-        return _MemRead(self._tables)
+        return _MemRead(self._tables, self._version)
 
     def write(self):
         self._alive()
@@ -318,6 +330,7 @@ class MemoryStore:
                         vals[k] = v
                 tables[db] = _Table(sorted(vals), vals)
             self._tables = tables
+            self._version += 1
         finally:
             self._writer.release()
 
@@ -346,6 +359,7 @@ class MemoryStore:
     def crash(self):
         """Simulate a machine crash: everything not synced is gone."""
         self._tables = self._durable
+        self._version += 1
 
     def close(self):
         self._closed = True

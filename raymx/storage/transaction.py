@@ -668,7 +668,7 @@ class Transaction(Reader):
             what = ov.conflict(w)
             if what is None:
                 ov.replay(w)
-                for pre in ov.unique:
+                for pre in [] if ov.unchanged_since(w) else ov.unique:
                     if len({pk for _, pk in w.scan("index", pre, prefix_end(pre))}) > 1:
                         what = "a unique key it added"
                         break
