@@ -158,8 +158,8 @@ class Client:
             except errors.RequestTimeout as e:
                 if write:
                     raise errors.RequestTimeout(
-                        f"{e.msg}; the write may still be applied (it may wait behind a "
-                        "transaction): check before retrying", outcome="unknown",
+                        f"{e.msg}; the write may still be applied (it may be queued behind "
+                        "other writes): check before retrying", outcome="unknown",
                         **e.info) from None
                 raise
             with self._lock:
