@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import bisect
 
-from raymx.storage.store import DBS, _TxnBase
+from raymx.storage.store import _WritesOver
 
 
-class Overlay(_TxnBase):
+class Overlay(_WritesOver):
     """Writes over a snapshot ``snap`` (a read transaction, the root's) or over
     a parent overlay (``nested``: a statement's savepoint)."""
 
@@ -40,14 +40,6 @@ class Overlay(_TxnBase):
             self.fresh: list[bytes] = []  # documents' keys first written since taken
 
     # --- reads: own writes (innermost first), then the snapshot ----------
-    def _check(self, db):
-        if not self._open:
-            raise RuntimeError("transaction is finished")
-        if self._child is not None:
-            raise RuntimeError("a nested transaction is open")
-        if db not in DBS:
-            raise KeyError(f"unknown sub-database {db!r}")
-
     def _lookup(self, db, key):
         t = self
         while t is not None:
@@ -117,48 +109,6 @@ class Overlay(_TxnBase):
             if self._parent is None and db == "docs":
                 self.fresh.append(key)
         o[key] = value
-
-    def put(self, db, key, value, overwrite=True):
-        self._check(db)
-        key = bytes(key)
-        if not overwrite and self._lookup(db, key) is not None:
-            return False
-        self._set(db, key, bytes(value))
-        return True
-
-    def put_many(self, db, rows):
-        for k, v in rows:
-            self.put(db, k, v)
-
-    def put_sorted(self, db, rows):
-        self._check(db)
-        prev = None
-        for k, v in rows:
-            if prev is not None and k <= prev:
-                raise ValueError(f"put_sorted: key {k!r:.40} does not follow {prev!r:.40}")
-            self.put(db, k, v)
-            prev = k
-        return len(rows)
-
-    def put_new(self, db, rows):
-        self._check(db)
-        keys = [bytes(k) for k, _ in rows]
-        if len(set(keys)) != len(keys) or any(self._lookup(db, k) is not None for k in keys):
-            return False
-        for k, (_, v) in zip(keys, rows):
-            self._set(db, k, bytes(v))
-        return True
-
-    def delete(self, db, key):
-        self._check(db)
-        key = bytes(key)
-        existed = self._lookup(db, key) is not None
-        if existed:
-            self._set(db, key, None)
-        return existed
-
-    def putter(self, db, overwrite=True):
-        return lambda key, value: self.put(db, key, value, overwrite)
 
     def nested(self):
         self._check("meta")

@@ -150,7 +150,72 @@ class _MemRead(_TxnBase):
         self._open = False
 
 
-class _MemWrite(_TxnBase):
+class _WritesOver(_TxnBase):
+    """The write calls of a transaction whose writes are kept in memory over
+    what it reads (the in-memory store's, an interactive transaction's
+    ``Overlay``): they need ``_check(db)``, ``_room()`` (DiskFull when no
+    room), ``_lookup(db, key)`` and ``_set(db, key, value or None)``, and
+    keep ``_open`` and ``_child`` (the open savepoint)."""
+
+    def _check(self, db):
+        if not self._open:
+            raise RuntimeError("transaction is finished")
+        if self._child is not None:
+            raise RuntimeError("a nested transaction is open")
+        if db not in DBS:
+            raise KeyError(f"unknown sub-database {db!r}")
+
+    def _room(self):
+        pass
+
+    def put(self, db, key, value, overwrite=True):
+        self._check(db)
+        self._room()
+        key = bytes(key)
+        if not overwrite and self._lookup(db, key) is not None:
+            return False
+        self._set(db, key, bytes(value))
+        return True
+
+    def put_many(self, db, rows):
+        for k, v in rows:
+            self.put(db, k, v)
+
+    def put_sorted(self, db, rows):
+        self._check(db)
+        self._room()
+        prev = None
+        for k, v in rows:
+            if prev is not None and k <= prev:
+                raise ValueError(f"put_sorted: key {k!r:.40} does not follow {prev!r:.40}")
+            self.put(db, k, v)
+            prev = k
+        return len(rows)
+
+    def put_new(self, db, rows):
+        self._check(db)
+        self._room()
+        keys = [bytes(k) for k, _ in rows]
+        if len(set(keys)) != len(keys) or any(self._lookup(db, k) is not None for k in keys):
+            return False
+        for k, (_, v) in zip(keys, rows):
+            self._set(db, k, bytes(v))
+        return True
+
+    def delete(self, db, key):
+        self._check(db)
+        self._room()
+        key = bytes(key)
+        existed = self._lookup(db, key) is not None
+        if existed:
+            self._set(db, key, None)
+        return existed
+
+    def putter(self, db, overwrite=True):
+        return lambda key, value: self.put(db, key, value, overwrite)
+
+
+class _MemWrite(_WritesOver):
     """Writes go to an overlay over the parent (a snapshot or another txn)."""
 
     _write = True
@@ -165,14 +230,6 @@ class _MemWrite(_TxnBase):
 
     def snapshot_id(self):
         return self._version
-
-    def _check(self, db):
-        if not self._open:
-            raise RuntimeError("transaction is finished")
-        if self._child is not None:
-            raise RuntimeError("a nested transaction is open")
-        if db not in DBS:
-            raise KeyError(f"unknown sub-database {db!r}")
 
     def _lookup(self, db, key):
         o = self._over.get(db)
@@ -207,58 +264,14 @@ class _MemWrite(_TxnBase):
         if s.full:
             raise s._full_error()
 
+    def _set(self, db, key, value):
+        self._over.setdefault(db, {})[key] = value
+
     def _store_of(self) -> "MemoryStore":
         t = self
         while t._store is None:
             t = t._parent
         return t._store
-
-    def put(self, db, key, value, overwrite=True):
-        self._check(db)
-        self._room()
-        key = bytes(key)
-        if not overwrite and self._lookup(db, key) is not None:
-            return False
-        self._over.setdefault(db, {})[key] = bytes(value)
-        return True
-
-    def put_many(self, db, rows):
-        for k, v in rows:
-            self.put(db, k, v)
-
-    def put_sorted(self, db, rows):
-        self._check(db)
-        self._room()
-        prev = None
-        for k, v in rows:
-            if prev is not None and k <= prev:
-                raise ValueError(f"put_sorted: key {k!r:.40} does not follow {prev!r:.40}")
-            self.put(db, k, v)
-            prev = k
-        return len(rows)
-
-    def put_new(self, db, rows):
-        self._check(db)
-        self._room()
-        keys = [bytes(k) for k, _ in rows]
-        if len(set(keys)) != len(keys) or any(self._lookup(db, k) is not None for k in keys):
-            return False
-        over = self._over.setdefault(db, {})
-        for k, (_, v) in zip(keys, rows):
-            over[k] = bytes(v)
-        return True
-
-    def delete(self, db, key):
-        self._check(db)
-        self._room()
-        key = bytes(key)
-        existed = self._lookup(db, key) is not None
-        if existed:
-            self._over.setdefault(db, {})[key] = None
-        return existed
-
-    def putter(self, db, overwrite=True):
-        return lambda key, value: self.put(db, key, value, overwrite)
 
     def nested(self):
         self._check("meta")
