@@ -528,3 +528,26 @@ def test_concurrent_transactions_and_atomic_writes_lose_nothing(client):
     assert len(moved) == 75
     assert sum(d["bal"] for d in acct.find()) == 500
     assert seq.find_one({"_id": "n"})["v"] == 120
+
+
+def test_a_hint_naming_no_index_fails_as_in_mongodb(client):
+    """find, count and aggregate with a hint that names no index of the
+    collection fail (BadValue, as MongoDB's planner answers) where the hint
+    was ignored; an existing index (by name or key), ``$natural`` and a
+    collection that does not exist pass."""
+    co = client.hints.c
+    co.insert_many([{"_id": i, "a": i} for i in range(5)])
+    co.create_index("a")
+    assert len(list(co.find({"a": {"$gte": 1}}).hint("a_1"))) == 4
+    assert len(list(co.find().hint([("a", 1)]))) == 5
+    assert len(list(co.find().hint("_id_"))) == 5
+    assert len(list(co.find().hint([("$natural", 1)]))) == 5
+    assert co.count_documents({}, hint="a_1") == 5
+    for bad in (lambda: list(co.find().hint("nope_1")), lambda: list(co.find().hint([("b", 1)])),
+                lambda: co.count_documents({}, hint="nope"),
+                lambda: list(co.aggregate([{"$match": {}}], hint="nope"))):
+        with pytest.raises(OperationFailure, match="hint provided does not correspond") as ei:
+            bad()
+        assert ei.value.code == 2
+    assert list(client.hints.absent.find().hint("nope")) == []
+    assert co.count_documents({}) == 5  # the connection serves on

@@ -466,11 +466,35 @@ _FIND_REFUSED = {
 }
 
 
+def check_hint(d, cmd: dict, conn, ns: str) -> None:
+    """A ``hint`` naming an index (by name or key pattern) that the existing
+    collection ``ns`` does not have fails, as MongoDB's planner refuses it
+    (it was ignored). ``$natural`` and a collection that does not exist
+    pass. Blocking: call it only when the command has a hint."""
+    hint = cmd.get("hint")
+    if hint in (None, "", {}) or isinstance(hint, dict) and "$natural" in hint:
+        return
+    ixs = d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"]
+    if isinstance(hint, str):
+        found = any(ix["name"] == hint for ix in ixs)
+    elif isinstance(hint, dict):
+        want = [[k, v] for k, v in hint.items()]
+        found = any([[k, v] for k, v in ix["key"]] == want for ix in ixs)
+    else:
+        raise CommandError("hint must be an index name or a key pattern", 2, "BadValue")
+    if not found and ns in d.call({"op": "listCollections"}, conn.state)["value"]:
+        raise CommandError("error processing query: planner returned error :: caused by :: "
+                           f"hint provided does not correspond to an existing index: "
+                           f"{hint!r:.200}", 2, "BadValue")
+
+
 def _find(d, cmd: dict, conn):
     ns = ns_of(cmd, "find")
     for k, why in _FIND_REFUSED.items():
         if cmd.get(k) not in (None, False, {}):
             raise CommandError(why, 2, "BadValue")
+    if cmd.get("hint"):
+        yield blocking(check_hint, d, cmd, conn, ns)
     limit = int(cmd.get("limit") or 0)
     single = bool(cmd.get("singleBatch")) or limit < 0
     limit = abs(limit)
@@ -567,6 +591,8 @@ def scan(d, cmd: dict, conn, ns: str, flt, projection=None, sort=None, seen=None
 
 def _count(d, cmd: dict, conn):
     ns = ns_of(cmd, "count")
+    if cmd.get("hint"):
+        yield blocking(check_hint, d, cmd, conn, ns)
     n = (yield from _run(d, {"op": "count", "ns": ns, "filter": _plain(cmd.get("query") or {}),
                              **read_fields(cmd)}, cmd, conn))["value"]
     n = max(0, n - int(cmd.get("skip") or 0))

@@ -12,7 +12,8 @@ import bson
 
 from raymx.storage.keys import encode_key
 from raymx.wire import aggregate, rs_status
-from raymx.wire.crud import (_atomically, _docs, _plain, _results, _sort, ns_of, read_fields,
+from raymx.wire.crud import (_atomically, _docs, _plain, _results, _sort, check_hint, ns_of,
+                             read_fields,
                              scan, storage_stats)
 from raymx.wire.errors import CommandError
 
@@ -49,6 +50,8 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
                                         "pipeline": cmd.get("pipeline"), "$db": cmd.get("$db")},
                             "$db": cmd.get("$db")}, conn)
     aggregate.check(pipeline)
+    if cmd.get("hint"):
+        check_hint(d, cmd, conn, ns)
     flt, source = {}, None
     if ns in SYSTEM:
         source = system_docs(d, conn, ns)
