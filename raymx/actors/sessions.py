@@ -113,8 +113,7 @@ class SessionPath:
                 return reply(ok={"aborted": True})
             if op == "txnCommit":
                 self._end_txn(s)
-                if s.tx.optimistic and s.tx.t.writes:
-                    s.tx.take_writer()  # WriteConflict: aborted
+                s.tx.take_writer()  # WriteConflict: aborted
                 return self._commit(s.tx, WriteResult(), req, reply)
             if op in WRITE_OPS and op != "revertTo":
                 res = run_statement(s.tx, req)

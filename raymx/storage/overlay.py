@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 
+from raymx.storage.keys import prefix_end
 from raymx.storage.store import _WritesOver
 
 
@@ -187,6 +188,21 @@ class Overlay(_WritesOver):
                     w.delete(db, k)
                 else:
                     w.put(db, k, v)
+
+    def move_into(self, w) -> str | None:
+        """The commit's check and writes: what changed since the snapshot
+        (``conflict``, or a unique key this transaction added that another
+        document holds once its changes are in ``w``), else None with them
+        written into ``w``."""
+        what = self.conflict(w)
+        if what is not None:
+            return what
+        self.replay(w)
+        if not self.unchanged_since(w):
+            for pre in self.unique:
+                if len({pk for _, pk in w.scan("index", pre, prefix_end(pre))}) > 1:
+                    return "a unique key it added"
+        return None
 
 
 class SortedKeys:

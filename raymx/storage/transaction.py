@@ -207,7 +207,7 @@ class Transaction(Reader):
         for ix in ixs:
             for pre, key in _index_entries(ix, doc, pk):
                 if ix.unique and check_unique:
-                    if type(self.t) is Overlay:  # checked again at its commit
+                    if self.optimistic:  # checked again at its commit
                         self.t.note_unique(pre)
                     for k, other in self.t.scan("index", pre, prefix_end(pre)):
                         if other != pk:
@@ -659,19 +659,14 @@ class Transaction(Reader):
         which it holds until ``commit`` or ``abort``. ``WriteConflict`` (the
         transaction aborted) if, since its snapshot, another commit changed a
         document or entry it wrote or a collection it used, or gave another
-        document a unique key it added: the first to commit wins."""
+        document a unique key it added: the first to commit wins. Nothing to
+        do for one that wrote nothing (its commit only ends its snapshot)."""
         ov = self.t
-        if type(ov) is not Overlay:
+        if not self.optimistic or not ov.writes:
             return
         w = self.e.store.write()
         try:
-            what = ov.conflict(w)
-            if what is None:
-                ov.replay(w)
-                for pre in [] if ov.unchanged_since(w) else ov.unique:
-                    if len({pk for _, pk in w.scan("index", pre, prefix_end(pre))}) > 1:
-                        what = "a unique key it added"
-                        break
+            what = ov.move_into(w)
             if what is not None:
                 raise errors.WriteConflict(
                     f"another write changed {what} after this transaction began; the "
