@@ -476,6 +476,43 @@ def test_transactions_of_several_sessions_interleave_as_in_mongodb(client):
     s2.end_session()
 
 
+def test_a_failing_statement_aborts_its_transaction_as_in_mongodb(client):
+    """A statement of a transaction that fails (a duplicate key, a bad filter)
+    aborts it, as MongoDB does (jstests multi_statement_transaction_abort):
+    the statement's error comes back, the session's next statement and its
+    commit get NoSuchTransaction (TransientTransactionError), and nothing of
+    the transaction is stored. A new transaction on the session works."""
+    co = client.txa.c
+    co.insert_one({"_id": 1})
+    with client.start_session() as s:
+        s.start_transaction()
+        co.insert_one({"_id": 2}, session=s)
+        with pytest.raises(DuplicateKeyError):
+            co.insert_one({"_id": 1, "x": 0}, session=s)
+        for then in (lambda: co.insert_one({"_id": 3}, session=s), s.commit_transaction):
+            with pytest.raises(OperationFailure) as ei:
+                then()
+            assert ei.value.code == 251 and ei.value.has_error_label("TransientTransactionError")
+        assert sorted(d["_id"] for d in co.find()) == [1]
+        s.start_transaction()
+        with pytest.raises(OperationFailure) as ei:
+            list(co.find({"$bogus": 1}, session=s))
+        assert ei.value.code == 2
+        with pytest.raises(OperationFailure) as ei:
+            co.find_one({}, session=s)
+        assert ei.value.code == 251
+        s.abort_transaction()  # pymongo's abort of an aborted transaction passes
+
+        def body(ss):
+            co.insert_one({"_id": 5}, session=ss)
+            co.insert_one({"_id": 1}, session=ss)
+        with pytest.raises(DuplicateKeyError):
+            s.with_transaction(body)
+        with s.start_transaction():
+            co.insert_one({"_id": 6}, session=s)
+    assert sorted(d["_id"] for d in co.find()) == [1, 6]
+
+
 def test_concurrent_transactions_and_atomic_writes_lose_nothing(client):
     """Threads moving money between five accounts in transactions
     (``with_transaction``), others incrementing one counter with

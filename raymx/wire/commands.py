@@ -91,7 +91,7 @@ class Dispatcher:
             crud.no_collation(cmd)
         except CommandError as e:
             return error_doc(e)
-        return name, crud.steps_of(fn)(self, cmd, conn)
+        return name, self.txns.failing_aborts(cmd, crud.steps_of(fn)(self, cmd, conn))
 
     def _answer(self, name: str, out=None, e: Exception | None = None) -> dict:
         if e is None:

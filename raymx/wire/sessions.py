@@ -117,15 +117,39 @@ class Transactions:
             self.d.call({"op": "txnAbort", "txn": got[1]}, got[2])
         return {}
 
-    def _abort(self, lsid: bytes):
+    def failing_aborts(self, cmd: dict, steps):
+        """Steps: a command's ``steps``; one of a transaction (``autocommit:
+        false``; not its commit or abort) that fails, or answers a write
+        error, aborts the transaction, as MongoDB does: the statement's
+        error goes back, and the session's next statement or commit gets
+        NoSuchTransaction (TransientTransactionError). Before, a duplicate
+        key left the transaction open and its commit stored the others."""
+        lsid = self._lsid(cmd)
+        if cmd.get("autocommit") is not False or lsid is None \
+                or next(iter(cmd)).lower() in ("committransaction", "aborttransaction"):
+            return (yield from steps)
+        try:
+            out = yield from steps
+        except Exception:
+            yield from self._abort(lsid, int(cmd.get("txnNumber", -1)))
+            raise
+        if isinstance(out, dict) and out.get("writeErrors"):
+            yield from self._abort(lsid, int(cmd.get("txnNumber", -1)))
+        return out
+
+    def _abort(self, lsid: bytes, num: int | None = None):
+        """Steps: the session's open transaction aborted (only number ``num``
+        if given: a newer one the driver began meanwhile stays)."""
         with self.lock:
-            got = self.open.pop(lsid, None)
+            got = self.open.get(lsid)
+            if got is None or (num is not None and got[0] != num):
+                return
+            del self.open[lsid]
             self.wrote.discard(lsid)
-        if got is not None:
-            try:
-                yield call({"op": "txnAbort", "txn": got[1]}, got[2])
-            except errors.RaymxError:
-                pass
+        try:
+            yield call({"op": "txnAbort", "txn": got[1]}, got[2])
+        except errors.RaymxError:
+            pass
 
     def abort(self, lsid: bytes) -> None:
         self.d.drive(self._abort(lsid))
