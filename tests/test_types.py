@@ -1,12 +1,13 @@
 """MongoDB's value types stored natively (raymx.storage.types): datetime,
-ObjectId, Decimal128 and UUID round-trip, are indexed, queried and sorted in
+ObjectId, Decimal128, UUID, Int64, Timestamp, Regex, MinKey, MaxKey and Code round-trip, are indexed, queried and sorted in
 MongoDB's cross-type order, and survive the oplog (replay on another engine)."""
 import datetime
 import json
+import re
 import uuid
 
 import pytest
-from bson import Decimal128, ObjectId
+from bson import Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 
 from raymx import errors
 from raymx.storage import codec
@@ -97,12 +98,54 @@ def test_binary_subtypes_keep_their_subtype_and_are_found(engine):
 
 def test_cross_type_order_is_mongodbs():
     from bson.binary import Binary
-    ordered = [None, -1, Decimal128("0.5"), 2, "a", {"a": 1}, [1], b"\x00", b"\xff",
-               Binary(b"\xff", 3), Binary(b"\x00", 5), uuid.UUID(int=0), ObjectId(b"\x00" * 12), False, True,
-               datetime.datetime(1960, 1, 1), T0]
+    ordered = [MinKey(), None, -1, Decimal128("0.5"), Int64(2), 3, "a", {"a": 1}, [1], b"\x00",
+               b"\xff", Binary(b"\xff", 3), Binary(b"\x00", 5), uuid.UUID(int=0),
+               ObjectId(b"\x00" * 12), False, True, datetime.datetime(1960, 1, 1), T0,
+               Timestamp(1, 5), Timestamp(2, 0), Regex("a", "i"), Regex("b"), Code("a"),
+               Code("b"), MaxKey()]
     keys = [encode_key(v) for v in ordered]
     assert keys == sorted(keys)
-    assert encode_key(Decimal128("2")) == encode_key(2) == encode_key(2.0)
+    assert encode_key(Decimal128("2")) == encode_key(2) == encode_key(2.0) == encode_key(Int64(2))
+    assert encode_key(Regex("a", "i")) == encode_key(Regex("a", re.I)) != encode_key(Regex("a"))
+
+
+def test_the_other_bson_types_are_stored_queried_and_replayed(engine):
+    """Int64 keeps its width (a long stays a long through $inc and $bit, and
+    a plain int makes one when it meets a long); Timestamp, Regex (a compiled
+    pattern is stored as one), MinKey, MaxKey and Code round-trip, match by
+    value, by range within their bracket and by ``$type``, and survive the
+    oplog. A Code with a scope and an Int64 past 64 bits are refused."""
+    docs = [{"_id": 1, "v": Int64(5)}, {"_id": 2, "v": 5}, {"_id": 3, "v": Timestamp(7, 1)},
+            {"_id": 4, "v": re.compile("^x", re.I)}, {"_id": 5, "v": MinKey()},
+            {"_id": 6, "v": MaxKey()}, {"_id": 7, "v": Code("return 1")}]
+    engine.insert_many(NS, docs)
+    back = {d["_id"]: d["v"] for d in engine.find(NS, {})}
+    assert type(back[1]) is Int64 and type(back[2]) is int and back[3] == Timestamp(7, 1)
+    assert back[4] == Regex("^x", re.I | re.U) and type(back[7]) is Code
+    assert [d["_id"] for d in engine.find(NS, {"v": 5})] == [1, 2]
+    assert [d["_id"] for d in engine.find(NS, {"v": {"$type": "long"}})] == [1]
+    assert [d["_id"] for d in engine.find(NS, {"v": {"$lt": Timestamp(8, 0)}})] == [3]
+    assert [d["_id"] for d in engine.find(NS, {"v": {"$type": ["minKey", "maxKey"]}})] == [5, 6]
+    assert [d["_id"] for d in engine.find(NS, {"v": Code("return 1")})] == [7]
+    assert [d["_id"] for d in engine.find(NS, sort=[["v", -1], ["_id", 1]])] == [
+        6, 7, 4, 3, 1, 2, 5]
+    tx = engine.begin(autocommit=True)
+    tx.update(NS, {"_id": 1}, {"$inc": {"v": 1}})
+    tx.update(NS, {"_id": 2}, {"$inc": {"v": Int64(1)}, "$bit": {"b": {"or": Int64(2)}}})
+    tx.commit()
+    got = {d["_id"]: d for d in engine.find(NS, {"_id": {"$in": [1, 2]}})}
+    assert [(x, type(x)) for x in (got[1]["v"], got[2]["v"], got[2]["b"])] == [
+        (6, Int64), (6, Int64), (2, Int64)]
+    other = Engine(MemoryStore())
+    for _, e in engine.read_oplog():
+        other.apply_entry(e["ops"])
+    assert other.find(NS, {}) == engine.find(NS, {})
+    assert [type(d["v"]) for d in other.find(NS, {})] == [type(d["v"]) for d in
+                                                          engine.find(NS, {})]
+    with pytest.raises(errors.InvalidDocument, match="scope"):
+        engine.insert_many(NS, [{"c": Code("f", {"x": 1})}])
+    with pytest.raises(errors.InvalidDocument, match="64 bits"):
+        engine.insert_many(NS, [{"c": Int64(1 << 63)}])
 
 
 def test_index_query_sort_and_unique(engine):

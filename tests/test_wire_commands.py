@@ -434,6 +434,49 @@ def test_a_collection_s_stream_ends_with_invalidate_at_its_drop(client):
     dbs.close()
 
 
+def test_every_bson_type_round_trips_through_pymongo(client):
+    """Int64 (its width kept), Timestamp, Regex, MinKey, MaxKey and Code are
+    stored as sent and read back as pymongo's types; they sort in MongoDB's
+    order across types, index, match by value and by $type; arithmetic on a
+    long stays a long, as MongoDB's (a plain int's width follows its value)."""
+    import re
+
+    from bson import Code, Int64, MaxKey, MinKey, Regex, Timestamp
+    co = client.types.c
+    docs = {1: Int64(5), 2: 7, 3: Regex("^a", "i"), 4: Timestamp(100, 2), 5: MinKey(),
+            6: MaxKey(), 7: Code("function () {}"), 8: "abc", 9: Int64(1 << 40), 10: None,
+            11: re.compile("x", re.M), 12: Int64(-(1 << 63))}
+    co.insert_many([{"_id": k, "v": v} for k, v in docs.items()])
+    co.insert_one({"_id": Int64(13), "v": 2.5})
+    back = {d["_id"]: d["v"] for d in co.find()}
+    for k, v in docs.items():
+        want = Regex.from_native(v) if isinstance(v, re.Pattern) else v
+        assert back[k] == want and type(back[k]) is type(want), (k, back[k])
+    assert type(co.find_one({"_id": 13})["_id"]) is Int64  # found by the int 13 too
+    order = [d["_id"] for d in co.find({}, {"_id": 1}).sort([("v", 1), ("_id", 1)])]
+    assert order == [5, 10, 12, 13, 1, 2, 9, 8, 4, 3, 11, 7, 6]
+    co.create_index("v")
+    assert [d["_id"] for d in co.find().sort("v", 1).hint("v_1")][:3] == [5, 10, 12]
+    by_type = {d["_id"]: d["t"] for d in co.aggregate([{"$project": {"t": {"$type": "$v"}}}])}
+    assert [by_type[k] for k in range(1, 14)] == [
+        "long", "int", "regex", "timestamp", "minKey", "maxKey", "javascript", "string",
+        "long", "null", "regex", "long", "double"]
+    for name, ids in (("long", [1, 9, 12]), ("int", [2]), ("timestamp", [4]), ("regex", [3, 11]),
+                      ("minKey", [5]), ("maxKey", [6]), ("javascript", [7])):
+        assert sorted(d["_id"] for d in co.find({"v": {"$type": name}})) == ids, name
+    assert [d["_id"] for d in co.find({"v": {"$gt": Timestamp(1, 0)}})] == [4]
+    assert [d["_id"] for d in co.find({"v": 5})] == [1]
+    co.update_one({"_id": 1}, {"$inc": {"v": 1}})
+    co.update_one({"_id": 2}, {"$inc": {"v": Int64(1)}})
+    co.update_one({"_id": 8}, {"$set": {"w": Int64(3)}, "$bit": {"n": {"or": Int64(4)}}})
+    got = {d["_id"]: d for d in co.find({"_id": {"$in": [1, 2, 8]}})}
+    assert (got[1]["v"], got[2]["v"], got[8]["w"], got[8]["n"]) == (6, 8, 3, 4)
+    assert {type(x) for x in (got[1]["v"], got[2]["v"], got[8]["w"], got[8]["n"])} == {Int64}
+    s = list(co.aggregate([{"$match": {"_id": {"$in": [1, 9]}}},
+                           {"$group": {"_id": None, "s": {"$sum": "$v"}}}]))[0]["s"]
+    assert s == (1 << 40) + 6 and type(s) is Int64
+
+
 def test_transactions_of_several_sessions_interleave_as_in_mongodb(client):
     """Two sessions' transactions open at once on one thread (as MongoDB's
     documentation shows them): both commit when they write different

@@ -50,8 +50,13 @@ import json
 import uuid
 
 import pyarrow as pa
-from bson import Decimal128, ObjectId
+from bson import Decimal128, Int64, ObjectId
 from bson.binary import Binary
+from bson.code import Code
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
+from bson.regex import Regex
+from bson.timestamp import Timestamp
 
 from raymx import errors
 from raymx.storage import codec
@@ -62,10 +67,13 @@ _I64_MAX = (1 << 63) - 1
 # Inference builds a small type tree: ("null",), ("bool",), ("int",),
 # ("float",), ("str",), ("bytes",), ("struct", {name: tree}), ("list", tree).
 _NULL = ("null",)
-_SCALAR_KIND = {bool: "bool", int: "int", float: "float", str: "str", bytes: "bytes",
-                Binary: "bytes",
+_SCALAR_KIND = {bool: "bool", int: "int", Int64: "int", float: "float", str: "str",
+                bytes: "bytes", Binary: "bytes",
                 datetime.datetime: "date", Decimal128: "decimal", ObjectId: "str",
-                uuid.UUID: "str"}
+                uuid.UUID: "str", Code: "str",
+                # string columns of their extended JSON ({"$timestamp": ...})
+                Timestamp: "str", Regex: "str", MinKey: "str", MaxKey: "str"}
+_AS_JSON = (Timestamp, Regex, MinKey, MaxKey)
 DECIMAL = pa.decimal128(38, 18)
 TIMESTAMP = pa.timestamp("us", tz="UTC")  # the unit Spark reads (values are ms)
 
@@ -181,11 +189,11 @@ def _fits(v, t: pa.DataType) -> bool:
     if pa.types.is_boolean(t):
         return tv is bool
     if pa.types.is_integer(t):
-        return tv is int and -(1 << 63) <= v <= _I64_MAX
+        return (tv is int or tv is Int64) and -(1 << 63) <= v <= _I64_MAX
     if pa.types.is_floating(t):
-        return tv in (int, float) and (tv is float or abs(v) <= 1 << 53)
+        return tv in (int, float, Int64) and (tv is float or abs(v) <= 1 << 53)
     if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return tv in (str, ObjectId, uuid.UUID)
+        return tv in (str, ObjectId, uuid.UUID, Code) or tv in _AS_JSON
     if pa.types.is_binary(t) or pa.types.is_large_binary(t):
         return tv is bytes or tv is Binary
     if pa.types.is_timestamp(t):
@@ -275,10 +283,14 @@ def _arrowable(v):
         return {k: _arrowable(x) for k, x in v.items()}
     if t is list or t is tuple:
         return [_arrowable(x) for x in v]
-    if t is ObjectId or t is uuid.UUID:
+    if t is ObjectId or t is uuid.UUID or t is Code:
         return str(v)
     if t is Decimal128:
         return v.to_decimal()
+    if t is Int64:
+        return int(v)
+    if t in _AS_JSON:
+        return to_json(v)
     return v
 
 
@@ -408,7 +420,21 @@ def _json_default(v):
         return {"$numberDecimal": str(v)}
     if type(v) is uuid.UUID:
         return {"$uuid": str(v)}
+    if type(v) is Timestamp:
+        return {"$timestamp": {"t": v.time, "i": v.inc}}
+    if type(v) is Regex:
+        return {"$regularExpression": {"pattern": v.pattern, "options": _re_options(v.flags)}}
+    if type(v) is MinKey:
+        return {"$minKey": 1}
+    if type(v) is MaxKey:
+        return {"$maxKey": 1}
     raise TypeError(f"{type(v).__name__} is not a document value")
+
+
+def _re_options(flags: int) -> str:
+    import re
+    return "".join(c for c, f in (("i", re.I), ("l", re.L), ("m", re.M), ("s", re.S),
+                                  ("u", re.U), ("x", re.X)) if flags & f)
 
 
 def to_json(v) -> str | None:
@@ -439,8 +465,8 @@ def id_text(v) -> str | None:
     as its JSON text (so ``5`` -> ``"5"``: cast a long ``_id`` to string to join)."""
     if v is None or type(v) is str:
         return v
-    if type(v) is int:
-        return str(v)  # its JSON text
+    if type(v) is int or type(v) is Int64:
+        return str(int(v))  # its JSON text
     return to_json(v)
 
 

@@ -5,18 +5,19 @@ order, so the same function serves primary keys, index keys, ``sort`` and the
 comparison operators. The order across types (MongoDB's, minus the types
 msgpack lacks):
 
-    null/missing < numbers (int, float and Decimal128 together) < strings < maps
-    < arrays < binary < binary of other subtypes < UUIDs < ObjectIds < booleans
-    < dates
+    MinKey < null/missing < numbers (int, Int64, float and Decimal128
+    together) < strings < maps < arrays < binary < binary of other subtypes
+    < UUIDs < ObjectIds < booleans < dates < timestamps < regexes < code
+    < MaxKey
 
-(MongoDB's: MinKey, timestamps, regexes and MaxKey are not stored.) Within a
-type: numbers numerically (1 == 1.0 == Decimal128("1"); a Decimal128 is
+Within a type: numbers numerically (1 == 1.0 == Decimal128("1"); a Decimal128 is
 placed by its nearest double, so decimals closer than a double tells apart
 share a key), strings by UTF-8 bytes, maps field by field (name, then value,
 in stored order), arrays element by element (a prefix sorts first), binary
 bytewise (other subtypes by subtype, then bytewise), UUIDs and ObjectIds by
 their bytes (an ObjectId's start is its creation time), false < true, dates
-by their milliseconds since 1970 UTC.
+by their milliseconds since 1970 UTC, timestamps by time then increment,
+regexes by pattern then flags, code by its text.
 
 Every encoding is self-delimiting (strings and binary escape 0x00 and end with
 0x00 0x00; maps and arrays end with 0x00, below every type tag), so the
@@ -32,14 +33,23 @@ import operator
 import struct
 import uuid
 
+import re
+
 from bson import Decimal128, ObjectId
 from bson.binary import Binary
+from bson.code import Code
 from bson.datetime_ms import DatetimeMS
 from bson.dbref import DBRef
+from bson.int64 import Int64
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
+from bson.regex import Regex
+from bson.timestamp import Timestamp
 
 from raymx.storage.errors import InvalidDocument
 from raymx.storage.types import BASES, as_map, millis, stored_binary
 
+T_MINKEY = 0x02
 T_NULL = 0x05
 T_NUM = 0x10
 T_STR = 0x20
@@ -51,6 +61,10 @@ T_UUID = 0x54
 T_OID = 0x58
 T_BOOL = 0x60
 T_DATE = 0x70
+T_TS = 0x74
+T_RE = 0x78
+T_CODE = 0x7C
+T_MAXKEY = 0x7F
 END = b"\x00"
 
 # Type brackets: comparison operators ($gt, $lt, ...) only match values of the
@@ -144,6 +158,20 @@ def encode_key(v) -> bytes:
             else encode_key(v)
     if t is DBRef:  # stored as its map
         return encode_key(as_map(v))
+    if t is Int64:
+        return encode_key(int(v))
+    if t is Timestamp:
+        return _TAG_Q.pack(T_TS, (v.time << 32) | v.inc)
+    if t is Regex or t is re.Pattern:
+        flags = v.flags if isinstance(v.flags, int) else Regex(v.pattern, v.flags).flags
+        return _escaped(T_RE, str(v.pattern).encode("utf-8", "surrogatepass")) + \
+            _Q.pack(flags)
+    if t is Code:
+        return _escaped(T_CODE, str(v).encode("utf-8", "surrogatepass"))
+    if t is MinKey:
+        return bytes((T_MINKEY,))
+    if t is MaxKey:
+        return bytes((T_MAXKEY,))
     for base in BASES:  # subclasses: IntEnum, OrderedDict...
         if isinstance(v, base):
             return encode_key(base(v))

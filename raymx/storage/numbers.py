@@ -11,7 +11,7 @@ import decimal
 import math
 import operator
 
-from bson import Decimal128
+from bson import Decimal128, Int64
 
 DEC = decimal.Context(prec=34, Emin=-6143, Emax=6144, rounding=decimal.ROUND_HALF_EVEN)
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 63) - 1
@@ -21,7 +21,22 @@ _OPS = {"add": (operator.add, DEC.add), "sub": (operator.sub, DEC.subtract),
 
 def is_number(v) -> bool:
     t = type(v)
-    return t is int or t is float or t is Decimal128
+    return t is int or t is float or t is Decimal128 or t is Int64
+
+
+def is_int(v) -> bool:
+    """An integer value (a bool is not): an int or a ``bson.Int64``."""
+    t = type(v)
+    return t is int or t is Int64
+
+
+def widened(out, *args):
+    """An integer result ``out`` of ``args`` as MongoDB types it: a long
+    (``Int64``) when one of them was a long (a plain int's width follows
+    its value). Anything else as it is."""
+    if type(out) is int and any(type(a) is Int64 for a in args):
+        return Int64(out)
+    return out
 
 
 def as_decimal(v) -> decimal.Decimal:
@@ -40,7 +55,7 @@ def combine(op: str, a, b):
     native, dec = _OPS[op]
     if type(a) is Decimal128 or type(b) is Decimal128:
         return Decimal128(dec(as_decimal(a), as_decimal(b)))
-    return _int_or_double(native(a, b))
+    return widened(_int_or_double(native(a, b)), a, b)
 
 
 def divide(a, b, op: str = "$divide"):
@@ -51,9 +66,9 @@ def divide(a, b, op: str = "$divide"):
         return Decimal128(DEC.divide(x, y) if op == "$divide" else DEC.remainder(x, y))
     if op == "$divide":
         return a / b
-    if type(a) is int and type(b) is int:
+    if is_int(a) and is_int(b):
         r = abs(a) % abs(b)
-        return -r if a < 0 else r
+        return widened(-r if a < 0 else r, a, b)
     return math.fmod(a, b)
 
 

@@ -20,8 +20,15 @@ import uuid
 from typing import Any, Callable, Container, Iterable, NamedTuple
 
 from bson.binary import Binary
+from bson.code import Code
+from bson.int64 import Int64
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
+from bson.regex import Regex
+from bson.timestamp import Timestamp
 
 from raymx.storage.errors import InvalidDocument, InvalidFilter
+from raymx.storage.numbers import is_int
 from raymx.storage.keys import END, T_ARR, T_NULL, encode_key
 
 
@@ -236,7 +243,7 @@ def _regex(what: str, arg: Any) -> OpPred:
 
 
 def _size(what: str, arg: Any) -> OpPred:
-    if type(arg) is not int or arg < 0:
+    if not is_int(arg) or arg < 0:
         raise InvalidFilter(f"{what} needs a non-negative integer")
     return lambda v, ks: isinstance(v, _ARRAY) and len(v) == arg
 
@@ -253,7 +260,7 @@ def _all(what: str, arg: Any) -> OpPred:
 
 
 def _number_of(v: Any) -> bool:
-    return type(v) in (int, float)
+    return type(v) in (int, float, Int64)
 
 
 def _mod(what: str, arg: Any) -> OpPred:
@@ -273,9 +280,9 @@ def _mod(what: str, arg: Any) -> OpPred:
 
 def _bits(op: str):
     def compile_bits(what: str, arg: Any) -> OpPred:
-        if type(arg) is int and arg >= 0:
+        if is_int(arg) and arg >= 0:
             mask = arg
-        elif isinstance(arg, _ARRAY) and all(type(b) is int and 0 <= b < 64 for b in arg):
+        elif isinstance(arg, _ARRAY) and all(is_int(b) and 0 <= b < 64 for b in arg):
             mask = sum(1 << b for b in set(arg))
         else:
             raise InvalidFilter(f"{what} needs a non-negative bitmask or a list of bit "
@@ -283,7 +290,7 @@ def _bits(op: str):
         test = {"$bitsAllSet": lambda x: x & mask == mask, "$bitsAnySet": lambda x: x & mask != 0,
                 "$bitsAllClear": lambda x: x & mask == 0,
                 "$bitsAnyClear": lambda x: x & mask != mask}[op]
-        return lambda v, ks: type(v) is int and test(v)
+        return lambda v, ks: is_int(v) and test(v)
     return compile_bits
 
 
@@ -299,7 +306,10 @@ def _elem_match(what: str, arg: Any) -> OpPred:
 
 
 _TYPE_CODES = {1: "double", 2: "string", 3: "object", 4: "array", 5: "binData", 7: "objectId",
-               8: "bool", 9: "date", 10: "null", 16: "int", 18: "long", 19: "decimal"}
+               8: "bool", 9: "date", 10: "null", 11: "regex", 13: "javascript", 16: "int",
+               17: "timestamp", 18: "long", 19: "decimal", -1: "minKey", 127: "maxKey"}
+_OTHER_TYPES = {Int64: "long", Timestamp: "timestamp", Regex: "regex", re.Pattern: "regex",
+                Code: "javascript", MinKey: "minKey", MaxKey: "maxKey"}
 
 
 def type_name(v: Any) -> str | None:
@@ -323,13 +333,14 @@ def type_name(v: Any) -> str | None:
         return "binData"
     if isinstance(v, datetime.datetime):
         return "date"
-    return {"ObjectId": "objectId", "Decimal128": "decimal"}.get(t.__name__)
+    return _OTHER_TYPES.get(t) or {"ObjectId": "objectId", "Decimal128": "decimal"}.get(
+        t.__name__)
 
 
 def _type(what: str, arg: Any) -> OpPred:
     names = set()
     for a in (arg if isinstance(arg, _ARRAY) else [arg]):
-        if type(a) is int and a in _TYPE_CODES:
+        if is_int(a) and a in _TYPE_CODES:
             names.add(_TYPE_CODES[a])
         elif a == "number":
             names |= {"double", "int", "long", "decimal"}

@@ -290,7 +290,7 @@ def _arith(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
     if type(new) is int and not _INT_MIN <= new <= _INT_MAX:
         raise InvalidUpdate(f"{w}: the result {new} does not fit in 64 bits", operator=op,
                             field=path)
-    _put(c, k, new, w)
+    _put(c, k, numbers.widened(new, cur, arg), w)
 
 
 def _pop(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
@@ -334,7 +334,7 @@ def _each(op: str, path: str, arg: Any, modifiers: set[str]) -> tuple[list, dict
         if not isinstance(arg["$each"], _ARRAY):
             raise InvalidUpdate(f"{w}: $each needs a list", operator=op, field=path)
         for m in modifiers & set(arg):
-            if type(arg[m]) is not int:
+            if not numbers.is_int(arg[m]):
                 raise InvalidUpdate(f"{w}: {m} needs an integer", operator=op, field=path)
         return _fresh(arg["$each"], w), arg
     return [_fresh(arg, w)], {}
@@ -394,17 +394,18 @@ def _pull_all(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
 def _bit(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
     w = _where(op, path)
     if not isinstance(arg, dict) or not arg or set(arg) - {"and", "or", "xor"} or not all(
-            type(v) is int for v in arg.values()):
+            numbers.is_int(v) for v in arg.values()):
         raise InvalidUpdate(f"{w}: $bit needs {{and|or|xor: integer}}", operator=op, field=path)
     c, k = d.loc(w, parts, True)
     cur = _get(c, k)
     cur = 0 if cur is MISSING else cur
-    if type(cur) is not int:
+    if not numbers.is_int(cur):
         raise InvalidUpdate(f"{w}: the field holds a non-integer {cur!r:.40}", operator=op,
                             field=path)
+    new = cur
     for how, v in arg.items():
-        cur = cur & v if how == "and" else cur | v if how == "or" else cur ^ v
-    _put(c, k, cur, w)
+        new = new & v if how == "and" else new | v if how == "or" else new ^ v
+    _put(c, k, numbers.widened(int(new), cur, *arg.values()), w)
 
 
 def _current_date(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:

@@ -42,7 +42,9 @@ _DEEP = frozenset((dict, list, Int64))
 
 
 def plain(v):
-    """BSON values as the member stores them: ``Int64`` is an int."""
+    """A filter, a projection or a pipeline with its ``Int64``s as ints (the
+    operators' integer arguments: a long ``$slice`` or bitmask); documents
+    and updates keep them, and their width with them."""
     t = type(v)
     if t is dict:
         if _DEEP.isdisjoint(map(type, v.values())):  # flat, no Int64: as it is

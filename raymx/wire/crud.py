@@ -349,7 +349,7 @@ def _insert(d, cmd: dict, conn):
     ns = ns_of(cmd, "insert")
     # a document without an _id gets an ObjectId, as MongoDB's server gives it
     docs = [{"_id": bson.ObjectId(), **x} if isinstance(x, dict) and "_id" not in x else x
-            for x in map(_plain, _docs(cmd.get("documents"), "documents"))]
+            for x in _docs(cmd.get("documents"), "documents")]  # Int64s kept: their width
     wc = wc_fields(cmd)
     if len(docs) > 1:  # all in one statement; one by one only if that fails
         try:
@@ -407,7 +407,7 @@ def _update(d, cmd: dict, conn):
             return {"op": PORT_WRITE, "ns": ns, "filter": _plain(st["q"]),
                     "pipeline": aggregate.update_pipeline(_plain(u)),
                     "multi": bool(st.get("multi")), "upsert": bool(st.get("upsert"))}
-        req = {"op": "update", "ns": ns, "filter": _plain(st["q"]), "update": _plain(u),
+        req = {"op": "update", "ns": ns, "filter": _plain(st["q"]), "update": u,
                "multi": bool(st.get("multi")), "upsert": bool(st.get("upsert")),
                "replace": composite.is_replacement(u)}
         if req["upsert"]:  # an upserted document's _id: an ObjectId, as MongoDB's
@@ -622,9 +622,9 @@ def _find_and_modify(d, cmd: dict, conn) -> dict:
     remove, upd = bool(cmd.get("remove")), cmd.get("update")
     if remove == (upd is not None):
         raise bad_value("findAndModify needs exactly one of 'remove' and 'update'")
-    upd = _plain(upd)
     compute = None
     if isinstance(upd, list):  # a pipeline: the port computes the replacement
+        upd = _plain(upd)
         if cmd.get("arrayFilters") is not None:
             raise CommandError("arrayFilters may not be specified for pipeline-style "
                                "updates", 51198, "FailedToParse")

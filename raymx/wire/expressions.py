@@ -241,24 +241,12 @@ def _found(m: re.Match) -> dict:
 
 
 # --- types and conversions ---------------------------------------------------
-_WIRE_TYPES = (  # BSON types pymongo decodes that raymx does not store
-    (bson.binary.Binary, "binData"), ((bson.regex.Regex, re.Pattern), "regex"),
-    (bson.timestamp.Timestamp, "timestamp"), (bson.min_key.MinKey, "minKey"),
-    (bson.max_key.MaxKey, "maxKey"),
-)
-
-
 def _type(v) -> str:
-    """``$type``'s name of ``v``'s BSON type: the query engine's for the types
-    raymx stores (``$type`` in filters), and the wire's own."""
+    """``$type``'s name of ``v``'s BSON type: the query engine's (``$type`` in
+    filters)."""
     if v is MISSING:
         return "missing"
-    if isinstance(v, Int64):
-        return "long"
-    name = query.type_name(v)
-    if name is not None:
-        return name
-    return next((n for t, n in _WIRE_TYPES if isinstance(v, t)), type(v).__name__)
+    return query.type_name(v) or type(v).__name__
 
 
 def _ms(d: datetime.datetime) -> int:

@@ -8,6 +8,7 @@ import math
 import operator
 from typing import Any, Callable
 
+from raymx.storage.numbers import is_int, widened
 from raymx.wire.expressions import _err, _list, _n, _named, _null, _number, _unary_math
 
 
@@ -31,11 +32,12 @@ def _bits(x, ev, name="$bitAnd"):
     vals = _n(name, x, ev, 1, 1) if name == "$bitNot" else [ev(a) for a in _list(x)]
     if any(_null(v) for v in vals):
         return None
-    if not all(type(v) is int for v in vals):
+    if not all(map(is_int, vals)):
         raise _err(f"{name} only supports int and long operands", 28766)
     if name == "$bitNot":
-        return ~vals[0]
-    return functools.reduce(_BITS[name], vals, -1 if name == "$bitAnd" else 0)
+        return widened(~int(vals[0]), vals[0])
+    return widened(functools.reduce(_BITS[name], map(int, vals), -1 if name == "$bitAnd" else 0),
+                   *vals)
 
 
 OPS: dict[str, Callable[[Any, Callable], Any]] = {}
