@@ -142,6 +142,10 @@ def test_the_other_bson_types_are_stored_queried_and_replayed(engine):
     assert other.find(NS, {}) == engine.find(NS, {})
     assert [type(d["v"]) for d in other.find(NS, {})] == [type(d["v"]) for d in
                                                           engine.find(NS, {})]
+    # a regex in a filter finds strings, and the same regex stored (MongoDB's rule)
+    engine.insert_many(NS, [{"_id": 8, "v": "Xylophone"}])
+    assert [d["_id"] for d in engine.find(NS, {"v": re.compile("^x", re.I)})] == [4, 8]
+    assert [d["_id"] for d in engine.find(NS, {"v": {"$regex": "^x"}})] == []
     with pytest.raises(errors.InvalidDocument, match="scope"):
         engine.insert_many(NS, [{"c": Code("f", {"x": 1})}])
     with pytest.raises(errors.InvalidDocument, match="64 bits"):
@@ -218,5 +222,15 @@ def test_arrow_mapping_both_ways():
     stored = codec.unpack(codec.pack_document(back[0], 1 << 20))
     assert stored == {"at": T0, "day": datetime.datetime(2026, 11, 25),
                       "d": Decimal128("3.50")}
+    others = [{"n": Int64(5), "ts": Timestamp(7, 1), "re": Regex("^a", "i"), "k": MinKey(),
+               "js": Code("f()")}, {"n": 6, "ts": Timestamp(8, 0), "re": Regex("b"),
+                                    "k": MaxKey(), "js": Code("g()")}]
+    sch = convert.infer_schema(others)
+    assert sch.field("n").type == pa.int64() and {sch.field(f).type for f in (
+        "ts", "re", "k", "js")} == {pa.string()}
+    assert convert.docs_to_table(others, sch).to_pylist()[0] == {
+        "n": 5, "ts": '{"$timestamp":{"t":7,"i":1}}',
+        "re": '{"$regularExpression":{"pattern":"^a","options":"i"}}', "k": '{"$minKey":1}',
+        "js": "f()"}
     assert convert.to_json({"at": T0, "o": oid}) == \
         '{"at":{"$date":"2026-11-25T06:00:00.123Z"},"o":{"$oid":"%s"}}' % oid

@@ -214,6 +214,7 @@ def _is_regex(v: Any) -> bool:
 
 
 _RE_FLAGS = {"i": re.I, "m": re.M, "s": re.S, "x": re.X}
+_RE_MASK = re.I | re.M | re.S | re.X
 
 
 def _regex(what: str, arg: Any) -> OpPred:
@@ -231,14 +232,19 @@ def _regex(what: str, arg: Any) -> OpPred:
             raise InvalidFilter(f"{what}: unknown option {o!r} (i, m, s, x)")
         flags |= _RE_FLAGS[o]
     try:
-        rx = re.compile(pattern, flags & (re.I | re.M | re.S | re.X))
+        rx = re.compile(pattern, flags & _RE_MASK)
     except re.error as e:
         raise InvalidFilter(f"{what}: invalid pattern {pattern!r:.60}: {e}") from None
 
+    same = flags & _RE_MASK
+
+    def one(x):  # a string it finds, or a stored regex that is the same one (MongoDB's)
+        if isinstance(x, str):
+            return rx.search(x) is not None
+        return type(x) is Regex and x.pattern == pattern and x.flags & _RE_MASK == same
+
     def match(v, ks):
-        if isinstance(v, str):
-            return rx.search(v) is not None
-        return isinstance(v, _ARRAY) and any(isinstance(x, str) and rx.search(x) for x in v)
+        return one(v) or isinstance(v, _ARRAY) and any(map(one, v))
     return match
 
 
