@@ -228,7 +228,7 @@ def test_arrow_mapping_both_ways():
     sch = convert.infer_schema(others)
     assert sch.field("n").type == pa.int64() and {sch.field(f).type for f in (
         "ts", "re", "k", "js")} == {pa.string()}
-    assert convert.docs_to_table(others, sch).to_pylist()[0] == {
+    assert convert.docs_to_table(others, sch).to_pylist()[0] == {"_id": None,
         "n": 5, "ts": '{"$timestamp":{"t":7,"i":1}}',
         "re": '{"$regularExpression":{"pattern":"^a","options":"i"}}', "k": '{"$minKey":1}',
         "js": "f()"}
