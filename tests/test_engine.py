@@ -636,3 +636,27 @@ def test_validate_finds_a_unique_index_holding_a_key_twice(engine):
         t.put("docs", c.prefix + encode_key(3), codec.pack({"_id": 3, "e": "a"}))
     v = engine.reader().validate(ns)
     assert not v["valid"] and any("unique" in e for e in v["errors"])
+
+
+def test_oplog_at_finds_the_first_entry_of_a_time_across_terms():
+    """``Engine.oplog_at(ms)`` (a change stream from a wall-clock time): the
+    first entry committed at or after ``ms``, by a binary search over seqs
+    across terms; None past the last; OplogTrimmed if the oldest kept entry
+    is newer and history before it was trimmed."""
+    clock = [0]
+    e = Engine(MemoryStore(), now_ms=lambda: clock[0])
+    assert e.oplog_at(0) is None
+    seq = 0
+    for term, times in ((1, [1000, 2000, 2000, 3000]), (2, [4000, 5000]), (5, [6000])):
+        for ms in times:
+            seq += 1
+            clock[0] = ms
+            e.write_noop(GTID(term, seq))
+    for ms, want in ((0, GTID(1, 1)), (1000, GTID(1, 1)), (1500, GTID(1, 2)),
+                     (2000, GTID(1, 2)), (2001, GTID(1, 4)), (3500, GTID(2, 5)),
+                     (4500, GTID(2, 6)), (6000, GTID(5, 7)), (6001, None)):
+        assert e.oplog_at(ms) == want, ms
+    e.trim_oplog(None, None, 5000, 2, now_ms=10_000)  # entries 1 and 2 go (too old)
+    assert e.oplog_at(2001) == GTID(1, 4)
+    with pytest.raises(errors.OplogTrimmed):
+        e.oplog_at(1500)

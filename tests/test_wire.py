@@ -587,7 +587,9 @@ def test_binary_subtypes_and_legacy_uuids_round_trip_through_pymongo(served, cli
 def test_change_stream_starts_at_an_operation_time(client):
     """startAtOperationTime with an operationTime raymx answered (a GTID as
     Timestamp(term, seq)) starts at that entry, included; a wall-clock time
-    is refused by name, as is a second resume option."""
+    (an event's clusterTime, seconds as MongoDB's connectors send) starts at
+    the first entry committed in or after that second; a second resume
+    option is refused."""
     import time
     c = client.db.sat
     with client.start_session() as s:
@@ -602,8 +604,21 @@ def test_change_stream_starts_at_an_operation_time(client):
     c.insert_one({"_id": "later"})
     with c.watch(resume_after=resumed, max_await_time_ms=200) as st:
         assert st.next()["documentKey"]["_id"] == "later"
-    with pytest.raises(OperationFailure, match="wall-clock"):
-        c.watch(start_at_operation_time=bson.Timestamp(int(time.time()), 1))
+    with c.watch(start_at_operation_time=bson.Timestamp(int(time.time()) + 5, 0),
+                 max_await_time_ms=200) as st:  # in the future: nothing yet
+        assert st.try_next() is None
+    time.sleep(1.1)
+    cut = int(time.time())
+    c.insert_one({"_id": "clock"})
+    with c.watch(start_at_operation_time=bson.Timestamp(cut, 1), max_await_time_ms=200) as st:
+        ev = st.next()
+        assert ev["documentKey"]["_id"] == "clock"
+        again = ev["clusterTime"]  # an event's clusterTime starts a stream too
+    with c.watch(start_at_operation_time=again, max_await_time_ms=200) as st:
+        assert st.next()["documentKey"]["_id"] == "clock"
+    with c.watch(start_at_operation_time=bson.Timestamp(1_000_000_000, 0),
+                 max_await_time_ms=200) as st:  # before the set: from its first entry
+        assert st.next()["documentKey"]["_id"] == "before"
     with pytest.raises(OperationFailure) as ei:  # pymongo sends one; a raw command both
         client.db.command("aggregate", "sat", cursor={}, pipeline=[{"$changeStream": {
             "startAtOperationTime": at, "resumeAfter": resumed}}])

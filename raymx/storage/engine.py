@@ -314,6 +314,43 @@ class Engine:
                 if limit is not None and n >= limit:
                     return
 
+    def oplog_at(self, ms: int) -> GTID | None:
+        """The first live oplog entry committed at or after ``ms`` (milliseconds
+        since 1970 by the committing primaries' clocks, taken as ordered): a
+        binary search by seq, which is dense across terms. None if every
+        entry is older. ``OplogTrimmed`` if the oldest entry kept is already
+        newer and entries before it were trimmed (they may be newer too)."""
+        with self.store.read() as t:
+            first, last = t.first("oplog"), t.last("oplog")
+            if first is None:
+                return None
+            lo_g, hi_g = GTID.from_bytes(first[0]), GTID.from_bytes(last[0])
+            starts = [lo_g]  # each term's first entry, in order
+            while starts[-1].term < hi_g.term:
+                k = next(t.scan_keys("oplog", GTID(starts[-1].term + 1, 0).to_bytes()))
+                starts.append(GTID.from_bytes(k))
+
+            def at(seq: int) -> tuple[GTID, int]:
+                term = next(g.term for g in reversed(starts) if g.seq <= seq)
+                k, v = next(t.scan("oplog", GTID(term, seq).to_bytes()))
+                return GTID.from_bytes(k), codec.unpack(v, "oplog entry")["ts"]
+            if at(lo_g.seq)[1] >= ms:
+                if lo_g.seq > 1:
+                    raise errors.OplogTrimmed(
+                        f"the oplog's oldest entry {lo_g} is newer than the time asked for, "
+                        "and the entries before it were trimmed", oldest=list(lo_g))
+                return lo_g
+            lo, hi = lo_g.seq, hi_g.seq  # at(lo) is older than ms; find the first that is not
+            if at(hi)[1] < ms:
+                return None
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if at(mid)[1] < ms:
+                    lo = mid
+                else:
+                    hi = mid
+            return at(hi)[0]
+
     def oplog_page(self, after, limit: int) -> list[tuple[GTID, dict]]:
         """Up to ``limit`` (1 to ``OPLOG_PAGE_MAX``) entries after ``after``
         (None: from the oldest kept), for ``rs.oplog``. ``OplogTrimmed`` (naming

@@ -42,20 +42,21 @@ def token_in(doc) -> tuple:
         raise CommandError(f"invalid resume token {doc!r:.80}", 2, "BadValue") from None
 
 
-def _start_at(at) -> tuple:
+WALL_CLOCK_MIN = 1_000_000_000  # a Timestamp's time from here on is seconds (2001-09-09)
+
+
+def _start_at(at) -> tuple | int:
     """``startAtOperationTime``: an ``operationTime`` raymx answered is
     ``Timestamp(term, seq)``, a GTID; the stream starts at that entry,
-    included (the token before its first op). A wall-clock time is refused
-    by name: raymx's timestamps are not seconds."""
+    included (the token before its first op). A wall-clock time (an event's
+    ``clusterTime``, or seconds since 1970 as MongoDB's connectors send):
+    its milliseconds, for the member to find the first entry committed in
+    or after that second (``Engine.oplog_at``)."""
     if not isinstance(at, Timestamp):
         raise CommandError(f"startAtOperationTime must be a Timestamp, not {at!r:.40}", 14,
                            "TypeMismatch")
-    if at.time >= 1_000_000_000:
-        raise CommandError(
-            f"startAtOperationTime {at} looks like a wall-clock time: raymx's operation "
-            "times are Timestamp(term, seq) of its oplog (an answer's operationTime), not "
-            "seconds; start at one of those, or resume with resumeAfter/startAfter", 2,
-            "BadValue")
+    if at.time >= WALL_CLOCK_MIN:
+        return at.time * 1000
     if at.inc < 1:
         raise CommandError(f"startAtOperationTime {at} names no oplog entry (seq starts at 1)",
                            2, "BadValue")
@@ -143,6 +144,12 @@ class Streams:
         rf = {k: v for k, v in read_fields(cmd).items() if k == "rp"}
         if at is not None:
             token = _start_at(at)
+            if isinstance(token, int):  # a wall-clock time: the member finds its entry
+                try:
+                    token = tuple(self.d.call({"op": "watch", "namespaces": namespaces,
+                                               "since_ms": token, **rf}, conn.state)["resume"])
+                except errors.OplogTrimmed as e:
+                    raise CommandError(e.msg, 286, "ChangeStreamHistoryLost") from None
         elif tok is not None:
             token = token_in(tok)
         else:
