@@ -154,6 +154,7 @@ class Sim:
         self.clock_rng = random.Random(seed * 41 + 13)  # clock jumps' own draws
         self.full_rng = random.Random(seed * 43 + 17)  # full disks' own draws
         self.zombie_rng = random.Random(seed * 47 + 19)  # zombies' own draws
+        self.bank_rng = random.Random(seed * 53 + 23)  # transfers' own draws
         self.zombies: set[str] = set()  # members whose old process runs on
         self.clock_offsets: dict[int, int] = {}  # member -> its clock minus simulated time
         self.sched = Scheduler(self.rng)
@@ -477,7 +478,8 @@ class Sim:
                              "reads": len(ck.reads),
                              "elections": ck.elections, "crashes": self.crashes,
                              "rollbacks": ck.rollbacks,
-                             "rolled_back_entries": ck.rolled_back_entries},
+                             "rolled_back_entries": ck.rolled_back_entries,
+                             "transfers": "/".join(map(str, ck.transfers))},
                       trace_tail=list(self.trail),
                       options=dict(asdict(self.opts), store="lmdb" if self._dir else "memory"),
                       digest=self._digest.hexdigest())

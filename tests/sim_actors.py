@@ -208,6 +208,7 @@ class SimCoordinator:
 
 
 # --- clients ------------------------------------------------------------------
+BANK_ACCOUNTS = 5
 class SimClient:
     """A driver: pipelines up to ``inflight_max`` writes to the member it believes
     is primary; on NotPrimary or a timeout it tries the next member."""
@@ -219,6 +220,7 @@ class SimClient:
         self.inserted: list[str] = []
         self.inflight = 0
         self.inflight_max = sim.rng.choice((1, 2, 4))
+        self.transferring = False
         self.active = active
         if active:
             self.sim.sched.at(sim.rng.randint(0, 100), self._tick)
@@ -253,6 +255,9 @@ class SimClient:
         o = self.sim.opts
         if o.reads_p and self.sim.read_rng.random() < o.reads_p:
             self._read()
+        elif o.bank_p and self.sim.bank_rng.random() < o.bank_p:
+            if not self.transferring:
+                self._transfer()
         elif self.inflight < self.inflight_max:
             self.send(self._pick(), lambda ok: None)
         self.sim.sched.at(self.sim.rng.randint(1, 2 * self.sim.opts.write_gap_ms), self._tick)
@@ -269,6 +274,62 @@ class SimClient:
                 self.sim.checker.on_read(target, r)
         self.sim.rpc.call(self.name, f"m{target}", "read", (level,), on_reply,
                           CLIENT_TIMEOUT_MS, lambda: None)
+
+    def _transfer(self) -> None:
+        """Move money between two accounts in one interactive transaction, as
+        a driver does on one connection: txnBegin, a read of both balances in
+        its snapshot, a $set of each (idempotent, so a duplicated message
+        changes nothing), txnCommit. A conflict, an error or a lost answer
+        ends the attempt (an abort, if the transaction may be open)."""
+        rr, sim = self.sim.bank_rng, self.sim
+        a, b = rr.sample(range(BANK_ACCOUNTS), 2)
+        x, w = rr.randint(1, 9), "majority" if rr.random() < 0.5 else 1
+        target, state = self.target, {}
+        self.transferring = True
+        sim.checker.transfers[0] += 1
+
+        def call(req: dict, then: Callable) -> None:
+            def on_reply(r, err):
+                if err is None:
+                    return then(r)
+                end(err)
+            sim.rpc.call(self.name, f"m{target}", "write", (req, self.name), on_reply,
+                         CLIENT_TIMEOUT_MS, lambda: end(TimeoutError()))
+
+        def end(err=None) -> None:
+            self.transferring = False
+            if err is None:
+                sim.checker.transfers[1] += 1
+                return
+            if isinstance(err, errors.WriteConflict):
+                sim.checker.transfers[2] += 1
+            if isinstance(err, (errors.NotPrimary, ActorUnavailable, TimeoutError)) \
+                    and self.target == target:
+                self._next_target()
+            if "txn" in state and not isinstance(err, errors.WriteConflict):
+                sim.rpc.call(self.name, f"m{target}", "write",
+                             ({"op": "txnAbort", "txn": state["txn"]}, self.name),
+                             lambda r, e: None, CLIENT_TIMEOUT_MS, lambda: None)
+
+        def begun(r):
+            state["txn"] = r["txn"]
+            call({"op": "find", "ns": "db.bank", "filter": {"_id": {"$in": [a, b]}},
+                  "txn": r["txn"]}, read)
+
+        def read(r):
+            bal = {d["_id"]: d["bal"] for d in r["docs"]}
+            put(a, bal.get(a, 0) - x, lambda _: put(b, bal.get(b, 0) + x, commit))
+
+        def put(acct, v, then):
+            call({"op": "update", "ns": "db.bank", "filter": {"_id": acct},
+                  "update": {"$set": {"bal": v}}, "upsert": True, "txn": state["txn"]}, then)
+
+        def commit(_):
+            req = {"op": "txnCommit", "txn": state["txn"], "w": w}
+            if w == "majority":
+                req["wtimeout_ms"] = WTIMEOUT_MS
+            call(req, lambda r: end())
+        call({"op": "txnBegin"}, begun)
 
     def _next_target(self) -> None:
         ids = self.sim.member_ids
@@ -313,6 +374,7 @@ class Checker:
         self.rollbacks = 0
         self.rolled_back_entries = 0
         self.elections = 0
+        self.transfers = [0, 0, 0]  # bank transfers begun, committed, in conflict
 
     def fail(self, msg: str) -> None:
         raise Violation(msg)
@@ -436,13 +498,17 @@ class Checker:
 
     def _model(self, m: SimMember) -> None:
         """The collections must equal a naive replay of the oplog's images."""
-        docs: dict[str, dict] = {"db.c": {}, "db.k": {}}
+        docs: dict[str, dict] = {"db.c": {}, "db.k": {}, "db.bank": {}}
         for _, e in m.engine.read_oplog():
             for op in e["ops"]:
                 if op["op"] in ("i", "u"):
                     docs[op["ns"]][op["post"]["_id"]] = op["post"]
                 elif op["op"] == "d":
                     docs[op["ns"]].pop(op["pre"]["_id"], None)
+        total = sum(d["bal"] for d in docs["db.bank"].values())
+        if total:  # every transfer took from one account what it gave another
+            self.fail(f"m{m.id}: the bank's balances sum to {total}, not 0: a transaction "
+                      "was applied in part, or over a write it did not see")
         state = m.engine.snapshot_state()
         for ns, want in docs.items():
             got = {d["_id"]: d for d in state.get(ns, {}).get("docs", [])}

@@ -101,6 +101,11 @@ class Options:
     # to it fail, its clients' connections still reach it, and the new process
     # cannot take the folder's lock until the zombie is gone (process.lock_member)
     zombie_p: float = 0.0
+    # share of a client's turns that move money between two accounts of
+    # db.bank in an interactive transaction (txnBegin, a read, two $sets,
+    # txnCommit, each a request of its own on the client's connection): the
+    # balances must sum to zero on every member at the end
+    bank_p: float = 0.0
     # a member this many entries behind catches up by parallel replay (the
     # applier's replay path) instead of entry by entry
     replay_entries_min: int = 10_000
@@ -150,7 +155,8 @@ class Options:
             clock_jump_p=random.Random(seed * 49979687 + 13).choice((0.0, 0.0, 0.005, 0.02)),
             disk_full_p=random.Random(seed * 86028121 + 17).choice((0.0, 0.0, 0.005, 0.02)),
             zombie_p=random.Random(seed * 15487469 + 19).choice((0.0, 0.0, 0.003, 0.01)),
-            replay_entries_min=random.Random(seed * 67867967 + 23).choice((10_000,) * 3 + (3,)))
+            replay_entries_min=random.Random(seed * 67867967 + 23).choice((10_000,) * 3 + (3,)),
+            bank_p=random.Random(seed * 98764321 + 29).choice((0.0, 0.0, 0.1, 0.3)))
 
 
 # Named scenarios (TigerBeetle's replica_test style): a quiet cluster and a

@@ -11,11 +11,14 @@ from raymx.actors.core.election import ElectionCore
 from raymx.actors.core import producer as pc
 from raymx.actors.core.member import MemberCore
 from raymx.actors.core.primary import WriteConcernCore
+from raymx.actors.sessions import SessionPath
 from raymx.actors.shard import ShardService
 from raymx.storage.gtid import GTID
+from raymx.storage.overlay import Overlay
 
 
-BROKEN = ("ack_before_durable", "reuse_term", "unsafe_reconfig", "dirty_reads", "fsync_retry")
+BROKEN = ("ack_before_durable", "reuse_term", "unsafe_reconfig", "dirty_reads", "fsync_retry",
+          "blind_commit")
 
 
 # --- the protocol bugs the simulation found, as regressions of the shipped cores
@@ -187,8 +190,16 @@ def _planted_ack_before_durable() -> list:
     return [(ShardService, "_answer_when", _answer_when)]
 
 
+def _planted_blind_commit() -> list:
+    """Transactions commit without their checks: no document locks between
+    open transactions, no first-committer-wins at commit (lost updates)."""
+    return [(Overlay, "conflict", lambda self, w: None),
+            (SessionPath, "_lock_written", lambda self, s: s.tx.t.fresh.clear())]
+
+
 # planted bugs that live in shipped code: patched in for the run, as known bugs are
-PLANTED = {"ack_before_durable": _planted_ack_before_durable}
+PLANTED = {"ack_before_durable": _planted_ack_before_durable,
+           "blind_commit": _planted_blind_commit}
 
 
 class regressed:

@@ -45,6 +45,7 @@ class SimMember:
         self.engine.sync()  # what survived a crash is now the durable, recovered state
         self.engine.put_meta("member_id", mid)
         self.verified: tuple = (ZERO, 0)  # the checker's verified oplog prefix (last, hash)
+        self._conns: dict[str, dict] = {}  # client connections' state (transactions)
         self.oplog_dirty = True
         # OplogShard
         self.core = MemberCore(self.engine, mid)
@@ -254,8 +255,10 @@ class SimMember:
         self.svc.set_positions(durable, heard_ms)
 
     # -- ShardService: the shipped one; its threads are these events --------
-    def on_write(self, respond, req: dict) -> None:
-        """ShardService.handle, then the writer's turn (its thread's loop body)."""
+    def on_write(self, respond, req: dict, conn: str | None = None) -> None:
+        """ShardService.handle, then the writer's turn (its thread's loop body).
+        ``conn``: the client connection's name, whose state (its open
+        transactions) lives in this process as long as it does."""
         def reply(ok=None, err=None):
             if err is not None:
                 return respond(err=err)
@@ -263,7 +266,7 @@ class SimMember:
                 g = GTID(*ok["gtid"])
                 self.sim.checker.on_majority_ack(self, g, self._hashes[g])
             respond(ok)
-        self.svc.handle(req, reply, {})
+        self.svc.handle(req, reply, {} if conn is None else self._conns.setdefault(conn, {}))
         self.svc.run_queued()
         self.oplog_dirty = True
 
