@@ -239,7 +239,7 @@ def _regex(what: str, arg: Any) -> OpPred:
     same = flags & _RE_MASK
 
     def one(x):  # a string it finds, or a stored regex that is the same one (MongoDB's)
-        if isinstance(x, str):
+        if type(x) is str:  # not a Code, a str subclass
             return rx.search(x) is not None
         return type(x) is Regex and x.pattern == pattern and x.flags & _RE_MASK == same
 
