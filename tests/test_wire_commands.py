@@ -519,6 +519,26 @@ def test_transactions_of_several_sessions_interleave_as_in_mongodb(client):
     s2.end_session()
 
 
+def test_a_transactions_change_events_carry_its_lsid_and_txn_number(client):
+    """As MongoDB's: the events of a driver transaction's changes name its
+    session (``lsid``) and ``txnNumber``; other changes carry neither."""
+    import uuid
+    co = client.txe.c
+    co.insert_one({"_id": 0})
+    with co.watch(max_await_time_ms=200) as st:
+        with client.start_session() as s:
+            with s.start_transaction():
+                co.insert_one({"_id": 1}, session=s)
+                co.update_one({"_id": 0}, {"$set": {"x": 1}}, session=s)
+            lsid = uuid.UUID(bytes=bytes(s.session_id["id"]))  # the client reads UUIDs
+        co.insert_one({"_id": 2})
+        evs = [st.next() for _ in range(3)]
+    assert [e["documentKey"]["_id"] for e in evs] == [1, 0, 2]
+    for e in evs[:2]:
+        assert e["lsid"]["id"] == lsid and e["txnNumber"] >= 1
+    assert "lsid" not in evs[2] and "txnNumber" not in evs[2]
+
+
 def test_a_failing_statement_aborts_its_transaction_as_in_mongodb(client):
     """A statement of a transaction that fails (a duplicate key, a bad filter)
     aborts it, as MongoDB does (jstests multi_statement_transaction_abort):

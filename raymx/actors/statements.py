@@ -9,6 +9,7 @@ from __future__ import annotations
 from raymx import errors
 from raymx.actors.reads import _gtid_in, gtid_out
 from raymx.storage import codec
+from raymx.storage.changes import SESSIONS_NS
 from raymx.storage.engine import Transaction, WriteResult
 from raymx.storage.reader import id_point
 
@@ -19,7 +20,7 @@ READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listI
             "revertPlan", "collStats", "explain", "validate"}
 TXN_OPS = {"txnBegin", "txnCommit", "txnAbort"}
 
-RETRY_NS = "config.transactions"  # driver sessions' records (raymx/wire/sessions.py)
+RETRY_NS = SESSIONS_NS  # driver sessions' records (raymx/wire/sessions.py)
 
 
 def result_out(r) -> dict:

@@ -11,7 +11,8 @@ A change event is a map (msgpack on the client port, a dict in the driver)::
      "pre": {...} | None,   # full image before (update, delete)
      "post": {...} | None,  # full image after (insert, update, replace)
      "index": {"name", "key", "unique"} | None,   # createIndex / dropIndex
-     "token": [term, seq, i]}   # resume after this event (op i of the entry)
+     "token": [term, seq, i],   # resume after this event (op i of the entry)
+     "session": [lsid, txnNumber]}  # only for a driver transaction's changes (wire port)
 
 Events come in GTID order and, inside an entry, in op order. A resume token is
 ``[term, seq]`` (after that whole entry) or ``[term, seq, i]`` (after its op
@@ -67,6 +68,21 @@ class Filter:
         if self.colls is None:
             return True
         return ns in self.colls or ns.split(".", 1)[0] in self.dbs
+
+
+SESSIONS_NS = "config.transactions"  # the wire port's session records (lsid -> the last)
+
+
+def session_of(ops: list) -> list | None:
+    """``[lsid, txnNumber]`` of the driver transaction an entry committed:
+    its session record (written in the transaction itself, marked
+    ``committed``; a retryable write's record is not), else None."""
+    for op in ops:
+        if op.get("ns") == SESSIONS_NS and op.get("op") in ("i", "u"):
+            rec = op.get("post") or {}
+            if rec.get("committed") is True:
+                return [rec.get("_id"), rec.get("n")]
+    return None
 
 
 def command_event(ev: dict, op: dict) -> dict:
@@ -149,11 +165,14 @@ def scan(engine, token: tuple, gate: GTID | None, flt: Filter, n_max: int,
             ops = engine.entry_ops(t, e)
             lo = skip + 1 if (skip is not None and g == g0) else 0
             resume = [g.term, g.seq]
+            session = session_of(ops) if len(ops) > 1 else None
             for i in range(lo, len(ops)):
                 op = ops[i]
                 if op.get("op") == "n" or not flt.wants_ns(op["ns"]):
                     continue
                 ev = event(g, e["ts"], i, op)
+                if session is not None:
+                    ev["session"] = session
                 if flt.ops is None or ev["op"] in flt.ops:
                     events.append(ev)
                     if len(events) >= n_max and i < len(ops) - 1:

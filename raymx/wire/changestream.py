@@ -12,7 +12,7 @@ import datetime
 import itertools
 import threading
 
-from bson import Int64, Timestamp
+from bson import Binary, Int64, Timestamp
 
 from raymx import errors
 from raymx.storage.changes import parse_token
@@ -99,6 +99,10 @@ def event_doc(ev: dict, s: Stream) -> dict | None:
             out["fullDocument"] = ev["post"]  # the image right after this change
     if kind in ("update", "replace", "delete") and s.before in ("whenAvailable", "required"):
         out["fullDocumentBeforeChange"] = ev["pre"]
+    if ev.get("session") is not None:  # a driver transaction's change, as MongoDB's
+        lsid, num = ev["session"]
+        out["lsid"] = {"id": Binary(lsid, 4) if len(lsid) == 16 else Binary(lsid)}
+        out["txnNumber"] = Int64(num)
     return out
 
 
