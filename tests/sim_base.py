@@ -51,7 +51,8 @@ def reproduce_line(seed: int, broken: str | None = None, regress=(),
 # the random faults a run can switch off (``--off``): a reproduction found
 # before a fault existed replays with it off
 FAULTS = ("drop_p", "dup_p", "spike_p", "partition_p", "crash_p", "coordinator_crash_p",
-          "reconfig_p", "reads_p", "fsync_fail_p", "clock_jump_p", "disk_full_p", "zombie_p")
+          "reconfig_p", "reads_p", "fsync_fail_p", "clock_jump_p", "disk_full_p", "zombie_p",
+          "bank_p")  # bank_p: the transfers' workload (a seed found before it replays without)
 
 
 # --- options (swarm testing: the seed draws the shape and the fault mix) ----

@@ -124,7 +124,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "and whenever the member's term passes the write's term; reset the positions",
              _old_stale_write_concern,
              ("majority-acknowledged write", "majority-committed point"), (141,),
-             ("election_not_fenced", "stale_sync_source"), ("zombie_p",)),
+             ("election_not_fenced", "stale_sync_source"), ("zombie_p", "bank_p")),
     KnownBug("election_not_fenced", "raymx/actors/core/election.py ElectionCore.fence/fenced",
              "an election read each member's last GTID and term from heartbeat replies "
              "sent up to a round earlier, and the new term was durable only on the winner "
@@ -145,7 +145,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "decide on the role, not the write side's flag, and step down a member whose "
              "role is primary while its write side is deposed, at every heartbeat",
              _old_deposed_role_stuck, ("role=primary shard_primary=False",),
-             (147,), ("stale_sync_source",)),
+             (147,), ("stale_sync_source",), ("bank_p",)),
     KnownBug("stale_sync_source", "raymx/actors/core/producer.py ProducerCore.current",
              "after a member learned a new term, its producer kept pulling from the sync "
              "source it was given for the old term and accepted the entries: the old "
@@ -154,14 +154,14 @@ KNOWN_BUGS = {b.name: b for b in (
              "member's term (Raft: entries only from the leader of your current term)",
              _old_stale_sync_source,
              ("majority-acknowledged write", "majority-committed point"), (141,),
-             ("election_not_fenced", "stale_write_concern"), ("zombie_p",)),
+             ("election_not_fenced", "stale_write_concern"), ("zombie_p", "bank_p")),
     KnownBug("producer_thread_dies", "raymx/actors/core/producer.py ProducerCore.on_failure "
              "+ raymx/actors/core/producer.py run",
              "a find_common call that failed or timed out (the source crashed or was cut "
              "off mid-rollback) raised out of the producer's step and ended its thread; "
              "the member never replicated again",
              "every failed step goes through ProducerCore.on_failure: wait, pull again",
-             _old_producer_thread_dies, ("producer_dead=True",), (53,)),
+             _old_producer_thread_dies, ("producer_dead=True",), (53,), off=("bank_p",)),
     KnownBug("majority_of_old_terms", "raymx/actors/core/replication.py committed "
              "(WriteConcernCore.majority_point, FeederCore.committed_point)",
              "a primary called majority-committed any entry durable on a majority, "
