@@ -30,10 +30,9 @@ import datetime
 import itertools
 import math
 import operator
+import re
 import struct
 import uuid
-
-import re
 
 from bson import Decimal128, ObjectId
 from bson.binary import Binary
@@ -162,10 +161,9 @@ def encode_key(v) -> bytes:
         return encode_key(int(v))
     if t is Timestamp:
         return _TAG_Q.pack(T_TS, (v.time << 32) | v.inc)
-    if t is Regex or t is re.Pattern:
-        flags = v.flags if isinstance(v.flags, int) else Regex(v.pattern, v.flags).flags
+    if t is Regex or t is re.Pattern:  # flags: an int in both
         return _escaped(T_RE, str(v.pattern).encode("utf-8", "surrogatepass")) + \
-            _Q.pack(flags)
+            _Q.pack(v.flags)
     if t is Code:
         return _escaped(T_CODE, str(v).encode("utf-8", "surrogatepass"))
     if t is MinKey:

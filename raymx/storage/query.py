@@ -28,8 +28,8 @@ from bson.regex import Regex
 from bson.timestamp import Timestamp
 
 from raymx.storage.errors import InvalidDocument, InvalidFilter
-from raymx.storage.numbers import is_int
 from raymx.storage.keys import END, T_ARR, T_NULL, encode_key
+from raymx.storage.numbers import is_int
 
 
 class _Missing:

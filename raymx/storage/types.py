@@ -124,11 +124,10 @@ def default(v):
         return msgpack.ExtType(EXT_I64, _Q.pack(v))
     if t is Timestamp:
         return msgpack.ExtType(EXT_TS, _II.pack(v.time, v.inc))
-    if t is Regex or t is re.Pattern:
-        flags = v.flags if isinstance(v.flags, int) else Regex(v.pattern, v.flags).flags
+    if t is Regex or t is re.Pattern:  # flags: an int in both
         if not isinstance(v.pattern, str):
             raise TypeError("a regex with a bytes pattern cannot be stored")
-        return msgpack.ExtType(EXT_RE, _I.pack(flags) + v.pattern.encode("utf-8"))
+        return msgpack.ExtType(EXT_RE, _I.pack(v.flags) + v.pattern.encode("utf-8"))
     if t is MinKey:
         return msgpack.ExtType(EXT_MIN, b"")
     if t is MaxKey:
