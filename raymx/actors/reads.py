@@ -407,9 +407,8 @@ class ReadPath:
         wait_ms = min(int(req.get("wait_ms") or self.limits.watch_wait_ms), 60_000)
         after = req.get("after")
         if req.get("since_ms") is not None:  # from a wall-clock time: its first entry
-            g = self.e.oplog_at(int(req["since_ms"]))
-            last = self.e.last()[0]
-            start = [g.term, g.seq, -1] if g is not None else list(last or GTID(0, 0))
+            g = self.e.oplog_at(int(req["since_ms"]))  # None: after the last entry
+            start = [g.term, g.seq, -1] if g is not None else list(self.e.last()[0])
             return {"events": [], "resume": list(changes.parse_token(start))}
         if after is None:
             # from now on: on the primary after every entry committed here, so a

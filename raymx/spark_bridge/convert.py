@@ -50,7 +50,7 @@ import json
 import uuid
 
 import pyarrow as pa
-from bson import Decimal128, Int64, ObjectId
+from bson import Decimal128, Int64, ObjectId, json_util
 from bson.binary import Binary
 from bson.code import Code
 from bson.max_key import MaxKey
@@ -420,21 +420,9 @@ def _json_default(v):
         return {"$numberDecimal": str(v)}
     if type(v) is uuid.UUID:
         return {"$uuid": str(v)}
-    if type(v) is Timestamp:
-        return {"$timestamp": {"t": v.time, "i": v.inc}}
-    if type(v) is Regex:
-        return {"$regularExpression": {"pattern": v.pattern, "options": _re_options(v.flags)}}
-    if type(v) is MinKey:
-        return {"$minKey": 1}
-    if type(v) is MaxKey:
-        return {"$maxKey": 1}
+    if type(v) in _AS_JSON:  # {"$timestamp": ...}, {"$regularExpression": ...}, {"$minKey": 1}
+        return json_util.default(v)
     raise TypeError(f"{type(v).__name__} is not a document value")
-
-
-def _re_options(flags: int) -> str:
-    import re
-    return "".join(c for c, f in (("i", re.I), ("l", re.L), ("m", re.M), ("s", re.S),
-                                  ("u", re.U), ("x", re.X)) if flags & f)
 
 
 def to_json(v) -> str | None:

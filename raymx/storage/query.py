@@ -19,6 +19,7 @@ import re
 import uuid
 from typing import Any, Callable, Container, Iterable, NamedTuple
 
+from bson import Decimal128, ObjectId
 from bson.binary import Binary
 from bson.code import Code
 from bson.int64 import Int64
@@ -314,7 +315,8 @@ def _elem_match(what: str, arg: Any) -> OpPred:
 _TYPE_CODES = {1: "double", 2: "string", 3: "object", 4: "array", 5: "binData", 7: "objectId",
                8: "bool", 9: "date", 10: "null", 11: "regex", 13: "javascript", 16: "int",
                17: "timestamp", 18: "long", 19: "decimal", -1: "minKey", 127: "maxKey"}
-_OTHER_TYPES = {Int64: "long", Timestamp: "timestamp", Regex: "regex", re.Pattern: "regex",
+_OTHER_TYPES = {ObjectId: "objectId", Decimal128: "decimal", Int64: "long",
+                Timestamp: "timestamp", Regex: "regex", re.Pattern: "regex",
                 Code: "javascript", MinKey: "minKey", MaxKey: "maxKey"}
 
 
@@ -339,8 +341,7 @@ def type_name(v: Any) -> str | None:
         return "binData"
     if isinstance(v, datetime.datetime):
         return "date"
-    return _OTHER_TYPES.get(t) or {"ObjectId": "objectId", "Decimal128": "decimal"}.get(
-        t.__name__)
+    return _OTHER_TYPES.get(t)
 
 
 def _type(what: str, arg: Any) -> OpPred:

@@ -471,8 +471,8 @@ def check_hint(d, cmd: dict, conn, ns: str) -> None:
     collection ``ns`` does not have fails, as MongoDB's planner refuses it
     (it was ignored). ``$natural`` and a collection that does not exist
     pass. Blocking: call it only when the command has a hint."""
-    hint = cmd.get("hint")
-    if hint in (None, "", {}) or isinstance(hint, dict) and "$natural" in hint:
+    hint = cmd["hint"]
+    if isinstance(hint, dict) and "$natural" in hint:
         return
     ixs = d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"]
     if isinstance(hint, str):

@@ -128,13 +128,14 @@ class Transactions:
         if cmd.get("autocommit") is not False or lsid is None \
                 or next(iter(cmd)).lower() in ("committransaction", "aborttransaction"):
             return (yield from steps)
+        num = int(cmd.get("txnNumber", -1))
         try:
             out = yield from steps
         except Exception:
-            yield from self._abort(lsid, int(cmd.get("txnNumber", -1)))
+            yield from self._abort(lsid, num)
             raise
         if isinstance(out, dict) and out.get("writeErrors"):
-            yield from self._abort(lsid, int(cmd.get("txnNumber", -1)))
+            yield from self._abort(lsid, num)
         return out
 
     def _abort(self, lsid: bytes, num: int | None = None):
