@@ -257,6 +257,11 @@ class ReadPath:
         raise errors.InvalidOperation(f"unknown read operation {op!r}")
 
     def _find(self, r: Reader, req: dict) -> dict:
+        if not (req.get("projection") or req.get("sort") or req.get("skip")) \
+                and type(req.get("limit", 0)) is int and req.get("limit", 0) >= 0:
+            hits = r.by_id(req["ns"], req.get("filter"))
+            if hits is not None:  # a point read: no query plan, no cursor
+                return {"cursor": 0, "docs": [d for _, d in hits]}
         it = r.find(req["ns"], req.get("filter"), req.get("projection"), req.get("sort"),
                     req.get("skip") or 0, req.get("limit") or 0)
         c = _Cursor(next(self._ids), r, it)

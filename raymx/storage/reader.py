@@ -181,15 +181,22 @@ class Reader:
         for k, v in self.t.scan("docs", c.prefix, prefix_end(c.prefix)):
             yield k[4:], codec.unpack_document(v)
 
+    def by_id(self, ns: str, flt, stats: Stats | None = None) -> list | None:
+        """(pk, doc) matching ``flt`` by one lookup, when ``flt`` is exactly
+        ``{"_id": v}`` and the lookup is certain (see ``_id_point``); None
+        when only the general plan (``matching``) can tell."""
+        split_ns(ns, self.e.limits)
+        if self.point is None and id_point(flt) and len(flt) == 1:
+            return self._id_point(ns, flt["_id"], stats if stats is not None else Stats())
+        return None
+
     def matching(self, ns: str, flt, stats: Stats | None = None) -> Iterator[tuple[bytes, dict]]:
         """(pk, doc) of every document matching ``flt``, in plan order."""
         stats = stats if stats is not None else Stats()
-        split_ns(ns, self.e.limits)
-        if self.point is None and id_point(flt) and len(flt) == 1:
-            hits = self._id_point(ns, flt["_id"], stats)
-            if hits is not None:  # certain: no filter to compile, no bounds to derive
-                yield from hits
-                return
+        hits = self.by_id(ns, flt, stats)
+        if hits is not None:  # certain: no filter to compile, no bounds to derive
+            yield from hits
+            return
         match = query.compile_filter(flt)
         ov = self._point_view(ns) if self.point is not None else None
         c = self.coll(ns)
