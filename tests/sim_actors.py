@@ -258,6 +258,8 @@ class SimClient:
         elif o.bank_p and self.sim.bank_rng.random() < o.bank_p:
             if not self.transferring:
                 self._transfer()
+            else:
+                self._touch()
         elif self.inflight < self.inflight_max:
             self.send(self._pick(), lambda ok: None)
         self.sim.sched.at(self.sim.rng.randint(1, 2 * self.sim.opts.write_gap_ms), self._tick)
@@ -274,6 +276,16 @@ class SimClient:
                 self.sim.checker.on_read(target, r)
         self.sim.rpc.call(self.name, f"m{target}", "read", (level,), on_reply,
                           CLIENT_TIMEOUT_MS, lambda: None)
+
+    def _touch(self) -> None:
+        """A write outside transactions to an account (a counter beside its
+        balance) while this client's transfer is open: it waits for every
+        open transaction that wrote the account (its own among them) to end
+        (``ShardService._park``), then runs."""
+        rr = self.sim.bank_rng
+        self.send({"op": "update", "ns": "db.bank", "filter": {"_id": rr.randrange(BANK_ACCOUNTS)},
+                   "update": {"$inc": {"touched": 1}}, "w": rr.choice((1, "majority")),
+                   "wtimeout_ms": WTIMEOUT_MS}, lambda ok: None)
 
     def _transfer(self) -> None:
         """Move money between two accounts in one interactive transaction, as

@@ -88,6 +88,10 @@ def _old_producer_thread_dies() -> list:
     return [(pc.ProducerCore, "on_failure", on_failure)]
 
 
+def _old_deposed_writes_held_noops() -> list:
+    return [(ShardService, "_owes_unwritten", lambda self: True)]
+
+
 @dataclass(frozen=True)
 class KnownBug:
     """A protocol bug the simulation found, fixed in the shipped cores.
@@ -180,6 +184,18 @@ KNOWN_BUGS = {b.name: b for b in (
              "adopting a primary ends any catch-up",
              _old_catch_up_outlives_adoption, ("no convergence",), ("catch_up_then_adopt",),
              off=("zombie_p",)),
+    KnownBug("deposed_writes_held_noops", "raymx/actors/shard.py "
+             "ShardService._settle_unwritten (_owes_unwritten)",
+             "the n entry of a commit that failed on a full disk waited for room; the "
+             "member stepped down, followed the new primary (its position confirmed at "
+             "the entry before), and the next item on its writer wrote the held entry "
+             "under the old term: a secondary with an entry of its own past its "
+             "confirmed position served it to majority reads until a pull found it "
+             "diverged and rolled it back",
+             "held n entries are written only by the primary of their term; a deposed "
+             "member drops them (nothing was written at their GTIDs); a step-down also "
+             "waits for the write running on the writer (ShardService.step_down)",
+             _old_deposed_writes_held_noops, ("saw a write that is rolled back",), (1235,)),
 )}
 
 

@@ -236,11 +236,11 @@ def test_transactions_run_beside_other_writes_and_the_first_committer_wins(port)
     a.request({"op": "insert", "ns": "x.c", "docs": [{"_id": 1}], "txn": t})
     g_plain = b.request({"op": "insert", "ns": "x.c", "docs": [{"_id": 4}]})["gtid"]
     assert a.request({"op": "txnCommit", "txn": t})["gtid"][1] == g_plain[1] + 1
-    # a document the transaction wrote, changed by a commit since: it fails
+    # a document the transaction writes, changed by a commit since it began: it fails
     t = begin()
+    b.request({"op": "update", "ns": "x.c", "filter": {"_id": 2}, "update": {"$set": {"v": 2}}})
     a.request({"op": "update", "ns": "x.c", "filter": {"_id": 2}, "update": {"$set": {"v": 1}},
                "txn": t})
-    b.request({"op": "update", "ns": "x.c", "filter": {"_id": 2}, "update": {"$set": {"v": 2}}})
     with pytest.raises(errors.WriteConflict):
         a.request({"op": "txnCommit", "txn": t})
     with pytest.raises(errors.TransactionAborted):  # it is over
@@ -314,8 +314,9 @@ def test_a_transaction_begin_that_timed_out_is_aborted_not_left_open(tmp_path):
 
 def test_a_thread_inside_a_transaction_may_write_outside_it(port):
     """A write outside the transaction, or a second transaction, on the thread
-    holding one open runs at once (nothing waits for the open one); a
-    conflict between them is the later committer's ``WriteConflict``, which
+    holding one open runs at once (nothing waits for the open one unless it
+    writes a document the open one wrote); a write outside it that commits
+    first makes its commit fail with ``WriteConflict``, which
     ``Client.with_transaction`` runs again."""
     p, svc = port
     c = client_of(p)
@@ -329,8 +330,8 @@ def test_a_thread_inside_a_transaction_may_write_outside_it(port):
         with c.transaction() as tx2:
             tx2["tt"]["c"].insert_one({"_id": "second"})
         assert time.monotonic() - t0 < 1
-        tx["tt"]["c"].update_one({"_id": "n"}, {"$inc": {"v": 1}})
         coll.update_one({"_id": "n"}, {"$inc": {"v": 10}})  # commits first
+        tx["tt"]["c"].update_one({"_id": "n"}, {"$inc": {"v": 1}})
         with pytest.raises(errors.WriteConflict):
             tx.commit()
     assert sorted(d["_id"] for d in coll.find()) == ["n", "out", "second"]
@@ -338,10 +339,89 @@ def test_a_thread_inside_a_transaction_may_write_outside_it(port):
 
     def bump(tx):
         runs.append(1)
-        tx["tt"]["c"].update_one({"_id": "n"}, {"$inc": {"v": 1}})
-        if len(runs) == 1:  # another write to it commits before this one
+        tx["tt"]["c"].find_one({"_id": "n"})  # its snapshot
+        if len(runs) == 1:  # another write to it commits meanwhile
             coll.update_one({"_id": "n"}, {"$inc": {"v": 100}})
+        tx["tt"]["c"].update_one({"_id": "n"}, {"$inc": {"v": 1}})
         return len(runs)
     assert c.with_transaction(bump) == 2
     assert coll.find_one({"_id": "n"})["v"] == 111
     c.close()
+
+
+def test_a_plain_write_waits_for_the_transaction_holding_its_document(tmp_path):
+    """As in MongoDB, a write outside transactions to a document an open
+    transaction wrote waits until that transaction ends (commit, abort or
+    expiry), then runs on what it left; writes to other documents, alone or
+    in the same group commit, go ahead at once."""
+    lim = Limits(sync_interval_ms=20, transaction_idle_ms=1500)
+    with serving(tmp_path, lim) as (p, svc):
+        a, b = Connection("127.0.0.1", p.port, SECRET), Connection("127.0.0.1", p.port, SECRET)
+        b.request({"op": "insert", "ns": "w.c", "docs": [{"_id": i, "n": 0} for i in range(4)]})
+
+        def n_of(i):
+            return b.request({"op": "find", "ns": "w.c", "filter": {"_id": i}})["docs"][0]["n"]
+
+        def plain_inc(i, by, out):
+            c = Connection("127.0.0.1", p.port, SECRET)
+            try:
+                out.append(c.request({"op": "update", "ns": "w.c", "filter": {"_id": i},
+                                      "update": {"$inc": {"n": by}}})["modified"])
+            except Exception as e:  # pragma: no cover - asserted below
+                out.append(e)
+            finally:
+                c.close()
+
+        def waiting(i, by):
+            out: list = []
+            th = threading.Thread(target=plain_inc, args=(i, by, out), daemon=True)
+            th.start()
+            time.sleep(0.3)
+            assert th.is_alive() and not out, "the write did not wait for the transaction"
+            return th, out
+
+        for end in ("txnCommit", "txnAbort"):
+            t = a.request({"op": "txnBegin"})["txn"]
+            a.request({"op": "update", "ns": "w.c", "filter": {"_id": 0},
+                       "update": {"$inc": {"n": 1}}, "txn": t})
+            th, out = waiting(0, 10)
+            assert svc.status()["writes_waiting_for_transactions"] == 1
+            b.request({"op": "update", "ns": "w.c", "filter": {"_id": 1},
+                       "update": {"$inc": {"n": 1}}})  # another document: at once
+            a.request({"op": end, "txn": t})
+            th.join(5)
+            assert out == [1]
+        assert (n_of(0), n_of(1)) == (21, 2)  # 1 (committed) + 10 + 10; the abort's 1 is gone
+        # in one group commit (queued behind a busy writer): only the held one waits
+        t = a.request({"op": "txnBegin"})["txn"]
+        a.request({"op": "update", "ns": "w.c", "filter": {"_id": 2},
+                   "update": {"$inc": {"n": 1}}, "txn": t})
+        blocker = busy_writer(svc)
+        outs = [[] for _ in range(3)]
+        ths = [threading.Thread(target=plain_inc, args=(i, 5, outs[k]), daemon=True)
+               for k, i in enumerate((1, 2, 3))]
+        for th in ths:
+            th.start()
+        wait_for(lambda: svc._q.qsize() == 3)
+        blocker.set()
+        ths[0].join(5)
+        ths[2].join(5)
+        assert outs[0] == outs[2] == [1] and ths[1].is_alive() and not outs[1]
+        a.request({"op": "txnCommit", "txn": t})
+        ths[1].join(5)
+        assert outs[1] == [1] and [n_of(i) for i in (1, 2, 3)] == [7, 6, 5]
+        # a transaction left idle: the write runs once it expires (transaction_idle_ms)
+        t = a.request({"op": "txnBegin"})["txn"]
+        a.request({"op": "update", "ns": "w.c", "filter": {"_id": 3},
+                   "update": {"$inc": {"n": 1}}, "txn": t})
+        t0 = time.monotonic()
+        th, out = waiting(3, 100)
+        th.join(10)
+        assert out == [1] and 1.0 < time.monotonic() - t0 < 5
+        with pytest.raises(errors.TransactionAborted):
+            a.request({"op": "txnCommit", "txn": t})
+        assert n_of(3) == 105
+        st = svc.status()
+        assert st["writes_waiting_for_transactions"] == 0 and st["open_transactions"] == 0
+        a.close()
+        b.close()

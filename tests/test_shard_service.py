@@ -80,6 +80,56 @@ def test_a_failed_commit_whose_n_entry_fails_too_is_written_before_the_next_writ
     assert e.find("a.b", {}) == [{"_id": 1}, {"_id": 4}]
 
 
+def test_a_deposed_primary_never_writes_the_n_entries_it_held(member, failing_disk):
+    """The n entry of a failed commit waits for a disk with room; if the
+    member steps down first, it is dropped, never written: a secondary's
+    oplog grows only by its sync source's entries (written after its
+    position was confirmed, it was served to majority reads until a pull
+    found it diverged: simulation seed 1235)."""
+    svc, e = member()
+    assert ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 1}]})["ok"]
+    failing_disk["n"] = 2  # the commit and its n entry
+    assert "no space" in str(ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 2}]})["err"])
+    assert svc._unwritten == [GTID(0, 2)]
+    svc.step_down()
+    svc.on_writer(lambda: None).result(5)  # the writer ran items since (the step-down's too)
+    assert svc._unwritten == [] and e.last()[0] == GTID(0, 1) and e.verify_oplog() == 1
+    assert ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 3}]})["err"].__class__.__name__ == "NotPrimary"
+
+
+def test_a_step_down_waits_for_the_write_that_passed_its_check(member, monkeypatch):
+    """A write that found the member primary commits before ``step_down``
+    returns (its entry is in the oplog before the producer follows anyone,
+    so a divergence is found by the first pull); the next one is refused."""
+    svc, e = member()
+    assert ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 1}]})["ok"]
+    checked, go = threading.Event(), threading.Event()
+    real = ShardService._deposed
+
+    def slow_deposed(self, tx=None):
+        err = real(self, tx)
+        if tx is not None and not checked.is_set():
+            checked.set()
+            assert go.wait(5)
+        return err
+    monkeypatch.setattr(ShardService, "_deposed", slow_deposed)
+    out = {}
+    writer = threading.Thread(target=lambda: out.update(
+        ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 2}]})))
+    writer.start()
+    assert checked.wait(5)
+    stepped = threading.Event()
+    threading.Thread(target=lambda: (svc.step_down(), stepped.set()), daemon=True).start()
+    time.sleep(0.2)
+    assert not stepped.is_set() and svc.primary  # waiting for the write in progress
+    go.set()
+    assert stepped.wait(5)
+    assert e.last()[0] == GTID(0, 2)  # committed before the step-down returned
+    writer.join(5)
+    assert out["ok"]["gtid"] == [0, 2]
+    assert ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 3}]})["err"].__class__.__name__ == "NotPrimary"
+
+
 def test_a_failed_group_commit_with_a_failed_n_entry_keeps_the_writer(member, failing_disk):
     svc, e = member()
     assert ask(svc, {"op": "insert", "ns": "a.b", "docs": [{"_id": 1}]})["ok"]

@@ -94,6 +94,31 @@ def test_nested_savepoint(store):
         assert sorted(k for k, _ in r.scan("docs")) == [b"merged"]
 
 
+def test_written_names_the_keys_a_transaction_changed_itself(store):
+    """``written(db)``: what a plain write checks against the documents open
+    transactions hold (``ShardService._waits_for``): its own changes, its
+    committed savepoints', not an aborted one's, not another db's."""
+    with store.write() as t:
+        t.put("docs", b"old", b"1")
+    with store.write() as t:
+        assert t.written("docs") == []
+        t.put("docs", b"a", b"1")
+        t.put("index", b"i", b"1")
+        t.put_many("docs", [(b"m", b"1")])
+        assert t.put_new("docs", [(b"n", b"1")])
+        n = t.nested()
+        n.put("docs", b"gone", b"1")
+        assert sorted(set(n.written("docs"))) == [b"gone"]
+        n.abort()
+        n = t.nested()
+        n.delete("docs", b"old")
+        assert n.written("docs") == [b"old"]
+        n.commit()
+        assert sorted(set(t.written("docs"))) == [b"a", b"m", b"n", b"old"]
+        assert t.written("index") == [b"i"]
+        assert t.written("oplog") == []
+
+
 def test_one_writer_at_a_time_in_submission_order(store):
     order = []
     t = store.write()

@@ -482,7 +482,8 @@ def test_transactions_of_several_sessions_interleave_as_in_mongodb(client):
     documentation shows them): both commit when they write different
     documents; the second to write one document fails at once with
     WriteConflict (code 112, TransientTransactionError), the first commits;
-    a write outside transactions never waits for one."""
+    a write outside transactions waits only for one that wrote its document
+    (until it ends), and one that commits first makes its commit fail."""
     import time
     co = client.txi.c
     co.insert_many([{"_id": 1, "n": 0}, {"_id": 2, "n": 0}])
@@ -506,15 +507,32 @@ def test_transactions_of_several_sessions_interleave_as_in_mongodb(client):
     assert ei.value.code == 112 and ei.value.has_error_label("TransientTransactionError")
     s2.abort_transaction()
     s1.commit_transaction()
-    # a commit after another commit changed the document: WriteConflict at commit
+    # a commit after another commit changed the document since its snapshot:
+    # WriteConflict at commit
     s1.start_transaction()
-    co.update_one({"_id": 2}, {"$set": {"by": "txn"}}, session=s1)
+    co.find_one({"_id": 2}, session=s1)
     co.update_one({"_id": 2}, {"$set": {"by": "plain"}})
+    co.update_one({"_id": 2}, {"$set": {"by": "txn"}}, session=s1)
     with pytest.raises(OperationFailure) as ei:
         s1.commit_transaction()
     assert ei.value.code == 112 and ei.value.has_error_label("TransientTransactionError")
     assert [(d["_id"], d.get("n"), d.get("by")) for d in co.find().sort("_id", 1)] == [
         (1, 11, None), (2, 1, "plain"), (3, None, None)]
+    # a write outside transactions to a document an open one wrote waits for
+    # its commit, then runs on what it wrote (MongoDB's document lock)
+    import threading
+    s1.start_transaction()
+    co.update_one({"_id": 1}, {"$inc": {"n": 1}}, session=s1)
+    done = []
+    th = threading.Thread(target=lambda: done.append(
+        co.update_one({"_id": 1}, {"$inc": {"n": 100}}).modified_count), daemon=True)
+    th.start()
+    time.sleep(0.3)
+    assert th.is_alive() and not done
+    co.update_one({"_id": 2}, {"$set": {"by": "plain2"}})  # another document: at once
+    s1.commit_transaction()
+    th.join(5)
+    assert done == [1] and co.find_one({"_id": 1})["n"] == 112
     s1.end_session()
     s2.end_session()
 

@@ -39,6 +39,7 @@ class Session:
         self.closed = False
         self.deadline = self.used = 0.0  # monotonic seconds
         self.locked: list[bytes] = []  # documents' keys it wrote (the member's _txn_locks)
+        self.waiting: list[tuple] = []  # writer items of plain writes waiting for its end
 
 
 class SessionPath:
@@ -139,8 +140,10 @@ class SessionPath:
         """The documents a statement of ``s`` wrote are its own until it ends:
         a statement of another open transaction writing one fails with
         ``WriteConflict`` (and its transaction is aborted), at once, as in
-        MongoDB; the first writer keeps it. Writes outside transactions take
-        no lock: one that commits first makes the transaction's commit fail."""
+        MongoDB; the first writer keeps it. A write outside transactions
+        that writes one waits until ``s`` ends (``_waits_for``), as in
+        MongoDB; one that committed before ``s`` wrote the document makes
+        the commit of ``s`` fail."""
         fresh = s.tx.t.fresh
         if not fresh:
             return
@@ -161,7 +164,8 @@ class SessionPath:
 
     def _end_txn(self, s: Session, abort: bool = False) -> None:
         """``s`` ends: out of the open table, its documents unlocked (and its
-        engine transaction aborted with ``abort``)."""
+        engine transaction aborted with ``abort``); the plain writes that
+        waited for it go to the writer again, in the order they came."""
         s.closed = True
         self._txns.pop(s.id, None)
         locks = self._txn_locks
@@ -171,6 +175,41 @@ class SessionPath:
         s.locked = []
         if abort and s.tx is not None:
             s.tx.abort()
+        waiting, s.waiting = s.waiting, []
+        self.writes_waiting -= len(waiting)
+        for item in waiting:
+            self._q.put(item)
+
+    def _waits_for(self, tx) -> Session | None:
+        """The open transaction holding a document that the plain write just
+        run in ``tx`` (not committed) wrote: that write waits until it ends,
+        as a write outside a transaction waits for a transaction's document
+        lock in MongoDB. None: it goes ahead (no transaction holds one; or
+        the write changed too many documents to tell, and then a transaction
+        holding one of them fails at its commit)."""
+        locks = self._txn_locks
+        if not locks:
+            return None
+        keys = tx.t.written("docs")
+        now = time.monotonic()
+        for key in keys or ():
+            s = locks.get(key)
+            if s is not None and not self._expired(s, now):
+                return s
+        return None
+
+    def _park(self, s: Session, item: tuple) -> None:
+        """Writer item ``item`` (a plain write, undone) runs again once ``s``
+        ends. An expired ``s`` ends at the next sweep (``_sweep_txns``)."""
+        s.waiting.append(item)
+        self.writes_waiting += 1
+
+    def _sweep_txns(self) -> None:
+        """On the writer, about once a second while plain writes wait: open
+        transactions past their limits end, and the writes waiting for them
+        run."""
+        if self.writes_waiting:
+            self._expire_txns(time.monotonic())
 
     def _expire_txns(self, now: float) -> None:
         """Abort the transactions past ``transaction_lifetime_ms`` or idle past

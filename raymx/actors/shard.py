@@ -43,6 +43,9 @@ from raymx.storage.limits import Limits, write_concern_problem
 
 log = logging.getLogger("raymx.shard")
 
+# how long a step-down waits for the write running on the writer (ShardService.step_down)
+STEP_DOWN_WAIT_S = 30.0
+
 class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
     """Writes through one writer thread with group commit; reads on snapshots
     (``ReadPath``, raymx/actors/reads.py); interactive transactions and
@@ -111,6 +114,7 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         # each wrote ({key in docs: its Session}); both only on the writer
         self._txns: dict = {}
         self._txn_locks: dict = {}
+        self.writes_waiting = 0  # plain writes waiting for a transaction to end (_park)
         self._txns_swept = time.monotonic()
         self._unhook_remap_txns = engine.store.on_remap(self._release_txns)
         self._unwritten: list[GTID] = []  # taken GTIDs whose n entry waits (_write_noop)
@@ -220,8 +224,23 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         positions reported to a deposed primary must never acknowledge them
         later: the entry may be rolled back here while others hold another
         branch past the same seq.
+
+        It takes the writer's turn to say so: a write that passed its
+        ``_deposed`` check commits before this returns, never after. A
+        secondary's oplog grows only by what its sync source confirmed, so
+        its reads are of that branch; an entry of its own after the producer
+        confirmed its position would be read until a pull found it diverged.
         """
-        self.primary = False
+        took = self._wlock.acquire(timeout=STEP_DOWN_WAIT_S)
+        if not took:
+            log.warning("member %d steps down while a write still runs after %g s; it "
+                        "is rolled back if the new primary lacks it", self.member_id,
+                        STEP_DOWN_WAIT_S)
+        try:
+            self.primary = False
+        finally:
+            if took:
+                self._wlock.release()
         self.handing_over = False
         self.wc.step_down(self.member_id)
         self.on_writer(self._abort_txns)  # open transactions end, as MongoDB aborts them
@@ -375,9 +394,13 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
                 tx = self.e.begin(autocommit=True)
                 try:
                     res = run_statement(tx, req)
+                    holder = self._waits_for(tx)
                 except BaseException:
                     tx.abort()
                     raise
+                if holder is not None:
+                    tx.abort()
+                    return self._park(holder, items[0])
                 self._commit(tx, res, req, reply)
         except Exception as e:
             reply(err=self._write_error(e, req))
@@ -403,7 +426,16 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
     def _settle_unwritten(self, items: list) -> bool:
         """Write the held ``n`` entries (in order, before anything else takes a
         GTID). False if the oplog still cannot be written: then ``items`` are
-        answered with that error, nothing of them written."""
+        answered with that error, nothing of them written. A member no longer
+        the primary of their term drops them: nothing was written at their
+        GTIDs, and its oplog moves on by its sync source's entries only."""
+        if not self._unwritten:
+            return True
+        if not self._owes_unwritten():
+            log.info("member %d drops the n entries of %s: it is no longer their term's "
+                     "primary", self.member_id, ", ".join(map(str, self._unwritten)))
+            self._unwritten.clear()
+            return True
         try:
             while self._unwritten:
                 self.e.write_noop(self._unwritten[0])
@@ -420,6 +452,10 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
                 if kind == "txn":
                     self._end_txn(sess, abort=True)
         return False
+
+    def _owes_unwritten(self) -> bool:
+        """Still the primary of the held ``n`` entries' term (not deposed)."""
+        return self._deposed() is None and self._unwritten[0].term == self.gm.term
 
     def _noop_done(self, g: GTID) -> None:
         """The ``n`` entry of a failed write committed at ``g``: the syncer makes
@@ -478,13 +514,20 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         grp = self.e.begin_group()
         sealed = []  # (GTID or None, result or error, req, reply)
         try:
-            for _, _, req, reply in group:
+            for item in group:
+                _, _, req, reply = item
                 tx = grp.statement()
+                holder = None
                 try:
                     res = run_statement(tx, req)
-                    err = None if tx.nops == 0 else self._deposed(tx)
+                    holder = self._waits_for(tx)
+                    err = None if tx.nops == 0 or holder else self._deposed(tx)
                 except Exception as e:
                     res, err = None, self._write_error(e, req)
+                if holder is not None:
+                    tx.abort()
+                    self._park(holder, item)
+                    continue
                 if err is not None:
                     tx.abort()
                     reply(err=err)
@@ -635,6 +678,7 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
                 "majority_known": gtid_out(self.majority_known),
                 "open_cursors": len(self._cursors) + len(self._cursors_busy),
                 "open_transactions": len(self._txns),
+                "writes_waiting_for_transactions": self.writes_waiting,
                 "after_waits": self.after_waits.counters(), "ttl": dict(self.ttl)}
 
     def close(self) -> None:

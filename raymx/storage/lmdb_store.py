@@ -388,6 +388,13 @@ class _Txn(_TxnBase):
             if len(log) > _LOG_MAX:
                 self._too_many()
 
+    def written(self, db):
+        log = self._log
+        if log is None:
+            return None if self._unlogged else []
+        i = _DB_INDEX[db]
+        return [bytes(log[j + 1]) for j in range(0, len(log), 3) if log[j] == i]
+
     def putter(self, db, overwrite=True):
         put = functools.partial(self._t.put, db=self._s._dbs[db], overwrite=overwrite)
         store, i, note = self._s, _DB_INDEX[db], self._note

@@ -53,6 +53,10 @@ class WriteTxn(ReadTxn, Protocol):
     # every row, or none: False (nothing written) when a key exists or repeats
     def put_new(self, db: str, rows: list[tuple[bytes, bytes]]) -> bool: ...
     def nested(self) -> "WriteTxn": ...  # a savepoint: commit merges, abort discards
+    # the keys of ``db`` this transaction changed itself (its committed
+    # savepoints' included; any order, maybe repeated); None when it no longer
+    # knows (the LMDB store stops recording past ``wal.UNLOGGED_OPS`` changes)
+    def written(self, db: str) -> list[bytes] | None: ...
     def commit(self) -> None: ...
 
 
@@ -155,7 +159,11 @@ class _WritesOver(_TxnBase):
     what it reads (the in-memory store's, an interactive transaction's
     ``Overlay``): they need ``_check(db)``, ``_room()`` (DiskFull when no
     room), ``_lookup(db, key)`` and ``_set(db, key, value or None)``, and
-    keep ``_open`` and ``_child`` (the open savepoint)."""
+    keep ``_open``, ``_child`` (the open savepoint) and ``_over`` (its own
+    writes: {db: {key: value or None}})."""
+
+    def written(self, db):
+        return list(self._over.get(db, ()))
 
     def _check(self, db):
         if not self._open:
