@@ -46,6 +46,7 @@ log = logging.getLogger("raymx.shard")
 # how long a step-down waits for the write running on the writer (ShardService.step_down)
 STEP_DOWN_WAIT_S = 30.0
 
+
 class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
     """Writes through one writer thread with group commit; reads on snapshots
     (``ReadPath``, raymx/actors/reads.py); interactive transactions and
