@@ -135,3 +135,9 @@ def test_the_bank_check_finds_a_transfer_applied_twice_lost_or_in_part():
     assert len(lost) == 1 and "acknowledged transfers lost: ['3-1']" in lost[0]
     part = bank.check({"a0": 995, "a1": 1005, "a2": 1003}, logs, ["1-1", "2-1"])
     assert len(part) == 1 and "'a1': (1005, 1002)" in part[0]
+    # counts outside transactions: between the acknowledged ones and those plus the unknown
+    for touched in (7, 9):
+        assert bank.check(good, logs, ["1-1"], touched=touched, touches=(7, 2)) == []
+    for touched in (6, 10):
+        bad = bank.check(good, logs, ["1-1"], touched=touched, touches=(7, 2))
+        assert len(bad) == 1 and f"counted up {touched} times" in bad[0]

@@ -8,13 +8,19 @@ transfer (``tid``), with ``w: "majority"``. The driver retries what it may
 was lost is sent again), which is exactly where a store can apply a
 transaction twice or lose one it acknowledged.
 
+Between transfers a client also counts an account up outside transactions
+(``$inc`` of ``touched``, a retryable write, ``w: "majority"``): it waits for
+a transaction that wrote the account until that one ends.
+
 At the end one snapshot read (a pymongo snapshot session) gives the balances
 and the log, and ``check`` finds:
 
 - a transfer logged more than once (applied twice);
 - an acknowledged transfer that is not logged (lost);
 - balances that do not follow from the transfers logged (a transaction
-  applied in part, or a write outside one).
+  applied in part, or a write outside one);
+- counts outside transactions lost (fewer than acknowledged) or applied
+  twice (more than acknowledged and unknown together).
 
 A transfer whose outcome the client does not know (an error) may or may not
 be logged; it only has to be whole.
@@ -30,12 +36,16 @@ DB, ACCOUNTS, LOG = "nem", "bank", "banklog"
 INITIAL = 1_000
 
 
-def check(balances: dict, logs: list[dict], acked: list[str], initial: int = INITIAL
-          ) -> list[str]:
+def check(balances: dict, logs: list[dict], acked: list[str], initial: int = INITIAL,
+          touched: int = 0, touches: tuple[int, int] = (0, 0)) -> list[str]:
     """What is wrong with a final state (empty if nothing): ``balances``
     {account: balance}, ``logs`` the transfer log's documents, ``acked`` the
-    transfers the clients were told committed."""
+    transfers the clients were told committed; ``touched`` the accounts'
+    counts, ``touches`` (acknowledged, unknown) of the counting writes."""
     problems = []
+    if not touches[0] <= touched <= touches[0] + touches[1]:
+        problems.append(f"the accounts were counted up {touched} times outside transactions; "
+                        f"{touches[0]} acknowledged, {touches[1]} unknown")
     seen = Counter(x["tid"] for x in logs)
     twice = sorted(t for t, n in seen.items() if n > 1)
     if twice:
@@ -61,6 +71,7 @@ class Book:
         self.acked: list[str] = []
         self.runs = 0  # callbacks run: above the transfers tried, the driver ran some again
         self.errors: Counter = Counter()
+        self.touches = [0, 0]  # counting writes outside transactions: acknowledged, unknown
         self.lock = threading.Lock()
 
 
@@ -103,8 +114,21 @@ class Client(threading.Thread):
                     with self.book.lock:
                         self.book.errors[type(e).__name__] += 1
                     time.sleep(0.05)
+                if self.rnd.random() < 0.3:
+                    self._touch(acct.with_options(write_concern=wc))
         finally:
             cl.close()
+
+    def _touch(self, acct) -> None:
+        try:
+            acct.update_one({"_id": self.rnd.choice(self.accounts)}, {"$inc": {"touched": 1}})
+            k = 0
+        except Exception as e:  # noqa: BLE001 - its outcome is unknown: recorded
+            k = 1
+            with self.book.lock:
+                self.book.errors["touch " + type(e).__name__] += 1
+        with self.book.lock:
+            self.book.touches[k] += 1
 
 
 def setup(rs, n_accounts: int) -> list[str]:
@@ -114,9 +138,9 @@ def setup(rs, n_accounts: int) -> list[str]:
     return accounts
 
 
-def final_state(uri: str) -> tuple[dict, list[dict]]:
-    """The balances and the log, read at one point (a snapshot session), retried
-    while the set settles."""
+def final_state(uri: str) -> tuple[dict, list[dict], int]:
+    """The balances, the log and the accounts' counts (summed), read at one
+    point (a snapshot session), retried while the set settles."""
     import pymongo
     cl = pymongo.MongoClient(uri, serverSelectionTimeoutMS=30_000)
     try:
@@ -124,9 +148,10 @@ def final_state(uri: str) -> tuple[dict, list[dict]]:
             try:
                 with cl.start_session(snapshot=True) as s:
                     db = cl.get_database(DB)
-                    bal = {d["_id"]: d["bal"] for d in db[ACCOUNTS].find({}, session=s)}
+                    accts = list(db[ACCOUNTS].find({}, session=s))
                     logs = list(db[LOG].find({}, {"_id": 0}, session=s))
-                return bal, logs
+                return ({d["_id"]: d["bal"] for d in accts}, logs,
+                        sum(d.get("touched", 0) for d in accts))
             except pymongo.errors.PyMongoError:
                 if attempt == 29:
                     raise

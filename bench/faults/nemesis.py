@@ -441,9 +441,9 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
         bank_problems = []
         if n_bank:
             with book.lock:
-                acked = list(book.acked)
-            bal, logs = bank.final_state(rs.mongodb_uri(driver="pymongo"))
-            bank_problems = bank.check(bal, logs, acked)
+                acked, touches = list(book.acked), tuple(book.touches)
+            bal, logs, touched = bank.final_state(rs.mongodb_uri(driver="pymongo"))
+            bank_problems = bank.check(bal, logs, acked, touched=touched, touches=touches)
         by = Counter((o.kind, "ok" if o.ret != INF else "unknown") for o in hist.ops)
         cas_ok = sum(1 for o in hist.ops if o.kind == "cas" and o.ok is True)
         print(f"nemesis seed {seed}: {members} members, {len(clients)} clients "
@@ -467,7 +467,8 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
             tried = sum(c.seq for c in clients if isinstance(c, bank.Client))
             print(f"  bank: {len(acked)} transfers acknowledged of {tried} tried, "
                   f"{len(logs)} logged, {book.runs - tried} run again by the driver, "
-                  f"errors {dict(book.errors)}; "
+                  f"counted outside transactions {touched} times ({touches[0]} "
+                  f"acknowledged, {touches[1]} unknown), errors {dict(book.errors)}; "
                   + ("; ".join(f"VIOLATION: {p}" for p in bank_problems) or "every "
                      "acknowledged transfer once, balances follow from the log"))
         print("  data files (MiB): " + ", ".join(
