@@ -150,6 +150,16 @@ def test_the_other_bson_types_are_stored_queried_and_replayed(engine):
         engine.insert_many(NS, [{"c": Code("f", {"x": 1})}])
     with pytest.raises(errors.InvalidDocument, match="64 bits"):
         engine.insert_many(NS, [{"c": Int64(1 << 63)}])
+    # a long's $inc or $mul past 64 signed bits: MongoDB's refusal, nothing changed
+    engine.insert_many(NS, [{"_id": 9, "v": Int64((1 << 63) - 1)}])
+    for upd in ({"$inc": {"v": 1}}, {"$mul": {"v": 2}}):
+        tx = engine.begin(autocommit=True)
+        with pytest.raises(errors.UpdateOverflow, match=r"Failed to apply \$(inc|mul) operations "
+                           r"to current value \(\(NumberLong\)9223372036854775807\) for "
+                           r"document \{_id: 9\}"):
+            tx.update(NS, {"_id": 9}, upd)
+        tx.abort()
+    assert engine.find(NS, {"_id": 9}) == [{"_id": 9, "v": (1 << 63) - 1}]
 
 
 def test_index_query_sort_and_unique(engine):

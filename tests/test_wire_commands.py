@@ -3,7 +3,7 @@ renameCollection, sparse and partial indexes, explain, validate, dbHash,
 currentOp and the host's facts (a member served in process)."""
 import pytest
 from pymongo import ReturnDocument
-from pymongo.errors import DuplicateKeyError, OperationFailure
+from pymongo.errors import DuplicateKeyError, OperationFailure, WriteError
 
 from raymx.storage.limits import Limits
 from tests.port_helpers import serving
@@ -475,6 +475,10 @@ def test_every_bson_type_round_trips_through_pymongo(client):
     s = list(co.aggregate([{"$match": {"_id": {"$in": [1, 9]}}},
                            {"$group": {"_id": None, "s": {"$sum": "$v"}}}]))[0]["s"]
     assert s == (1 << 40) + 6 and type(s) is Int64
+    with pytest.raises(WriteError) as ei:  # a long past 64 signed bits: MongoDB's BadValue
+        co.update_one({"_id": 12}, {"$inc": {"v": Int64(-1)}})
+    assert ei.value.code == 2 and "Failed to apply $inc operations to current value " \
+        "((NumberLong)-9223372036854775808) for document {_id: 12}" in str(ei.value)
 
 
 def test_transactions_of_several_sessions_interleave_as_in_mongodb(client):

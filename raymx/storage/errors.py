@@ -18,7 +18,8 @@ from __future__ import annotations
 
 __all__ = [
     "RaymxError", "InvalidInput", "InvalidDocument", "DocumentTooLarge", "TransactionTooLarge",
-    "InvalidName", "InvalidFilter", "InvalidUpdate", "InvalidOperation", "DuplicateKey",
+    "InvalidName", "InvalidFilter", "InvalidUpdate", "UpdateOverflow", "InvalidOperation",
+    "DuplicateKey",
     "IndexOptionsConflict", "IndexKeySpecsConflict",
     "SchemaMismatch", "CollectionNotFound", "CollectionExists", "IndexNotFound", "ProtocolError",
     "AuthenticationFailed", "CorruptEntry", "CorruptStore", "BatchRefused", "NotPrimary",
@@ -105,6 +106,11 @@ class InvalidFilter(InvalidInput):
 
 class InvalidUpdate(InvalidInput):
     """A malformed update or an unknown update operator."""
+
+
+class UpdateOverflow(InvalidUpdate):
+    """An ``$inc`` or ``$mul`` whose integer result does not fit its type (a
+    long past 64 signed bits): nothing is changed (MongoDB's BadValue)."""
 
 
 class InvalidOperation(InvalidInput):

@@ -18,16 +18,17 @@ import datetime
 import re
 from typing import Any, Callable
 
-from bson import Decimal128
+from bson import Decimal128, Int64
 
 from raymx.storage import numbers
-from raymx.storage.errors import InvalidDocument, InvalidFilter, InvalidUpdate
+from raymx.storage.errors import InvalidDocument, InvalidFilter, InvalidUpdate, UpdateOverflow
 from raymx.storage.keys import encode_key
 from raymx.storage.query import (MISSING, compile_filter, field_conditions, get_path,
                                  matched_element, sorted_values)
 
 _ARRAY = (list, tuple)
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1  # what codec stores
+_LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1  # a BSON long (Int64)
 _PAD_MAX = 100_000  # the furthest past a list's end a $set may write
 _LOGICAL = {"$and", "$or", "$nor"}
 
@@ -287,9 +288,16 @@ def _arith(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
         _put(c, k, numbers.combine("add" if op == "$inc" else "mul", cur, arg), w)
         return
     new = cur + arg if op == "$inc" else cur * arg
-    if type(new) is int and not _INT_MIN <= new <= _INT_MAX:
-        raise InvalidUpdate(f"{w}: the result {new} does not fit in 64 bits", operator=op,
-                            field=path)
+    if type(new) is int:
+        long = type(cur) is Int64 or type(arg) is Int64  # the result is a long (widened)
+        if not (_LONG_MIN <= new <= _LONG_MAX if long else _INT_MIN <= new <= _INT_MAX):
+            # MongoDB's words and code (BadValue): nothing is changed
+            shown = f"(NumberLong){cur}" if type(cur) is Int64 else repr(cur)
+            raise UpdateOverflow(
+                f"Failed to apply {op} operations to current value ({shown}) for document "
+                f"{{_id: {d.root.get('_id')!r}}}: the result {new} does not fit in "
+                f"{'a 64-bit signed integer (a long)' if long else '64 bits'}",
+                operator=op, field=path)
     _put(c, k, numbers.widened(new, cur, arg), w)
 
 

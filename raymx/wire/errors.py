@@ -17,6 +17,7 @@ _CODES: list[tuple[type, int, str]] = [
     (errors.TransactionTooLarge, 10334, "BSONObjectTooLarge"),
     (errors.InvalidName, 73, "InvalidNamespace"),
     (errors.InvalidFilter, 2, "BadValue"),
+    (errors.UpdateOverflow, 2, "BadValue"),
     (errors.InvalidUpdate, 9, "FailedToParse"),
     (errors.CollectionNotFound, 26, "NamespaceNotFound"),
     (errors.CollectionExists, 48, "NamespaceExists"),
