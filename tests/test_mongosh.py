@@ -2,7 +2,9 @@
 when node and npm are present) runs a script against a 3-member set through
 ``rs.mongodb_uri()`` (the string pymongo takes too): documents with a Date and an ObjectId,
 an index, a find, an aggregate with $group, ``rs.status()``, ``rs.conf()``,
-``rs.printSecondaryReplicationInfo()`` and ``db.currentOp()``; it prints JSON
+``rs.printSecondaryReplicationInfo()``, ``db.getReplicationInfo()`` (what
+``rs.printReplicationInfo()`` prints, from ``local.oplog.rs``) and
+``db.currentOp()``; it prints JSON
 that the test checks, and the native driver reads what mongosh wrote. Skipped,
 saying why, when mongosh is not installed."""
 import datetime
@@ -43,6 +45,12 @@ const st = rs.status();
 const conf = rs.conf();
 const lag = rs.printSecondaryReplicationInfo();  // each secondary's lag behind the primary
 const lagText = JSON.stringify(lag.value !== undefined ? lag.value : lag);
+const probe = db.getSiblingDB("shapp").probe;
+probe.insertOne({x: 1});  // creates it: one entry of two ops (applyOps)
+probe.insertOne({x: 2});  // one op
+const repl = db.getReplicationInfo();  // what rs.printReplicationInfo() prints: local.oplog.rs
+const lastOp = db.getSiblingDB("local").oplog.rs.find({ns: "shapp.probe"})
+  .sort({$natural: -1}).limit(1).toArray()[0];
 print(JSON.stringify({
   inserted: Object.keys(ins.insertedIds).length,
   index: ix,
@@ -61,6 +69,9 @@ print(JSON.stringify({
   behind: /secs \([0-9.]+ hrs\) behind the primary/.test(lagText),
   currentOp: db.currentOp().inprog.length > 0,
   startupWarnings: db.adminCommand({getLog: "startupWarnings"}).log.length,
+  oplogMB: repl.configuredLogSizeMB,
+  oplogWindow: repl.timeDiff >= 0 && typeof repl.tFirst === "string",
+  lastOp: [lastOp.op, lastOp.ns, lastOp.o.x, lastOp.ts instanceof Timestamp],
 }));
 """
 
@@ -107,6 +118,7 @@ def test_mongosh_runs_a_script_against_a_three_member_set(ray_session, tmp_path)
             "optimeDates": True, "confHosts": True, "lagSources": 2, "behind": True,
             "currentOp": True,
             "startupWarnings": 0,
+            "oplogMB": 1024, "oplogWindow": True, "lastOp": ["i", "shapp.probe", 2, True],
         }, out
         # what mongosh wrote is stored natively: the native driver reads the types back
         coll = rs.client()["shapp"]["events"]

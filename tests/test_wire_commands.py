@@ -32,6 +32,8 @@ def test_db_hash_host_info_list_commands_and_database_sizes(client):
         set(commands.COMMANDS) | set(crud.COMMANDS)
     dbs = {x["name"]: x for x in client.admin.command("listDatabases")["databases"]}
     assert dbs["hashes"]["sizeOnDisk"] > 50 and not dbs["hashes"]["empty"]
+    assert dbs["local"]["sizeOnDisk"] > 0  # the oplog (local.oplog.rs)
+    assert client.local.command("dbStats")["collections"] == 1
 
 
 def test_the_admin_commands_tools_ask_for(client, served):
@@ -673,3 +675,58 @@ def test_a_hint_naming_no_index_fails_as_in_mongodb(client):
         assert ei.value.code == 2
     assert list(client.hints.absent.find().hint("nope")) == []
     assert co.count_documents({}) == 5  # the connection serves on
+
+
+def test_local_oplog_rs_is_the_oplog_in_mongodbs_shape(client):
+    """``local.oplog.rs``, read-only, as tools read it: listed in ``local``,
+    ``collStats`` capped with the oplog's cap as ``maxSize``, ``find`` in
+    ``$natural`` order either way with a filter and a limit; an entry of one
+    op is that op (``i``, ``u`` as a replacement, ``d``, ``c``), of several an
+    ``applyOps``; a retryable write's session is its ``lsid`` and
+    ``txnNumber``, not an op; any other sort is refused by name."""
+    from bson import Int64, Timestamp
+    co = client.olv.c
+    co.insert_one({"_id": 1, "a": 1})  # creates the collection: two ops
+    co.update_one({"_id": 1}, {"$set": {"a": 2}})
+    co.insert_many([{"_id": 2}, {"_id": 3}])
+    co.delete_one({"_id": 2})
+    co.create_index("a")
+    ol = client.local["oplog.rs"]
+    assert client.local.list_collection_names() == ["oplog.rs"]
+    st = client.local.command("collStats", "oplog.rs")
+    assert st["capped"] is True and st["maxSize"] == 1 << 30 and st["count"] == 5
+    assert list(ol.aggregate([{"$collStats": {"storageStats": {}}}]))[0][
+        "storageStats"]["maxSize"] == 1 << 30
+    last = list(ol.find().sort("$natural", -1).limit(4))
+    assert [(d["op"], d["ns"]) for d in last] == [
+        ("c", "olv.$cmd"), ("d", "olv.c"), ("c", "admin.$cmd"), ("u", "olv.c")]
+    assert last[0]["o"] == {"createIndexes": "c", "v": 2, "name": "a_1", "key": {"a": 1},
+                            "unique": False}
+    assert last[1]["o"] == {"_id": 2} and type(last[1]["txnNumber"]) is Int64
+    assert [x["op"] for x in last[2]["o"]["applyOps"]] == ["i", "i"]
+    assert (last[3]["o"], last[3]["o2"]) == ({"_id": 1, "a": 2}, {"_id": 1})
+    first = ol.find().sort("$natural", 1).limit(1).next()
+    assert [(x["op"], x["ns"]) for x in first["o"]["applyOps"]] == [
+        ("c", "olv.$cmd"), ("i", "olv.c")]  # the session record is not an op
+    assert "lsid" in first and type(first["t"]) is Int64 and type(first["ts"]) is Timestamp
+    tss = [d["ts"] for d in ol.find()]
+    assert tss == sorted(tss) and len(set(tss)) == 5
+    assert [d["op"] for d in ol.find({"ts": {"$gt": tss[2]}})] == ["d", "c"]
+    assert [d["o"] for d in ol.find({"op": "d"}, {"o": 1, "_id": 0})] == [{"_id": 2}]
+    with pytest.raises(OperationFailure, match=r"natural order only") as ei:
+        ol.find().sort("ts", 1).sort("op", 1).next()
+    assert ei.value.code == 2
+    # counts, distinct, pipelines and $expr read the same view
+    assert ol.count_documents({}) == ol.estimated_document_count() == 5
+    assert ol.count_documents({"op": "c"}) == 3 and ol.distinct("op") == ["c", "d", "u"]
+    assert list(ol.aggregate([{"$match": {"op": "d"}}, {"$project": {"_id": 0, "o": 1}}])) == [
+        {"o": {"_id": 2}}]
+    assert [d["op"] for d in ol.find({"$expr": {"$eq": ["$op", "u"]}})] == ["u"]
+    # nothing writes it
+    for write in (lambda: ol.insert_one({"x": 1}), lambda: ol.delete_many({}),
+                  lambda: ol.update_one({}, {"$set": {"x": 1}}), lambda: ol.drop(),
+                  lambda: client.admin.command("renameCollection", "olv.c",
+                                               to="local.oplog.rs")):
+        with pytest.raises(OperationFailure, match="is the oplog, not a collection"):
+            write()
+    assert ol.count_documents({}) == 5 and co.count_documents({}) == 2

@@ -75,6 +75,10 @@ def split_ns(ns, limits: Limits = DEFAULT) -> tuple[str, str]:
             or coll.startswith((".", "system.")) or coll.endswith(".")):
         raise errors.InvalidName(f"invalid collection name {coll!r}: 1-{limits.name_chars_max} "
                                  "characters, no '$' or NUL, not starting with 'system.' or '.'")
+    if ns == "local.oplog.rs":
+        raise errors.InvalidName("local.oplog.rs is the oplog, not a collection: nothing writes "
+                                 "it; the MongoDB wire port serves it read-only, and "
+                                 "ReplicaSet.oplog() reads it")
     if len(_VALID_NS) < 100_000:
         _VALID_NS[ns] = (db, coll)
     return db, coll

@@ -22,7 +22,7 @@ from bson import Int64, ObjectId
 
 from raymx import errors
 from raymx.storage.query import compile_filter
-from raymx.wire import crud, framing, rs_status, sessions
+from raymx.wire import crud, framing, oplog_view, rs_status, sessions
 from raymx.wire.auth import MECHANISM, USER, Scram
 from raymx.wire.changestream import Streams
 from raymx.wire.errors import CommandError, bad_value, command_not_found, error_doc
@@ -306,8 +306,9 @@ def _db(cmd: dict) -> str:
 
 def _list_databases(d: Dispatcher, cmd: dict, conn) -> dict:
     """Each database with its size: its collections' stored bytes and index
-    bytes, as ``collStats`` counts them (skipped with ``nameOnly``)."""
-    names = _names(d, conn)
+    bytes, as ``collStats`` counts them (skipped with ``nameOnly``); ``local``
+    holds the oplog (``local.oplog.rs``)."""
+    names = _names(d, conn) + [oplog_view.NS]  # local: the oplog, as MongoDB lists it
     dbs = sorted({ns.split(".", 1)[0] for ns in names})
     size = dict.fromkeys(dbs, 0)
     if not cmd.get("nameOnly"):
@@ -414,6 +415,8 @@ def _list_collections(d: Dispatcher, cmd: dict, conn) -> dict:
             out.append({"name": coll, "type": "collection", "options": {},
                         "info": {"readOnly": False},
                         "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"}})
+    if db == "local":
+        out.append(oplog_view.listing())
     flt = cmd.get("filter")
     if flt:
         m = compile_filter(plain(flt))
@@ -471,15 +474,15 @@ def _scale(cmd: dict) -> int:
 
 def _coll_stats(d: Dispatcher, cmd: dict, conn) -> dict:
     ns = crud.ns_of(cmd, "collStats")
-    if ns not in _names(d, conn):
+    if ns != oplog_view.NS and ns not in _names(d, conn):
         raise CommandError(f"Collection [{ns}] not found.", 26, "NamespaceNotFound")
     return crud.storage_stats(d, conn, ns, _scale(cmd))
 
 
 def _db_stats(d: Dispatcher, cmd: dict, conn) -> dict:
     db, scale = _db(cmd), _scale(cmd)
-    st = [crud.storage_stats(d, conn, ns, scale) for ns in sorted(_names(d, conn))
-          if ns.split(".", 1)[0] == db]
+    st = [crud.storage_stats(d, conn, ns, scale)
+          for ns in sorted(_names(d, conn) + [oplog_view.NS]) if ns.split(".", 1)[0] == db]
     objects, data = sum(x["count"] for x in st), sum(x["size"] for x in st)
     ix = sum(x["totalIndexSize"] for x in st)
     out = {"db": db, "collections": len(st), "views": 0, "objects": objects,

@@ -29,7 +29,7 @@ from raymx.storage.keys import encode_key
 from raymx.storage.gtid import GTID
 from raymx.storage.projection import project
 from raymx.client import composite
-from raymx.wire import aggregate
+from raymx.wire import aggregate, oplog_view
 from raymx.wire.errors import (CommandError, bad_value, is_statement_error, write_concern_error,
                                write_error)
 
@@ -499,6 +499,11 @@ def _find(d, cmd: dict, conn):
     single = bool(cmd.get("singleBatch")) or limit < 0
     limit = abs(limit)
     flt = _plain(cmd.get("filter") or {})
+    if ns == oplog_view.NS and aggregate.plain_filter(flt) \
+            and not pipelines.computed_projection(cmd.get("projection")):
+        out = yield blocking(oplog_view.find, d.service.e, flt, _plain(cmd.get("sort")),
+                             int(cmd.get("skip") or 0), limit, _plain(cmd.get("projection")))
+        return _results(d, conn, ns, out, len(out) if single else cmd.get("batchSize"), {})
     if ns in pipelines.SYSTEM:
         return (yield blocking(lambda: pipelines.find_computed(
             d, cmd, conn, ns, flt, limit, single, pipelines.system_docs(d, conn, ns))))
@@ -572,6 +577,9 @@ def _kill_cursors(d, cmd: dict, conn):
 def scan(d, cmd: dict, conn, ns: str, flt, projection=None, sort=None, seen=None):
     """Every matching document (a find and its getMores). ``seen``: a dict
     that gets the first answer's snapshot point (``at``), if any."""
+    if ns == oplog_view.NS:  # an aggregate, a distinct, a computed find of the oplog
+        yield from oplog_view.find(d.service.e, flt, sort, 0, 0, projection)
+        return
     res = d.drive(_run(d, {"op": "find", "ns": ns, "filter": flt or {},
                            "projection": projection, "sort": sort, **read_fields(cmd)},
                        cmd, conn))
@@ -593,8 +601,12 @@ def _count(d, cmd: dict, conn):
     ns = ns_of(cmd, "count")
     if cmd.get("hint"):
         yield blocking(check_hint, d, cmd, conn, ns)
-    n = (yield from _run(d, {"op": "count", "ns": ns, "filter": _plain(cmd.get("query") or {}),
-                             **read_fields(cmd)}, cmd, conn))["value"]
+    flt = _plain(cmd.get("query") or {})
+    if ns == oplog_view.NS:
+        n = len((yield blocking(oplog_view.find, d.service.e, flt, None, 0, 0, None)))
+    else:
+        n = (yield from _run(d, {"op": "count", "ns": ns, "filter": flt, **read_fields(cmd)},
+                             cmd, conn))["value"]
     n = max(0, n - int(cmd.get("skip") or 0))
     lim = abs(int(cmd.get("limit") or 0))
     return {"n": min(n, lim) if lim else n}
@@ -661,6 +673,8 @@ def storage_stats(d, conn, ns: str, scale: int = 1) -> dict:
     """``collStats``' answer (and ``$collStats``' ``storageStats``), from the
     member's count of ``ns``: sizes are raymx's stored (msgpack) bytes, not
     BSON's; nothing is compressed, so storage equals data."""
+    if ns == oplog_view.NS:
+        return oplog_view.stats(d.service.e, d.service.oplog_cap, scale)
     st = d.call({"op": "collStats", "ns": ns}, conn.state)["value"]
     n, size = st["count"], st["size"]
     ix = {k: v[1] // scale for k, v in st["indexes"].items()}

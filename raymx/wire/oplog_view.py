@@ -1,0 +1,145 @@
+"""``local.oplog.rs``, read-only: the member's oplog in MongoDB's shape, for
+the tools that read it (mongosh's ``rs.printReplicationInfo()``, an operator's
+``find().sort({$natural: -1}).limit(1)``).
+
+Each raymx entry (one GTID, one transaction) is one document:
+
+- ``ts``: ``Timestamp(commit second, seq mod 2**32)``, the commit time by the
+  committing primary's clock, in seconds, and the GTID's seq (dense across
+  terms), so the entries of one second keep their order; ``t``: the term;
+  ``h``: the hash chain (``Int64``); ``v``: 2; ``wall``: the commit time;
+- an entry of one op is that op as MongoDB logs it: ``i`` (``o``: the
+  document), ``u`` (``o``: the document after it, a replacement, ``o2``:
+  its ``_id``), ``d`` (``o``: its ``_id``), ``c`` (``o``: the command, ``ns``
+  ``db.$cmd``), ``n`` (``o``: ``{msg: ...}``);
+- an entry of several ops (a transaction, an ``insert_many``) is one ``c``
+  entry of ``applyOps``, as MongoDB logs a transaction.
+
+Served: ``find`` (filter, ``$natural`` order either way, skip, limit,
+projection; at most ``FIND_MAX`` entries in one find), ``collStats`` and
+``$collStats``, ``listCollections`` of ``local``. Writes are refused as for
+any ``local`` collection. It reads this member's own oplog (on a secondary,
+what it replicated so far).
+"""
+from __future__ import annotations
+
+import datetime
+
+from bson import Binary, Int64, Timestamp
+
+from raymx.storage import codec
+from raymx.storage.changes import SESSIONS_NS
+from raymx.storage.gtid import GTID
+from raymx.storage.projection import project
+from raymx.storage.query import compile_filter
+from raymx.wire.errors import CommandError
+
+NS = "local.oplog.rs"
+FIND_MAX = 100_000  # entries one find may return (its cursor holds them)
+
+
+def _op_doc(op: dict) -> dict:
+    """One raymx op as MongoDB's oplog logs it (op, ns, o, o2)."""
+    kind, ns = op["op"], op.get("ns", "")
+    if kind == "i":
+        return {"op": "i", "ns": ns, "o": op["post"]}
+    if kind == "u":
+        return {"op": "u", "ns": ns, "o": op["post"], "o2": {"_id": op["post"].get("_id")}}
+    if kind == "d":
+        return {"op": "d", "ns": ns, "o": {"_id": op["pre"].get("_id")}}
+    if kind == "n":
+        return {"op": "n", "ns": "", "o": {"msg": "raymx no-op"}}
+    db, _, coll = ns.partition(".")
+    cmd = op.get("cmd")
+    if cmd == "createIndex":
+        spec = dict(op.get("spec") or {})
+        if isinstance(spec.get("key"), list):
+            spec["key"] = dict(spec["key"])
+        o = {"createIndexes": coll, "v": 2, "name": op.get("name"), **spec}
+    elif cmd == "dropIndex":
+        o = {"dropIndexes": coll, "index": op.get("name")}
+    elif cmd == "rename":
+        o = {"renameCollection": ns, "to": op.get("to")}
+    else:  # create, drop
+        o = {cmd: coll}
+    return {"op": "c", "ns": f"{db}.$cmd", "o": o}
+
+
+def entry_doc(g: GTID, entry: dict, ops: list) -> dict:
+    """The oplog document of raymx entry ``entry`` (its ops ``ops``) at ``g``.
+    A driver session's record (``config.transactions``, written with a
+    retryable write or a transaction) is not an op of it, as in MongoDB:
+    the entry carries its ``lsid`` and ``txnNumber`` instead."""
+    ms = int(entry.get("ts", 0))
+    head = {"ts": Timestamp(ms // 1000, g.seq % (1 << 32)), "t": Int64(g.term),
+            "h": Int64(entry["h"] - (1 << 64) if entry["h"] >= 1 << 63 else entry["h"]),
+            "v": Int64(2)}
+    mine = [op for op in ops if op.get("ns") != SESSIONS_NS]
+    for op in ops:
+        rec = op.get("post") if op.get("ns") == SESSIONS_NS else None
+        if rec and isinstance(rec.get("_id"), bytes):
+            lsid = rec["_id"]
+            head["lsid"] = {"id": Binary(lsid, 4) if len(lsid) == 16 else Binary(lsid)}
+            head["txnNumber"] = Int64(rec.get("n") or 0)
+    ops = mine or [{"op": "n"}]
+    if len(ops) == 1:
+        body = _op_doc(ops[0])
+    else:
+        body = {"op": "c", "ns": "admin.$cmd", "o": {"applyOps": [_op_doc(op) for op in ops]}}
+    return {**head, **body, "wall": datetime.datetime.fromtimestamp(
+        ms / 1000, datetime.timezone.utc).replace(tzinfo=None)}
+
+
+def _order(sort) -> int:
+    """1 (oldest first) or -1 from a find's sort: ``$natural`` (or ``ts``) only."""
+    if not sort:
+        return 1
+    items = list(sort.items()) if isinstance(sort, dict) else list(sort)
+    if len(items) == 1 and items[0][0] in ("$natural", "ts") and items[0][1] in (1, -1):
+        return int(items[0][1])
+    raise CommandError(f"{NS} is read in its natural order only: sort by {{$natural: 1}} or "
+                       f"{{$natural: -1}}, not {sort!r:.80}", 2, "BadValue")
+
+
+def find(engine, flt: dict, sort, skip: int, limit: int, projection) -> list[dict]:
+    """The documents of a ``find`` on the view: matching ``flt``, in oplog
+    order (``sort``), after ``skip``, at most ``limit`` (0: all, up to
+    ``FIND_MAX``)."""
+    step = _order(sort)
+    match = compile_filter(flt or {})
+    out: list[dict] = []
+    with engine.store.read() as t:
+        for k, v in t.scan("oplog", reverse=step < 0):
+            entry = codec.unpack(v, "oplog entry")
+            doc = entry_doc(GTID.from_bytes(k), entry, engine.entry_ops(t, entry))
+            if not match(doc):
+                continue
+            if skip:
+                skip -= 1
+                continue
+            if len(out) >= FIND_MAX:
+                raise CommandError(
+                    f"a find on {NS} returns at most {FIND_MAX:,} entries here: give it a "
+                    "limit, or a range of ts", 2, "BadValue")
+            out.append(doc if not projection else project(doc, projection, flt))
+            if limit and len(out) >= limit:
+                break
+    return out
+
+
+def stats(engine, cap: dict, scale: int = 1) -> dict:
+    """``collStats`` of the view: its entries and their stored bytes; ``maxSize``
+    the oplog's byte cap (its present size where only an age caps it)."""
+    with engine.store.read() as t:
+        n, size = t.db_stat("oplog")
+    most = cap.get("max_bytes") or max(size, 1)
+    return {"ns": NS, "count": n, "size": size // scale, "avgObjSize": size // n if n else 0,
+            "storageSize": size // scale, "freeStorageSize": 0, "capped": True,
+            "max": -1, "maxSize": most // scale, "nindexes": 0, "indexSizes": {},
+            "totalIndexSize": 0, "totalSize": size // scale, "scaleFactor": scale}
+
+
+def listing() -> dict:
+    """Its ``listCollections`` entry."""
+    return {"name": "oplog.rs", "type": "collection", "options": {"capped": True},
+            "info": {"readOnly": True}}
