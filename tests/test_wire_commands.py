@@ -677,7 +677,7 @@ def test_a_hint_naming_no_index_fails_as_in_mongodb(client):
     assert co.count_documents({}) == 5  # the connection serves on
 
 
-def test_local_oplog_rs_is_the_oplog_in_mongodbs_shape(client):
+def test_local_oplog_rs_is_the_oplog_in_mongodbs_shape(client, monkeypatch):
     """``local.oplog.rs``, read-only, as tools read it: listed in ``local``,
     ``collStats`` capped with the oplog's cap as ``maxSize``, ``find`` in
     ``$natural`` order either way with a filter and a limit; an entry of one
@@ -730,3 +730,11 @@ def test_local_oplog_rs_is_the_oplog_in_mongodbs_shape(client):
         with pytest.raises(OperationFailure, match="is the oplog, not a collection"):
             write()
     assert ol.count_documents({}) == 5 and co.count_documents({}) == 2
+    # a find's cursor holds its answer: past FIND_MAX entries it asks for a limit;
+    # counts and pipelines stream
+    from raymx.wire import oplog_view
+    monkeypatch.setattr(oplog_view, "FIND_MAX", 2)
+    with pytest.raises(OperationFailure, match="at most 2 entries"):
+        list(ol.find())
+    assert len(list(ol.find().limit(2))) == 2 and ol.count_documents({}) == 5
+    assert len(list(ol.aggregate([{"$match": {}}]))) == 5

@@ -578,7 +578,7 @@ def scan(d, cmd: dict, conn, ns: str, flt, projection=None, sort=None, seen=None
     """Every matching document (a find and its getMores). ``seen``: a dict
     that gets the first answer's snapshot point (``at``), if any."""
     if ns == oplog_view.NS:  # an aggregate, a distinct, a computed find of the oplog
-        yield from oplog_view.find(d.service.e, flt, sort, 0, 0, projection)
+        yield from oplog_view.docs(d.service.e, flt, sort, projection)
         return
     res = d.drive(_run(d, {"op": "find", "ns": ns, "filter": flt or {},
                            "projection": projection, "sort": sort, **read_fields(cmd)},
@@ -603,7 +603,7 @@ def _count(d, cmd: dict, conn):
         yield blocking(check_hint, d, cmd, conn, ns)
     flt = _plain(cmd.get("query") or {})
     if ns == oplog_view.NS:
-        n = len((yield blocking(oplog_view.find, d.service.e, flt, None, 0, 0, None)))
+        n = yield blocking(lambda: sum(1 for _ in oplog_view.docs(d.service.e, flt)))
     else:
         n = (yield from _run(d, {"op": "count", "ns": ns, "filter": flt, **read_fields(cmd)},
                              cmd, conn))["value"]

@@ -24,6 +24,8 @@ what it replicated so far).
 from __future__ import annotations
 
 import datetime
+import itertools
+from typing import Iterator
 
 from bson import Binary, Int64, Timestamp
 
@@ -101,29 +103,31 @@ def _order(sort) -> int:
                        f"{{$natural: -1}}, not {sort!r:.80}", 2, "BadValue")
 
 
-def find(engine, flt: dict, sort, skip: int, limit: int, projection) -> list[dict]:
-    """The documents of a ``find`` on the view: matching ``flt``, in oplog
-    order (``sort``), after ``skip``, at most ``limit`` (0: all, up to
-    ``FIND_MAX``)."""
+def docs(engine, flt: dict, sort=None, projection=None) -> Iterator[dict]:
+    """The view's documents matching ``flt``, in oplog order (``sort``), one
+    read snapshot: what counts, pipelines and ``distinct`` stream through."""
     step = _order(sort)
     match = compile_filter(flt or {})
-    out: list[dict] = []
     with engine.store.read() as t:
         for k, v in t.scan("oplog", reverse=step < 0):
             entry = codec.unpack(v, "oplog entry")
             doc = entry_doc(GTID.from_bytes(k), entry, engine.entry_ops(t, entry))
-            if not match(doc):
-                continue
-            if skip:
-                skip -= 1
-                continue
-            if len(out) >= FIND_MAX:
-                raise CommandError(
-                    f"a find on {NS} returns at most {FIND_MAX:,} entries here: give it a "
-                    "limit, or a range of ts", 2, "BadValue")
-            out.append(doc if not projection else project(doc, projection, flt))
-            if limit and len(out) >= limit:
-                break
+            if match(doc):
+                yield doc if not projection else project(doc, projection, flt)
+
+
+def find(engine, flt: dict, sort, skip: int, limit: int, projection) -> list[dict]:
+    """A ``find`` on the view (its cursor holds the answer): ``docs`` after
+    ``skip``, at most ``limit`` (0: all, up to ``FIND_MAX``)."""
+    out: list[dict] = []
+    for doc in itertools.islice(docs(engine, flt, sort, projection), skip, None):
+        if len(out) >= FIND_MAX:
+            raise CommandError(
+                f"a find on {NS} returns at most {FIND_MAX:,} entries here: give it a "
+                "limit, or a range of ts", 2, "BadValue")
+        out.append(doc)
+        if limit and len(out) >= limit:
+            break
     return out
 
 
