@@ -15,7 +15,7 @@ import lmdb
 import pytest
 
 from raymx import errors
-from raymx.storage import lmdb_store
+from raymx.storage import lmdb_env, lmdb_store
 from raymx.storage.engine import Engine
 from raymx.storage.gtid import GTID
 from raymx.storage.lmdb_store import LMDBStore
@@ -143,7 +143,7 @@ def test_failed_commit_then_noop_fails_too_then_both_work_in_a_bigger_map(tmp_pa
 
 
 def test_the_map_grows_at_the_next_write_after_a_refusal(tmp_path, monkeypatch):
-    monkeypatch.setattr(lmdb_store, "GROW_RETRY_S", 0.05)
+    monkeypatch.setattr(lmdb_env, "GROW_RETRY_S", 0.05)
     s = small(tmp_path, map_mib=2, max_mib=16)
     e = Engine(s)
     r = s.read()  # an open transaction of this process: no grow while it is
@@ -258,7 +258,7 @@ def test_an_idle_cursor_is_closed_so_the_map_can_grow(tmp_path, monkeypatch):
     from raymx.actors.shard import ShardService
     from raymx.storage.limits import Limits
     from tests.test_shard_service import ask
-    monkeypatch.setattr(lmdb_store, "GROW_RETRY_S", 0.05)
+    monkeypatch.setattr(lmdb_env, "GROW_RETRY_S", 0.05)
     lim = Limits(sync_interval_ms=20)
     s = small(tmp_path, map_mib=2, max_mib=64)
     e = Engine(s, lim)
@@ -468,7 +468,7 @@ def test_adopting_waits_for_this_process_open_transaction(tmp_path, monkeypatch)
     this process's transactions open: until then a begin raises
     DiskFull (one try a GROW_RETRY_S waits RESIZE_WAIT_S), and the
     open transaction keeps reading its snapshot."""
-    monkeypatch.setattr(lmdb_store, "GROW_RETRY_S", 0.05)
+    monkeypatch.setattr(lmdb_env, "GROW_RETRY_S", 0.05)
     s = small(tmp_path, map_mib=2)
     e = Engine(s)
     e.insert_many("t.c", [{"_id": i} for i in range(10)])

@@ -288,8 +288,9 @@ def _arith(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
         _put(c, k, numbers.combine("add" if op == "$inc" else "mul", cur, arg), w)
         return
     new = cur + arg if op == "$inc" else cur * arg
+    out = numbers.widened(new, cur, arg)
     if type(new) is int:
-        long = type(cur) is Int64 or type(arg) is Int64  # the result is a long (widened)
+        long = type(out) is Int64  # a long among the operands makes the result one
         if not (_LONG_MIN <= new <= _LONG_MAX if long else _INT_MIN <= new <= _INT_MAX):
             # MongoDB's words and code (BadValue): nothing is changed
             shown = f"(NumberLong){cur}" if type(cur) is Int64 else repr(cur)
@@ -298,7 +299,7 @@ def _arith(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
                 f"{{_id: {d.root.get('_id')!r}}}: the result {new} does not fit in "
                 f"{'a 64-bit signed integer (a long)' if long else '64 bits'}",
                 operator=op, field=path)
-    _put(c, k, numbers.widened(new, cur, arg), w)
+    _put(c, k, out, w)
 
 
 def _pop(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:

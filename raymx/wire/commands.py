@@ -297,6 +297,12 @@ def _names(d: Dispatcher, conn) -> list[str]:
     return d.call({"op": "listCollections"}, conn.state)["value"]
 
 
+def _stored_names(d: Dispatcher, conn) -> list[str]:
+    """The member's collections and the oplog (``local.oplog.rs``, read-only),
+    as databases and their stats count them."""
+    return _names(d, conn) + [oplog_view.NS]
+
+
 def _db(cmd: dict) -> str:
     db = cmd.get("$db")
     if not isinstance(db, str) or not db:
@@ -308,7 +314,7 @@ def _list_databases(d: Dispatcher, cmd: dict, conn) -> dict:
     """Each database with its size: its collections' stored bytes and index
     bytes, as ``collStats`` counts them (skipped with ``nameOnly``); ``local``
     holds the oplog (``local.oplog.rs``)."""
-    names = _names(d, conn) + [oplog_view.NS]  # local: the oplog, as MongoDB lists it
+    names = _stored_names(d, conn)
     dbs = sorted({ns.split(".", 1)[0] for ns in names})
     size = dict.fromkeys(dbs, 0)
     if not cmd.get("nameOnly"):
@@ -474,15 +480,15 @@ def _scale(cmd: dict) -> int:
 
 def _coll_stats(d: Dispatcher, cmd: dict, conn) -> dict:
     ns = crud.ns_of(cmd, "collStats")
-    if ns != oplog_view.NS and ns not in _names(d, conn):
+    if ns not in _stored_names(d, conn):
         raise CommandError(f"Collection [{ns}] not found.", 26, "NamespaceNotFound")
     return crud.storage_stats(d, conn, ns, _scale(cmd))
 
 
 def _db_stats(d: Dispatcher, cmd: dict, conn) -> dict:
     db, scale = _db(cmd), _scale(cmd)
-    st = [crud.storage_stats(d, conn, ns, scale)
-          for ns in sorted(_names(d, conn) + [oplog_view.NS]) if ns.split(".", 1)[0] == db]
+    st = [crud.storage_stats(d, conn, ns, scale) for ns in sorted(_stored_names(d, conn))
+          if ns.split(".", 1)[0] == db]
     objects, data = sum(x["count"] for x in st), sum(x["size"] for x in st)
     ix = sum(x["totalIndexSize"] for x in st)
     out = {"db": db, "collections": len(st), "views": 0, "objects": objects,

@@ -602,8 +602,8 @@ def _count(d, cmd: dict, conn):
     if cmd.get("hint"):
         yield blocking(check_hint, d, cmd, conn, ns)
     flt = _plain(cmd.get("query") or {})
-    if ns == oplog_view.NS:
-        n = yield blocking(lambda: sum(1 for _ in oplog_view.docs(d.service.e, flt)))
+    if ns == oplog_view.NS:  # counted as it streams (scan)
+        n = yield blocking(lambda: sum(1 for _ in scan(d, cmd, conn, ns, flt)))
     else:
         n = (yield from _run(d, {"op": "count", "ns": ns, "filter": flt, **read_fields(cmd)},
                              cmd, conn))["value"]
