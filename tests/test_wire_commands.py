@@ -1,6 +1,8 @@
 """The MongoDB wire port's commands beyond CRUD, with the real pymongo:
 renameCollection, sparse and partial indexes, explain, validate, dbHash,
 currentOp and the host's facts (a member served in process)."""
+import time
+
 import pytest
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError, OperationFailure, WriteError
@@ -738,3 +740,73 @@ def test_local_oplog_rs_is_the_oplog_in_mongodbs_shape(client, monkeypatch):
         list(ol.find())
     assert len(list(ol.find().limit(2))) == 2 and ol.count_documents({}) == 5
     assert len(list(ol.aggregate([{"$match": {}}]))) == 5
+
+
+def test_a_tailable_cursor_on_local_oplog_rs_follows_the_oplog(served, client):
+    """An oplog tailer (Meteor's, a connector's): a ``TAILABLE_AWAIT`` find of
+    ``local.oplog.rs`` after the last ``ts`` stays open at the end, and its
+    getMore waits for the next entries and returns them in order, filtered
+    and projected; a plain ``TAILABLE`` one answers at once; a limit closes
+    it. A position trimmed away ends it with ``CappedPositionLost`` (pymongo
+    then closes the cursor, as on MongoDB's capped roll-over). What a
+    tailable cursor cannot do is refused by name."""
+    import threading
+    from pymongo import CursorType
+    co = client.tl.c
+    co.insert_many([{"_id": 1}, {"_id": 2}])
+    ol = client.local["oplog.rs"]
+    last = ol.find().sort("$natural", -1).limit(1).next()
+    cur = ol.find({"ts": {"$gt": last["ts"]}, "ns": "tl.c"}, {"o": 1, "op": 1, "_id": 0},
+                  cursor_type=CursorType.TAILABLE_AWAIT).max_await_time_ms(5_000)
+
+    def later():
+        time.sleep(0.3)
+        co.insert_one({"_id": 3})
+        client.tl.other.insert_one({"_id": 9})  # filtered out
+        co.update_one({"_id": 3}, {"$set": {"a": 1}})
+        co.delete_one({"_id": 1})
+    w = threading.Thread(target=later)
+    w.start()
+    got = []
+    while len(got) < 3 and cur.alive:
+        got += list(cur)  # each pass ends at the end of what has arrived
+    w.join()
+    assert got == [{"op": "i", "o": {"_id": 3}}, {"op": "u", "o": {"_id": 3, "a": 1}},
+                   {"op": "d", "o": {"_id": 1}}]
+    assert cur.alive  # still at the end, waiting for more
+    cur.close()
+    # without awaitData a getMore answers at once; the cursor stays open
+    plain = ol.find({"ns": "tl.c", "op": "i"}, cursor_type=CursorType.TAILABLE)
+    assert [d["o"] for d in plain] == [{"_id": 3}] and plain.alive
+    co.insert_one({"_id": 4})
+    assert [d["o"] for d in plain] == [{"_id": 4}] and plain.alive
+    # a limit: the cursor closes once it has returned that many
+    lim = ol.find({"op": "i"}, cursor_type=CursorType.TAILABLE_AWAIT, limit=2)
+    assert [d["o"] for d in lim] == [{"_id": 3}, {"_id": 4}] and not lim.alive
+    # a position trimmed from the oplog ends the cursor, in MongoDB's words
+    behind = ol.find({"op": "u"}, cursor_type=CursorType.TAILABLE)
+    assert len(list(behind)) == 1
+    svc = served[1]
+    for _ in range(3):
+        co.insert_one({})
+    svc.e.trim_oplog(None, 1, None, 1_000)  # down to the last entry
+    with pytest.raises(OperationFailure, match="was trimmed") as ei:
+        client.local.command("getMore", behind.cursor_id, collection="oplog.rs")
+    assert ei.value.code == 136
+    assert list(behind) == [] and not behind.alive  # pymongo ends the cursor on that code
+    # refused: a sort other than $natural: 1, a skip, a single batch, $expr, a
+    # tailable cursor on any other collection, awaitData without tailable
+    for bad, words in (
+            (lambda: ol.find({}, cursor_type=CursorType.TAILABLE).sort("$natural", -1),
+             "oldest first"),
+            (lambda: ol.find({}, cursor_type=CursorType.TAILABLE, skip=1), "takes no skip"),
+            (lambda: ol.find({"$expr": {"$eq": ["$op", "i"]}},
+                             cursor_type=CursorType.TAILABLE), "plain filter"),
+            (lambda: co.find({}, cursor_type=CursorType.TAILABLE), "only one is local.oplog.rs")):
+        with pytest.raises(OperationFailure, match=words) as ei:
+            list(bad())
+        assert ei.value.code == 2
+    with pytest.raises(OperationFailure, match="without also setting 'tailable'") as ei:
+        client.local.command("find", "oplog.rs", awaitData=True)
+    assert ei.value.code == 9
+    assert co.count_documents({}) == 6  # the connection serves on

@@ -395,6 +395,19 @@ class ReadPath:
         mk = self.majority_known
         return None if mk is None else min(mk, last)
 
+    def oplog_end(self) -> GTID | None:
+        """The newest entry an oplog reader (a tailable cursor) may see: all
+        before it are committed here. The primary's commits may finish out
+        of GTID order, so there it stops below the oldest GTID still being
+        written (``min_live``); a secondary writes its oplog in order."""
+        last, _ = self.e.last()
+        if last is None or last == GTID(0, 0):
+            return None
+        if self.primary:
+            live = self.gm.min_live()
+            return min(last, GTID(live.term, live.seq - 1))
+        return last
+
     def watch(self, req: dict) -> dict:
         """One change-stream batch (long-poll): events after the resume token, up
         to the gate, and the token to resume from (a high-water mark on a

@@ -115,6 +115,32 @@ def image_event(ev: dict, kind: str, pre, post, replaced: bool) -> dict:
     return ev
 
 
+def oplog_span(t, token: tuple, member: int = 0) -> tuple[GTID, GTID] | None:
+    """The first and last GTIDs of the oplog read in ``t`` (None: it is
+    empty), once every entry after ``token`` it holds is known to be the
+    one a reader positioned at ``token`` expects. Raises ``OplogTrimmed``
+    (with the oldest GTID available) if entries after ``token`` were
+    trimmed here, ``Diverged`` if ``token`` names an entry this oplog does
+    not hold (it was rolled back: not majority-committed)."""
+    first, last = t.first("oplog"), t.last("oplog")
+    if first is None:
+        return None
+    g0 = GTID(token[0], token[1])
+    fg, lg = GTID.from_bytes(first[0]), GTID.from_bytes(last[0])
+    need = g0.seq if len(token) == 3 else g0.seq + 1  # the first entry still needed
+    if need < fg.seq:
+        raise errors.OplogTrimmed(
+            f"resume token {list(token)} is older than member {member}'s oplog: entries "
+            f"after it were trimmed; the oldest entry available is {fg} (resume from a "
+            f"token at or after {GTID(fg.term, fg.seq - 1) if fg.seq > 1 else ZERO}, or "
+            "start a new stream)", token=list(token), oldest=list(fg))
+    if g0 != ZERO and fg.seq <= g0.seq <= lg.seq and t.get("oplog", g0.to_bytes()) is None:
+        raise errors.Diverged(
+            f"resume token {list(token)} names an entry member {member} does not "
+            "hold (rolled back: it was not majority-committed)", token=list(token))
+    return fg, lg
+
+
 def scan(engine, token: tuple, gate: GTID | None, flt: Filter, n_max: int,
          member: int = 0) -> dict:
     """Events after ``token`` up to ``gate`` (inclusive), at most ``n_max``
@@ -133,24 +159,9 @@ def scan(engine, token: tuple, gate: GTID | None, flt: Filter, n_max: int,
     events: list[dict] = []
     resume = list(token)
     with engine.store.read() as t:
-        first, last = t.first("oplog"), t.last("oplog")
-        if first is None:
-            return {"events": events, "resume": resume}
-        fg, lg = GTID.from_bytes(first[0]), GTID.from_bytes(last[0])
-        need = g0.seq if skip is not None else g0.seq + 1  # the first entry still needed
-        if need < fg.seq:
-            raise errors.OplogTrimmed(
-                f"resume token {list(token)} is older than member {member}'s oplog: entries "
-                f"after it were trimmed; the oldest entry available is {fg} (resume from a "
-                f"token at or after {GTID(fg.term, fg.seq - 1) if fg.seq > 1 else ZERO}, or "
-                "start a new stream)", token=list(token), oldest=list(fg))
-        if g0 != ZERO and g0.seq >= fg.seq:
-            if g0.seq > lg.seq:
-                return {"events": events, "resume": resume}  # this member is behind: wait
-            if t.get("oplog", g0.to_bytes()) is None:
-                raise errors.Diverged(
-                    f"resume token {list(token)} names an entry member {member} does not "
-                    "hold (rolled back: it was not majority-committed)", token=list(token))
+        span = oplog_span(t, token, member)
+        if span is None or (g0 != ZERO and g0.seq > span[1].seq):
+            return {"events": events, "resume": resume}  # empty, or this member is behind: wait
         if gate is None or gate < g0 or (skip is None and gate == g0):
             return {"events": events, "resume": resume}
         start = g0.to_bytes() if skip is not None else prefix_end(g0.to_bytes())

@@ -11,17 +11,21 @@ from __future__ import annotations
 import datetime
 import itertools
 import threading
+import time
 
 from bson import Binary, Int64, Timestamp
 
 from raymx import errors
 from raymx.storage.changes import parse_token
-from raymx.wire import aggregate
+from raymx.wire import aggregate, oplog_view
 from raymx.wire.errors import CommandError
 
 _IDS = itertools.count(1)
 CURSOR_BASE = 1 << 62  # above the member's own cursor ids
 WAIT_MS_DEFAULT = 1000
+IDLE_S = 600  # an open cursor no getMore asked for this long is closed (MongoDB's 10 minutes)
+FIRST_BATCH = 101  # a find's first batch, by default (MongoDB's)
+TAIL_POLL_S = 0.01  # how often an awaiting tailable cursor looks for new oplog entries
 _FOLLOW = ("$match", "$project", "$addFields", "$set", "$unset")
 _EXPANDED = ("create", "createIndexes", "dropIndexes")  # with showExpandedEvents only
 _KINDS = {"insert": "insert", "update": "update", "replace": "replace", "delete": "delete",
@@ -113,15 +117,67 @@ def _invalidates(ev: dict, s: Stream) -> bool:
 
 
 class Streams:
-    """Open change-stream cursors of one member (any connection may getMore)."""
+    """Open change-stream cursors and tailable cursors on ``local.oplog.rs``
+    (``oplog_view.Tailer``) of one member: any connection may getMore; one
+    idle for ``IDLE_S`` is closed."""
 
     def __init__(self, d):
         self.d = d
-        self.open: dict[int, Stream] = {}
+        self.open: dict[int, Stream | oplog_view.Tailer] = {}
+        self.used: dict[int, float] = {}
         self.lock = threading.Lock()
 
     def owns(self, cid: int) -> bool:
         return cid >= CURSOR_BASE
+
+    def _add(self, s) -> int:
+        cid = CURSOR_BASE + next(_IDS)
+        now = time.monotonic()
+        with self.lock:
+            idle = [c for c, at in self.used.items() if now - at > IDLE_S]
+            for c in idle:
+                self.open.pop(c, None)
+                self.used.pop(c, None)
+            self.open[cid], self.used[cid] = s, now
+        return cid
+
+    def _get(self, cid: int):
+        with self.lock:
+            s = self.open.get(cid)
+            if s is not None:
+                self.used[cid] = time.monotonic()
+        if s is None:
+            raise CommandError(f"cursor id {cid} not found", 43, "CursorNotFound")
+        return s
+
+    def tail(self, cmd: dict, conn, ns: str, flt: dict) -> dict:
+        """A tailable ``find`` on ``local.oplog.rs``: its first batch, and a
+        cursor that stays open at the end of the oplog (closed at once only
+        if its limit is reached)."""
+        t = oplog_view.Tailer(cmd, flt, cmd.get("projection"))
+        svc = self.d.service
+        docs = t.batch(svc.e, svc.oplog_end(), int(cmd.get("batchSize") or FIRST_BATCH),
+                       svc.member_id)
+        cid = 0 if t.done() else self._add(t)
+        return {"cursor": {"firstBatch": docs, "id": Int64(cid), "ns": ns}}
+
+    def _tail_more(self, cid: int, t: oplog_view.Tailer, cmd: dict, conn) -> dict:
+        """A tailable cursor's next batch. With ``awaitData``, an empty one
+        waits up to ``maxTimeMS`` (1 s by default) for entries to be written,
+        looking every ``TAIL_POLL_S``."""
+        svc = self.d.service
+        n = min(int(cmd.get("batchSize") or oplog_view.TAIL_BATCH), oplog_view.TAIL_BATCH)
+        deadline = time.monotonic() + (cmd.get("maxTimeMS") or WAIT_MS_DEFAULT) / 1000
+        while True:
+            docs = t.batch(svc.e, svc.oplog_end(), n, svc.member_id)
+            left = deadline - time.monotonic()
+            if docs or t.done() or not t.await_data or left <= 0:
+                break
+            time.sleep(min(left, TAIL_POLL_S))
+        if t.done():
+            self.kill([cid])
+            cid = 0
+        return {"cursor": {"nextBatch": docs, "id": Int64(cid), "ns": oplog_view.NS}}
 
     def start(self, cmd: dict, conn, spec: dict, rest: list) -> dict:
         if not isinstance(spec, dict):
@@ -162,17 +218,14 @@ class Streams:
         s = Stream(namespaces, token, spec.get("fullDocument", "default"),
                    spec.get("fullDocumentBeforeChange", "off"), rest, ns)
         s.expanded = bool(spec.get("showExpandedEvents"))
-        cid = CURSOR_BASE + next(_IDS)
-        with self.lock:
-            self.open[cid] = s
+        cid = self._add(s)
         return {"cursor": {"firstBatch": [], "id": Int64(cid), "ns": ns,
                            "postBatchResumeToken": token_out(s.token)}}
 
     def get_more(self, cid: int, cmd: dict, conn) -> dict:
-        with self.lock:
-            s = self.open.get(cid)
-        if s is None:
-            raise CommandError(f"cursor id {cid} not found", 43, "CursorNotFound")
+        s = self._get(cid)
+        if isinstance(s, oplog_view.Tailer):
+            return self._tail_more(cid, s, cmd, conn)
         wait = cmd.get("maxTimeMS") or WAIT_MS_DEFAULT
         req = {"op": "watch", "after": list(s.token), "namespaces": s.namespaces,
                "wait_ms": int(wait)}
@@ -211,3 +264,4 @@ class Streams:
         with self.lock:
             for cid in ids:
                 self.open.pop(cid, None)
+                self.used.pop(cid, None)

@@ -461,8 +461,8 @@ _FIND_REFUSED = {
            "index's fields",
     "returnKey": "returnKey is not supported by raymx: project the index's fields",
     "showRecordId": "showRecordId is not supported by raymx: its documents have no record id",
-    "tailable": "tailable cursors need a capped collection, which raymx does not have: "
-                "watch() the collection (a change stream) instead",
+    "tailable": "tailable cursors need a capped collection: raymx's only one is "
+                "local.oplog.rs; watch() the collection (a change stream) instead",
 }
 
 
@@ -490,15 +490,26 @@ def check_hint(d, cmd: dict, conn, ns: str) -> None:
 
 def _find(d, cmd: dict, conn):
     ns = ns_of(cmd, "find")
+    tail = ns == oplog_view.NS and bool(cmd.get("tailable"))
     for k, why in _FIND_REFUSED.items():
-        if cmd.get(k) not in (None, False, {}):
+        if cmd.get(k) not in (None, False, {}) and not (tail and k == "tailable"):
             raise CommandError(why, 2, "BadValue")
+    if cmd.get("awaitData") and not cmd.get("tailable"):
+        raise CommandError("Cannot set 'awaitData' without also setting 'tailable'", 9,
+                           "FailedToParse")
     if cmd.get("hint"):
         yield blocking(check_hint, d, cmd, conn, ns)
     limit = int(cmd.get("limit") or 0)
     single = bool(cmd.get("singleBatch")) or limit < 0
     limit = abs(limit)
     flt = _plain(cmd.get("filter") or {})
+    if tail:
+        if not aggregate.plain_filter(flt) or pipelines.computed_projection(
+                cmd.get("projection")):
+            raise CommandError(f"a tailable cursor on {ns} takes a plain filter and "
+                               "projection ($expr and computed fields are not served)", 2,
+                               "BadValue")
+        return (yield blocking(d.streams.tail, _plain(cmd), conn, ns, flt))
     if ns == oplog_view.NS and aggregate.plain_filter(flt) \
             and not pipelines.computed_projection(cmd.get("projection")):
         out = yield blocking(oplog_view.find, d.service.e, flt, _plain(cmd.get("sort")),

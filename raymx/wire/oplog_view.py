@@ -16,10 +16,11 @@ Each raymx entry (one GTID, one transaction) is one document:
   entry of ``applyOps``, as MongoDB logs a transaction.
 
 Served: ``find`` (filter, ``$natural`` order either way, skip, limit,
-projection; at most ``FIND_MAX`` entries in one find), ``collStats`` and
-``$collStats``, ``listCollections`` of ``local``. Writes are refused as for
-any ``local`` collection. It reads this member's own oplog (on a secondary,
-what it replicated so far).
+projection; at most ``FIND_MAX`` entries in one find), tailable cursors
+(``Tailer``: what oplog tailers such as Meteor's read, awaiting data as
+MongoDB's do), ``collStats`` and ``$collStats``, ``listCollections`` of
+``local``. Writes are refused as for any ``local`` collection. It reads this
+member's own oplog (on a secondary, what it replicated so far).
 """
 from __future__ import annotations
 
@@ -29,15 +30,19 @@ from typing import Iterator
 
 from bson import Binary, Int64, Timestamp
 
+from raymx import errors
 from raymx.storage import codec
-from raymx.storage.changes import SESSIONS_NS
+from raymx.storage.changes import SESSIONS_NS, oplog_span
 from raymx.storage.gtid import GTID
+from raymx.storage.keys import prefix_end
 from raymx.storage.projection import project
 from raymx.storage.query import compile_filter
 from raymx.wire.errors import CommandError
 
 NS = "local.oplog.rs"
 FIND_MAX = 100_000  # entries one find may return (its cursor holds them)
+TAIL_BATCH = 1_000  # entries a tailable cursor's getMore returns at most
+TAIL_LOOK = 10_000  # entries one batch of a tailable cursor looks at (it may come back empty)
 
 
 def _op_doc(op: dict) -> dict:
@@ -129,6 +134,72 @@ def find(engine, flt: dict, sort, skip: int, limit: int, projection) -> list[dic
         if limit and len(out) >= limit:
             break
     return out
+
+
+class Tailer:
+    """A tailable cursor on the view (a ``find`` with ``tailable``): its
+    filter and projection, the last entry it looked at, and what is left of
+    its limit. It reads oldest first and stays open at the end, so each
+    batch holds the matching entries written since the one before (only
+    entries durable on this member: ``gate``). A batch looks at no more than
+    ``TAIL_LOOK`` entries, so one far behind catches up over several."""
+
+    def __init__(self, cmd: dict, flt: dict, projection):
+        if cmd.get("singleBatch") or int(cmd.get("limit") or 0) < 0:
+            raise CommandError("a tailable cursor cannot be a single batch", 2, "BadValue")
+        if int(cmd.get("skip") or 0):
+            raise CommandError(f"a tailable cursor on {NS} takes no skip: filter on ts", 2,
+                               "BadValue")
+        if _order(cmd.get("sort")) != 1:
+            raise CommandError(f"a tailable cursor reads {NS} oldest first: sort by "
+                               "{$natural: 1} or not at all", 2, "BadValue")
+        self.flt, self.projection = flt, projection
+        self.match = compile_filter(flt or {})
+        self.await_data = bool(cmd.get("awaitData"))
+        self.left = int(cmd.get("limit") or 0) or None  # None: no limit
+        self.pos: GTID | None = None  # the last entry looked at (None: none yet)
+
+    def batch(self, engine, gate: GTID | None, n_max: int, member: int = 0) -> list[dict]:
+        """The matching entries after ``pos``, up to ``gate`` (inclusive), at
+        most ``n_max`` (and what is left of the limit). A position trimmed
+        from the oplog, or rolled back, ends the cursor as MongoDB's does
+        (``CappedPositionLost``)."""
+        if self.left is not None:
+            n_max = min(n_max, self.left)
+        out: list[dict] = []
+        if gate is None or (self.pos is not None and gate <= self.pos):
+            return out
+        with engine.store.read() as t:
+            if self.pos is not None:
+                try:
+                    oplog_span(t, (self.pos.term, self.pos.seq), member)
+                except errors.OplogTrimmed:
+                    raise CommandError(
+                        f"the tailable cursor's position {self.pos} was trimmed from {NS} "
+                        "before it read on: query again from the oldest entry", 136,
+                        "CappedPositionLost") from None
+                except errors.Diverged:
+                    raise CommandError(
+                        f"the tailable cursor's position {self.pos} in {NS} was rolled back "
+                        "(it was not majority-committed): query again", 136,
+                        "CappedPositionLost") from None
+            start = None if self.pos is None else prefix_end(self.pos.to_bytes())
+            for looked, (k, v) in enumerate(t.scan("oplog", start, prefix_end(gate.to_bytes()))):
+                if len(out) >= n_max or looked >= TAIL_LOOK:
+                    break
+                self.pos = GTID.from_bytes(k)
+                entry = codec.unpack(v, "oplog entry")
+                doc = entry_doc(self.pos, entry, engine.entry_ops(t, entry))
+                if self.match(doc):
+                    out.append(doc if not self.projection
+                               else project(doc, self.projection, self.flt))
+        if self.left is not None:
+            self.left -= len(out)
+        return out
+
+    def done(self) -> bool:
+        """Its limit is reached: the cursor closes."""
+        return self.left is not None and self.left <= 0
 
 
 def stats(engine, cap: dict, scale: int = 1) -> dict:
