@@ -85,7 +85,8 @@ from raymx.storage.limits import Limits
 from raymx.storage.lmdb_store import LMDBStore
 from raymx.storage.store import MemoryStore
 from tests.sim_base import (CONVERGE_MS_MAX, FAULTS, Network, Options, Rpc, SCENARIOS,
-                            Scheduler, Violation, WTIMEOUT_MS, reproduce_line)
+                            Scheduler, TXN_IDLE_MS, TXN_LIFETIME_MS, Violation, WTIMEOUT_MS,
+                            reproduce_line)
 from tests.sim_bugs import BROKEN, KNOWN_BUGS, regressed
 from tests.sim_member import SimMember  # noqa: F401
 from tests.sim_actors import Checker, SimClient, SimCoordinator  # noqa: F401
@@ -155,6 +156,7 @@ class Sim:
         self.full_rng = random.Random(seed * 43 + 17)  # full disks' own draws
         self.zombie_rng = random.Random(seed * 47 + 19)  # zombies' own draws
         self.bank_rng = random.Random(seed * 53 + 23)  # transfers' own draws
+        self.abandon_rng = random.Random(seed * 59 + 29)  # transfers left open: their own draws
         self.zombies: set[str] = set()  # members whose old process runs on
         self.clock_offsets: dict[int, int] = {}  # member -> its clock minus simulated time
         self.sched = Scheduler(self.rng)
@@ -163,6 +165,9 @@ class Sim:
                                      heartbeat_timeout_ms=max(o.heartbeat_timeout_ms,
                                                               2 * o.heartbeat_interval_ms),
                                      pull_wait_ms=o.pull_wait_ms)
+        if self.abandoning:  # transactions left open end within the run
+            self.limits = self.limits.with_(transaction_idle_ms=TXN_IDLE_MS,
+                                            transaction_lifetime_ms=TXN_LIFETIME_MS)
         self.net = Network(self)
         self.rpc = Rpc(self)
         self.checker = Checker(self)
@@ -185,6 +190,7 @@ class Sim:
         self._nodes: dict[str, object] = {}
         self._epochs: dict[str, int] = {}
         self.crashes = 0
+        self.started: list[SimMember] = []  # every member process this run started
         for m in self.member_ids:
             self.start_member(m)
         self.start_coordinator()
@@ -231,6 +237,11 @@ class Sim:
             return next((c for c in self.clients if c.name == name), None)
         return self._nodes.get(name)
 
+    @property
+    def abandoning(self) -> bool:
+        """Clients leave some transfers open (``Options.abandon_p``)."""
+        return bool(self.opts.bank_p and self.opts.abandon_p)
+
     def epoch(self, name: str) -> int:
         return self._epochs.get(name, 0)
 
@@ -241,6 +252,7 @@ class Sim:
         name = f"m{m}"
         self._epochs[name] = self.epoch(name) + 1
         self._nodes[name] = SimMember(self, m, self.stores[m])
+        self.started.append(self._nodes[name])
         self.checker.check_oplog(self._nodes[name])
         self.trace(name, f"start last={self._nodes[name].engine.last()[0]} "
                    f"term={self._nodes[name].engine.term}")
@@ -479,7 +491,9 @@ class Sim:
                              "elections": ck.elections, "crashes": self.crashes,
                              "rollbacks": ck.rollbacks,
                              "rolled_back_entries": ck.rolled_back_entries,
-                             "transfers": "/".join(map(str, ck.transfers))},
+                             "transfers": "/".join(map(str, ck.transfers)),
+                             "transactions_expired": sum(m.svc.transactions_expired
+                                                         for m in self.started)},
                       trace_tail=list(self.trail),
                       options=dict(asdict(self.opts), store="lmdb" if self._dir else "memory"),
                       digest=self._digest.hexdigest())

@@ -332,11 +332,17 @@ class SimClient:
             bal = {d["_id"]: d["bal"] for d in r["docs"]}
             put(a, bal.get(a, 0) - x, lambda _: put(b, bal.get(b, 0) + x, commit))
 
+        def walk_away() -> None:  # neither commit nor abort: the transaction stays open
+            self.transferring = False
+            sim.checker.transfers[3] += 1
+
         def put(acct, v, then):
             call({"op": "update", "ns": "db.bank", "filter": {"_id": acct},
                   "update": {"$set": {"bal": v}}, "upsert": True, "txn": state["txn"]}, then)
 
         def commit(_):
+            if sim.abandoning and sim.abandon_rng.random() < sim.opts.abandon_p:
+                return walk_away()
             req = {"op": "txnCommit", "txn": state["txn"], "w": w}
             if w == "majority":
                 req["wtimeout_ms"] = WTIMEOUT_MS
@@ -386,7 +392,7 @@ class Checker:
         self.rollbacks = 0
         self.rolled_back_entries = 0
         self.elections = 0
-        self.transfers = [0, 0, 0]  # bank transfers begun, committed, in conflict
+        self.transfers = [0, 0, 0, 0]  # bank transfers begun, committed, in conflict, abandoned
 
     def fail(self, msg: str) -> None:
         raise Violation(msg)

@@ -22,6 +22,10 @@ ELECT_TIMEOUT_MS = 2_000
 RECONFIG_TIMEOUT_MS = 3_000
 CLIENT_TIMEOUT_MS = 3_000
 WTIMEOUT_MS = 2_000
+# A transaction's limits where clients abandon transfers (``abandon_p``), so
+# that one left open ends within the run (the real ones are 60 s).
+TXN_IDLE_MS = 2_000
+TXN_LIFETIME_MS = 10_000
 # The liveness phase must converge within this much simulated time.
 CONVERGE_MS_MAX = 60_000
 EVENTS_MAX = 2_000_000
@@ -52,7 +56,8 @@ def reproduce_line(seed: int, broken: str | None = None, regress=(),
 # before a fault existed replays with it off
 FAULTS = ("drop_p", "dup_p", "spike_p", "partition_p", "crash_p", "coordinator_crash_p",
           "reconfig_p", "reads_p", "fsync_fail_p", "clock_jump_p", "disk_full_p", "zombie_p",
-          "bank_p")  # bank_p: the transfers' workload (a seed found before it replays without)
+          "bank_p", "abandon_p")  # bank_p: the transfers' workload, abandon_p: transfers left
+                                  # open (seeds found before either replay without)
 
 
 # --- options (swarm testing: the seed draws the shape and the fault mix) ----
@@ -107,6 +112,12 @@ class Options:
     # txnCommit, each a request of its own on the client's connection): the
     # balances must sum to zero on every member at the end
     bank_p: float = 0.0
+    # share of transfers whose client walks away before its commit (a client
+    # that hung or died): the transaction stays open, holding its accounts,
+    # until it runs past its idle limit, which is short then (``Sim.limits``);
+    # the member's trimmer round (a timer here) ends it, and the plain writes
+    # parked behind it run
+    abandon_p: float = 0.0
     # a member this many entries behind catches up by parallel replay (the
     # applier's replay path) instead of entry by entry
     replay_entries_min: int = 10_000
@@ -157,7 +168,8 @@ class Options:
             disk_full_p=random.Random(seed * 86028121 + 17).choice((0.0, 0.0, 0.005, 0.02)),
             zombie_p=random.Random(seed * 15487469 + 19).choice((0.0, 0.0, 0.003, 0.01)),
             replay_entries_min=random.Random(seed * 67867967 + 23).choice((10_000,) * 3 + (3,)),
-            bank_p=random.Random(seed * 98764321 + 29).choice((0.0, 0.0, 0.1, 0.3)))
+            bank_p=random.Random(seed * 98764321 + 29).choice((0.0, 0.0, 0.1, 0.3)),
+            abandon_p=random.Random(seed * 32452867 + 31).choice((0.0, 0.0, 0.05, 0.2)))
 
 
 # Named scenarios (TigerBeetle's replica_test style): a quiet cluster and a

@@ -85,6 +85,8 @@ class SimMember:
         self.apply_held = False
         self._apply_queued = False
         self._kick_applier()
+        if sim.abandoning:  # the trimmer's round (its share that matters here)
+            self.later(sim.limits.trim_interval_ms, self._trimmer_round)
 
     @property
     def role(self) -> str:
@@ -269,6 +271,13 @@ class SimMember:
         self.svc.handle(req, reply, {} if conn is None else self._conns.setdefault(conn, {}))
         self.svc.run_queued()
         self.oplog_dirty = True
+
+    def _trimmer_round(self) -> None:
+        """What the trimmer thread's round does for transactions: while plain
+        writes wait for them, the writer ends those past their limits."""
+        self.svc.sweep_waiting_writes()
+        self.svc.run_queued()
+        self.later(self.sim.limits.trim_interval_ms, self._trimmer_round)
 
     def _committed(self, g: GTID) -> None:
         """ShardService's on_commit: ``g`` is in the oplog (not yet durable)."""

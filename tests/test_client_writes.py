@@ -423,5 +423,6 @@ def test_a_plain_write_waits_for_the_transaction_holding_its_document(tmp_path):
         assert n_of(3) == 105
         st = svc.status()
         assert st["writes_waiting_for_transactions"] == 0 and st["open_transactions"] == 0
+        assert st["transactions_expired"] == 1
         a.close()
         b.close()

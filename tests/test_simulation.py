@@ -7,6 +7,8 @@
 * replays are exact, also under another PYTHONHASHSEED;
 * planted bugs (a primary acknowledging w="majority" before anyone else has
   the entry; an election reusing a term) are caught, so the invariants bite;
+* transactions that clients leave open expire on the members' own clocks,
+  and the plain writes parked behind them run (the trimmer's round);
 * every protocol bug the simulation found (tests/sim.py KNOWN_BUGS) is fixed
   in the shipped cores, which the simulation runs as the shells do; put back
   into those cores (a monkeypatch), each is caught by its reproduction.
@@ -60,6 +62,41 @@ def test_seeds(chunk, sweep):
     # and majority/linearizable reads were checked against the final history
     assert sum(r.stats["majority_acks"] for r in results) > 0
     assert sum(r.stats["reads"] for r in results) > 0
+
+
+def test_transactions_left_open_expire_and_the_writes_parked_behind_them_run(monkeypatch):
+    """Seeds whose clients walk away from some transfers (``abandon_p``): the
+    transactions left open expire by the member's clock (the simulated one),
+    and the trimmer's round (``sweep_waiting_writes``, a timer here as a
+    thread's loop there) ends those that plain writes wait for, which then
+    run. The bank balances still sum to zero on every member."""
+    from raymx.actors.sessions import SessionPath
+    from tests.sim_base import Options
+    seen = {"released_by_round": 0, "expired": 0}
+    sweep, end = SessionPath._sweep_txns, SessionPath._end_txn
+    in_round = []
+
+    def sweep_counted(self):
+        in_round.append(1)
+        try:
+            return sweep(self)
+        finally:
+            in_round.pop()
+
+    def end_counted(self, s, abort=False):
+        if in_round:
+            seen["released_by_round"] += len(s.waiting)
+        return end(self, s, abort)
+    monkeypatch.setattr(SessionPath, "_sweep_txns", sweep_counted)
+    monkeypatch.setattr(SessionPath, "_end_txn", end_counted)
+    seeds = [s for s in range(100, 200) if Options.swarm(s).bank_p and Options.swarm(s).abandon_p]
+    abandoned = 0
+    for seed in seeds[:12]:
+        r = sim.run(seed)
+        assert r.ok, r.report()
+        abandoned += int(r.stats["transfers"].split("/")[3])
+        seen["expired"] += r.stats["transactions_expired"]
+    assert abandoned > 0 and seen["expired"] > 0 and seen["released_by_round"] > 0, seen
 
 
 @pytest.mark.parametrize("name", sorted(sim.SCENARIOS))

@@ -12,7 +12,6 @@ arrive and run as one statement with the last.
 from __future__ import annotations
 
 import logging
-import time
 
 from raymx import errors
 from raymx.actors.core import client_limits
@@ -37,7 +36,7 @@ class Session:
         self.rid = rid  # the id of the txnBegin request (see SessionPath._cancel_begin)
         self.tx = None  # the engine transaction, from its begin to its end
         self.closed = False
-        self.deadline = self.used = 0.0  # monotonic seconds
+        self.deadline = self.used = 0.0  # seconds of the service's clock (mono_ms)
         self.locked: list[bytes] = []  # documents' keys it wrote (the member's _txn_locks)
         self.waiting: list[tuple] = []  # writer items of plain writes waiting for its end
 
@@ -86,7 +85,7 @@ class SessionPath:
     def _txn_step(self, s: Session, req: dict, reply: Reply) -> None:
         """One step of transaction ``s`` (the writer held for it alone)."""
         op = req.get("op")
-        now = time.monotonic()
+        now = self.mono_ms() / 1000
         self._expire_txns(now)
         if op == "txnBegin":
             if s.closed:  # aborted before it began (its caller gave up)
@@ -147,7 +146,7 @@ class SessionPath:
         fresh = s.tx.t.fresh
         if not fresh:
             return
-        locks, now = self._txn_locks, time.monotonic()
+        locks, now = self._txn_locks, self.mono_ms() / 1000
         for key in fresh:
             holder = locks.get(key)
             if holder is not None and holder is not s and self._expired(holder, now):
@@ -191,7 +190,7 @@ class SessionPath:
         if not locks:
             return None
         keys = tx.t.written("docs")
-        now = time.monotonic()
+        now = self.mono_ms() / 1000
         for key in keys or ():
             s = locks.get(key)
             if s is not None and not self._expired(s, now):
@@ -204,12 +203,18 @@ class SessionPath:
         s.waiting.append(item)
         self.writes_waiting += 1
 
-    def _sweep_txns(self) -> None:
-        """On the writer, about once a second while plain writes wait: open
-        transactions past their limits end, and the writes waiting for them
-        run."""
+    def sweep_waiting_writes(self) -> None:
+        """A round of the trimmer's (once a second; the simulation's timer):
+        while plain writes wait for transactions, the writer ends those past
+        their limits, and the writes waiting for them run."""
         if self.writes_waiting:
-            self._expire_txns(time.monotonic())
+            self.on_writer(self._sweep_txns)
+
+    def _sweep_txns(self) -> None:
+        """On the writer: open transactions past their limits end, and the
+        writes waiting for them run."""
+        if self.writes_waiting:
+            self._expire_txns(self.mono_ms() / 1000)
 
     def _expire_txns(self, now: float) -> None:
         """Abort the transactions past ``transaction_lifetime_ms`` or idle past
@@ -227,6 +232,7 @@ class SessionPath:
             return False
         log.warning("transaction %d aborted: %s", s.id,
                     client_limits.txn_ended_why(s.deadline - now, self.limits))
+        self.transactions_expired += 1
         self._end_txn(s, abort=True)
         return True
 

@@ -116,7 +116,8 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         self._txns: dict = {}
         self._txn_locks: dict = {}
         self.writes_waiting = 0  # plain writes waiting for a transaction to end (_park)
-        self._txns_swept = time.monotonic()
+        self.transactions_expired = 0  # ended past their lifetime or idle limit (_expired)
+        self._txns_swept = self.mono_ms() / 1000
         self._unhook_remap_txns = engine.store.on_remap(self._release_txns)
         self._unwritten: list[GTID] = []  # taken GTIDs whose n entry waits (_write_noop)
         self._cursors_swept = time.monotonic()
@@ -680,6 +681,7 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
                 "open_cursors": len(self._cursors) + len(self._cursors_busy),
                 "open_transactions": len(self._txns),
                 "writes_waiting_for_transactions": self.writes_waiting,
+                "transactions_expired": self.transactions_expired,
                 "after_waits": self.after_waits.counters(), "ttl": dict(self.ttl)}
 
     def close(self) -> None:

@@ -151,8 +151,7 @@ class TrimPath:
                     log.warning("trimming the oplog was refused: %s", e)
                 else:
                     log.exception("trimming the oplog failed")
-            if self.writes_waiting:  # they wait for transactions that may have expired
-                self.on_writer(self._sweep_txns)
+            self.sweep_waiting_writes()  # they wait for transactions that may have expired
             if time.monotonic() >= self._ttl_next:
                 self._ttl_next = time.monotonic() + self.limits.ttl_interval_ms / 1000
                 try:
