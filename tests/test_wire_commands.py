@@ -4,6 +4,7 @@ currentOp and the host's facts (a member served in process)."""
 import time
 
 import pytest
+from bson import Timestamp
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError, OperationFailure, WriteError
 
@@ -810,3 +811,36 @@ def test_a_tailable_cursor_on_local_oplog_rs_follows_the_oplog(served, client):
         client.local.command("find", "oplog.rs", awaitData=True)
     assert ei.value.code == 9
     assert co.count_documents({}) == 6  # the connection serves on
+
+
+def test_a_tailer_resuming_at_a_ts_starts_there_not_at_the_oldest_entry(served, client,
+                                                                       monkeypatch):
+    """As MongoDB's oplog replay: a tailable find with a lower bound on ``ts``
+    starts at the first entry of that second (a binary search of the
+    oplog), so a tailer resuming after an hour of old entries reads none of
+    them."""
+    from pymongo import CursorType
+    from raymx.wire import oplog_view
+    svc, ol, co = served[1], client.local["oplog.rs"], client.tl.c
+    real_now = svc.e._now_ms
+    svc.e._now_ms = lambda: real_now() - 3_600_000  # an hour ago
+    try:
+        client.tl.old.insert_many([{"_id": i} for i in range(40)])
+        for i in range(40, 60):
+            client.tl.old.insert_one({"_id": i})
+    finally:
+        svc.e._now_ms = real_now
+    co.insert_one({"_id": 1})
+    at = ol.find().sort("$natural", -1).limit(1).next()["ts"]
+    decoded, entry_doc = [], oplog_view.entry_doc
+    monkeypatch.setattr(oplog_view, "entry_doc", lambda *a: decoded.append(1) or entry_doc(*a))
+    resumed = ol.find({"ts": {"$gt": at}}, cursor_type=CursorType.TAILABLE_AWAIT)
+    assert list(resumed) == [] and resumed.alive
+    co.insert_one({"_id": 2})
+    assert [d["o"] for d in resumed] == [{"_id": 2}]
+    assert len(decoded) == 2  # the entry at `at` (filtered out) and the new one
+    # a bound older than every entry starts at the oldest, one newer at the end
+    assert len(list(ol.find({"ts": {"$gte": Timestamp(1, 0)}},
+                            cursor_type=CursorType.TAILABLE))) == 23
+    late = ol.find({"ts": {"$gt": Timestamp(at.time + 3600, 0)}}, cursor_type=CursorType.TAILABLE)
+    assert list(late) == [] and late.alive

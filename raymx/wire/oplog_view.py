@@ -141,7 +141,7 @@ class Tailer:
     filter and projection, the last entry it looked at, and what is left of
     its limit. It reads oldest first and stays open at the end, so each
     batch holds the matching entries written since the one before (only
-    entries durable on this member: ``gate``). A batch looks at no more than
+    entries committed here: ``gate``). A batch looks at no more than
     ``TAIL_LOOK`` entries, so one far behind catches up over several."""
 
     def __init__(self, cmd: dict, flt: dict, projection):
@@ -158,6 +158,26 @@ class Tailer:
         self.await_data = bool(cmd.get("awaitData"))
         self.left = int(cmd.get("limit") or 0) or None  # None: no limit
         self.pos: GTID | None = None  # the last entry looked at (None: none yet)
+        self.start: bytes | None = None  # where the first batch starts (None: the oldest)
+        self.placed = False
+
+    def place(self, engine) -> None:
+        """Where the first batch starts. As MongoDB's oplog replay: a lower
+        bound on ``ts`` (``$gt`` or ``$gte``) starts at the first entry of
+        its second (``Engine.oplog_at``'s binary search, ``ts`` taken as
+        ordered), not at the oldest entry; the filter applies as ever. So
+        a tailer resuming at the last ``ts`` it saw starts at once, however
+        long the oplog."""
+        self.placed = True
+        bound = (self.flt or {}).get("ts")
+        bound = bound.get("$gt", bound.get("$gte")) if isinstance(bound, dict) else None
+        if not isinstance(bound, Timestamp):
+            return
+        try:
+            g = engine.oplog_at(bound.time * 1000)
+        except errors.OplogTrimmed:
+            return  # older than the oldest entry kept: from there
+        self.start = g.to_bytes() if g is not None else prefix_end(engine.last()[0].to_bytes())
 
     def batch(self, engine, gate: GTID | None, n_max: int, member: int = 0) -> list[dict]:
         """The matching entries after ``pos``, up to ``gate`` (inclusive), at
@@ -169,6 +189,8 @@ class Tailer:
         out: list[dict] = []
         if gate is None or (self.pos is not None and gate <= self.pos):
             return out
+        if not self.placed:
+            self.place(engine)
         with engine.store.read() as t:
             if self.pos is not None:
                 try:
@@ -183,7 +205,7 @@ class Tailer:
                         f"the tailable cursor's position {self.pos} in {NS} was rolled back "
                         "(it was not majority-committed): query again", 136,
                         "CappedPositionLost") from None
-            start = None if self.pos is None else prefix_end(self.pos.to_bytes())
+            start = self.start if self.pos is None else prefix_end(self.pos.to_bytes())
             for looked, (k, v) in enumerate(t.scan("oplog", start, prefix_end(gate.to_bytes()))):
                 if len(out) >= n_max or looked >= TAIL_LOOK:
                     break
