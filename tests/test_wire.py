@@ -587,9 +587,9 @@ def test_binary_subtypes_and_legacy_uuids_round_trip_through_pymongo(served, cli
 def test_change_stream_starts_at_an_operation_time(client):
     """startAtOperationTime with an operationTime raymx answered (a GTID as
     Timestamp(term, seq)) starts at that entry, included; a wall-clock time
-    (an event's clusterTime, seconds as MongoDB's connectors send) starts at
-    the first entry committed in or after that second; a second resume
-    option is refused."""
+    (seconds as MongoDB's connectors send) starts at the first entry
+    committed in or after that second, an event's clusterTime at its own
+    entry; a second resume option is refused."""
     import time
     c = client.db.sat
     with client.start_session() as s:
@@ -616,6 +616,21 @@ def test_change_stream_starts_at_an_operation_time(client):
         again = ev["clusterTime"]  # an event's clusterTime starts a stream too
     with c.watch(start_at_operation_time=again, max_await_time_ms=200) as st:
         assert st.next()["documentKey"]["_id"] == "clock"
+    # an event's clusterTime is Timestamp(second, seq), its entry's ts in
+    # local.oplog.rs: it starts a stream at that very entry, not at the
+    # first of its second
+    assert again == client.local["oplog.rs"].find({"o._id": "clock"}).next()["ts"]
+    for i in range(5):
+        c.insert_one({"_id": f"one{i}"})
+        c.insert_one({"_id": f"two{i}"})
+        with c.watch(start_at_operation_time=bson.Timestamp(cut, 0),
+                     max_await_time_ms=200) as st:  # "clock", then each pair so far
+            one, two = [st.next() for _ in range(3 + 2 * i)][-2:]
+        if one["clusterTime"].time == two["clusterTime"].time:  # in one second: a real test
+            break
+    assert two["clusterTime"].inc == one["clusterTime"].inc + 1
+    with c.watch(start_at_operation_time=two["clusterTime"], max_await_time_ms=200) as st:
+        assert st.next()["documentKey"]["_id"] == two["documentKey"]["_id"]
     with c.watch(start_at_operation_time=bson.Timestamp(1_000_000_000, 0),
                  max_await_time_ms=200) as st:  # before the set: from its first entry
         assert st.next()["documentKey"]["_id"] == "before"

@@ -425,7 +425,9 @@ class ReadPath:
         wait_ms = min(int(req.get("wait_ms") or self.limits.watch_wait_ms), 60_000)
         after = req.get("after")
         if req.get("since_ms") is not None:  # from a wall-clock time: its first entry
-            g = self.e.oplog_at(int(req["since_ms"]))  # None: after the last entry
+            since_seq = req.get("since_seq")
+            g = self.e.oplog_at(int(req["since_ms"]),  # None: after the last entry
+                                None if since_seq is None else int(since_seq))
             start = [g.term, g.seq, -1] if g is not None else list(self.e.last()[0])
             return {"events": [], "resume": list(changes.parse_token(start))}
         if after is None:

@@ -314,12 +314,15 @@ class Engine:
                 if limit is not None and n >= limit:
                     return
 
-    def oplog_at(self, ms: int) -> GTID | None:
+    def oplog_at(self, ms: int, seq: int | None = None) -> GTID | None:
         """The first live oplog entry committed at or after ``ms`` (milliseconds
         since 1970 by the committing primaries' clocks, taken as ordered): a
         binary search by seq, which is dense across terms. None if every
         entry is older. ``OplogTrimmed`` if the oldest entry kept is already
-        newer and entries before it were trimmed (they may be newer too)."""
+        newer and entries before it were trimmed (they may be newer too).
+        With ``seq``: the entry of that seq instead, if it is kept and was
+        committed in the same second as ``ms`` (a ``Timestamp(second, seq)``
+        raymx handed out names its entry exactly)."""
         with self.store.read() as t:
             first, last = t.first("oplog"), t.last("oplog")
             if first is None:
@@ -334,6 +337,10 @@ class Engine:
                 term = next(g.term for g in reversed(starts) if g.seq <= seq)
                 k, v = next(t.scan("oplog", GTID(term, seq).to_bytes()))
                 return GTID.from_bytes(k), codec.unpack(v, "oplog entry")["ts"]
+            if seq is not None and lo_g.seq <= seq <= hi_g.seq:
+                g, ts = at(seq)
+                if ts // 1000 == ms // 1000:
+                    return g
             if at(lo_g.seq)[1] >= ms:
                 if lo_g.seq > 1:
                     raise errors.OplogTrimmed(

@@ -49,22 +49,31 @@ def token_in(doc) -> tuple:
 WALL_CLOCK_MIN = 1_000_000_000  # a Timestamp's time from here on is seconds (2001-09-09)
 
 
-def _start_at(at) -> tuple | int:
+def _start_at(at) -> tuple:
     """``startAtOperationTime``: an ``operationTime`` raymx answered is
     ``Timestamp(term, seq)``, a GTID; the stream starts at that entry,
-    included (the token before its first op). A wall-clock time (an event's
-    ``clusterTime``, or seconds since 1970 as MongoDB's connectors send):
-    its milliseconds, for the member to find the first entry committed in
-    or after that second (``Engine.oplog_at``)."""
+    included (the token before its first op). A wall-clock time: ``(ms,
+    inc)``, for the member to find the entry (``Engine.oplog_at``): an
+    event's ``clusterTime`` (and a ``ts`` of ``local.oplog.rs``) is
+    ``Timestamp(second, seq)`` and names its entry exactly; any other time
+    (seconds since 1970, as MongoDB's connectors send) starts at the first
+    entry committed in or after that second."""
     if not isinstance(at, Timestamp):
         raise CommandError(f"startAtOperationTime must be a Timestamp, not {at!r:.40}", 14,
                            "TypeMismatch")
     if at.time >= WALL_CLOCK_MIN:
-        return at.time * 1000
+        return (at.time * 1000, at.inc)
     if at.inc < 1:
         raise CommandError(f"startAtOperationTime {at} names no oplog entry (seq starts at 1)",
                            2, "BadValue")
     return (at.time, at.inc, -1)
+
+
+def _cluster_time(ev: dict) -> Timestamp:
+    """An event's ``clusterTime``: ``Timestamp(commit second, seq)``, as its
+    entry's ``ts`` in ``local.oplog.rs`` (the events of one entry, a
+    transaction's, share it, as in MongoDB)."""
+    return Timestamp(ev["ts"] // 1000, ev["token"][1] % (1 << 32))
 
 
 class Stream:
@@ -87,7 +96,7 @@ def event_doc(ev: dict, s: Stream) -> dict | None:
     db, _, coll = ev["ns"].partition(".")
     ts = ev["ts"]
     out = {"_id": token_out(ev["token"]), "operationType": kind,
-           "clusterTime": Timestamp(ts // 1000, ev["token"][2] + 1),
+           "clusterTime": _cluster_time(ev),
            "wallTime": datetime.datetime(1970, 1, 1) + datetime.timedelta(milliseconds=ts),
            "ns": {"db": db, "coll": coll} if coll else {"db": db}}
     if kind == "rename":
@@ -204,10 +213,11 @@ class Streams:
         rf = {k: v for k, v in read_fields(cmd).items() if k == "rp"}
         if at is not None:
             token = _start_at(at)
-            if isinstance(token, int):  # a wall-clock time: the member finds its entry
+            if len(token) == 2:  # a wall-clock time: the member finds its entry
                 try:
                     token = tuple(self.d.call({"op": "watch", "namespaces": namespaces,
-                                               "since_ms": token, **rf}, conn.state)["resume"])
+                                               "since_ms": token[0], "since_seq": token[1],
+                                               **rf}, conn.state)["resume"])
                 except errors.OplogTrimmed as e:
                     raise CommandError(e.msg, 286, "ChangeStreamHistoryLost") from None
         elif tok is not None:
@@ -250,7 +260,7 @@ class Streams:
             # event (never filtered), as MongoDB's: its token starts a new stream
             # after it (startAfter), and the cursor is closed
             docs.append({"_id": token_out(end["token"]), "operationType": "invalidate",
-                         "clusterTime": Timestamp(end["ts"] // 1000, end["token"][2] + 1),
+                         "clusterTime": _cluster_time(end),
                          "wallTime": datetime.datetime(1970, 1, 1)
                          + datetime.timedelta(milliseconds=end["ts"])})
             self.kill([cid])

@@ -163,9 +163,10 @@ class Tailer:
 
     def place(self, engine) -> None:
         """Where the first batch starts. As MongoDB's oplog replay: a lower
-        bound on ``ts`` (``$gt`` or ``$gte``) starts at the first entry of
-        its second (``Engine.oplog_at``'s binary search, ``ts`` taken as
-        ordered), not at the oldest entry; the filter applies as ever. So
+        bound on ``ts`` (``$gt`` or ``$gte``) starts at its entry, or at the
+        first entry of its second (``Engine.oplog_at``'s binary search, ``ts``
+        taken as ordered), not at the oldest entry; the filter applies as
+        ever. So
         a tailer resuming at the last ``ts`` it saw starts at once, however
         long the oplog."""
         self.placed = True
@@ -174,7 +175,7 @@ class Tailer:
         if not isinstance(bound, Timestamp):
             return
         try:
-            g = engine.oplog_at(bound.time * 1000)
+            g = engine.oplog_at(bound.time * 1000, bound.inc)
         except errors.OplogTrimmed:
             return  # older than the oldest entry kept: from there
         self.start = g.to_bytes() if g is not None else prefix_end(engine.last()[0].to_bytes())
