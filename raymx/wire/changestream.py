@@ -23,6 +23,7 @@ from raymx.wire.errors import CommandError
 _IDS = itertools.count(1)
 CURSOR_BASE = 1 << 62  # above the member's own cursor ids
 WAIT_MS_DEFAULT = 1000
+WAIT_MS_MAX = 60_000  # a getMore waits at most this long (as the member's watch)
 IDLE_S = 600  # an open cursor no getMore asked for this long is closed (MongoDB's 10 minutes)
 FIRST_BATCH = 101  # a find's first batch, by default (MongoDB's)
 TAIL_POLL_S = 0.01  # how often an awaiting tailable cursor looks for new oplog entries
@@ -172,11 +173,12 @@ class Streams:
 
     def _tail_more(self, cid: int, t: oplog_view.Tailer, cmd: dict, conn) -> dict:
         """A tailable cursor's next batch. With ``awaitData``, an empty one
-        waits up to ``maxTimeMS`` (1 s by default) for entries to be written,
-        looking every ``TAIL_POLL_S``."""
+        waits up to ``maxTimeMS`` (1 s by default, 60 s at most) for entries
+        to be written, looking every ``TAIL_POLL_S``."""
         svc = self.d.service
         n = min(int(cmd.get("batchSize") or oplog_view.TAIL_BATCH), oplog_view.TAIL_BATCH)
-        deadline = time.monotonic() + (cmd.get("maxTimeMS") or WAIT_MS_DEFAULT) / 1000
+        wait_ms = min(cmd.get("maxTimeMS") or WAIT_MS_DEFAULT, WAIT_MS_MAX)
+        deadline = time.monotonic() + wait_ms / 1000
         while True:
             docs = t.batch(svc.e, svc.oplog_end(), n, svc.member_id)
             left = deadline - time.monotonic()
