@@ -166,3 +166,44 @@ def test_find_one_is_one_request_that_answers_as_find_limit_one(port):
     assert coll.find_one(3) == {"_id": 3, "n": 0}  # the connection serves on
     assert svc.status()["open_cursors"] == 0
     cl.close()
+
+
+def test_max_time_ms_bounds_a_read_s_batches_as_mongodb_s_maxtimems(port):
+    """``max_time_ms`` (MongoDB's ``maxTimeMS``): a find or count that runs
+    past it fails with ``ExecutionTimeout`` (its cursor closed, nothing
+    stored touched) and the connection serves on; the time counts every
+    batch of a cursor, not the client's pauses between them; a read waiting
+    for a GTID waits no longer than it."""
+    p, svc = port
+    cl = client_of(p)
+    co = cl["t"]["big"]
+    co.insert_many([{"_id": i, "v": i % 7} for i in range(30_000)])
+    slow = {"v": {"$gt": 100}}  # matches nothing: the whole collection is examined
+    with pytest.raises(errors.ExecutionTimeout, match="exceeded time limit"):
+        list(co.find(slow, max_time_ms=1))
+    with pytest.raises(errors.ExecutionTimeout):
+        co.count_documents(slow, max_time_ms=1)
+    wait_for(lambda: svc.status()["open_cursors"] == 0)
+    assert co.count_documents(slow, max_time_ms=60_000) == 0  # time enough
+    # a cursor read in small batches with pauses between them: the pauses are free
+    cur = co.find({}, batch_size=5_000).max_time_ms(2_000)
+    got = [next(cur)]
+    time.sleep(2.5)
+    got += list(cur)
+    assert len(got) == 30_000
+    # refused: a negative limit
+    with pytest.raises(TypeError, match="max_time_ms"):
+        co.find({}).max_time_ms(-1)
+    with pytest.raises(errors.InvalidOperation, match="max_time_ms"):
+        cl._read_call(co.read_preference, {"op": "count", "ns": "t.big", "filter": {},
+                                           "max_time_ms": "soon"})
+    # a read after a GTID not written yet waits max_time_ms, not the default 10 s
+    last, _ = svc.e.last()
+    t0 = time.monotonic()
+    with pytest.raises(errors.ReadConcernTimeout):
+        cl._read_call(co.read_preference, {"op": "find", "ns": "t.big", "filter": {"_id": 1},
+                                           "after": [last.term, last.seq + 5],
+                                           "max_time_ms": 300})
+    assert time.monotonic() - t0 < 5
+    assert co.find_one({"_id": 7}) == {"_id": 7, "v": 0}
+    cl.close()

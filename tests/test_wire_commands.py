@@ -844,3 +844,24 @@ def test_a_tailer_resuming_at_a_ts_starts_there_not_at_the_oldest_entry(served, 
                             cursor_type=CursorType.TAILABLE))) == 23
     late = ol.find({"ts": {"$gt": Timestamp(at.time + 3600, 0)}}, cursor_type=CursorType.TAILABLE)
     assert list(late) == [] and late.alive
+
+
+def test_max_time_ms_is_served_as_mongodb_s(client):
+    """``maxTimeMS`` bounds a find, an aggregate (``count_documents``) and a
+    distinct as in MongoDB: past it, ``MaxTimeMSExpired`` (50), which
+    pymongo raises as ``ExecutionTimeout``; within it the answer is whole."""
+    from pymongo.errors import ExecutionTimeout
+    co = client.mt.c
+    co.insert_many([{"_id": i, "v": i % 7} for i in range(30_000)])
+    slow = {"v": {"$gt": 100}}
+    for run in (lambda: list(co.find(slow).max_time_ms(1)),
+                lambda: co.count_documents(slow, maxTimeMS=1),
+                lambda: co.distinct("v", slow, maxTimeMS=1),
+                lambda: list(co.aggregate([{"$match": slow}], maxTimeMS=1))):
+        with pytest.raises(ExecutionTimeout) as ei:
+            run()
+        assert ei.value.code == 50
+    assert co.count_documents(slow, maxTimeMS=60_000) == 0
+    assert len(list(co.find({}).max_time_ms(60_000))) == 30_000
+    with pytest.raises(OperationFailure, match="maxTimeMS must be"):
+        client.mt.command("find", "c", maxTimeMS=-5)

@@ -34,11 +34,47 @@ def _gtid_in(v, what: str) -> GTID:
         raise errors.InvalidOperation(f"{what} must be a GTID [term, seq], got {v!r:.60}") from None
 
 
+class TimeLimit:
+    """A read's ``max_time_ms`` (MongoDB's ``maxTimeMS``): the time its
+    batches may take in all, the time between them not counted. ``check``
+    (``Stats.check``, called as documents are examined) raises
+    ``ExecutionTimeout`` once a batch runs past what is left."""
+
+    def __init__(self, ms):
+        if type(ms) not in (int, float) or ms < 0:
+            raise errors.InvalidOperation(f"max_time_ms must be a non-negative number of "
+                                          f"milliseconds, got {ms!r:.40}")
+        self.ms = ms
+        self.left = ms / 1000
+        self.deadline = float("inf")
+
+    def __enter__(self):
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + self.left
+
+    def __exit__(self, *exc):
+        self.left -= time.monotonic() - self.t0
+        self.deadline = float("inf")
+
+    def check(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise errors.ExecutionTimeout(
+                f"operation exceeded time limit ({self.ms:g} ms, max_time_ms)",
+                max_time_ms=self.ms)
+
+
+def time_limit(req: dict) -> TimeLimit | None:
+    """The read's time limit, if it has one (``max_time_ms`` > 0)."""
+    ms = req.get("max_time_ms")
+    return TimeLimit(ms) if ms else None
+
+
 class _Cursor:
-    def __init__(self, cid: int, reader: Reader, it):
+    def __init__(self, cid: int, reader: Reader, it, limit: TimeLimit | None = None):
         self.id = cid
         self.reader = reader
         self.it = it
+        self.limit = limit   # max_time_ms: every batch counts against it
         self.used = time.monotonic()
         self.head = None     # a document taken from ``it`` that the next batch starts with
         self.killed = False  # killed while a getMore held it: closed when that ends
@@ -218,12 +254,21 @@ class ReadPath:
 
     def _read_in(self, r: Reader, req: dict, conn: dict):
         op = req["op"]
+        limit = time_limit(req)
+        if limit is not None and op in ("count", "find"):
+            with limit:
+                return self._read_in_timed(r, req, limit)
+        return self._read_in_timed(r, req, None)
+
+    def _read_in_timed(self, r: Reader, req: dict, limit: TimeLimit | None):
+        op = req["op"]
+        stats = Stats(None if limit is None else limit.check)
         if op == "count":
-            return {"value": r.count(req["ns"], req.get("filter"))}
+            return {"value": r.count(req["ns"], req.get("filter"), stats)}
         if op == "find":  # inside a transaction: one batch, no cursor
             docs, size = [], 0
             for d in r.find(req["ns"], req.get("filter"), req.get("projection"), req.get("sort"),
-                            req.get("skip") or 0, req.get("limit") or 0):
+                            req.get("skip") or 0, req.get("limit") or 0, stats):
                 size += len(codec.pack(d))
                 if size > self._batch_bytes() and docs:
                     raise errors.InvalidOperation(
@@ -262,9 +307,11 @@ class ReadPath:
             hits = r.by_id(req["ns"], req.get("filter"))
             if hits is not None:  # a point read: no query plan, no cursor
                 return {"cursor": 0, "docs": [d for _, d in hits]}
+        limit = time_limit(req)
         it = r.find(req["ns"], req.get("filter"), req.get("projection"), req.get("sort"),
-                    req.get("skip") or 0, req.get("limit") or 0)
-        c = _Cursor(next(self._ids), r, it)
+                    req.get("skip") or 0, req.get("limit") or 0,
+                    Stats(None if limit is None else limit.check))
+        c = _Cursor(next(self._ids), r, it, limit)
         return self._table_if_open(c, self._batch(c, req.get("batch")))
 
     def _table_if_open(self, c: _Cursor, out: dict) -> dict:
@@ -299,6 +346,12 @@ class ReadPath:
         and ``cursor_batch_bytes`` of them encoded, but always one (a document
         fits a frame). Sizes are exact: packing a document costs about 1/25
         of reading it; a lone document (a point read) is never sized."""
+        if c.limit is not None:
+            with c.limit:
+                return self._batch_timed(c, batch)
+        return self._batch_timed(c, batch)
+
+    def _batch_timed(self, c: _Cursor, batch) -> dict:
         n_max = min(int(batch or self.limits.cursor_batch_docs), self.limits.cursor_batch_docs)
         cap = self._batch_bytes()
         docs, size = [], 0

@@ -60,6 +60,12 @@ class Cursor:
     def batch_size(self, n: int) -> "Cursor":
         return self._option("batch", _check_count("batch_size", n))
 
+    def max_time_ms(self, ms: int | None) -> "Cursor":
+        """The time the member may spend on this cursor's batches in all
+        (None or 0: no limit); past it the batch fails with
+        ``ExecutionTimeout`` and the cursor is closed, as pymongo's."""
+        return self._option("max_time_ms", _check_count("max_time_ms", ms or 0))
+
     # --- iterating -----------------------------------------------------------
     def __iter__(self) -> "Cursor":
         return self

@@ -296,8 +296,12 @@ class TrimResult:
 
 # --- what a query did -----------------------------------------------------
 class Stats:
-    """Counters a query fills in; tests use ``examined`` to see index use."""
+    """Counters a query fills in; tests use ``examined`` to see index use.
+    ``check``: called every ``CHECK_EVERY`` documents examined (a read's
+    time limit raises from it)."""
+    CHECK_EVERY = 256  # a power of two
 
-    def __init__(self):
+    def __init__(self, check=None):
         self.examined = 0
         self.plan = None
+        self.check = check

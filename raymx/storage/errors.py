@@ -24,6 +24,7 @@ __all__ = [
     "SchemaMismatch", "CollectionNotFound", "CollectionExists", "IndexNotFound", "ProtocolError",
     "AuthenticationFailed", "CorruptEntry", "CorruptStore", "BatchRefused", "NotPrimary",
     "NotPrimaryOrSecondary", "PrimaryUnavailable", "WriteConcernTimeout", "ReadConcernTimeout",
+    "ExecutionTimeout",
     "StaleRead", "Diverged", "TooStale", "OplogTrimmed", "StaleTerm", "IrreversibleOp",
     "ShutDown", "ConnectionLost", "RequestTimeout", "TransactionAborted", "WriteConflict",
     "DiskFailed",
@@ -216,6 +217,12 @@ class WriteConcernTimeout(OperationFailure):
 class ReadConcernTimeout(OperationFailure):
     """The member did not apply the requested GTID within the timeout (or,
     for a majority read, did not know it majority-committed)."""
+
+
+class ExecutionTimeout(OperationFailure):
+    """A read ran past its time limit (``max_time_ms``, MongoDB's
+    ``maxTimeMS``: the time its batches took in all); its cursor is closed.
+    pymongo's name."""
 
 
 class StaleRead(ServerSelectionTimeoutError):

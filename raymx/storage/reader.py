@@ -203,15 +203,20 @@ class Reader:
         if c is None or (ov is not None and b"" in ov):
             stats.plan = "EOF"
             return
+        check, every = stats.check, stats.CHECK_EVERY - 1
         for pk, d in self._candidates(c, flt, stats):
             if ov and pk in ov:
                 continue  # changed after the point: its image then is matched below
             stats.examined += 1
+            if check is not None and not stats.examined & every:
+                check()
             if match(d):
                 yield pk, d
         for pk, b in sorted((ov or {}).items()):
             if b is not None:
                 stats.examined += 1
+                if check is not None and not stats.examined & every:
+                    check()
                 d = codec.unpack_document(b)
                 if match(d):
                     yield pk, d
@@ -258,8 +263,8 @@ class Reader:
             if limit and n >= limit:
                 return
 
-    def count(self, ns: str, flt=None) -> int:
-        return sum(1 for _ in self.matching(ns, flt))
+    def count(self, ns: str, flt=None, stats: Stats | None = None) -> int:
+        return sum(1 for _ in self.matching(ns, flt, stats))
 
     def coll_stats(self, ns: str) -> dict:
         """``ns``'s documents and their stored bytes, and each index's entries

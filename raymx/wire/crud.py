@@ -67,7 +67,8 @@ def wc_fields(cmd: dict) -> dict:
 
 
 def read_fields(cmd: dict) -> dict:
-    """``$readPreference`` and ``readConcern`` -> the member's ``rp``, ``readConcern``."""
+    """``$readPreference``, ``readConcern`` and ``maxTimeMS`` -> the member's
+    ``rp``, ``readConcern`` (``after``, ``at``) and ``max_time_ms``."""
     out = {}
     rp = cmd.get("$readPreference")
     mode = rp.get("mode", "primary") if isinstance(rp, dict) else "primary"
@@ -89,6 +90,12 @@ def read_fields(cmd: dict) -> dict:
             raise CommandError("atClusterTime needs a Timestamp and readConcern level "
                                "'snapshot'", 2, "BadValue")
         out["at"] = [at.time, at.inc]
+    mt = cmd.get("maxTimeMS")
+    if mt:  # the member's time limit for the read's batches (and its wait for after)
+        if type(mt) is not int or mt < 0:
+            raise CommandError(f"maxTimeMS must be a non-negative integer, not {mt!r:.40}", 2,
+                               "BadValue")
+        out["max_time_ms"] = mt
     return out
 
 
@@ -452,8 +459,9 @@ def _sort(v):
 
 
 # find's options that change its answer and that raymx does not serve: refused,
-# never ignored (hint, maxTimeMS, comment, noCursorTimeout, allowDiskUse... only
-# change how an answer is reached, and are ignored)
+# never ignored (comment, noCursorTimeout, allowDiskUse... only change how an
+# answer is reached, and are ignored; a hint is checked; maxTimeMS is the
+# member's max_time_ms, read_fields)
 _FIND_REFUSED = {
     "min": "min/max are not supported by raymx: use a range filter ($gte/$lt) on the "
            "index's fields",

@@ -33,6 +33,7 @@ _CODES: list[tuple[type, int, str]] = [
     (errors.PrimaryUnavailable, 189, "PrimarySteppedDown"),
     (errors.WriteConcernTimeout, 64, "WriteConcernFailed"),
     (errors.ReadConcernTimeout, 50, "MaxTimeMSExpired"),
+    (errors.ExecutionTimeout, 50, "MaxTimeMSExpired"),
     (errors.RequestTimeout, 50, "MaxTimeMSExpired"),
     (errors.WriteConflict, 112, "WriteConflict"),
     (errors.TransactionAborted, 251, "NoSuchTransaction"),

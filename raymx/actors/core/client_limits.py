@@ -111,8 +111,8 @@ def insert_part(conn: dict, rid, more: bool, cancel: bool, limits: Limits):
 
 
 def read_after(req: dict, limits: Limits) -> tuple[GTID, int]:
-    """A read's ``after`` GTID and its wait in ms (default 10 s, or the limit if
-    lower), checked against ``after_timeout_ms_max``."""
+    """A read's ``after`` GTID and its wait in ms (default its ``max_time_ms``,
+    else 10 s, or the limit if lower), checked against ``after_timeout_ms_max``."""
     try:
         g = GTID.parse(req["after"])
     except (ValueError, TypeError):
@@ -120,8 +120,8 @@ def read_after(req: dict, limits: Limits) -> tuple[GTID, int]:
             from None
     most = limits.after_timeout_ms_max
     t = req.get("after_timeout_ms")
-    if t is None or t == 0:
-        t = min(10_000, most)
+    if t is None or t == 0:  # the read's own time limit bounds its wait too
+        t = min(req.get("max_time_ms") or 10_000, most)
     if type(t) not in (int, float) or t < 0:
         raise InvalidOperation(f"after_timeout_ms must be a non-negative number of "
                                f"milliseconds, got {t!r:.40}")
