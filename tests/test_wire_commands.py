@@ -865,3 +865,59 @@ def test_max_time_ms_is_served_as_mongodb_s(client):
     assert len(list(co.find({}).max_time_ms(60_000))) == 30_000
     with pytest.raises(OperationFailure, match="maxTimeMS must be"):
         client.mt.command("find", "c", maxTimeMS=-5)
+
+
+def test_coll_mod_sets_an_index_s_ttl_as_mongodb_s(served, client):
+    """``collMod`` with ``index: {keyPattern | name, expireAfterSeconds}``
+    makes an index a TTL index or changes its expiry (the answer names the
+    old and new expiry), and the TTL monitor then deletes by it; the change
+    is logged as the index dropped and built again, so every member and a
+    rollback handle it. Validators, views and hidden indexes are refused by
+    name; a missing collection or index has MongoDB's codes."""
+    import datetime
+    svc = served[1]
+    co = client.cm.c
+    old, new = datetime.datetime(2020, 1, 1), datetime.datetime.now(datetime.timezone.utc)
+    co.insert_many([{"_id": i, "at": old if i % 2 else new, "b": i} for i in range(6)])
+    co.create_index("at")
+    co.create_index("b", unique=True)
+    assert client.cm.command("collMod", "c", index={"keyPattern": {"at": 1},
+                                                    "expireAfterSeconds": 3600}) \
+        == {"expireAfterSeconds_new": 3600, "ok": 1.0, "operationTime": ANY_TIME}
+    out = client.cm.command("collMod", "c", index={"name": "at_1", "expireAfterSeconds": 60})
+    assert (out["expireAfterSeconds_old"], out["expireAfterSeconds_new"]) == (3600, 60)
+    same = client.cm.command("collMod", "c", index={"name": "at_1", "expireAfterSeconds": 60})
+    assert "expireAfterSeconds_new" not in same  # nothing changed, nothing logged
+    ixs = {x["name"]: x for x in co.list_indexes()}
+    assert ixs["at_1"]["expireAfterSeconds"] == 60 and ixs["b_1"]["unique"] is True
+    assert co.find_one({"at": old, "_id": 1})["b"] == 1  # the rebuilt index serves
+    svc.expire_once()  # the TTL monitor's pass
+    assert sorted(d["_id"] for d in co.find()) == [0, 2, 4]
+    mods = [e["o"]["applyOps"] for e in client.local["oplog.rs"].find(
+        {"o.applyOps.o.dropIndexes": "c"})]
+    assert [[(next(iter(x["o"])), x["o"].get("expireAfterSeconds")) for x in m] for m in mods] \
+        == [[("dropIndexes", None), ("createIndexes", 3600)],
+            [("dropIndexes", None), ("createIndexes", 60)]]
+    assert client.cm.command("collMod", "c", changeStreamPreAndPostImages={"enabled": True})
+    for kw, code, words in (({"validator": {"b": 1}}, 2, "validators are not served"),
+                            ({"index": {"name": "b_1", "hidden": True}}, 2, "hidden indexes"),
+                            ({"index": {"name": "nope", "expireAfterSeconds": 5}}, 27,
+                             "cannot find index"),
+                            ({"index": {"name": "b_1", "expireAfterSeconds": -1}}, 2,
+                             "whole number of seconds"),
+                            ({"colour": "blue"}, 40415, "unknown option")):
+        with pytest.raises(OperationFailure, match=words) as ei:
+            client.cm.command("collMod", "c", **kw)
+        assert ei.value.code == code
+    with pytest.raises(OperationFailure) as ei:
+        client.cm.command("collMod", "absent")
+    assert ei.value.code == 26
+    assert co.count_documents({}) == 3  # the connection serves on
+
+
+class _AnyTime:
+    def __eq__(self, other):
+        return isinstance(other, Timestamp)
+
+
+ANY_TIME = _AnyTime()

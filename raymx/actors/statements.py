@@ -14,7 +14,8 @@ from raymx.storage.engine import Transaction, WriteResult
 from raymx.storage.reader import id_point
 
 WRITE_OPS = {"insert", "replaceMany", "update", "delete", "createIndex", "dropIndex",
-             "dropCollection", "createCollection", "renameCollection", "revertTo"}
+             "setIndexExpiry", "dropCollection", "createCollection", "renameCollection",
+             "revertTo"}
 PACKED_OPS = ("insert", "replaceMany")  # their documents arrive packed, maybe in parts
 READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes",
             "revertPlan", "collStats", "explain", "validate"}
@@ -63,6 +64,8 @@ def _statement(tx: Transaction, req: dict):
                                sparse=bool(req.get("sparse")), partial=req.get("partial"))
     if op == "dropIndex":
         return tx.drop_index(ns, req.get("name"))
+    if op == "setIndexExpiry":
+        return tx.set_index_expiry(ns, req.get("name"), req.get("expire_after_s"))
     if op == "dropCollection":
         return tx.drop_collection(ns)
     if op == "createCollection":

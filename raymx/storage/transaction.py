@@ -557,6 +557,28 @@ class Transaction(Reader):
                               "spec": ix.spec()}))
         return name
 
+    def set_index_expiry(self, ns: str, name: str, expire_after_s) -> int | None:
+        """Make index ``name`` of ``ns`` a TTL index of ``expire_after_s``
+        seconds, or change its expiry (MongoDB's ``collMod`` of an index);
+        returns the expiry it had (None: none). Logged as the index dropped
+        and created again with the new expiry, in one statement, so members,
+        rollback and change streams need nothing new (it is rebuilt)."""
+        def run():
+            split_ns(ns, self.e.limits)
+            c = self.coll(ns)
+            if c is None or name not in c.indexes:
+                raise errors.IndexNotFound(f"index {name!r} not found on {ns}", ns=ns)
+            ix = c.indexes[name]
+            new = check_expire(expire_after_s, ix.key)
+            if new is None or new == ix.expire_after_s:
+                return ix.expire_after_s
+            self._drop_index(c, name)
+            self._log(codec.pack({"op": "c", "ns": ns, "cmd": "dropIndex", "name": name,
+                                  "spec": ix.spec()}))
+            self._create_index(ns, ix.key, ix.unique, name, True, new, ix.sparse, ix.partial)
+            return ix.expire_after_s
+        return self.statement(run)
+
     def drop_index(self, ns: str, name: str) -> None:
         def run():
             split_ns(ns, self.e.limits)

@@ -587,6 +587,70 @@ def _drop_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
     return {"nIndexesWas": len(ixs)}
 
 
+_COLL_MOD_REFUSED = {
+    "validator": "validators are not served by raymx",
+    "validationLevel": "validators are not served by raymx",
+    "validationAction": "validators are not served by raymx",
+    "viewOn": "views are not served by raymx", "pipeline": "views are not served by raymx",
+    "expireAfterSeconds": "raymx has no time-series or clustered collections: set "
+                          "expireAfterSeconds on a TTL index ({index: {name, "
+                          "expireAfterSeconds}})",
+    "cappedSize": "raymx has no capped collections", "cappedMax": "raymx has no capped "
+                                                                  "collections",
+}
+_COMMAND_FIELDS = {"$db", "lsid", "txnNumber", "writeConcern", "$clusterTime",
+                   "$readPreference", "comment", "apiVersion", "apiStrict",
+                   "apiDeprecationErrors"}
+
+
+def _coll_mod(d: Dispatcher, cmd: dict, conn) -> dict:
+    """``collMod``: an index's ``expireAfterSeconds`` (a TTL index made, or
+    its expiry changed: the member drops and builds it again in one write,
+    ``Transaction.set_index_expiry``); ``changeStreamPreAndPostImages``
+    (always on here: every change event can have both images). What raymx
+    does not serve (validators, views, hidden indexes) is refused by name."""
+    ns = crud.ns_of(cmd, "collMod")
+    for k, why in _COLL_MOD_REFUSED.items():
+        if k in cmd:
+            raise bad_value(f"collMod: {why}")
+    other = sorted(set(cmd) - _COMMAND_FIELDS - {"collMod", "index",
+                                                 "changeStreamPreAndPostImages"})
+    if other:
+        raise CommandError(f"collMod: unknown option(s) {', '.join(other)}", 40415,
+                           "Location40415")
+    if ns not in _names(d, conn):
+        raise CommandError(f"ns does not exist: {ns}", 26, "NamespaceNotFound")
+    spec, out = cmd.get("index"), {}
+    if spec is None:
+        return out
+    if not isinstance(spec, dict) or ("name" in spec) == ("keyPattern" in spec):
+        raise bad_value("collMod: index needs a document with either name or keyPattern")
+    if spec.get("hidden") is not None:
+        raise bad_value("collMod: hidden indexes are not served by raymx")
+    other = sorted(set(spec) - {"name", "keyPattern", "expireAfterSeconds"})
+    if other:
+        raise bad_value(f"collMod: index option(s) {', '.join(other)} are not served by raymx")
+    ixs = d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"]
+    if "name" in spec:
+        found = [x for x in ixs if x["name"] == spec["name"]]
+    else:
+        key = plain(spec["keyPattern"])
+        key = [[p, int(v)] for p, v in key.items()] if isinstance(key, dict) else None
+        found = [x for x in ixs if [list(k) for k in x["key"]] == key]
+    if not found:
+        raise CommandError(f"cannot find index {spec.get('name') or spec.get('keyPattern')} "
+                           f"for ns {ns}", 27, "IndexNotFound")
+    if "expireAfterSeconds" in spec:
+        old = d.call({"op": "setIndexExpiry", "ns": ns, "name": found[0]["name"],
+                      "expire_after_s": spec["expireAfterSeconds"], **crud.wc_fields(cmd)},
+                     conn.state)["value"]
+        if old != spec["expireAfterSeconds"]:
+            if old is not None:
+                out["expireAfterSeconds_old"] = Int64(old)
+            out["expireAfterSeconds_new"] = Int64(spec["expireAfterSeconds"])
+    return out
+
+
 def _ok(d, cmd, conn) -> dict:
     return {}
 
@@ -683,7 +747,7 @@ COMMANDS = {
     "saslcontinue": _sasl_continue, "logout": _logout, "ping": _ok, "buildinfo": _build_info,
     "listdatabases": _list_databases, "listcollections": _list_collections,
     "create": _create, "drop": _drop, "dropdatabase": _drop_database,
-    "listindexes": _list_indexes, "createindexes": _create_indexes,
+    "listindexes": _list_indexes, "createindexes": _create_indexes, "collmod": _coll_mod,
     "dropindexes": _drop_indexes, "endsessions": _end_sessions, "killsessions": _end_sessions,
     "refreshsessions": _ok, "whatsmyuri": _whats_my_uri,
     "connectionstatus": _connection_status, "getparameter": _get_parameter,
@@ -696,7 +760,7 @@ COMMANDS = {
 # the commands' names as MongoDB spells them (listCommands); tests check that
 # they are exactly the dispatch tables' keys
 COMMAND_NAMES = (
-    "abortTransaction", "aggregate", "buildInfo", "collStats", "commitTransaction",
+    "abortTransaction", "aggregate", "buildInfo", "collMod", "collStats", "commitTransaction",
     "connectionStatus", "count", "create", "createIndexes", "currentOp", "dbHash", "dbStats",
     "delete", "distinct", "drop", "dropDatabase", "dropIndexes", "endSessions", "explain",
     "find", "findAndModify", "fsync", "getCmdLineOpts", "getLog", "getMore", "getParameter",
@@ -705,6 +769,6 @@ COMMAND_NAMES = (
     "profile", "refreshSessions", "renameCollection", "replSetGetConfig", "replSetGetStatus",
     "saslContinue", "saslStart", "serverStatus", "update", "usersInfo", "validate",
     "whatsmyuri")
-WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "create", "drop",
+WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "create", "drop", "collMod",
                   "dropDatabase", "createIndexes", "dropIndexes", "commitTransaction",
                   "abortTransaction", "renameCollection"}
