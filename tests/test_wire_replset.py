@@ -152,8 +152,23 @@ def test_a_causally_consistent_session_reads_its_writes_on_a_secondary(ray_sessi
         prod = ray.get_actor(f"causal/m{1 - p}/producer", namespace="raymx")
         ray.get(prod.pause.remote(True))
         try:
+            # a write with no write concern waits for a majority (both members),
+            # MongoDB's implicit default since 5.0: not acknowledged while the
+            # secondary's producer is paused
+            done = threading.Event()
+            t = threading.Thread(target=lambda: (coll.insert_one({"_id": "majority"}),
+                                                 done.set()))
+            t.start()
+            assert not done.wait(1.5)
+            assert c.admin.command("getDefaultRWConcern")["defaultWriteConcern"] == {
+                "w": "majority", "wtimeout": 0}
+            ray.get(prod.pause.remote(False))
+            assert done.wait(30)
+            t.join()
+            ray.get(prod.pause.remote(True))
+            w1 = coll.with_options(write_concern=WriteConcern(w=1))
             with c.start_session(causal_consistency=True) as s:
-                coll.insert_one({"_id": "mine"}, session=s)
+                w1.insert_one({"_id": "mine"}, session=s)
                 assert isinstance(s.operation_time, Timestamp)
                 assert sec.find_one({"_id": "mine"}) is None  # the secondary lags
                 threading.Timer(1.0, lambda: ray.get(prod.pause.remote(False))).start()

@@ -42,15 +42,23 @@ def ns_of(cmd: dict, name: str) -> str:
     return f"{cmd.get('$db')}.{coll}"
 
 
+# MongoDB's implicit default write concern since 5.0 (a replica set without
+# arbiters): what a command without one, or one without w, gets
+DEFAULT_W = "majority"
+
+
 def wc_fields(cmd: dict) -> dict:
-    """``writeConcern`` -> the member's ``w``, ``j``, ``wtimeout_ms``."""
+    """``writeConcern`` -> the member's ``w``, ``j``, ``wtimeout_ms``; none (or
+    none with a ``w``) is MongoDB's implicit default, ``w: "majority"``, as a
+    driver that sends none gets from MongoDB 7 (``_run`` drops them from the
+    statements of a transaction: its commit carries them)."""
     wc = cmd.get("writeConcern")
     if not wc:
-        return {}
+        return {"w": DEFAULT_W}
     if not isinstance(wc, dict):
         raise CommandError("writeConcern must be a document", 14, "TypeMismatch")
     out = {}
-    w = wc.get("w", 1)
+    w = wc.get("w", DEFAULT_W)
     if isinstance(w, (int, float)) and not isinstance(w, bool):
         w = int(w)
         out["w"] = 1 if w == 0 else w  # w:0: the driver asked for no answer at all

@@ -2,7 +2,8 @@
 (``replSetGetStatus``, ``replSetGetConfig``): every configured member with
 its state, health, last applied entry and sync source, from the set's
 coordinator (a member outside a set lists what its topology knows), and the
-set's configuration as the member stores it, in MongoDB's shapes.
+set's configuration as the member stores it, in MongoDB's shapes; and the
+set's default read and write concerns (``getDefaultRWConcern``).
 """
 from __future__ import annotations
 
@@ -125,3 +126,13 @@ def get_config(d: Dispatcher, cmd: dict, conn) -> dict:
         "settings": {"chainingAllowed": True,
                      "heartbeatIntervalMillis": lim.heartbeat_interval_ms,
                      "electionTimeoutMillis": lim.heartbeat_timeout_ms}}}
+
+
+def get_default_rw_concern(d: Dispatcher, cmd: dict, conn) -> dict:
+    """``getDefaultRWConcern``: MongoDB's implicit defaults, which the port
+    applies (``crud.DEFAULT_W``; reads at ``local``). They are fixed here:
+    ``setDefaultRWConcern`` is not served."""
+    return {"defaultReadConcern": {"level": "local"},
+            "defaultWriteConcern": {"w": crud.DEFAULT_W, "wtimeout": 0},
+            "defaultReadConcernSource": "implicit", "defaultWriteConcernSource": "implicit",
+            "localUpdateWallClockTime": datetime.datetime.now(datetime.timezone.utc)}
