@@ -921,3 +921,32 @@ class _AnyTime:
 
 
 ANY_TIME = _AnyTime()
+
+
+def test_index_stats_counts_the_queries_each_index_served(client):
+    """``$indexStats`` (Compass's index usage, an operator's unused-index
+    check): each index of the collection with the finds, counts, updates
+    and deletes whose plan used it since the member opened its store."""
+    co = client.ixs.c
+    co.insert_many([{"_id": i, "a": i % 5, "b": i} for i in range(50)])
+    co.create_index("a")
+    co.create_index("b")
+
+    def ops():
+        return {x["name"]: x["accesses"]["ops"] for x in co.aggregate([{"$indexStats": {}}])}
+    base = ops()
+    assert set(base) == {"_id_", "a_1", "b_1"} and base["b_1"] == 0
+    list(co.find({"a": 2}))
+    co.count_documents({"a": {"$gt": 2}})
+    co.update_many({"a": 1}, {"$set": {"x": 1}})
+    co.find_one({"_id": 7})
+    list(co.find({"x": 1}))  # a collection scan: no index
+    now = ops()
+    assert (now["a_1"] - base["a_1"], now["b_1"], now["_id_"] - base["_id_"]) == (3, 0, 1)
+    doc = next(co.aggregate([{"$indexStats": {}}, {"$match": {"name": "a_1"}}]))
+    assert doc["key"] == {"a": 1} and doc["spec"]["name"] == "a_1" and doc["host"]
+    assert doc["accesses"]["since"].year >= 2026
+    with pytest.raises(OperationFailure) as ei:
+        list(co.aggregate([{"$match": {}}, {"$indexStats": {}}]))
+    assert ei.value.code == 40602
+    assert list(client.ixs.absent.aggregate([{"$indexStats": {}}])) == []

@@ -292,12 +292,16 @@ class ReadPath:
                               "ms": (time.monotonic() - t0) * 1000}}
         if op == "revertPlan":
             return {"value": r.revert_plan(_gtid_in(req.get("target"), "target"))}
-        if op == "listIndexes":
+        if op in ("listIndexes", "indexStats"):
             split_ns(req["ns"])
             c = r.coll(req["ns"])
             ixs = [{"name": "_id_", "key": [["_id", 1]], "unique": True}]
             if c is not None:
                 ixs += [{"name": n, **i.spec()} for n, i in c.indexes.items()]
+            if op == "indexStats":  # each index's uses since this member opened its store
+                uses = self.e.index_uses
+                ixs = [dict(ix, ops=uses.get((req["ns"], ix["name"]), 0),
+                            since_ms=self.e.opened_ms) for ix in ixs] if c is not None else []
             return {"value": ixs}
         raise errors.InvalidOperation(f"unknown read operation {op!r}")
 

@@ -18,7 +18,7 @@ WRITE_OPS = {"insert", "replaceMany", "update", "delete", "createIndex", "dropIn
              "revertTo"}
 PACKED_OPS = ("insert", "replaceMany")  # their documents arrive packed, maybe in parts
 READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes",
-            "revertPlan", "collStats", "explain", "validate"}
+            "indexStats", "revertPlan", "collStats", "explain", "validate"}
 TXN_OPS = {"txnBegin", "txnCommit", "txnAbort"}
 
 RETRY_NS = SESSIONS_NS  # driver sessions' records (raymx/wire/sessions.py)

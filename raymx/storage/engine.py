@@ -69,10 +69,19 @@ class Engine:
         self._now_ms = now_ms or (lambda: int(time.time() * 1000))
         self._tail: tuple[GTID, int] | None = None  # (last GTID, its hash), a cache
         self._catalog_cache: dict[str, tuple[bytes, CollInfo]] = {}
+        # queries' index uses since this engine opened ({(ns, index name): n},
+        # MongoDB's $indexStats): counted where a plan picks an index
+        self.index_uses: dict[tuple[str, str], int] = {}
+        self.opened_ms = self._now_ms()
         with store.write() as t:
             if t.get("meta", b"format") is None:
                 t.put("meta", b"format", codec.pack(1))
                 t.put("meta", b"term", codec.pack(0))
+
+    def note_index(self, ns: str, name: str) -> None:
+        """A query's plan uses index ``name`` of ``ns`` (a count, not a lock)."""
+        k = (ns, name)
+        self.index_uses[k] = self.index_uses.get(k, 0) + 1
 
     # meta
     def _next_counter(self, t, key: bytes) -> int:

@@ -139,6 +139,7 @@ class Reader:
         b = bounds.get("_id")
         if b is not None and b.points is not None:
             stats.plan = "IDHACK"
+            self.e.note_index(c.ns, "_id_")
             for pk in sorted({encode_key(v) for v in b.points}):
                 d = self._get_pk(c, pk)
                 if d is not None:
@@ -146,6 +147,7 @@ class Reader:
             return
         if b is not None:
             stats.plan = "IXSCAN _id_"
+            self.e.note_index(c.ns, "_id_")
             start, stop = _range_bounds(c.prefix, b)
             for k, v in self.t.scan("docs", start, stop):
                 yield k[4:], codec.unpack_document(v)
@@ -161,6 +163,7 @@ class Reader:
         if best is not None:
             _, ix, ib = best
             stats.plan = f"IXSCAN {ix.name}"
+            self.e.note_index(c.ns, ix.name)
             if ib.points is not None:
                 ranges = []
                 for v in sorted({encode_key(v) for v in ib.points}):
@@ -235,6 +238,7 @@ class Reader:
             stats.plan = "EOF"
             return []
         stats.plan = "IDHACK"
+        self.e.note_index(ns, "_id_")
         d = self._get_pk(c, pk)
         if d is None:
             return []  # the general plan looks up this same key

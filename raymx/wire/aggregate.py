@@ -25,7 +25,8 @@ from raymx.wire.evaluation import MISSING, _err, _set_path, _truthy, evaluate
 
 STAGES = ("$match", "$project", "$addFields", "$set", "$unset", "$sort", "$skip", "$limit",
           "$group", "$count", "$unwind", "$sample", "$replaceRoot", "$replaceWith",
-          "$sortByCount", "$facet", "$lookup", "$collStats", "$unionWith", "$out", "$merge",
+          "$sortByCount", "$facet", "$lookup", "$collStats", "$indexStats", "$unionWith",
+          "$out", "$merge",
           "$bucket", "$bucketAuto", "$setWindowFields", "$graphLookup")
 OUTPUTS = ("$out", "$merge")  # the last stage only: the caller writes the output
 _MERGE_FIELDS = {"into", "on", "whenMatched", "whenNotMatched"}
@@ -479,7 +480,7 @@ def _stages(docs: Iterable[dict], pipeline: list, lookup, v: dict | None = None)
             it = itertools.chain(it, _stages(iter(lookup(coll)), sub, lookup, v))
         elif name in OUTPUTS:  # the caller takes the last stage off and writes the output
             raise _err(f"{name} can only be the final stage in the pipeline", 40601)
-        elif name == "$collStats":  # the caller serves a leading one (the member's count)
-            raise _err("$collStats is only valid as the first stage in a pipeline", 40602)
+        elif name in ("$collStats", "$indexStats"):  # the caller serves a leading one
+            raise _err(f"{name} is only valid as the first stage in a pipeline", 40602)
     return list(it)
 

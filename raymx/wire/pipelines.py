@@ -57,6 +57,9 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
         source = system_docs(d, conn, ns)
     elif pipeline and "$collStats" in pipeline[0]:
         source, pipeline = [_coll_stats_doc(d, conn, ns, pipeline[0]["$collStats"])], pipeline[1:]
+    elif pipeline and "$indexStats" in pipeline[0]:
+        source, pipeline = _index_stats_docs(d, conn, ns, pipeline[0]["$indexStats"]), \
+            pipeline[1:]
     elif pipeline and "$match" in pipeline[0] and aggregate.plain_filter(pipeline[0]["$match"]):
         flt, pipeline = pipeline[0]["$match"], pipeline[1:]  # pushed down to the member
     db, seen = ns.split(".", 1)[0], {}
@@ -148,6 +151,22 @@ def _coll_stats_doc(d, conn, ns: str, spec) -> dict:
             out["storageStats"] = st
         if "count" in spec:
             out["count"] = st["count"]
+    return out
+
+
+def _index_stats_docs(d, conn, ns: str, spec) -> list[dict]:
+    """``$indexStats``: each index of ``ns`` with the queries (finds, counts,
+    updates and deletes) whose plan used it since this member opened its
+    store, in MongoDB's shape."""
+    if spec != {}:
+        raise CommandError("$indexStats takes no arguments ({})", 28803, "Location28803")
+    from raymx.wire.commands import _index_doc
+    out = []
+    for ix in d.call({"op": "indexStats", "ns": ns}, conn.state)["value"]:
+        doc = _index_doc(ix)
+        since = datetime.datetime.fromtimestamp(ix["since_ms"] / 1000, datetime.timezone.utc)
+        out.append({"name": ix["name"], "key": doc["key"], "host": d.port.address,
+                    "accesses": {"ops": bson.Int64(ix["ops"]), "since": since}, "spec": doc})
     return out
 
 
