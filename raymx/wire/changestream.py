@@ -182,7 +182,7 @@ class Streams:
         while True:
             docs = t.batch(svc.e, svc.oplog_end(), n, svc.member_id)
             left = deadline - time.monotonic()
-            if docs or t.done() or not t.await_data or left <= 0:
+            if docs or t.done() or not t.await_data or left <= 0 or svc._stopping.is_set():
                 break
             time.sleep(min(left, TAIL_POLL_S))
         if t.done():

@@ -595,8 +595,8 @@ _COLL_MOD_REFUSED = {
     "expireAfterSeconds": "raymx has no time-series or clustered collections: set "
                           "expireAfterSeconds on a TTL index ({index: {name, "
                           "expireAfterSeconds}})",
-    "cappedSize": "raymx has no capped collections", "cappedMax": "raymx has no capped "
-                                                                  "collections",
+    "cappedSize": "raymx has no capped collections",
+    "cappedMax": "raymx has no capped collections",
 }
 _COMMAND_FIELDS = {"$db", "lsid", "txnNumber", "writeConcern", "$clusterTime",
                    "$readPreference", "comment", "apiVersion", "apiStrict",
