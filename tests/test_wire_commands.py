@@ -815,8 +815,8 @@ def test_a_tailable_cursor_on_local_oplog_rs_follows_the_oplog(served, client):
 
 def test_a_tailer_resuming_at_a_ts_starts_there_not_at_the_oldest_entry(served, client,
                                                                        monkeypatch):
-    """As MongoDB's oplog replay: a tailable find with a lower bound on ``ts``
-    starts at the first entry of that second (a binary search of the
+    """As MongoDB's oplog replay: a find (tailable or not) or a count with a
+    lower bound on ``ts`` starts at its entry (a binary search of the
     oplog), so a tailer resuming after an hour of old entries reads none of
     them."""
     from pymongo import CursorType
@@ -839,6 +839,11 @@ def test_a_tailer_resuming_at_a_ts_starts_there_not_at_the_oldest_entry(served, 
     co.insert_one({"_id": 2})
     assert [d["o"] for d in resumed] == [{"_id": 2}]
     assert len(decoded) == 2  # the entry at `at` (filtered out) and the new one
+    # so does a plain find (MongoDB applies oplog replay to every find of the
+    # oplog with a lower bound on ts), and a count
+    del decoded[:]
+    assert [d["op"] for d in ol.find({"ts": {"$gte": at}})] == ["c", "i"]  # at, then new
+    assert ol.count_documents({"ts": {"$gt": at}}) == 1 and len(decoded) == 4
     # a bound older than every entry starts at the oldest, one newer at the end
     assert len(list(ol.find({"ts": {"$gte": Timestamp(1, 0)}},
                             cursor_type=CursorType.TAILABLE))) == 23

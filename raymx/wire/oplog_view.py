@@ -108,13 +108,36 @@ def _order(sort) -> int:
                        f"{{$natural: -1}}, not {sort!r:.80}", 2, "BadValue")
 
 
+def start_key(engine, flt: dict | None) -> bytes | None:
+    """Where a read of the view oldest first may start (None: the oldest
+    entry). As MongoDB's oplog replay, which it applies to every find of
+    the oplog with a lower bound on ``ts`` (``$gte``, ``$gt``, ``$eq``):
+    at the bound's entry, or the first entry of its second
+    (``Engine.oplog_at``'s binary search, ``ts`` taken as ordered), not at
+    the oldest entry; the filter applies as ever. So a tailer, or a
+    ``find`` of the last minutes of a long oplog, starts at once."""
+    cond = (flt or {}).get("ts")
+    if isinstance(cond, dict):
+        cond = next((cond[op] for op in ("$gte", "$gt", "$eq")
+                     if isinstance(cond.get(op), Timestamp)), None)
+    if not isinstance(cond, Timestamp):
+        return None
+    try:
+        g = engine.oplog_at(cond.time * 1000, cond.inc)
+    except errors.OplogTrimmed:
+        return None  # older than the oldest entry kept: from there
+    return g.to_bytes() if g is not None else prefix_end(engine.last()[0].to_bytes())
+
+
 def docs(engine, flt: dict, sort=None, projection=None) -> Iterator[dict]:
     """The view's documents matching ``flt``, in oplog order (``sort``), one
-    read snapshot: what counts, pipelines and ``distinct`` stream through."""
+    read snapshot: what counts, pipelines and ``distinct`` stream through.
+    Oldest first, a lower bound on ``ts`` starts at its entry (``start_key``)."""
     step = _order(sort)
     match = compile_filter(flt or {})
+    start = start_key(engine, flt) if step > 0 else None
     with engine.store.read() as t:
-        for k, v in t.scan("oplog", reverse=step < 0):
+        for k, v in t.scan("oplog", start, reverse=step < 0):
             entry = codec.unpack(v, "oplog entry")
             doc = entry_doc(GTID.from_bytes(k), entry, engine.entry_ops(t, entry))
             if match(doc):
@@ -162,23 +185,10 @@ class Tailer:
         self.placed = False
 
     def place(self, engine) -> None:
-        """Where the first batch starts. As MongoDB's oplog replay: a lower
-        bound on ``ts`` (``$gt`` or ``$gte``) starts at its entry, or at the
-        first entry of its second (``Engine.oplog_at``'s binary search, ``ts``
-        taken as ordered), not at the oldest entry; the filter applies as
-        ever. So
-        a tailer resuming at the last ``ts`` it saw starts at once, however
-        long the oplog."""
+        """Where the first batch starts (``start_key``): a tailer resuming at
+        the last ``ts`` it saw starts at once, however long the oplog."""
         self.placed = True
-        bound = (self.flt or {}).get("ts")
-        bound = bound.get("$gt", bound.get("$gte")) if isinstance(bound, dict) else None
-        if not isinstance(bound, Timestamp):
-            return
-        try:
-            g = engine.oplog_at(bound.time * 1000, bound.inc)
-        except errors.OplogTrimmed:
-            return  # older than the oldest entry kept: from there
-        self.start = g.to_bytes() if g is not None else prefix_end(engine.last()[0].to_bytes())
+        self.start = start_key(engine, self.flt)
 
     def batch(self, engine, gate: GTID | None, n_max: int, member: int = 0) -> list[dict]:
         """The matching entries after ``pos``, up to ``gate`` (inclusive), at
