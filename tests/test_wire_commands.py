@@ -955,3 +955,35 @@ def test_index_stats_counts_the_queries_each_index_served(client):
         list(co.aggregate([{"$match": {}}, {"$indexStats": {}}]))
     assert ei.value.code == 40602
     assert list(client.ixs.absent.aggregate([{"$indexStats": {}}])) == []
+
+
+def test_kill_op_stops_a_running_read_as_mongodb_s(client):
+    """``db.killOp(opid)`` with an ``opid`` from ``currentOp``: the find that
+    connection is running stops with ``Interrupted`` (11601) at its next
+    look (every 256 documents examined), and the connection serves on."""
+    import threading
+    co = client.ko.c
+    co.insert_many([{"_id": i, "s": "a" * 16 + "c"} for i in range(3_000)])
+    slow = {"s": {"$regex": "(a+)+b"}}  # about 3 ms a document: seconds in all
+    got = {}  # the find runs on one of the client's sockets, currentOp on another
+
+    def run():
+        try:
+            got["docs"] = list(co.find(slow))
+        except OperationFailure as e:
+            got["err"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 10
+    op = None
+    while op is None and time.monotonic() < deadline:
+        op = next((x["opid"] for x in client.admin.command("currentOp")["inprog"]
+                   if x["command"].get("find") == "c"), None)
+    assert op is not None
+    assert client.admin.command("killOp", op=op)["info"] == "attempting to kill op"
+    t.join(30)
+    assert "err" in got and got["err"].code == 11601, got
+    assert co.count_documents({}) == 3_000  # the connection serves on
+    with pytest.raises(OperationFailure) as ei:
+        client.admin.command("killOp", op="x")
+    assert ei.value.code == 2

@@ -69,12 +69,29 @@ def time_limit(req: dict) -> TimeLimit | None:
     return TimeLimit(ms) if ms else None
 
 
+INTERRUPT = "$interrupt"  # set in a connection's state: its running read stops (killOp)
+
+
+def read_check(limit: TimeLimit | None, conn: dict):
+    """``Stats.check`` of a read (or a batch of its cursor) for the
+    connection ``conn``: the time limit, and an interrupt of the command
+    running on it (the wire port's ``killOp``)."""
+    def check():
+        if conn.get(INTERRUPT):
+            raise errors.Interrupted("operation was interrupted (killOp)")
+        if limit is not None:
+            limit.check()
+    return check
+
+
 class _Cursor:
-    def __init__(self, cid: int, reader: Reader, it, limit: TimeLimit | None = None):
+    def __init__(self, cid: int, reader: Reader, it, limit: TimeLimit | None = None,
+                 stats: Stats | None = None):
         self.id = cid
         self.reader = reader
         self.it = it
         self.limit = limit   # max_time_ms: every batch counts against it
+        self.stats = stats   # its query's: each batch's connection checks through it
         self.used = time.monotonic()
         self.head = None     # a document taken from ``it`` that the next batch starts with
         self.killed = False  # killed while a getMore held it: closed when that ends
@@ -102,7 +119,7 @@ class ReadPath:
         try:
             op = req["op"]
             if op == "getMore":
-                out = self._get_more(req.get("cursor"), req.get("batch"))
+                out = self._get_more(req.get("cursor"), req.get("batch"), conn)
                 if not out["cursor"]:
                     self._forget_cursors(conn, [req.get("cursor")])
                 return reply(ok=out)
@@ -129,7 +146,7 @@ class ReadPath:
                 r.at(point)
             keep = False
             try:
-                out = self._find(r, req) if op == "find" else self._read_in(r, req, conn)
+                out = self._find(r, req, conn) if op == "find" else self._read_in(r, req, conn)
                 if rc == "snapshot":
                     out["at"] = gtid_out(point)  # the session reads there again
                 cid = out["cursor"] if op == "find" else None
@@ -257,12 +274,11 @@ class ReadPath:
         limit = time_limit(req)
         if limit is not None and op in ("count", "find"):
             with limit:
-                return self._read_in_timed(r, req, limit)
-        return self._read_in_timed(r, req, None)
+                return self._read_in_timed(r, req, Stats(read_check(limit, conn)))
+        return self._read_in_timed(r, req, Stats(read_check(None, conn)))
 
-    def _read_in_timed(self, r: Reader, req: dict, limit: TimeLimit | None):
+    def _read_in_timed(self, r: Reader, req: dict, stats: Stats):
         op = req["op"]
-        stats = Stats(None if limit is None else limit.check)
         if op == "count":
             return {"value": r.count(req["ns"], req.get("filter"), stats)}
         if op == "find":  # inside a transaction: one batch, no cursor
@@ -305,18 +321,17 @@ class ReadPath:
             return {"value": ixs}
         raise errors.InvalidOperation(f"unknown read operation {op!r}")
 
-    def _find(self, r: Reader, req: dict) -> dict:
+    def _find(self, r: Reader, req: dict, conn: dict) -> dict:
         if not (req.get("projection") or req.get("sort") or req.get("skip")) \
                 and type(req.get("limit", 0)) is int and req.get("limit", 0) >= 0:
             hits = r.by_id(req["ns"], req.get("filter"))
             if hits is not None:  # a point read: no query plan, no cursor
                 return {"cursor": 0, "docs": [d for _, d in hits]}
-        limit = time_limit(req)
+        limit, stats = time_limit(req), Stats()
         it = r.find(req["ns"], req.get("filter"), req.get("projection"), req.get("sort"),
-                    req.get("skip") or 0, req.get("limit") or 0,
-                    Stats(None if limit is None else limit.check))
-        c = _Cursor(next(self._ids), r, it, limit)
-        return self._table_if_open(c, self._batch(c, req.get("batch")))
+                    req.get("skip") or 0, req.get("limit") or 0, stats)
+        c = _Cursor(next(self._ids), r, it, limit, stats)
+        return self._table_if_open(c, self._batch(c, req.get("batch"), conn))
 
     def _table_if_open(self, c: _Cursor, out: dict) -> dict:
         """A new cursor's first answer ``out``; the cursor goes into the table
@@ -345,11 +360,14 @@ class ReadPath:
         and room for the frame's other fields under ``frame_bytes_max``."""
         return min(self.limits.cursor_batch_bytes, self.limits.frame_bytes_max - 64 * 1024)
 
-    def _batch(self, c: _Cursor, batch) -> dict:
+    def _batch(self, c: _Cursor, batch, conn: dict | None = None) -> dict:
         """The next batch: up to ``batch`` (or ``cursor_batch_docs``) documents
         and ``cursor_batch_bytes`` of them encoded, but always one (a document
         fits a frame). Sizes are exact: packing a document costs about 1/25
-        of reading it; a lone document (a point read) is never sized."""
+        of reading it; a lone document (a point read) is never sized.
+        ``conn``: the connection asking (its time limit and killOp checked)."""
+        if c.stats is not None and conn is not None:
+            c.stats.check = read_check(c.limit, conn)
         if c.limit is not None:
             with c.limit:
                 return self._batch_timed(c, batch)
@@ -377,7 +395,7 @@ class ReadPath:
         c.used = time.monotonic()
         return {"cursor": c.id, "docs": docs}
 
-    def _get_more(self, cid, batch) -> dict:
+    def _get_more(self, cid, batch, conn: dict | None = None) -> dict:
         with self._cursors_lock:  # out of the table while in use: not expired, not shared
             c = self._cursors.pop(cid, None)
             if c is not None:
@@ -388,7 +406,7 @@ class ReadPath:
                                           "use by another getMore)")
         out = None
         try:
-            out = self._batch(c, batch)
+            out = self._batch(c, batch, conn)
         finally:
             with self._cursors_lock:
                 del self._cursors_busy[cid]

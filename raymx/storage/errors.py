@@ -24,7 +24,7 @@ __all__ = [
     "SchemaMismatch", "CollectionNotFound", "CollectionExists", "IndexNotFound", "ProtocolError",
     "AuthenticationFailed", "CorruptEntry", "CorruptStore", "BatchRefused", "NotPrimary",
     "NotPrimaryOrSecondary", "PrimaryUnavailable", "WriteConcernTimeout", "ReadConcernTimeout",
-    "ExecutionTimeout",
+    "ExecutionTimeout", "Interrupted",
     "StaleRead", "Diverged", "TooStale", "OplogTrimmed", "StaleTerm", "IrreversibleOp",
     "ShutDown", "ConnectionLost", "RequestTimeout", "TransactionAborted", "WriteConflict",
     "DiskFailed",
@@ -223,6 +223,10 @@ class ExecutionTimeout(OperationFailure):
     """A read ran past its time limit (``max_time_ms``, MongoDB's
     ``maxTimeMS``: the time its batches took in all); its cursor is closed.
     pymongo's name."""
+
+
+class Interrupted(OperationFailure):
+    """An operator stopped the read (MongoDB's ``killOp``); its cursor is closed."""
 
 
 class StaleRead(ServerSelectionTimeoutError):

@@ -21,8 +21,9 @@ import bson
 from bson import Int64, ObjectId
 
 from raymx import errors
+from raymx.actors.reads import INTERRUPT
 from raymx.storage.query import compile_filter
-from raymx.wire import crud, framing, oplog_view, rs_status, sessions
+from raymx.wire import crud, framing, indexes, oplog_view, rs_status, sessions
 from raymx.wire.auth import MECHANISM, USER, Scram
 from raymx.wire.changestream import Streams
 from raymx.wire.errors import CommandError, bad_value, command_not_found, error_doc
@@ -142,6 +143,7 @@ class Dispatcher:
         Its member requests go to the member from the loop and their answers
         come back onto it (no thread waits); a blocking step runs on ``pool``."""
         conn.current = (cmd, time.monotonic())  # for currentOp
+        conn.state.pop(INTERRUPT, None)  # a killOp of the command before stopped that one
 
         def finished(answer):
             conn.current = None
@@ -293,8 +295,7 @@ def _build_info(d: Dispatcher, cmd: dict, conn) -> dict:
             "modules": [], "javascriptEngine": "none", "debug": False}
 
 
-def _names(d: Dispatcher, conn) -> list[str]:
-    return d.call({"op": "listCollections"}, conn.state)["value"]
+_names = crud.collection_names
 
 
 def _stored_names(d: Dispatcher, conn) -> list[str]:
@@ -391,6 +392,21 @@ def _current_op(d: Dispatcher, cmd: dict, conn) -> dict:
     return {"inprog": out}
 
 
+def _kill_op(d: Dispatcher, cmd: dict, conn) -> dict:
+    """``killOp`` (``db.killOp(opid)``, an ``opid`` from ``currentOp``: the
+    connection's id): the read that command is running stops at its next
+    look at the clock (every 256 documents examined) with ``Interrupted``
+    (11601), as MongoDB's. Writes and waits are not interrupted."""
+    op = cmd.get("op")
+    if isinstance(op, bool) or not isinstance(op, (int, float)):
+        raise CommandError(f"killOp needs op, a number from currentOp, not {op!r:.40}", 2,
+                           "BadValue")
+    for c in list(d.port._conns):
+        if c.id == op and getattr(c, "current", None) is not None and c is not conn:
+            c.state[INTERRUPT] = True
+    return {"info": "attempting to kill op"}
+
+
 def _host_info(d: Dispatcher, cmd: dict, conn) -> dict:
     un = os.uname()
     try:
@@ -461,16 +477,6 @@ def _drop_database(d: Dispatcher, cmd: dict, conn) -> dict:
     return {"dropped": db}
 
 
-def _index_doc(ix: dict) -> dict:
-    out = {"v": 2, "key": {p: dr for p, dr in ix["key"]}, "name": ix["name"]}
-    if ix.get("unique") and ix["name"] != "_id_":
-        out["unique"] = True
-    for opt in ("expireAfterSeconds", "sparse", "partialFilterExpression"):
-        if ix.get(opt) is not None:
-            out[opt] = ix[opt]
-    return out
-
-
 def _scale(cmd: dict) -> int:
     sc = cmd.get("scale", 1)
     if isinstance(sc, bool) or not isinstance(sc, (int, float)) or sc < 1:
@@ -521,134 +527,6 @@ def _server_status(d: Dispatcher, cmd: dict, conn) -> dict:
                      "me": port.address, "term": svc.gm.term},
             "storageEngine": {"name": "raymx", "supportsCommittedReads": True,
                               "persistent": True}}
-
-
-def _list_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
-    ns = crud.ns_of(cmd, "listIndexes")
-    if ns not in _names(d, conn):
-        raise CommandError(f"ns does not exist: {ns}", 26, "NamespaceNotFound")
-    ixs = d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"]
-    return {"cursor": {"firstBatch": [_index_doc(x) for x in ixs], "id": Int64(0), "ns": ns}}
-
-
-_INDEX_OPTIONS = {"key", "name", "unique", "v", "background", "expireAfterSeconds", "sparse",
-                  "partialFilterExpression"}
-
-
-def _create_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
-    ns = crud.ns_of(cmd, "createIndexes")
-    specs = cmd.get("indexes")
-    if not isinstance(specs, list) or not specs:
-        raise bad_value("createIndexes needs a non-empty array 'indexes'")
-    existed = ns in _names(d, conn)
-    before = len(d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"])
-    for spec in specs:
-        if not isinstance(spec, dict) or not isinstance(spec.get("key"), dict):
-            raise bad_value("each index needs a 'key' document")
-        other = sorted(set(spec) - _INDEX_OPTIONS)
-        if other:
-            raise CommandError(f"index option(s) {', '.join(other)} are not supported by "
-                               "raymx", 197, "InvalidIndexSpecificationOption")
-        key = [[p, int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v]
-               for p, v in spec["key"].items()]
-        req = {"op": "createIndex", "ns": ns, "key": key, "unique": bool(spec.get("unique")),
-               "name": spec.get("name"), **crud.wc_fields(cmd)}
-        if spec.get("expireAfterSeconds") is not None:
-            req["expire_after_s"] = spec["expireAfterSeconds"]
-        if spec.get("sparse"):
-            req["sparse"] = True
-        if spec.get("partialFilterExpression") is not None:
-            req["partial"] = plain(spec["partialFilterExpression"])
-        d.call(req, conn.state)
-    after = len(d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"])
-    return {"createdCollectionAutomatically": not existed, "numIndexesBefore": before,
-            "numIndexesAfter": after}
-
-
-def _drop_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
-    ns = crud.ns_of(cmd, "dropIndexes")
-    ixs = d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"]
-    which = cmd.get("index")
-    if which == "*":
-        names = [x["name"] for x in ixs if x["name"] != "_id_"]
-    elif isinstance(which, str):
-        names = [which]
-    elif isinstance(which, dict):
-        key = [[p, int(v)] for p, v in which.items()]
-        names = [x["name"] for x in ixs if [list(k) for k in x["key"]] == key]
-        if not names:
-            raise CommandError(f"can't find index with key: {which}", 27, "IndexNotFound")
-    elif isinstance(which, list):
-        names = which
-    else:
-        raise bad_value("dropIndexes needs 'index': a name, a key document, a list or '*'")
-    for n in names:
-        d.call({"op": "dropIndex", "ns": ns, "name": n, **crud.wc_fields(cmd)}, conn.state)
-    return {"nIndexesWas": len(ixs)}
-
-
-_COLL_MOD_REFUSED = {
-    "validator": "validators are not served by raymx",
-    "validationLevel": "validators are not served by raymx",
-    "validationAction": "validators are not served by raymx",
-    "viewOn": "views are not served by raymx", "pipeline": "views are not served by raymx",
-    "expireAfterSeconds": "raymx has no time-series or clustered collections: set "
-                          "expireAfterSeconds on a TTL index ({index: {name, "
-                          "expireAfterSeconds}})",
-    "cappedSize": "raymx has no capped collections",
-    "cappedMax": "raymx has no capped collections",
-}
-_COMMAND_FIELDS = {"$db", "lsid", "txnNumber", "writeConcern", "$clusterTime",
-                   "$readPreference", "comment", "apiVersion", "apiStrict",
-                   "apiDeprecationErrors"}
-
-
-def _coll_mod(d: Dispatcher, cmd: dict, conn) -> dict:
-    """``collMod``: an index's ``expireAfterSeconds`` (a TTL index made, or
-    its expiry changed: the member drops and builds it again in one write,
-    ``Transaction.set_index_expiry``); ``changeStreamPreAndPostImages``
-    (always on here: every change event can have both images). What raymx
-    does not serve (validators, views, hidden indexes) is refused by name."""
-    ns = crud.ns_of(cmd, "collMod")
-    for k, why in _COLL_MOD_REFUSED.items():
-        if k in cmd:
-            raise bad_value(f"collMod: {why}")
-    other = sorted(set(cmd) - _COMMAND_FIELDS - {"collMod", "index",
-                                                 "changeStreamPreAndPostImages"})
-    if other:
-        raise CommandError(f"collMod: unknown option(s) {', '.join(other)}", 40415,
-                           "Location40415")
-    if ns not in _names(d, conn):
-        raise CommandError(f"ns does not exist: {ns}", 26, "NamespaceNotFound")
-    spec, out = cmd.get("index"), {}
-    if spec is None:
-        return out
-    if not isinstance(spec, dict) or ("name" in spec) == ("keyPattern" in spec):
-        raise bad_value("collMod: index needs a document with either name or keyPattern")
-    if spec.get("hidden") is not None:
-        raise bad_value("collMod: hidden indexes are not served by raymx")
-    other = sorted(set(spec) - {"name", "keyPattern", "expireAfterSeconds"})
-    if other:
-        raise bad_value(f"collMod: index option(s) {', '.join(other)} are not served by raymx")
-    ixs = d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"]
-    if "name" in spec:
-        found = [x for x in ixs if x["name"] == spec["name"]]
-    else:
-        key = plain(spec["keyPattern"])
-        key = [[p, int(v)] for p, v in key.items()] if isinstance(key, dict) else None
-        found = [x for x in ixs if [list(k) for k in x["key"]] == key]
-    if not found:
-        raise CommandError(f"cannot find index {spec.get('name') or spec.get('keyPattern')} "
-                           f"for ns {ns}", 27, "IndexNotFound")
-    if "expireAfterSeconds" in spec:
-        old = d.call({"op": "setIndexExpiry", "ns": ns, "name": found[0]["name"],
-                      "expire_after_s": spec["expireAfterSeconds"], **crud.wc_fields(cmd)},
-                     conn.state)["value"]
-        if old != spec["expireAfterSeconds"]:
-            if old is not None:
-                out["expireAfterSeconds_old"] = Int64(old)
-            out["expireAfterSeconds_new"] = Int64(spec["expireAfterSeconds"])
-    return out
 
 
 def _ok(d, cmd, conn) -> dict:
@@ -742,13 +620,13 @@ def _logout(d, cmd, conn) -> dict:
 
 COMMANDS = {
     "dbhash": _db_hash, "hostinfo": _host_info, "listcommands": _list_commands,
-    "currentop": _current_op, "validate": _validate,
+    "currentop": _current_op, "killop": _kill_op, "validate": _validate,
     "hello": _hello, "ismaster": _hello, "saslstart": _sasl_start,
     "saslcontinue": _sasl_continue, "logout": _logout, "ping": _ok, "buildinfo": _build_info,
     "listdatabases": _list_databases, "listcollections": _list_collections,
     "create": _create, "drop": _drop, "dropdatabase": _drop_database,
-    "listindexes": _list_indexes, "createindexes": _create_indexes, "collmod": _coll_mod,
-    "dropindexes": _drop_indexes, "endsessions": _end_sessions, "killsessions": _end_sessions,
+    "listindexes": indexes.list_indexes, "createindexes": indexes.create_indexes,
+    "collmod": indexes.coll_mod, "dropindexes": indexes.drop_indexes, "endsessions": _end_sessions, "killsessions": _end_sessions,
     "refreshsessions": _ok, "whatsmyuri": _whats_my_uri,
     "connectionstatus": _connection_status, "getparameter": _get_parameter,
     "getlog": _get_log, "replsetgetstatus": rs_status.get_status,
@@ -766,7 +644,7 @@ COMMAND_NAMES = (
     "delete", "distinct", "drop", "dropDatabase", "dropIndexes", "endSessions", "explain",
     "find", "findAndModify", "fsync", "getCmdLineOpts", "getDefaultRWConcern", "getLog",
     "getMore", "getParameter",
-    "hello", "hostInfo", "insert", "isMaster", "killCursors", "killSessions",
+    "hello", "hostInfo", "insert", "isMaster", "killCursors", "killOp", "killSessions",
     "listCollections", "listCommands", "listDatabases", "listIndexes", "logout", "ping",
     "profile", "refreshSessions", "renameCollection", "replSetGetConfig", "replSetGetStatus",
     "saslContinue", "saslStart", "serverStatus", "update", "usersInfo", "validate",

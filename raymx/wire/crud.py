@@ -74,6 +74,11 @@ def wc_fields(cmd: dict) -> dict:
     return out
 
 
+def collection_names(d, conn) -> list[str]:
+    """The member's collections ("db.coll")."""
+    return d.call({"op": "listCollections"}, conn.state)["value"]
+
+
 def read_fields(cmd: dict) -> dict:
     """``$readPreference``, ``readConcern`` and ``maxTimeMS`` -> the member's
     ``rp``, ``readConcern`` (``after``, ``at``) and ``max_time_ms``."""

@@ -34,6 +34,7 @@ _CODES: list[tuple[type, int, str]] = [
     (errors.WriteConcernTimeout, 64, "WriteConcernFailed"),
     (errors.ReadConcernTimeout, 50, "MaxTimeMSExpired"),
     (errors.ExecutionTimeout, 50, "MaxTimeMSExpired"),
+    (errors.Interrupted, 11601, "Interrupted"),
     (errors.RequestTimeout, 50, "MaxTimeMSExpired"),
     (errors.WriteConflict, 112, "WriteConflict"),
     (errors.TransactionAborted, 251, "NoSuchTransaction"),

@@ -160,10 +160,10 @@ def _index_stats_docs(d, conn, ns: str, spec) -> list[dict]:
     store, in MongoDB's shape."""
     if spec != {}:
         raise CommandError("$indexStats takes no arguments ({})", 28803, "Location28803")
-    from raymx.wire.commands import _index_doc
+    from raymx.wire.indexes import index_doc
     out = []
     for ix in d.call({"op": "indexStats", "ns": ns}, conn.state)["value"]:
-        doc = _index_doc(ix)
+        doc = index_doc(ix)
         since = datetime.datetime.fromtimestamp(ix["since_ms"] / 1000, datetime.timezone.utc)
         out.append({"name": ix["name"], "key": doc["key"], "host": d.port.address,
                     "accesses": {"ops": bson.Int64(ix["ops"]), "since": since}, "spec": doc})
