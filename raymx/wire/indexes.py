@@ -148,6 +148,6 @@ def coll_mod(d: Dispatcher, cmd: dict, conn) -> dict:
                      conn.state)["value"]
         if old != spec["expireAfterSeconds"]:
             if old is not None:
-                out["expireAfterSeconds_old"] = Int64(old)
-            out["expireAfterSeconds_new"] = Int64(spec["expireAfterSeconds"])
+                out["expireAfterSeconds_old"] = old
+            out["expireAfterSeconds_new"] = spec["expireAfterSeconds"]
     return out
