@@ -4,7 +4,9 @@ when node and npm are present) runs a script against a 3-member set through
 an index, a find, an aggregate with $group, ``rs.status()``, ``rs.conf()``,
 ``rs.printSecondaryReplicationInfo()``, ``db.getReplicationInfo()`` (what
 ``rs.printReplicationInfo()`` prints, from ``local.oplog.rs``) and
-``db.currentOp()``; it prints JSON
+``db.currentOp()``, an oplog tailer (a tailable ``awaitData`` find of
+``local.oplog.rs``), ``collMod`` of a TTL index, ``$indexStats`` and
+``getDefaultRWConcern``; it prints JSON
 that the test checks, and the native driver reads what mongosh wrote. Skipped,
 saying why, when mongosh is not installed."""
 import datetime
@@ -51,6 +53,16 @@ probe.insertOne({x: 2});  // one op
 const repl = db.getReplicationInfo();  // what rs.printReplicationInfo() prints: local.oplog.rs
 const lastOp = db.getSiblingDB("local").oplog.rs.find({ns: "shapp.probe"})
   .sort({$natural: -1}).limit(1).toArray()[0];
+// an oplog tailer from the last entry: it sees the next write
+const tail = db.getSiblingDB("local").oplog.rs.find({ts: {$gt: lastOp.ts}, ns: "shapp.probe"})
+  .tailable({awaitData: true});
+probe.insertOne({x: 3});
+const tailed = tail.hasNext() ? tail.next().o.x : null;
+tail.close();
+t.createIndex({at: 1});
+const ttl = t.getDB().runCommand({collMod: "events",
+  index: {keyPattern: {at: 1}, expireAfterSeconds: 86400}});
+const usage = t.aggregate([{$indexStats: {}}]).toArray().map(x => x.name).sort();
 print(JSON.stringify({
   inserted: Object.keys(ins.insertedIds).length,
   index: ix,
@@ -72,6 +84,10 @@ print(JSON.stringify({
   oplogMB: repl.configuredLogSizeMB,
   oplogWindow: repl.timeDiff >= 0 && typeof repl.tFirst === "string",
   lastOp: [lastOp.op, lastOp.ns, lastOp.o.x, lastOp.ts instanceof Timestamp],
+  tailed: tailed,
+  ttl: [ttl.ok, ttl.expireAfterSeconds_new],
+  usage: usage,
+  defaultW: db.adminCommand({getDefaultRWConcern: 1}).defaultWriteConcern.w,
 }));
 """
 
@@ -108,7 +124,7 @@ def test_mongosh_runs_a_script_against_a_three_member_set(ray_session, tmp_path)
         assert r.returncode == 0, f"mongosh failed:\n{r.stdout}\n{r.stderr}"
         out = json.loads(r.stdout.strip().splitlines()[-1])
         assert out == {
-            "inserted": 3, "index": "kind_n", "indexes": ["_id_", "kind_n"],
+            "inserted": 3, "index": "kind_n", "indexes": ["_id_", "kind_n", "at_1"],
             "dup": 11000,  # a duplicate _id: MongoDB's code, mongosh's MongoServerError
             "oid": "65a1b2c3d4e5f60718293a4b", "at": "2026-11-25T06:00:00.123Z",
             "found": [{"n": 3}, {"n": 1}],
@@ -119,12 +135,14 @@ def test_mongosh_runs_a_script_against_a_three_member_set(ray_session, tmp_path)
             "currentOp": True,
             "startupWarnings": 0,
             "oplogMB": 1024, "oplogWindow": True, "lastOp": ["i", "shapp.probe", 2, True],
+            "tailed": 3, "ttl": [1, 86400], "usage": ["_id_", "at_1", "kind_n"],
+            "defaultW": "majority",
         }, out
         # what mongosh wrote is stored natively: the native driver reads the types back
         coll = rs.client()["shapp"]["events"]
         doc = coll.find_one(ObjectId("65a1b2c3d4e5f60718293a4b"))
         assert doc["at"] == datetime.datetime(2026, 11, 25, 6, 0, 0, 123000)
-        assert [i["name"] for i in coll.list_indexes()] == ["_id_", "kind_n"]
+        assert [i["name"] for i in coll.list_indexes()] == ["_id_", "kind_n", "at_1"]
         assert all(type(d["_id"]) is ObjectId for d in coll.find())  # mongosh made the others
     finally:
         rs.shutdown()
