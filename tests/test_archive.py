@@ -169,6 +169,7 @@ def test_a_replica_set_archives_before_it_trims_and_streams_read_through(
         rs.set_archive(str(arch), lag_s=0.2)
         c = rs.client(w="majority")
         coll = c["a"]["c"]
+        before_s = int(time.time())  # a wall-clock time before the first write
         start = coll.insert_one({"_id": "first"}).gtid
         for i in range(30):  # 3,000 ops: a stream reads a segment a slice at a time
             coll.insert_many([{"_id": i * 100 + k, "pad": "x" * 200} for k in range(100)])
@@ -194,6 +195,16 @@ def test_a_replica_set_archives_before_it_trims_and_streams_read_through(
                 if ev is not None:
                     seen.append(ev["_id"])
         assert seen == ["first"] + list(range(3000)) + ["last", "tail"]
+        # a stream from a wall-clock time older than the live oplog (as
+        # MongoDB's connectors start one) starts in the archive too
+        import bson
+        import pymongo
+        pc = pymongo.MongoClient(rs.mongodb_uri(), serverSelectionTimeoutMS=30_000)
+        with pc.a.c.watch(start_at_operation_time=bson.Timestamp(before_s, 0),
+                          max_await_time_ms=500) as st:
+            got = [st.next()["documentKey"]["_id"] for _ in range(3)]
+        assert got == ["first", 0, 1]
+        pc.close()
         # the archive survives a member restart of the primary too (its config)
         assert rs.archive_location()["uri"] == str(arch)
     finally:

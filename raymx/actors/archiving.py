@@ -282,18 +282,7 @@ class Archive:
         """Change events after ``token`` from the archive (as
         ``raymx.storage.changes.scan``); raises ``OplogTrimmed`` if the archive
         does not hold the entry after it either."""
-        if self.idx is None:  # not read yet (the trimmer's first round): now
-            try:
-                fs, base = open_fs(self.uri)
-                self.idx = read_index(fs, base)
-                self.fs, self.base = fs, base
-            except Exception as e:
-                self.error = self.error or f"{type(e).__name__}: {e}"
-        if self.fs is None or self.idx is None:
-            raise errors.OplogTrimmed(
-                f"resume token {list(token)} is older than the oplog, and the archive at "
-                f"{self.uri} cannot be read ({self.error or 'not opened yet'})",
-                token=list(token), oldest=None)
+        self._open(f"resume token {list(token)}")
         segs = A.segments_after(self.idx, token)
         events: list[dict] = []
         resume = list(token)
@@ -315,6 +304,57 @@ class Archive:
             if not done:
                 break
         return {"events": events, "resume": resume}
+
+    def _open(self, what: str) -> None:
+        """Read the index if not yet (the trimmer's first round): now.
+        ``OplogTrimmed`` naming ``what`` if the archive cannot be read."""
+        if self.idx is None:
+            try:
+                fs, base = open_fs(self.uri)
+                self.idx = read_index(fs, base)
+                self.fs, self.base = fs, base
+            except Exception as e:
+                self.error = self.error or f"{type(e).__name__}: {e}"
+        if self.fs is None or self.idx is None:
+            raise errors.OplogTrimmed(
+                f"{what} is older than the oplog, and the archive at {self.uri} cannot be "
+                f"read ({self.error or 'not opened yet'})", oldest=None)
+
+    def at(self, ms: int, seq: int | None = None) -> GTID | None:
+        """The first archived entry committed at or after ``ms``, as
+        ``Engine.oplog_at`` finds one in the live oplog (a binary search, by
+        segment, then within one; ``ts`` taken as ordered; with ``seq``, the
+        entry of that seq if committed in that second). None if every
+        archived entry is older; ``OplogTrimmed`` if the archive starts
+        after ``ms`` with history before it lost."""
+        import pyarrow.compute as pc
+        self._open(f"the time {ms} ms")
+        segs = self.idx["segments"]
+
+        def ts_us(seg):
+            return self._segment_table(seg).column("ts").cast("int64")
+        if not segs or pc.max(ts_us(segs[-1])).as_py() < ms * 1000:
+            return None
+        lo, hi = 0, len(segs) - 1  # the first segment whose last entry is not older
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if pc.max(ts_us(segs[mid])).as_py() < ms * 1000:
+                lo = mid + 1
+            else:
+                hi = mid
+        tb, col = self._segment_table(segs[lo]), ts_us(segs[lo])
+        if lo == 0 and col[0].as_py() >= ms * 1000 and segs[0]["first"][1] > 1:
+            raise errors.OplogTrimmed(
+                f"the archive's oldest entry {GTID(*segs[0]['first'])} is newer than the time "
+                "asked for, and the entries before it were trimmed",
+                oldest=list(segs[0]["first"]))
+        seqs = tb.column("seq")
+        if seq is not None:
+            i = pc.index(seqs, seq).as_py()
+            if i >= 0 and col[i].as_py() // 1_000_000 == ms // 1000:
+                return GTID(tb.column("term")[i].as_py(), seq)
+        i = pc.index(pc.greater_equal(col, ms * 1000), True).as_py()
+        return GTID(tb.column("term")[i].as_py(), seqs[i].as_py())
 
     def _segment_table(self, seg: dict):
         """A segment's Arrow table (the last three read kept: a stream reads

@@ -500,9 +500,17 @@ class ReadPath:
         wait_ms = min(int(req.get("wait_ms") or self.limits.watch_wait_ms), 60_000)
         after = req.get("after")
         if req.get("since_ms") is not None:  # from a wall-clock time: its first entry
-            since_seq = req.get("since_seq")
-            g = self.e.oplog_at(int(req["since_ms"]),  # None: after the last entry
-                                None if since_seq is None else int(since_seq))
+            ms, seq = int(req["since_ms"]), req.get("since_seq")
+            seq = None if seq is None else int(seq)
+            try:
+                g = self.e.oplog_at(ms, seq)  # None: after the last entry
+            except errors.OplogTrimmed:
+                arch = getattr(self, "archive", None)
+                if arch is None:
+                    raise
+                # older than the live oplog: the set's archive (DESIGN 9); if
+                # every archived entry is older, the live oplog's first
+                g = arch.at(ms, seq) or self.e.oplog_info()["first"]
             start = [g.term, g.seq, -1] if g is not None else list(self.e.last()[0])
             return {"events": [], "resume": list(changes.parse_token(start))}
         if after is None:
