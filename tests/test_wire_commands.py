@@ -548,11 +548,13 @@ def test_transactions_of_several_sessions_interleave_as_in_mongodb(client):
 
 def test_a_transactions_change_events_carry_its_lsid_and_txn_number(client):
     """As MongoDB's: the events of a driver transaction's changes name its
-    session (``lsid``) and ``txnNumber``; other changes carry neither."""
+    session (``lsid``) and ``txnNumber``; other changes carry neither. The
+    session records the transaction wrote (``config.transactions``) are no
+    event, also in a stream of the whole set."""
     import uuid
     co = client.txe.c
     co.insert_one({"_id": 0})
-    with co.watch(max_await_time_ms=200) as st:
+    with co.watch(max_await_time_ms=200) as st, client.watch(max_await_time_ms=200) as every:
         with client.start_session() as s:
             with s.start_transaction():
                 co.insert_one({"_id": 1}, session=s)
@@ -560,6 +562,8 @@ def test_a_transactions_change_events_carry_its_lsid_and_txn_number(client):
             lsid = uuid.UUID(bytes=bytes(s.session_id["id"]))  # the client reads UUIDs
         co.insert_one({"_id": 2})
         evs = [st.next() for _ in range(3)]
+        assert [(e["ns"]["coll"], e["documentKey"]["_id"]) for e in
+                (every.next() for _ in range(3))] == [("c", 1), ("c", 0), ("c", 2)]
     assert [e["documentKey"]["_id"] for e in evs] == [1, 0, 2]
     for e in evs[:2]:
         assert e["lsid"]["id"] == lsid and e["txnNumber"] >= 1

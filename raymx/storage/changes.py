@@ -65,6 +65,8 @@ class Filter:
         self.ops = None if ops is None else set(ops)
 
     def wants_ns(self, ns: str) -> bool:
+        if ns == SESSIONS_NS:  # the wire port's session records: internal, never an event
+            return False       # (MongoDB's config.transactions is not watched either)
         if self.colls is None:
             return True
         return ns in self.colls or ns.split(".", 1)[0] in self.dbs
