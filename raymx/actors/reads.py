@@ -317,7 +317,7 @@ class ReadPath:
             if op == "indexStats":  # each index's uses since this member opened its store
                 uses = self.e.index_uses
                 ixs = [dict(ix, ops=uses.get((req["ns"], ix["name"]), 0),
-                            since_ms=self.e.opened_ms) for ix in ixs] if c is not None else []
+                            since_ms=self.started_ms) for ix in ixs] if c is not None else []
             return {"value": ixs}
         raise errors.InvalidOperation(f"unknown read operation {op!r}")
 

@@ -68,6 +68,7 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         self.timer = timer
         self.wall_ms = clock_ms or (lambda: int(time.time() * 1000))
         self.mono_ms = clock_ms or _mono_ms
+        self.started_ms = self.wall_ms()  # the "since" of $indexStats' counts
         self.limits = limits
         self.primary = primary
         self.member_id = member_id

@@ -72,7 +72,6 @@ class Engine:
         # queries' index uses since this engine opened ({(ns, index name): n},
         # MongoDB's $indexStats): counted where a plan picks an index
         self.index_uses: dict[tuple[str, str], int] = {}
-        self.opened_ms = self._now_ms()
         with store.write() as t:
             if t.get("meta", b"format") is None:
                 t.put("meta", b"format", codec.pack(1))
