@@ -542,6 +542,19 @@ def test_change_stream_and_resume(client):
         nxt = [s.next() for _ in range(2)]
     assert [(e["operationType"], e["documentKey"]["_id"]) for e in nxt] == \
         [("delete", 1), ("insert", 2)]
+    # updateDescription names what changed as MongoDB's delta updates do: a
+    # subdocument's field by its dotted path, appended elements by index, an
+    # array cut short in truncatedArrays; a new value or type whole
+    c.insert_one({"_id": 3, "a": {"b": 1, "c": 2}, "tags": ["x"], "q": [1, 2, 3], "n": 1})
+    with c.watch(max_await_time_ms=200) as s:
+        c.update_one({"_id": 3}, {"$set": {"a.b": 5, "n": 1.5}, "$unset": {"a.c": 1},
+                                  "$push": {"tags": "y"}, "$pop": {"q": 1}})
+        c.update_one({"_id": 3}, {"$set": {"a": {"z": 0}, "tags": ["y", "x"]}})
+        ud = [s.next()["updateDescription"] for _ in range(2)]
+    assert ud[0] == {"updatedFields": {"a.b": 5, "n": 1.5, "tags.1": "y"},
+                     "removedFields": ["a.c"], "truncatedArrays": [{"field": "q", "newSize": 2}]}
+    assert ud[1] == {"updatedFields": {"a.z": 0, "tags": ["y", "x"]}, "removedFields": ["a.b"],
+                     "truncatedArrays": []}
     with client.db.watch([{"$match": {"operationType": "insert"}}],
                          max_await_time_ms=200) as s:
         client.db.cs.delete_one({"_id": 2})

@@ -84,10 +84,52 @@ class Stream:
         self.expanded = False
 
 
+def _same(a, b) -> bool:
+    """Equal and of one type (1, 1.0 and True are three values here)."""
+    return type(a) is type(b) and a == b
+
+
+def _nameable(d: dict) -> bool:
+    """Every key of ``d`` can be a step of a dotted path: no dot, no ``$``,
+    not all digits (an array index)."""
+    return all(k and "." not in k and not k.startswith("$") and not k.isdigit() for k in d)
+
+
 def _diff(pre: dict, post: dict) -> dict:
-    updated = {k: v for k, v in post.items() if k not in pre or pre[k] != v}
-    removed = [k for k in pre if k not in post]
-    return {"updatedFields": updated, "removedFields": removed, "truncatedArrays": []}
+    """An update's ``updateDescription`` from its images, as MongoDB's diff of
+    two documents (its delta format) names the changes: a field of a
+    subdocument there before and after by its dotted path (``a.b``);
+    elements appended to an array as ``arr.i``; an array cut short in
+    ``truncatedArrays``; anything else (a new value, another type, an array
+    changed within, keys a path cannot name) whole. Applied to the image
+    before, as a consumer applies them, they give the image after."""
+    updated: dict = {}
+    removed: list = []
+    truncated: list = []
+
+    def walk(a: dict, b: dict, path: str) -> None:
+        for k, v in b.items():
+            p = path + k
+            if k not in a:
+                updated[p] = v
+                continue
+            old = a[k]
+            if _same(old, v):
+                continue
+            if type(old) is dict and type(v) is dict and _nameable(old) and _nameable(v):
+                walk(old, v, p + ".")
+            elif type(old) is list and type(v) is list and all(
+                    _same(x, y) for x, y in zip(old, v)):
+                if len(v) > len(old):  # appended
+                    for i in range(len(old), len(v)):
+                        updated[f"{p}.{i}"] = v[i]
+                else:  # cut short
+                    truncated.append({"field": p, "newSize": len(v)})
+            else:
+                updated[p] = v
+        removed.extend(path + k for k in a if k not in b)
+    walk(pre, post, "")
+    return {"updatedFields": updated, "removedFields": removed, "truncatedArrays": truncated}
 
 
 def event_doc(ev: dict, s: Stream) -> dict | None:
