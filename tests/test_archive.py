@@ -152,6 +152,37 @@ def test_replacements_survive_the_archive_and_old_segments_read_as_updates(tmp_p
         assert [e["op"] for e in ev[:2]] == kinds and ev[0]["post"] == post
 
 
+def test_a_transactions_archived_changes_carry_its_session(tmp_path):
+    """Rows of a driver transaction's entry carry its ``lsid`` and
+    ``txn_number`` (from its committed session record, as the live stream
+    finds them), and its archived events name the session as live ones do;
+    other rows, and a segment written before those columns, carry none."""
+    import pyarrow.parquet as pq
+
+    from raymx.actors.archiving import read_segment
+    from raymx.spark_bridge import convert
+    lsid = bytes(range(16))
+    rec = {"_id": lsid, "n": 7, "committed": True}
+    entries = [(GTID(1, 5).to_bytes(), 5_000, [
+        {"op": "i", "ns": "d.c", "post": {"_id": 1}},
+        {"op": "i", "ns": "config.transactions", "post": rec}]),
+        (GTID(1, 6).to_bytes(), 6_000, [{"op": "i", "ns": "d.c", "post": {"_id": 2}}])]
+    tb = convert.changes_rows(entries)
+    assert tb.column("lsid").to_pylist() == [lsid, lsid, None]
+    assert tb.column("txn_number").to_pylist() == [7, 7, None]
+    pq.write_table(tb, tmp_path / "new.parquet")
+    pq.write_table(tb.drop_columns(["lsid", "txn_number"]), tmp_path / "old.parquet")
+    for name, session in (("new", [lsid, 7]), ("old", None)):
+        got = read_segment(None, str(tmp_path), {"file": f"{name}.parquet"})
+        assert got.schema == convert.CHANGES_SCHEMA
+        rows = got.drop_columns(["ts"]).to_pylist()
+        for r in rows:
+            r["ts"] = 5_000_000
+        ev, _, _ = A.row_events(rows, (1, 4), None, Filter(), 10, GTID(1, 6))
+        assert [e["_id"] for e in ev] == [1, 2]  # the session record is no event
+        assert ev[0].get("session") == session and "session" not in ev[1]
+
+
 # --- a running replica set ------------------------------------------------------
 LIM = Limits(trim_interval_ms=100, trim_batch_entries=200)
 

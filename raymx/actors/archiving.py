@@ -55,13 +55,17 @@ def read_index_stamped(fs, base: str, cached: tuple | None = None) -> tuple:
 
 def read_segment(fs, base: str, seg: dict):
     """A segment's rows as an Arrow table (in (seq, idx) order). A segment
-    written before the ``replace`` column existed gets it, all null."""
+    written before a column existed (``replace``, stop 41; ``lsid`` and
+    ``txn_number``, stop 45) gets it, all null."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from raymx.spark_bridge.convert import CHANGES_SCHEMA
     tb = pq.read_table(f"{base}/{seg['file']}", filesystem=fs)
-    if "replace" not in tb.column_names:
-        tb = tb.append_column("replace", pa.nulls(tb.num_rows, pa.bool_()))
-    return tb
+    for f in CHANGES_SCHEMA:
+        if f.name not in tb.column_names:
+            tb = tb.append_column(f, pa.nulls(tb.num_rows, f.type))
+    return tb.select(CHANGES_SCHEMA.names)  # in the schema's order
 
 
 NICE = 10  # the worker's niceness: writes first

@@ -59,7 +59,7 @@ from bson.regex import Regex
 from bson.timestamp import Timestamp
 
 from raymx import errors
-from raymx.storage import codec
+from raymx.storage import changes, codec
 from raymx.storage.gtid import GTID
 
 _I64_MAX = (1 << 63) - 1
@@ -473,13 +473,17 @@ CHANGES_SCHEMA = pa.schema([
     ("post", pa.string()),        # JSON of the image after (i, u), else null
     ("cmd", pa.string()),         # JSON of a command op (c), else null
     ("replace", pa.bool_()),      # true: the update (u) replaced the whole document
+    # a driver transaction's changes (the wire port's): its session id and number
+    ("lsid", pa.binary()),
+    ("txn_number", pa.int64()),
 ])
 
 
 def changes_rows(entries, ns_filter=None) -> pa.Table:
     """Arrow rows for ``[(gtid bytes, ts, ops)]`` (``ops``: a list, or packed):
     one per op, no-ops left out; built a column at a time per entry."""
-    gtid, term, seq, idx, tss, kind, nss, ids, pre, post, cmd, rep = ([] for _ in range(12))
+    gtid, term, seq, idx, tss, kind, nss, ids, pre, post, cmd, rep, lsid, txn = (
+        [] for _ in range(14))
     for k, ts, ops in entries:
         if type(ops) is not list:
             ops = codec.unpack(ops, "oplog ops")
@@ -488,6 +492,9 @@ def changes_rows(entries, ns_filter=None) -> pa.Table:
         n = len(sel)
         if not n:
             continue
+        session = changes.session_of(ops) if len(ops) > 1 else None  # as the live stream
+        lsid += [None if session is None else bytes(session[0])] * n
+        txn += [None if session is None else int(session[1] or 0)] * n
         g = GTID.from_bytes(k)
         gtid += [str(g)] * n
         term += [g.term] * n
@@ -506,6 +513,6 @@ def changes_rows(entries, ns_filter=None) -> pa.Table:
         cmd += [to_json({x: v for x, v in op.items() if x not in ("op", "ns")})
                 if op.get("op") == "c" else None for op in ops]
         rep += [op.get("r") if op.get("op") == "u" else None for op in ops]
-    cols = (gtid, term, seq, idx, tss, kind, nss, ids, pre, post, cmd, rep)
+    cols = (gtid, term, seq, idx, tss, kind, nss, ids, pre, post, cmd, rep, lsid, txn)
     return pa.Table.from_arrays([pa.array(c, f.type) for c, f in zip(cols, CHANGES_SCHEMA)],
                                 schema=CHANGES_SCHEMA)

@@ -223,6 +223,8 @@ def row_event(r: dict) -> dict:
     ms = ts // 1000 if isinstance(ts, int) else int(ts.timestamp() * 1000)
     ev = {"gtid": [r["term"], r["seq"]], "ts": ms, "ns": r["ns"], "_id": None, "pre": None,
           "post": None, "index": None, "token": [r["term"], r["seq"], r["idx"]]}
+    if r.get("lsid") is not None:  # a driver transaction's change (segments since stop 45)
+        ev["session"] = [r["lsid"], r.get("txn_number")]
     if r["op"] == "c":
         return changes.command_event(ev, _from_json(r["cmd"]) or {})
     return changes.image_event(ev, r["op"], _from_json(r["pre"]), _from_json(r["post"]),
