@@ -493,6 +493,8 @@ def changes_rows(entries, ns_filter=None) -> pa.Table:
         if not n:
             continue
         session = changes.session_of(ops) if len(ops) > 1 else None  # as the live stream
+        if session is not None and not isinstance(session[0], (bytes, bytearray)):
+            session = None  # (the wire port's session ids are binary)
         lsid += [None if session is None else bytes(session[0])] * n
         txn += [None if session is None else int(session[1] or 0)] * n
         g = GTID.from_bytes(k)
