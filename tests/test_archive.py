@@ -131,7 +131,6 @@ def test_replacements_survive_the_archive_and_old_segments_read_as_updates(tmp_p
     that column existed reads with it null: its updates stay updates."""
     import pyarrow.parquet as pq
 
-    from raymx.actors.archiving import read_segment
     from raymx.spark_bridge import convert
     pre, post = {"_id": 1, "a": 1}, {"_id": 1, "b": 2}
     entries = [(GTID(1, 5).to_bytes(), 5_000, [
@@ -143,13 +142,21 @@ def test_replacements_survive_the_archive_and_old_segments_read_as_updates(tmp_p
     pq.write_table(tb, tmp_path / "new.parquet")
     pq.write_table(tb.drop_columns(["replace"]), tmp_path / "old.parquet")
     for name, kinds in (("new", ["replace", "update"]), ("old", ["update", "update"])):
-        got = read_segment(None, str(tmp_path), {"file": f"{name}.parquet"})
-        assert got.schema == convert.CHANGES_SCHEMA
-        rows = got.drop_columns(["ts"]).to_pylist()
-        for r in rows:
-            r["ts"] = 5_000_000
-        ev, _, _ = A.row_events(rows, (1, 4), None, Filter(), 10, GTID(1, 5))
+        ev = _events_read_back(tmp_path / f"{name}.parquet", GTID(1, 5))
         assert [e["op"] for e in ev[:2]] == kinds and ev[0]["post"] == post
+
+
+def _events_read_back(path, last: GTID) -> list:
+    """The events of the segment file ``path`` as a stream reads them (its
+    table as ``read_segment`` gives it, in ``CHANGES_SCHEMA``)."""
+    from raymx.actors.archiving import read_segment
+    from raymx.spark_bridge import convert
+    got = read_segment(None, str(path.parent), {"file": path.name})
+    assert got.schema == convert.CHANGES_SCHEMA
+    rows = got.drop_columns(["ts"]).to_pylist()
+    for r in rows:
+        r["ts"] = 5_000_000
+    return A.row_events(rows, (1, 4), None, Filter(), 10, last)[0]
 
 
 def test_a_transactions_archived_changes_carry_its_session(tmp_path):
@@ -159,7 +166,6 @@ def test_a_transactions_archived_changes_carry_its_session(tmp_path):
     other rows, and a segment written before those columns, carry none."""
     import pyarrow.parquet as pq
 
-    from raymx.actors.archiving import read_segment
     from raymx.spark_bridge import convert
     lsid = bytes(range(16))
     rec = {"_id": lsid, "n": 7, "committed": True}
@@ -173,12 +179,7 @@ def test_a_transactions_archived_changes_carry_its_session(tmp_path):
     pq.write_table(tb, tmp_path / "new.parquet")
     pq.write_table(tb.drop_columns(["lsid", "txn_number"]), tmp_path / "old.parquet")
     for name, session in (("new", [lsid, 7]), ("old", None)):
-        got = read_segment(None, str(tmp_path), {"file": f"{name}.parquet"})
-        assert got.schema == convert.CHANGES_SCHEMA
-        rows = got.drop_columns(["ts"]).to_pylist()
-        for r in rows:
-            r["ts"] = 5_000_000
-        ev, _, _ = A.row_events(rows, (1, 4), None, Filter(), 10, GTID(1, 6))
+        ev = _events_read_back(tmp_path / f"{name}.parquet", GTID(1, 6))
         assert [e["_id"] for e in ev] == [1, 2]  # the session record is no event
         assert ev[0].get("session") == session and "session" not in ev[1]
 

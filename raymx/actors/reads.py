@@ -4,6 +4,7 @@ point. Readers never wait for the writer.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -271,13 +272,11 @@ class ReadPath:
 
     def _read_in(self, r: Reader, req: dict, conn: dict):
         op = req["op"]
-        limit = time_limit(req)
-        if limit is not None and op in ("count", "find"):
-            with limit:
-                return self._read_in_timed(r, req, Stats(read_check(limit, conn)))
-        return self._read_in_timed(r, req, Stats(read_check(None, conn)))
+        limit = time_limit(req) if op in ("count", "find") else None
+        with limit or contextlib.nullcontext():
+            return self._read_in_checked(r, req, Stats(read_check(limit, conn)))
 
-    def _read_in_timed(self, r: Reader, req: dict, stats: Stats):
+    def _read_in_checked(self, r: Reader, req: dict, stats: Stats):
         op = req["op"]
         if op == "count":
             return {"value": r.count(req["ns"], req.get("filter"), stats)}
@@ -368,12 +367,10 @@ class ReadPath:
         ``conn``: the connection asking (its time limit and killOp checked)."""
         if c.stats is not None and conn is not None:
             c.stats.check = read_check(c.limit, conn)
-        if c.limit is not None:
-            with c.limit:
-                return self._batch_timed(c, batch)
-        return self._batch_timed(c, batch)
+        with c.limit or contextlib.nullcontext():
+            return self._batch_checked(c, batch)
 
-    def _batch_timed(self, c: _Cursor, batch) -> dict:
+    def _batch_checked(self, c: _Cursor, batch) -> dict:
         n_max = min(int(batch or self.limits.cursor_batch_docs), self.limits.cursor_batch_docs)
         cap = self._batch_bytes()
         docs, size = [], 0

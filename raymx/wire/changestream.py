@@ -175,8 +175,7 @@ class Streams:
 
     def __init__(self, d):
         self.d = d
-        self.open: dict[int, Stream | oplog_view.Tailer] = {}
-        self.used: dict[int, float] = {}
+        self.open: dict[int, list] = {}  # cid -> [Stream or Tailer, last used (monotonic)]
         self.lock = threading.Lock()
 
     def owns(self, cid: int) -> bool:
@@ -186,28 +185,26 @@ class Streams:
         cid = CURSOR_BASE + next(_IDS)
         now = time.monotonic()
         with self.lock:
-            idle = [c for c, at in self.used.items() if now - at > IDLE_S]
-            for c in idle:
-                self.open.pop(c, None)
-                self.used.pop(c, None)
-            self.open[cid], self.used[cid] = s, now
+            for c in [c for c, (_, at) in self.open.items() if now - at > IDLE_S]:
+                del self.open[c]
+            self.open[cid] = [s, now]
         return cid
 
     def _get(self, cid: int):
         with self.lock:
-            s = self.open.get(cid)
-            if s is not None:
-                self.used[cid] = time.monotonic()
-        if s is None:
+            got = self.open.get(cid)
+            if got is not None:
+                got[1] = time.monotonic()
+        if got is None:
             raise CommandError(f"cursor id {cid} not found", 43, "CursorNotFound")
-        return s
+        return got[0]
 
     def tail(self, cmd: dict, conn, ns: str, flt: dict) -> dict:
         """A tailable ``find`` on ``local.oplog.rs``: its first batch, and a
         cursor that stays open at the end of the oplog (closed at once only
         if its limit is reached)."""
-        t = oplog_view.Tailer(cmd, flt, cmd.get("projection"))
         svc = self.d.service
+        t = oplog_view.Tailer(svc.e, cmd, flt, cmd.get("projection"))
         docs = t.batch(svc.e, svc.oplog_end(), int(cmd.get("batchSize") or FIRST_BATCH),
                        svc.member_id)
         cid = 0 if t.done() else self._add(t)
@@ -318,4 +315,3 @@ class Streams:
         with self.lock:
             for cid in ids:
                 self.open.pop(cid, None)
-                self.used.pop(cid, None)

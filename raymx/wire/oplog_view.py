@@ -129,6 +129,17 @@ def start_key(engine, flt: dict | None) -> bytes | None:
     return g.to_bytes() if g is not None else prefix_end(engine.last()[0].to_bytes())
 
 
+def _view(engine, t, start=None, stop=None, reverse=False) -> Iterator[tuple[GTID, dict]]:
+    """(GTID, document) of each entry read in ``t`` from ``start`` to ``stop``."""
+    for k, v in t.scan("oplog", start, stop, reverse=reverse):
+        g, entry = GTID.from_bytes(k), codec.unpack(v, "oplog entry")
+        yield g, entry_doc(g, entry, engine.entry_ops(t, entry))
+
+
+def _shown(doc: dict, flt, projection) -> dict:
+    return doc if not projection else project(doc, projection, flt)
+
+
 def docs(engine, flt: dict, sort=None, projection=None) -> Iterator[dict]:
     """The view's documents matching ``flt``, in oplog order (``sort``), one
     read snapshot: what counts, pipelines and ``distinct`` stream through.
@@ -137,11 +148,9 @@ def docs(engine, flt: dict, sort=None, projection=None) -> Iterator[dict]:
     match = compile_filter(flt or {})
     start = start_key(engine, flt) if step > 0 else None
     with engine.store.read() as t:
-        for k, v in t.scan("oplog", start, reverse=step < 0):
-            entry = codec.unpack(v, "oplog entry")
-            doc = entry_doc(GTID.from_bytes(k), entry, engine.entry_ops(t, entry))
+        for _, doc in _view(engine, t, start, reverse=step < 0):
             if match(doc):
-                yield doc if not projection else project(doc, projection, flt)
+                yield _shown(doc, flt, projection)
 
 
 def find(engine, flt: dict, sort, skip: int, limit: int, projection) -> list[dict]:
@@ -167,7 +176,7 @@ class Tailer:
     entries committed here: ``gate``). A batch looks at no more than
     ``TAIL_LOOK`` entries, so one far behind catches up over several."""
 
-    def __init__(self, cmd: dict, flt: dict, projection):
+    def __init__(self, engine, cmd: dict, flt: dict, projection):
         if cmd.get("singleBatch") or int(cmd.get("limit") or 0) < 0:
             raise CommandError("a tailable cursor cannot be a single batch", 2, "BadValue")
         if int(cmd.get("skip") or 0):
@@ -181,14 +190,9 @@ class Tailer:
         self.await_data = bool(cmd.get("awaitData"))
         self.left = int(cmd.get("limit") or 0) or None  # None: no limit
         self.pos: GTID | None = None  # the last entry looked at (None: none yet)
-        self.start: bytes | None = None  # where the first batch starts (None: the oldest)
-        self.placed = False
-
-    def place(self, engine) -> None:
-        """Where the first batch starts (``start_key``): a tailer resuming at
-        the last ``ts`` it saw starts at once, however long the oplog."""
-        self.placed = True
-        self.start = start_key(engine, self.flt)
+        # where the first batch starts: a tailer resuming at the last ts it
+        # saw starts at once, however long the oplog (None: the oldest)
+        self.start = start_key(engine, flt)
 
     def batch(self, engine, gate: GTID | None, n_max: int, member: int = 0) -> list[dict]:
         """The matching entries after ``pos``, up to ``gate`` (inclusive), at
@@ -200,8 +204,6 @@ class Tailer:
         out: list[dict] = []
         if gate is None or (self.pos is not None and gate <= self.pos):
             return out
-        if not self.placed:
-            self.place(engine)
         with engine.store.read() as t:
             if self.pos is not None:
                 try:
@@ -217,15 +219,13 @@ class Tailer:
                         "(it was not majority-committed): query again", 136,
                         "CappedPositionLost") from None
             start = self.start if self.pos is None else prefix_end(self.pos.to_bytes())
-            for looked, (k, v) in enumerate(t.scan("oplog", start, prefix_end(gate.to_bytes()))):
+            stop = prefix_end(gate.to_bytes())
+            for looked, (g, doc) in enumerate(_view(engine, t, start, stop)):
                 if len(out) >= n_max or looked >= TAIL_LOOK:
                     break
-                self.pos = GTID.from_bytes(k)
-                entry = codec.unpack(v, "oplog entry")
-                doc = entry_doc(self.pos, entry, engine.entry_ops(t, entry))
+                self.pos = g
                 if self.match(doc):
-                    out.append(doc if not self.projection
-                               else project(doc, self.projection, self.flt))
+                    out.append(_shown(doc, self.flt, self.projection))
         if self.left is not None:
             self.left -= len(out)
         return out

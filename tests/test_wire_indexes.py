@@ -1,0 +1,116 @@
+"""The wire port's index commands and index use, with the real pymongo:
+a hint naming no index, ``collMod`` of a TTL index, ``$indexStats``
+(``raymx/wire/indexes.py``). A member served in process."""
+from bson import Timestamp
+import pytest
+from pymongo.errors import OperationFailure
+
+from tests.test_wire import client, served  # noqa: F401 (the fixtures)
+
+
+def test_a_hint_naming_no_index_fails_as_in_mongodb(client):
+    """find, count and aggregate with a hint that names no index of the
+    collection fail (BadValue, as MongoDB's planner answers) where the hint
+    was ignored; an existing index (by name or key), ``$natural`` and a
+    collection that does not exist pass."""
+    co = client.hints.c
+    co.insert_many([{"_id": i, "a": i} for i in range(5)])
+    co.create_index("a")
+    assert len(list(co.find({"a": {"$gte": 1}}).hint("a_1"))) == 4
+    assert len(list(co.find().hint([("a", 1)]))) == 5
+    assert len(list(co.find().hint("_id_"))) == 5
+    assert len(list(co.find().hint([("$natural", 1)]))) == 5
+    assert co.count_documents({}, hint="a_1") == 5
+    for bad in (lambda: list(co.find().hint("nope_1")), lambda: list(co.find().hint([("b", 1)])),
+                lambda: co.count_documents({}, hint="nope"),
+                lambda: list(co.aggregate([{"$match": {}}], hint="nope"))):
+        with pytest.raises(OperationFailure, match="hint provided does not correspond") as ei:
+            bad()
+        assert ei.value.code == 2
+    assert list(client.hints.absent.find().hint("nope")) == []
+    assert co.count_documents({}) == 5  # the connection serves on
+
+
+def test_coll_mod_sets_an_index_s_ttl_as_mongodb_s(served, client):
+    """``collMod`` with ``index: {keyPattern | name, expireAfterSeconds}``
+    makes an index a TTL index or changes its expiry (the answer names the
+    old and new expiry), and the TTL monitor then deletes by it; the change
+    is logged as the index dropped and built again, so every member and a
+    rollback handle it. Validators, views and hidden indexes are refused by
+    name; a missing collection or index has MongoDB's codes."""
+    import datetime
+    svc = served[1]
+    co = client.cm.c
+    old, new = datetime.datetime(2020, 1, 1), datetime.datetime.now(datetime.timezone.utc)
+    co.insert_many([{"_id": i, "at": old if i % 2 else new, "b": i} for i in range(6)])
+    co.create_index("at")
+    co.create_index("b", unique=True)
+    assert client.cm.command("collMod", "c", index={"keyPattern": {"at": 1},
+                                                    "expireAfterSeconds": 3600}) \
+        == {"expireAfterSeconds_new": 3600, "ok": 1.0, "operationTime": ANY_TIME}
+    out = client.cm.command("collMod", "c", index={"name": "at_1", "expireAfterSeconds": 60})
+    assert (out["expireAfterSeconds_old"], out["expireAfterSeconds_new"]) == (3600, 60)
+    same = client.cm.command("collMod", "c", index={"name": "at_1", "expireAfterSeconds": 60})
+    assert "expireAfterSeconds_new" not in same  # nothing changed, nothing logged
+    ixs = {x["name"]: x for x in co.list_indexes()}
+    assert ixs["at_1"]["expireAfterSeconds"] == 60 and ixs["b_1"]["unique"] is True
+    assert co.find_one({"at": old, "_id": 1})["b"] == 1  # the rebuilt index serves
+    svc.expire_once()  # the TTL monitor's pass
+    assert sorted(d["_id"] for d in co.find()) == [0, 2, 4]
+    mods = [e["o"]["applyOps"] for e in client.local["oplog.rs"].find(
+        {"o.applyOps.o.dropIndexes": "c"})]
+    assert [[(next(iter(x["o"])), x["o"].get("expireAfterSeconds")) for x in m] for m in mods] \
+        == [[("dropIndexes", None), ("createIndexes", 3600)],
+            [("dropIndexes", None), ("createIndexes", 60)]]
+    assert client.cm.command("collMod", "c", changeStreamPreAndPostImages={"enabled": True})
+    for kw, code, words in (({"validator": {"b": 1}}, 2, "validators are not served"),
+                            ({"index": {"name": "b_1", "hidden": True}}, 2, "hidden indexes"),
+                            ({"index": {"name": "nope", "expireAfterSeconds": 5}}, 27,
+                             "cannot find index"),
+                            ({"index": {"name": "b_1", "expireAfterSeconds": -1}}, 2,
+                             "whole number of seconds"),
+                            ({"colour": "blue"}, 40415, "unknown option")):
+        with pytest.raises(OperationFailure, match=words) as ei:
+            client.cm.command("collMod", "c", **kw)
+        assert ei.value.code == code
+    with pytest.raises(OperationFailure) as ei:
+        client.cm.command("collMod", "absent")
+    assert ei.value.code == 26
+    assert co.count_documents({}) == 3  # the connection serves on
+
+
+class _AnyTime:
+    def __eq__(self, other):
+        return isinstance(other, Timestamp)
+
+
+ANY_TIME = _AnyTime()
+
+
+def test_index_stats_counts_the_queries_each_index_served(client):
+    """``$indexStats`` (Compass's index usage, an operator's unused-index
+    check): each index of the collection with the finds, counts, updates
+    and deletes whose plan used it since the member opened its store."""
+    co = client.ixs.c
+    co.insert_many([{"_id": i, "a": i % 5, "b": i} for i in range(50)])
+    co.create_index("a")
+    co.create_index("b")
+
+    def ops():
+        return {x["name"]: x["accesses"]["ops"] for x in co.aggregate([{"$indexStats": {}}])}
+    base = ops()
+    assert set(base) == {"_id_", "a_1", "b_1"} and base["b_1"] == 0
+    list(co.find({"a": 2}))
+    co.count_documents({"a": {"$gt": 2}})
+    co.update_many({"a": 1}, {"$set": {"x": 1}})
+    co.find_one({"_id": 7})
+    list(co.find({"x": 1}))  # a collection scan: no index
+    now = ops()
+    assert (now["a_1"] - base["a_1"], now["b_1"], now["_id_"] - base["_id_"]) == (3, 0, 1)
+    doc = next(co.aggregate([{"$indexStats": {}}, {"$match": {"name": "a_1"}}]))
+    assert doc["key"] == {"a": 1} and doc["spec"]["name"] == "a_1" and doc["host"]
+    assert doc["accesses"]["since"].year >= 2026
+    with pytest.raises(OperationFailure) as ei:
+        list(co.aggregate([{"$match": {}}, {"$indexStats": {}}]))
+    assert ei.value.code == 40602
+    assert list(client.ixs.absent.aggregate([{"$indexStats": {}}])) == []
