@@ -273,7 +273,7 @@ class ReplicaSet:
         ray = _ray()
         cfg = self.config()
         members = [dict(m) for m in cfg["members"]]
-        new_id = max(m["id"] for m in members) + 1
+        new_id = max([cfg.get("next_id", 0)] + [m["id"] + 1 for m in members])
         spec = _one_spec(new_id, {"priority": priority, "votes": votes, "hidden": hidden,
                                   "delay_s": delay_s, "sync_source": sync_source})
         if sync_source is not None and sync_source not in {m["id"] for m in members}:

@@ -64,7 +64,7 @@ class SimMember:
         self._hashes: dict[GTID, int] = {}  # each commit's hash, for the checker
         # Feeder
         self.feeder = rep.FeederCore(self.engine, sim.limits)
-        self.feeder.votes = dict(self.votes)
+        self.feeder.set_votes(self.votes)
         self.feeder.upstream_majority = self.majority_known
         self.feeder_waiting: list = []
         self.feeder_primary = False  # FeederService.primary
@@ -150,7 +150,7 @@ class SimMember:
     def on_set_config(self, respond, config: dict) -> None:
         if self.core.set_config(config, self.primary):
             self.svc.set_votes({s["id"]: s.get("votes", 1) for s in config["members"]})
-            self.feeder.votes = dict(self.votes)  # FeederService.set_votes
+            self.feeder.set_votes(self.votes)  # as the Feeder shell does
             self.svc.wc.tick()
         respond(None)
 

@@ -141,6 +141,23 @@ def test_write_concern_waiters_are_acknowledged_timed_out_or_failed_when_deposed
     assert [t for t, _ in wc.step_down(1)] == ["e"] and wc.durable == {}
 
 
+def test_a_removed_members_position_is_forgotten():
+    """Were member 3 configured again (a new member under its id), its old
+    position would count for writes it does not hold."""
+    wc = WriteConcernCore({1: 1, 2: 1, 3: 1})
+    wc.reset(1, GTID(1, 9))
+    wc.update(3, GTID(1, 9))
+    wc.set_votes({1: 1, 2: 1})
+    assert wc.durable == {1: GTID(1, 9)}
+    wc.set_votes({1: 1, 2: 1, 3: 1})
+    assert wc.update(3, GTID(1, 2)) and wc.majority_point(1) == GTID(1, 2)
+    f = FeederCore(_engine(writes=2), Limits())
+    f.set_votes({"1": 1, "2": 1})
+    f.positions = {1: {"durable": GTID(1, 1)}, 2: {"durable": GTID(1, 2)}}
+    f.set_votes({1: 1})
+    assert f.votes == {1: 1} and list(f.positions) == [1]
+
+
 def test_deposed_and_sees_majority():
     assert deposed(False, 1, 1) and deposed(True, 2, 1) and not deposed(True, 1, 1)
     votes = {1: 1, 2: 1, 3: 1}

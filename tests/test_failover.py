@@ -251,6 +251,12 @@ def test_reconfiguration_online(ray_session, tmp_path):
         assert coll.insert_one({"_id": "z"}, w="majority", wtimeout_ms=10_000).gtid
         with pytest.raises(errors.ConfigError):
             rs.remove_member(prim)
+        # a member added after a removal gets a new id: the removed one's
+        # folder (kept on disk) and name stay its own
+        new = rs.add_member(progress=False)
+        assert new == 4 and os.listdir(os.path.join(str(tmp_path), f"m{others[1]}"))
+        assert rs.config()["next_id"] == 5
+        assert coll.insert_one({"_id": "w"}, w=4, wtimeout_ms=30_000).gtid
     finally:
         rs.shutdown()
 

@@ -141,3 +141,9 @@ def test_the_bank_check_finds_a_transfer_applied_twice_lost_or_in_part():
     for touched in (6, 10):
         bad = bank.check(good, logs, ["1-1"], touched=touched, touches=(7, 2))
         assert len(bad) == 1 and f"counted up {touched} times" in bad[0]
+    # what majority and snapshot reads saw during the run
+    assert bank.check(good, logs, ["1-1"], seen={"1-1": "snapshot", "2-1": "majority"}) == []
+    gone = bank.check(good, logs, ["1-1"], seen={"1-1": "snapshot", "4-2": "majority"})
+    assert len(gone) == 1 and "served, then discarded): [('4-2', 'majority')]" in gone[0]
+    torn = bank.check(good, logs, ["1-1"], torn=[("snapshot", 2995, 3)])
+    assert len(torn) == 1 and "1 reads saw balances that do not add up" in torn[0]

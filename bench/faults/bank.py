@@ -24,6 +24,13 @@ and the log, and ``check`` finds:
 
 A transfer whose outcome the client does not know (an error) may or may not
 be logged; it only has to be whole.
+
+While they run, the clients also read now and then, with a snapshot session
+and with read concern ``majority``: all balances at once (their sum never
+changes, so a read that saw part of a transfer shows) and the newest
+transfers logged. What such a read returns is majority-committed, so every
+transfer it saw must be in the final log: one that is not was served to a
+reader and then discarded (``check``'s ``seen``).
 """
 from __future__ import annotations
 
@@ -37,22 +44,32 @@ INITIAL = 1_000
 
 
 def check(balances: dict, logs: list[dict], acked: list[str], initial: int = INITIAL,
-          touched: int = 0, touches: tuple[int, int] = (0, 0)) -> list[str]:
+          touched: int = 0, touches: tuple[int, int] = (0, 0), seen: dict | None = None,
+          torn: list | None = None) -> list[str]:
     """What is wrong with a final state (empty if nothing): ``balances``
     {account: balance}, ``logs`` the transfer log's documents, ``acked`` the
     transfers the clients were told committed; ``touched`` the accounts'
-    counts, ``touches`` (acknowledged, unknown) of the counting writes."""
+    counts, ``touches`` (acknowledged, unknown) of the counting writes;
+    ``seen`` {transfer: how it was read} by majority and snapshot reads during
+    the run, ``torn`` the balance sums such reads found off."""
     problems = []
+    if torn:
+        problems.append(f"{len(torn)} reads saw balances that do not add up (part of a "
+                        f"transfer, or a transfer not yet or no longer there): {torn[:3]}")
     if not touches[0] <= touched <= touches[0] + touches[1]:
         problems.append(f"the accounts were counted up {touched} times outside transactions; "
                         f"{touches[0]} acknowledged, {touches[1]} unknown")
-    seen = Counter(x["tid"] for x in logs)
-    twice = sorted(t for t, n in seen.items() if n > 1)
+    logged = Counter(x["tid"] for x in logs)
+    twice = sorted(t for t, n in logged.items() if n > 1)
     if twice:
         problems.append(f"{len(twice)} transfers applied more than once: {twice[:5]}")
-    lost = [t for t in acked if t not in seen]
+    lost = [t for t in acked if t not in logged]
     if lost:
         problems.append(f"{len(lost)} acknowledged transfers lost: {lost[:5]}")
+    discarded = sorted((t, how) for t, how in (seen or {}).items() if t not in logged)
+    if discarded:
+        problems.append(f"{len(discarded)} transfers read by majority or snapshot reads are "
+                        f"not in the final log (served, then discarded): {discarded[:5]}")
     expect = dict.fromkeys(balances, initial)
     for x in logs:
         expect[x["from"]] = expect.get(x["from"], initial) - x["amt"]
@@ -72,16 +89,21 @@ class Book:
         self.runs = 0  # callbacks run: above the transfers tried, the driver ran some again
         self.errors: Counter = Counter()
         self.touches = [0, 0]  # counting writes outside transactions: acknowledged, unknown
+        self.seen: dict[str, str] = {}  # transfers majority and snapshot reads returned
+        self.torn: list[tuple[str, int]] = []  # (read kind, sum) of reads whose sum was off
+        self.reads = Counter()  # reads done, by kind
         self.lock = threading.Lock()
 
 
 class Client(threading.Thread):
     """One pymongo client doing transfers until ``stop`` is set."""
 
-    def __init__(self, cid: int, uri: str, accounts: list[str], book: Book, stop, seed: int):
+    def __init__(self, cid: int, uri: str, accounts: list[str], book: Book, stop, seed: int,
+                 initial: int = INITIAL):
         super().__init__(daemon=True, name=f"bank-{cid}")
         self.cid, self.uri, self.accounts, self.book = cid, uri, accounts, book
         self.stop, self.rnd, self.seq = stop, random.Random(seed), 0
+        self.total = initial * len(accounts)
 
     def run(self):
         import pymongo
@@ -116,8 +138,37 @@ class Client(threading.Thread):
                     time.sleep(0.05)
                 if self.rnd.random() < 0.3:
                     self._touch(acct.with_options(write_concern=wc))
+                if self.rnd.random() < 0.2:
+                    self._audit(cl, db)
         finally:
             cl.close()
+
+    def _audit(self, cl, db) -> None:
+        """Read every balance and the newest transfers at one point, in a
+        snapshot session or at read concern majority; note what was seen."""
+        from pymongo.read_concern import ReadConcern
+        kind = self.rnd.choice(("snapshot", "majority"))
+        try:
+            if kind == "snapshot":
+                with cl.start_session(snapshot=True) as s:
+                    bals = [d["bal"] for d in db[ACCOUNTS].find({}, session=s)]
+                    tids = [d["tid"] for d in db[LOG].find({}, {"tid": 1}, session=s)
+                            .sort("_id", -1).limit(20)]
+            else:
+                rc = ReadConcern("majority")
+                bals = [d["bal"] for d in db[ACCOUNTS].with_options(read_concern=rc).find({})]
+                tids = [d["tid"] for d in db[LOG].with_options(read_concern=rc)
+                        .find({}, {"tid": 1}).sort("_id", -1).limit(20)]
+        except Exception as e:  # noqa: BLE001 - a read that failed saw nothing
+            with self.book.lock:
+                self.book.errors[f"{kind} read " + type(e).__name__] += 1
+            return
+        with self.book.lock:
+            self.book.reads[kind] += 1
+            if len(bals) != len(self.accounts) or sum(bals) != self.total:
+                self.book.torn.append((kind, sum(bals), len(bals)))
+            for t in tids:
+                self.book.seen.setdefault(t, kind)
 
     def _touch(self, acct) -> None:
         try:

@@ -25,6 +25,13 @@ not. Meanwhile a nemesis, one fault at a time, each healed before the next:
   a majority meanwhile);
 - ``step-down``: the primary asked to step down;
 - ``coordinator``: the set's coordinator killed (Ray restarts it);
+- ``remove-add`` (asked for by ``--faults`` or ``--reconfig``): a secondary
+  removed from the set, half the time while the other secondaries' producers
+  are paused (the removal then waits for them, up to 10 s, or is refused),
+  and a new member added in its place a moment later, its initial sync from
+  the oplog or from a snapshot;
+- ``remove-two`` (likewise; 5 members or more): two secondaries removed at
+  once while the rest lag, then two new members added;
 - ``disk-full`` (with ``--disk-mib``, which puts each member's folder on a
   tmpfs of its own: needs root): a ballast file fills one member's file
   system (the primary's half the time) for 1-6 s, then goes.
@@ -167,10 +174,12 @@ class Nemesis(threading.Thread):
     FAULTS = ("kill-primary", "sigkill-primary", "sigkill-any", "kill-secondary",
               "freeze-primary", "freeze-primary-lag", "freeze-secondary", "lag", "step-down",
               "coordinator")
+    RECONFIG = ("remove-add", "remove-two")  # only when asked for: --faults or --reconfig
 
     def __init__(self, rs, n: int, stop, seed: int, faults=FAULTS, disks=()):
         super().__init__(daemon=True, name="nemesis")
-        self.rs, self.n, self.stop, self.rnd = rs, n, stop, random.Random(seed)
+        self.rs, self.stop, self.rnd = rs, stop, random.Random(seed)
+        self.ids = list(range(n))  # the members now configured (reconfiguration changes them)
         self.faults = faults
         self.disks = disks  # member -> the mount point of its own file system
         self.ballast: list[str] = []  # files filling a member's file system
@@ -234,6 +243,41 @@ class Nemesis(threading.Thread):
         self.ballast.append(path)
         return f"{os.path.getsize(path) >> 20} MiB"
 
+    def _remove_add(self, others: list, k: int) -> str:
+        """Remove ``k`` secondaries (at once), maybe while the rest lag; then
+        add as many new members. What happened, for the log."""
+        if len(self.ids) - k < 2 or len(others) < k:
+            return "skipped: too few members"
+        gone = self.rnd.sample(others, k)
+        lag = [m for m in others if m not in gone] if k > 1 or self.rnd.random() < 0.5 else []
+        self._pause(lag)
+        out = []
+
+        def remove(m):
+            try:
+                self.rs.remove_member(m, timeout_s=10)
+                self.ids.remove(m)
+                out.append(f"removed m{m}")
+            except Exception as e:  # noqa: BLE001 - refused (the set lags): nothing changed
+                out.append(f"m{m} not removed ({type(e).__name__}: {str(e)[:80]})")
+        ts = [threading.Thread(target=remove, args=(m,)) for m in gone]
+        for t in ts:
+            t.start()
+        self.stop.wait(self.rnd.uniform(0.5, 2))
+        self._pause(lag, False)
+        for t in ts:
+            t.join(180)
+        for _ in range(sum(1 for m in gone if m not in self.ids)):
+            how = self.rnd.choice(("oplog", "snapshot"))
+            try:
+                new = self.rs.add_member(initial_sync=how, progress=False, timeout_s=120)
+                self.ids.append(new)
+                out.append(f"added m{new} ({how})")
+            except Exception as e:  # noqa: BLE001
+                self.failed.append(f"add ({how}): {type(e).__name__}: {e}")
+                out.append(f"add failed ({how})")
+        return "; ".join(out) + (f"; lagging {lag}" if lag else "")
+
     def heal(self):
         self._thaw()
         for path in self.ballast:
@@ -257,7 +301,7 @@ class Nemesis(threading.Thread):
             p = self.primary()
             if p is None:
                 continue
-            others = [m for m in range(self.n) if m != p]
+            others = [m for m in self.ids if m != p]
             t = time.monotonic()
             note = ""
             try:
@@ -271,7 +315,7 @@ class Nemesis(threading.Thread):
                         os.kill(pid, signal.SIGKILL)
                     self.stop.wait(self.rnd.uniform(1, 4))
                 elif fault == "sigkill-any":
-                    m = self.rnd.randrange(self.n)
+                    m = self.rnd.choice(self.ids)
                     roles = sorted(self.roles(m).items())
                     if roles:
                         role, pid = self.rnd.choice(roles)
@@ -306,8 +350,11 @@ class Nemesis(threading.Thread):
                     self.rs.step_down()
                 elif fault == "coordinator":
                     ray.kill(self.rs._coord, no_restart=False)
+                elif fault in self.RECONFIG:
+                    note = self._remove_add(others, 2 if fault == "remove-two" else 1)
                 elif fault == "disk-full":
-                    m = p if self.rnd.random() < 0.5 else self.rnd.randrange(self.n)
+                    m = p if p in self.disks and self.rnd.random() < 0.5 else \
+                        self.rnd.choice(sorted(self.disks))
                     secs = self.rnd.uniform(1, 6)
                     note = f"m{m} {self._fill(m)} {secs:.1f} s"
                     self.stop.wait(secs)
@@ -354,16 +401,20 @@ def _final_reads(rs, keys, hist: History):
 @click.option("--pad-kib", default=0, show_default=True,
               help="KiB of padding each write carries: with a small --map-mib the map "
                    "fills and grows under the faults.")
+@click.option("--reconfig", is_flag=True,
+              help="Add the membership faults (remove-add, remove-two) to --faults.")
 @click.option("--disk-mib", default=0, show_default=True,
               help="Put each member's folder on a tmpfs of this many MiB of its own and add "
                    "the disk-full fault (needs root; 0: no).")
 def main(seconds, seed, members, clients, pymongo_clients, bank_clients, keys, faults,
-         map_mib, pad_kib, disk_mib) -> None:
+         map_mib, pad_kib, reconfig, disk_mib) -> None:
     kinds = faults.split(",")
-    unknown = sorted(set(kinds) - set(Nemesis.FAULTS) - {"disk-full"})
+    if reconfig:
+        kinds += [k for k in Nemesis.RECONFIG if k not in kinds]
+    unknown = sorted(set(kinds) - set(Nemesis.FAULTS) - set(Nemesis.RECONFIG) - {"disk-full"})
     if unknown:
         raise click.BadParameter(f"unknown fault kinds {unknown}; the kinds are "
-                                 f"{', '.join(Nemesis.FAULTS)}, disk-full",
+                                 f"{', '.join(Nemesis.FAULTS + Nemesis.RECONFIG)}, disk-full",
                                  param_hint="--faults")
     if disk_mib and "disk-full" not in kinds:
         kinds.append("disk-full")
@@ -430,7 +481,7 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
         while time.monotonic() < deadline:
             try:
                 digests = [ray.get(rs.member(m).state_digest.remote(), timeout=30)
-                           for m in range(members)]
+                           for m in nem.ids]
             except Exception:  # noqa: BLE001 - a member still restarting
                 digests = None
             if digests and all(d == digests[0] for d in digests):
@@ -443,7 +494,8 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
             with book.lock:
                 acked, touches = list(book.acked), tuple(book.touches)
             bal, logs, touched = bank.final_state(rs.mongodb_uri(driver="pymongo"))
-            bank_problems = bank.check(bal, logs, acked, touched=touched, touches=touches)
+            bank_problems = bank.check(bal, logs, acked, touched=touched, touches=touches,
+                                       seen=dict(book.seen), torn=list(book.torn))
         by = Counter((o.kind, "ok" if o.ret != INF else "unknown") for o in hist.ops)
         cas_ok = sum(1 for o in hist.ops if o.kind == "cas" and o.ok is True)
         print(f"nemesis seed {seed}: {members} members, {len(clients)} clients "
@@ -460,7 +512,7 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
         for what, n in hist.errors.items():
             if n <= 2:  # the rare ones, to look at
                 print(f"    {what}: {hist.examples[what]}")
-        print(f"  members converged: {converged}")
+        print(f"  members converged: {converged} (members {', '.join(f'm{m}' for m in nem.ids)})")
         if stuck:
             print(f"  clients still running at the end (not checked after): {stuck}")
         if n_bank:
@@ -468,7 +520,8 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
             print(f"  bank: {len(acked)} transfers acknowledged of {tried} tried, "
                   f"{len(logs)} logged, {book.runs - tried} run again by the driver, "
                   f"counted outside transactions {touched} times ({touches[0]} "
-                  f"acknowledged, {touches[1]} unknown), errors {dict(book.errors)}; "
+                  f"acknowledged, {touches[1]} unknown), reads {dict(book.reads)} "
+                  f"({len(book.seen)} transfers seen), errors {dict(book.errors)}; "
                   + ("; ".join(f"VIOLATION: {p}" for p in bank_problems) or "every "
                      "acknowledged transfer once, balances follow from the log"))
         print("  data files (MiB): " + ", ".join(

@@ -194,7 +194,7 @@ class WriteConcernWaiters:
 
     def set_votes(self, votes: dict) -> None:
         with self._cond:
-            self.core.votes = votes
+            self.core.set_votes(votes)
 
     def update(self, member: int, g: GTID | None) -> None:
         with self._cond:

@@ -44,6 +44,10 @@ class Coordinator:
         self.limits = limits
         self.version = 1
         self.oplog_cap = extra.get("oplog_cap")
+        # the id the next added member gets: above every id ever configured, so a
+        # removed member's id (its folder, its actors' names, the positions and
+        # votes others knew it by) is never another member's
+        self.next_id = max(m["id"] for m in members) + 1
         self._load_newest_config()
         self.core = ElectionCore.from_specs(self.members, limits.heartbeat_timeout_ms)
         self._addr: dict[int, dict] = {}
@@ -104,10 +108,12 @@ class Coordinator:
                             for m in best["members"]]
             self.version = best["version"]
             self.oplog_cap = best.get("oplog_cap") or self.oplog_cap
+            self.next_id = max(self.next_id, best.get("next_id", 0),
+                               max(m["id"] for m in self.members) + 1)
 
     def _config(self) -> dict:
         return {"version": self.version, "members": [dict(m) for m in self.members],
-                "oplog_cap": self.oplog_cap}
+                "oplog_cap": self.oplog_cap, "next_id": self.next_id}
 
     def _push_config(self) -> dict:
         cfg = self._config()
@@ -202,6 +208,7 @@ class Coordinator:
     def _install(self, members: list[dict]) -> dict:
         self.version += 1
         self.members = members
+        self.next_id = max([self.next_id] + [m["id"] + 1 for m in members])
         self._handles = {k: v for k, v in self._handles.items()
                          if any(m["id"] == k for m in members)}
         self._inflight = {k: v for k, v in self._inflight.items()
@@ -483,7 +490,7 @@ class Coordinator:
 
     def config(self) -> dict:
         return {"name": self.name, "members": [dict(m) for m in self.members],
-                "version": self.version, "oplog_cap": self.oplog_cap,
+                "version": self.version, "oplog_cap": self.oplog_cap, "next_id": self.next_id,
                 "secret": self.secret, "limits": self.limits, "extra": self.extra}
 
     def logs(self) -> dict:

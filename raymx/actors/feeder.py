@@ -33,7 +33,7 @@ class FeederService:
         self.member_id = member_id
         self.limits = limits
         self.core = rep.FeederCore(engine, limits)
-        self.core.votes = {int(k): v for k, v in (votes or {}).items()}
+        self.core.set_votes(votes or {})
         self.core.upstream_majority = engine.range().majority
         self.primary = False
         self._on_positions = on_positions
@@ -73,7 +73,7 @@ class FeederService:
 
     def set_votes(self, votes: dict) -> None:
         with self._core_lock:
-            self.core.votes = {int(k): v for k, v in votes.items()}
+            self.core.set_votes(votes)
 
     def on_majority(self, g: GTID) -> None:
         """The majority point this member's producer learned (chained members)."""

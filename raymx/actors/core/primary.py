@@ -48,6 +48,12 @@ class WriteConcernCore:
         self.durable: dict[int, GTID | None] = {}
         self.waiting: list[tuple[GTID, Any, int | None, Any]] = []
 
+    def set_votes(self, votes: dict[int, int]) -> None:
+        """A new configuration: the positions of members no longer in it go, so
+        a member configured again later starts from what it reports then."""
+        self.votes = votes
+        self.durable = {m: g for m, g in self.durable.items() if m in votes}
+
     def update(self, member: int, g: GTID | None) -> bool:
         """A member's durable position; True if it moved (sweep then)."""
         cur = self.durable.get(member)

@@ -58,6 +58,12 @@ class FeederCore:
         self.validated: dict[int, GTID] = {}
         self.upstream_majority: GTID | None = None
 
+    def set_votes(self, votes: dict) -> None:
+        """A new configuration: the positions of members no longer in it go, so
+        a member configured again later starts from what it reports then."""
+        self.votes = {int(k): v for k, v in votes.items()}
+        self.positions = {m: p for m, p in self.positions.items() if m in self.votes}
+
     def advance(self, limit: GTID) -> bool:
         """The shell calls this on every notification; True if there is something new."""
         if limit <= self.limit:
