@@ -9,7 +9,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench", "faults"))
-from checks import Ledger, check_folder, verify_indexes  # noqa: E402
+from checks import Ledger, check_folder, converged, verify_indexes  # noqa: E402
 
 from raymx.storage.engine import Engine  # noqa: E402
 from raymx.storage.lmdb_store import LMDBStore  # noqa: E402
@@ -147,3 +147,15 @@ def test_the_bank_check_finds_a_transfer_applied_twice_lost_or_in_part():
     assert len(gone) == 1 and "served, then discarded): [('4-2', 'majority')]" in gone[0]
     torn = bank.check(good, logs, ["1-1"], torn=[("snapshot", 2995, 3)])
     assert len(torn) == 1 and "1 reads saw balances that do not add up" in torn[0]
+
+
+def test_members_converge_when_collections_and_the_oplogs_common_part_agree():
+    full = {"collections": b"c", "oplog": [([1, 1], 11), ([1, 2], 12), ([2, 3], 23)]}
+    snap = {"collections": b"c", "oplog": [([1, 2], 12), ([2, 3], 23)]}  # from a snapshot
+    assert converged([full, snap, dict(full)])
+    assert not converged([full, dict(snap, collections=b"d")])
+    assert not converged([full, dict(snap, oplog=[([1, 2], 12), ([2, 3], 99)])])  # a hash
+    assert not converged([full, dict(snap, oplog=[([1, 2], 12)])])  # behind
+    assert not converged([full, dict(full, oplog=[([1, 1], 11), ([2, 3], 23)])])  # a gap
+    assert converged([{"collections": b"", "oplog": []}] * 2)
+    assert not converged([{"collections": b"", "oplog": []}, full])

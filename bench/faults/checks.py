@@ -18,6 +18,7 @@ restarted member's folder opens into an ``Engine``.
   holds no key twice (``Reader.validate``, as the ``validate`` command).
 - ``check_folder(path, ledger_view, ns)``: opens, verifies the oplog and the
   indexes, and lists acknowledged writes that are missing.
+- ``converged(digests)``: running members' ``state_digest``s agree.
 """
 from __future__ import annotations
 
@@ -203,3 +204,17 @@ def check_folder_isolated(path: str, view: LedgerView | None, indexes: bool = Tr
         out.problems.append(f"the checking process died ({why}): reading the folder crashed "
                             "LMDB, e.g. SIGBUS on a page pointer past the end of the file")
     return out
+
+
+def converged(digests: list[dict]) -> bool:
+    """Members' ``state_digest``s agree: the same collections, and the same
+    oplog entries (GTID and hash) from the latest first entry on; a member
+    added from a snapshot holds the oplog from its snapshot's point only."""
+    if any(d["collections"] != digests[0]["collections"] for d in digests):
+        return False
+    logs = [[(tuple(g), h) for g, h in d["oplog"]] for d in digests]
+    if not all(logs):
+        return not any(logs)
+    start = max(ol[0][0] for ol in logs)
+    tails = [[x for x in ol if x[0] >= start] for ol in logs]
+    return all(t == tails[0] for t in tails)

@@ -70,6 +70,7 @@ import ray  # noqa: E402
 import raymx  # noqa: E402
 from raymx import errors  # noqa: E402
 import bank  # noqa: E402
+import checks  # noqa: E402
 import disks as disks_mod  # noqa: E402
 from linearizable import INF, Op, check  # noqa: E402
 
@@ -484,10 +485,10 @@ def run(seconds, seed, members, n_raymx, n_pymongo, n_keys, faults, map_mib, pad
                            for m in nem.ids]
             except Exception:  # noqa: BLE001 - a member still restarting
                 digests = None
-            if digests and all(d == digests[0] for d in digests):
+            if digests and checks.converged(digests):
                 break
             time.sleep(1)
-        converged = bool(digests) and all(d == digests[0] for d in digests)
+        converged = bool(digests) and checks.converged(digests)
         res = check(hist.ops, 0)
         bank_problems = []
         if n_bank:
