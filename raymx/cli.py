@@ -313,8 +313,9 @@ def step_down(name, address):
 
 @main.command(name="add-member")
 @click.argument("name")
-@click.option("--initial-sync", type=click.Choice(["oplog", "snapshot"]), default="snapshot",
-              show_default=True)
+@click.option("--initial-sync", type=click.Choice(["auto", "oplog", "snapshot"]),
+              default="auto", show_default=True,
+              help="auto: the whole oplog if every member still holds it, else a snapshot")
 @click.option("--votes", default=1, show_default=True)
 @click.option("--priority", default=1.0, show_default=True)
 @click.option("--wait/--no-wait", default=True, show_default=True,
@@ -324,37 +325,17 @@ def add_member(name, initial_sync, votes, priority, wait, address):
     """Add a member to NAME (on the node with the fewest members); shows the
     snapshot copy's and the catch-up's progress while it waits."""
     import raymx
+    from raymx.members import next_member_id
     with _one_line_errors():
         _attach(address)
         rs = raymx.connect(name)
-        new = max(m["id"] for m in rs.config()["members"]) + 1  # as add_member numbers it
+        new = next_member_id(rs.config())  # as add_member numbers it
 
         def add():
-            mid = rs.add_member(priority=priority, votes=votes, initial_sync=initial_sync,
-                                progress=False, wait=wait)
-            if wait and initial_sync == "oplog":  # configured at once: wait for its catch-up
-                _caught_up(rs, mid)
-            return mid
+            return rs.add_member(priority=priority, votes=votes, initial_sync=initial_sync,
+                                 progress=False, wait=wait)
         mid = _run_showing_sync(rs, new, add, f"member {new} of {name}") if wait else add()
     click.echo(f"member {mid} added to {name}" + ("" if wait else " (still catching up)"))
-
-
-def _caught_up(rs, member: int, timeout_s: float = 3600) -> None:
-    """Until ``member`` is running and applied what the primary had when asked."""
-    import time
-
-    import raymx
-    goal = rs.status_of(rs.wait_for_primary())["last"]
-    deadline = time.monotonic() + timeout_s
-    while True:
-        st = rs.status_of(member)
-        if st.get("state") == "running" and st.get("applied") and \
-                tuple(st["applied"]) >= tuple(goal):
-            return
-        if time.monotonic() > deadline:
-            raise raymx.errors.PrimaryUnavailable(
-                f"member {member} did not catch up to {goal[0]}:{goal[1]} in {timeout_s:g}s")
-        time.sleep(0.1)
 
 
 @main.command(name="remove-member")

@@ -141,6 +141,22 @@ def _one_spec(i: int, m) -> dict:
     return s
 
 
+def _joining(spec: dict) -> dict:
+    """A new member's spec while it catches up: no vote, priority 0, and what it
+    asked for under ``joining`` (the coordinator gives it once it caught up).
+    A member asking for neither joins as it is."""
+    if not spec["votes"] and not spec["priority"]:
+        return dict(spec)
+    return dict(spec, votes=0, priority=0,
+                joining={"votes": spec["votes"], "priority": spec["priority"]})
+
+
+def next_member_id(cfg: dict) -> int:
+    """The id ``add_member`` gives: above every id the set ever configured
+    (``next_id``), so no member ever gets a removed one's."""
+    return max([cfg.get("next_id", 0)] + [m["id"] + 1 for m in cfg["members"]])
+
+
 def _check_cap(cap) -> dict:
     """Validate an oplog cap: ``max_bytes`` (int > 0 or None), ``max_age_s``
     (number > 0 or None), ``force`` (bool), ``archive`` (None, a location, or

@@ -11,8 +11,9 @@ from raymx import errors
 from raymx.actors.tls import check_settings, client_context
 from raymx.client import Client, ReadConcern, ReadPreference, WriteConcern
 from raymx.members import (NAMESPACE, _SPEC_KEYS, OplogEntry, _adopt_backup, _check_cap,
-                           _least_used_node, _member_specs, _move_aside, _on_node, _one_spec,
-                           _place, _start_member, format_status,  # noqa: F401 (re-exported)
+                           _joining, _least_used_node, _member_specs, _move_aside, _on_node,
+                           _one_spec, _place, _start_member,
+                           format_status, next_member_id,  # noqa: F401 (re-exported)
                            oplog_entries)
 from raymx.storage.gtid import GTID
 from raymx.storage.limits import DEFAULT, Limits
@@ -245,35 +246,41 @@ class ReplicaSet:
     # --- reconfiguration ---------------------------------------------------
     def add_member(self, priority: float = 1, votes: int = 1, hidden: bool = False,
                    delay_s: float = 0, sync_source: int | None = None,
-                   initial_sync: str = "oplog", source: int | None = None, spark=None,
+                   initial_sync: str = "auto", source: int | None = None, spark=None,
                    backup: str | None = None, progress: bool = True,
                    timeout_s: float = 3600, wait: bool = True) -> int:
         """Add a member on the alive node with the fewest members (this one on a
         tie); returns its id.
 
         ``initial_sync``: ``"oplog"`` replicates the whole oplog from its sync
-        source (the oplog must still start at the first entry); ``"snapshot"``
+        source (refused with ConfigError unless that member's oplog still starts
+        at the set's first entry: not after trimming, nor on a member that
+        began from a snapshot); ``"auto"`` (the default) is ``"oplog"`` when
+        every member's oplog starts there, else ``"snapshot"``; ``"snapshot"``
         copies a consistent snapshot of a running member (``source``, default the
         most advanced secondary) and replicates from the snapshot's GTID, as a
         Spark job when ``spark`` is a session from ``raymx.spark_bridge``, else
         straight between the members' actors; ``"backup"`` starts from a hot
         copy made by ``rs.backup()`` (``backup=`` its folder), re-applying from
-        its replInfo point and skipping the GTIDs it already has. While a
-        snapshot sync runs the member is *synchronizing*: in the configuration
-        with no vote and priority 0, shown with its progress in ``status()``;
-        the coordinator gives it ``votes``/``priority`` once it has caught up
-        (within ``Limits.join_lag_entries`` of the primary). ``wait=False``
-        returns once the snapshot is loaded instead of waiting for that.
+        its replInfo point and skipping the GTIDs it already has. Whatever the
+        way, the new member joins with no vote and priority 0 (``joining`` in
+        the configuration holds what it asked for), as MongoDB's newly added
+        members: the coordinator gives it ``votes``/``priority`` once it has
+        caught up (within ``Limits.join_lag_entries`` of the primary), so a
+        member far behind never counts toward a majority or wins an election.
+        While a snapshot sync runs the member is *synchronizing*, shown with
+        its progress in ``status()``. ``wait=True`` returns once it has its
+        votes; ``wait=False`` once it replicates (a snapshot: once loaded).
         """
-        if initial_sync not in ("oplog", "snapshot", "backup"):
-            raise errors.ConfigError(f"initial_sync must be 'oplog', 'snapshot' or 'backup', "
-                                     f"not {initial_sync!r}")
+        if initial_sync not in ("auto", "oplog", "snapshot", "backup"):
+            raise errors.ConfigError(f"initial_sync must be 'auto', 'oplog', 'snapshot' or "
+                                     f"'backup', not {initial_sync!r}")
         if (backup is not None) != (initial_sync == "backup"):
             raise errors.ConfigError("backup= goes with initial_sync='backup' (and only there)")
         ray = _ray()
         cfg = self.config()
         members = [dict(m) for m in cfg["members"]]
-        new_id = max([cfg.get("next_id", 0)] + [m["id"] + 1 for m in members])
+        new_id = next_member_id(cfg)
         spec = _one_spec(new_id, {"priority": priority, "votes": votes, "hidden": hidden,
                                   "delay_s": delay_s, "sync_source": sync_source})
         if sync_source is not None and sync_source not in {m["id"] for m in members}:
@@ -283,19 +290,53 @@ class ReplicaSet:
                     node_id=_least_used_node(ray, members))
         if os.path.isdir(spec["path"]) and os.listdir(spec["path"]):
             raise errors.ConfigError(f"{spec['path']} already holds files: move it away first")
+        if initial_sync in ("auto", "oplog"):
+            initial_sync = self._oplog_or_snapshot(initial_sync, sync_source)
         if initial_sync == "backup":
             _adopt_backup(backup, spec["path"], cfg["limits"])
         if initial_sync != "snapshot":
-            members.append(spec)
-            self._start(spec, cfg, members)
+            joining = _joining(spec)
+            members.append(joining)
+            self._start(joining, cfg, members)
             try:
-                self._change(min(timeout_s, RECONFIG_TIMEOUT_S), put=spec)
+                self._change(min(timeout_s, RECONFIG_TIMEOUT_S), put=joining)
             except errors.ConfigError:
                 self.kill_member(new_id)  # never configured: its actors go
                 raise
+            if wait:
+                self._wait_joined(new_id, timeout_s)
             return new_id
         self._sync_from_snapshot(spec, cfg, members, source, spark, progress, timeout_s, wait)
         return new_id
+
+    def _oplog_or_snapshot(self, how: str, sync_source: int | None) -> str:
+        """``"oplog"`` if a new member can replicate the whole oplog: every
+        member's oplog starts at the set's first entry (``"auto"``), or its
+        sync source's does (``"oplog"``, else ConfigError); else ``"snapshot"``."""
+        st = self.status()
+        whole = {m["id"] for m in st["members"] if "first" in m and (
+            m["first"] is None or m["first"][1] == 1)}
+        if how == "auto":
+            return "oplog" if all(m["id"] in whole for m in st["members"]) else "snapshot"
+        src = sync_source if sync_source is not None else st.get("primary")
+        if src not in whole:
+            first = next((m.get("first") for m in st["members"] if m["id"] == src), None)
+            raise errors.ConfigError(
+                f"member {src}'s oplog starts at {first or 'an unknown entry'}, not at the "
+                "set's first entry (it was trimmed, or the member began from a snapshot): a "
+                "new member cannot replicate the whole oplog from it; use "
+                "initial_sync='snapshot' (or 'auto', the default)")
+        return "oplog"
+
+    def _wait_joined(self, mid: int, timeout_s: float) -> None:
+        """Until member ``mid`` has its votes and priority (it caught up)."""
+        deadline = time.monotonic() + timeout_s
+        while any(x["id"] == mid and "joining" in x for x in self.config()["members"]):
+            if time.monotonic() > deadline:
+                raise errors.PrimaryUnavailable(
+                    f"member {mid} did not catch up and get its votes in {timeout_s}s "
+                    "(is there a primary? status() shows its lag)")
+            time.sleep(0.05)
 
     def _config_member(self, member_id: int) -> tuple[dict, list[dict], dict]:
         """The configuration, its members (copies, to reconfigure) and member ``member_id``'s."""
@@ -343,8 +384,7 @@ class ReplicaSet:
         mid = spec["id"]
         # no vote while it synchronizes; the coordinator gives it ``joining``'s
         # votes and priority once it has caught up (also if this driver is gone)
-        syncing = dict(spec, votes=0, priority=0,
-                       joining={"votes": spec["votes"], "priority": spec["priority"]})
+        syncing = _joining(spec)
         all_members = members + [syncing]
         all_members.sort(key=lambda x: x["id"])
         if source is None:
@@ -380,13 +420,7 @@ class ReplicaSet:
             out["replay"] = isync.catch_up_with_spark(spark, self, mid, goal, timeout_s,
                                                       progress)
         isync.wait_caught_up(self, mid, goal, timeout_s, progress)
-        deadline = time.monotonic() + timeout_s
-        while any(x["id"] == mid and "joining" in x for x in self.config()["members"]):
-            if time.monotonic() > deadline:
-                raise errors.PrimaryUnavailable(
-                    f"member {mid} caught up but was not given its votes in {timeout_s}s "
-                    "(is there a primary?)")
-            time.sleep(0.05)
+        self._wait_joined(mid, timeout_s)
         out["caught_up_to"] = goal
         return out
 

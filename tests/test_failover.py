@@ -247,14 +247,20 @@ def test_reconfiguration_online(ray_session, tmp_path):
         rs.remove_member(others[1])
         cfg = rs.config()
         assert [m["id"] for m in cfg["members"]] == sorted(set(range(4)) - {others[1]})
-        assert cfg["version"] == 4
+        assert cfg["version"] == 5  # the add (no vote), its votes once caught up, votes=0, the removal
         assert coll.insert_one({"_id": "z"}, w="majority", wtimeout_ms=10_000).gtid
         with pytest.raises(errors.ConfigError):
             rs.remove_member(prim)
         # a member added after a removal gets a new id: the removed one's
         # folder (kept on disk) and name stay its own
-        new = rs.add_member(progress=False)
+        new = rs.add_member(progress=False, wait=False)
         assert new == 4 and os.listdir(os.path.join(str(tmp_path), f"m{others[1]}"))
+        # it joins with no vote (as MongoDB's newly added members), and gets its
+        # vote from the coordinator once it has caught up
+        m = next(x for x in rs.config()["members"] if x["id"] == new)
+        assert (m["votes"], m["joining"]) == (0, {"votes": 1, "priority": 1})
+        wait_until(lambda: all("joining" not in x for x in rs.config()["members"]),
+                   timeout_s=60)
         assert rs.config()["next_id"] == 5
         assert coll.insert_one({"_id": "w"}, w=4, wtimeout_ms=30_000).gtid
     finally:

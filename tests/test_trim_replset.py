@@ -160,6 +160,12 @@ def test_a_member_loading_a_snapshot_is_not_trimmed_past(ray_session, tmp_path):
         st = {m["id"]: m for m in rs.status()["members"]}
         assert st[mid]["state"] == "running", st[mid]
         assert st[0]["oplog"]["trimmed"] > 0  # trimming ran all along
+        # trimmed: a new member cannot replicate the whole oplog, and is not
+        # left trying (it would come up too stale); "auto" takes a snapshot
+        with pytest.raises(errors.ConfigError, match="cannot replicate the whole oplog"):
+            rs.add_member(initial_sync="oplog", progress=False)
+        assert [m["id"] for m in rs.config()["members"]] == [0, 1, mid]
+        assert rs._oplog_or_snapshot("auto", None) == "snapshot"
         wait_until(lambda: rs.status_of(mid)["applied"] == rs.status_of(0)["last"], timeout_s=60)
         assert rs.client(read_preference="secondary")["t"]["s"].count_documents({}) == 200 + n[0]
         wait_until(lambda: all(not m["oplog"]["held_by"] or "loading" not in m["oplog"]["held_by"]

@@ -28,8 +28,9 @@ not. Meanwhile a nemesis, one fault at a time, each healed before the next:
 - ``remove-add`` (asked for by ``--faults`` or ``--reconfig``): a secondary
   removed from the set, half the time while the other secondaries' producers
   are paused (the removal then waits for them, up to 10 s, or is refused),
-  and a new member added in its place a moment later, its initial sync from
-  the oplog or from a snapshot;
+  and a new member added in its place a moment later (``initial_sync``
+  ``auto``: the whole oplog if every member holds it, else a snapshot; or
+  ``snapshot``);
 - ``remove-two`` (likewise; 5 members or more): two secondaries removed at
   once while the rest lag, then two new members added;
 - ``disk-full`` (with ``--disk-mib``, which puts each member's folder on a
@@ -269,7 +270,7 @@ class Nemesis(threading.Thread):
         for t in ts:
             t.join(180)
         for _ in range(sum(1 for m in gone if m not in self.ids)):
-            how = self.rnd.choice(("oplog", "snapshot"))
+            how = self.rnd.choice(("auto", "snapshot"))
             try:
                 new = self.rs.add_member(initial_sync=how, progress=False, timeout_s=120)
                 self.ids.append(new)
