@@ -33,6 +33,8 @@ not. Meanwhile a nemesis, one fault at a time, each healed before the next:
   ``snapshot``);
 - ``remove-two`` (likewise; 5 members or more): two secondaries removed at
   once while the rest lag, then two new members added;
+- ``revote`` (likewise): a secondary's vote and priority taken away, half
+  the time while the others lag, and given back a moment later;
 - ``disk-full`` (with ``--disk-mib``, which puts each member's folder on a
   tmpfs of its own: needs root): a ballast file fills one member's file
   system (the primary's half the time) for 1-6 s, then goes.
@@ -176,7 +178,7 @@ class Nemesis(threading.Thread):
     FAULTS = ("kill-primary", "sigkill-primary", "sigkill-any", "kill-secondary",
               "freeze-primary", "freeze-primary-lag", "freeze-secondary", "lag", "step-down",
               "coordinator")
-    RECONFIG = ("remove-add", "remove-two")  # only when asked for: --faults or --reconfig
+    RECONFIG = ("remove-add", "remove-two", "revote")  # asked for: --faults or --reconfig
 
     def __init__(self, rs, n: int, stop, seed: int, faults=FAULTS, disks=()):
         super().__init__(daemon=True, name="nemesis")
@@ -280,6 +282,23 @@ class Nemesis(threading.Thread):
                 out.append(f"add failed ({how})")
         return "; ".join(out) + (f"; lagging {lag}" if lag else "")
 
+    def _revote(self, others: list) -> str:
+        """A secondary loses its vote (and priority), half the time while the
+        others lag, and gets them back a moment later."""
+        m = self.rnd.choice(others)
+        lag = [x for x in others if x != m] if self.rnd.random() < 0.5 else []
+        self._pause(lag)
+        out = []
+        for votes in (0, 1):
+            try:
+                self.rs.reconfigure_member(m, timeout_s=10, votes=votes, priority=votes)
+                out.append(f"m{m} votes={votes}")
+            except Exception as e:  # noqa: BLE001 - refused (the set lags): nothing changed
+                out.append(f"m{m} votes={votes} refused ({type(e).__name__})")
+            self.stop.wait(self.rnd.uniform(0.5, 2))
+            self._pause(lag, False)
+        return "; ".join(out) + (f"; lagging {lag}" if lag else "")
+
     def heal(self):
         self._thaw()
         for path in self.ballast:
@@ -352,11 +371,15 @@ class Nemesis(threading.Thread):
                     self.rs.step_down()
                 elif fault == "coordinator":
                     ray.kill(self.rs._coord, no_restart=False)
+                elif fault == "revote":
+                    note = self._revote(others)
                 elif fault in self.RECONFIG:
                     note = self._remove_add(others, 2 if fault == "remove-two" else 1)
-                elif fault == "disk-full":
-                    m = p if p in self.disks and self.rnd.random() < 0.5 else \
-                        self.rnd.choice(sorted(self.disks))
+                elif fault == "disk-full":  # members added later have no disk of their own
+                    on = sorted(m for m in self.disks if m in self.ids)
+                    if not on:
+                        continue
+                    m = p if p in on and self.rnd.random() < 0.5 else self.rnd.choice(on)
                     secs = self.rnd.uniform(1, 6)
                     note = f"m{m} {self._fill(m)} {secs:.1f} s"
                     self.stop.wait(secs)
@@ -404,7 +427,7 @@ def _final_reads(rs, keys, hist: History):
               help="KiB of padding each write carries: with a small --map-mib the map "
                    "fills and grows under the faults.")
 @click.option("--reconfig", is_flag=True,
-              help="Add the membership faults (remove-add, remove-two) to --faults.")
+              help="Add the membership faults (remove-add, remove-two, revote) to --faults.")
 @click.option("--disk-mib", default=0, show_default=True,
               help="Put each member's folder on a tmpfs of this many MiB of its own and add "
                    "the disk-full fault (needs root; 0: no).")
