@@ -258,6 +258,10 @@ def format_status(st: dict) -> str:
             ids = ", ".join(str(i) for i in sorted([m["id"]] + m["shares_node"]))
             notes.append(f"members {ids} share node {m['node_id'][:12]}: losing that node "
                          "loses all of them")
+        if m.get("joining"):
+            notes.append(f"member {m.get('id')} is joining: it gets {m['joining']['votes']} "
+                         f"vote(s) and priority {m['joining']['priority']} once it has caught "
+                         "up with the primary")
         if m.get("state") == "resync":
             notes.append(f"member {m.get('id')} needs a resync (its sync source no longer "
                          "holds its position, or it could not roll back): "

@@ -157,5 +157,7 @@ def test_status_table_shows_initial_sync_progress():
     from raymx.replset import format_status
     out = format_status({"set": "x", "members": [
         {"id": 2, "role": "secondary", "state": "synchronizing",
-         "initial_sync": {"phase": "copy", "rows": 200, "rows_done": 50}}]})
+         "initial_sync": {"phase": "copy", "rows": 200, "rows_done": 50},
+         "joining": {"votes": 1, "priority": 1}}]})
     assert "synchronizing (copy 25%)" in out
+    assert "member 2 is joining: it gets 1 vote(s) and priority 1 once it has caught up" in out

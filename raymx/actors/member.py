@@ -413,6 +413,7 @@ class OplogShard:
                   "priority": self.spec.get("priority", 1), "votes": self.spec.get("votes", 1),
                   "hidden": bool(self.spec.get("hidden")), "delay_s": self.spec.get("delay_s", 0),
                   "sync_source": self.spec.get("sync_source"),
+                  "joining": self.spec.get("joining"),
                   "disk_free": self.engine.store.free_bytes(),
                   "disk_refusals": self.engine.store.disk_refusals})
         if self.role != "primary":
