@@ -5,6 +5,7 @@ import threading
 import time
 
 import pymongo
+import pytest
 from bson import Decimal128, Timestamp
 from pymongo import ReadPreference, WriteConcern
 
@@ -175,6 +176,23 @@ def test_a_causally_consistent_session_reads_its_writes_on_a_secondary(ray_sessi
                 assert sec.find_one({"_id": "mine"}, session=s) == {"_id": "mine"}
         finally:
             ray.get(prod.pause.remote(False))
+        # rs.stepDown(), as fault injectors and operators send it: the secondary
+        # takes over with everything acknowledged, and pymongo follows
+        old_addr = c.primary
+        with pytest.raises(pymongo.errors.NotPrimaryError, match="not primary so can't"):
+            c.admin.command("replSetStepDown", 10, read_preference=ReadPreference.SECONDARY)
+        with pytest.raises(pymongo.errors.OperationFailure) as e:
+            c.admin.command("replSetStepDown", 5, secondaryCatchUpPeriodSecs=9)
+        assert e.value.code == 2
+        with pytest.raises(pymongo.errors.OperationFailure) as e:
+            c.app.command("replSetStepDown", 10)
+        assert e.value.code == 13
+        assert rs.wait_for_primary() == p  # the refusals changed nothing
+        c.admin.command("replSetStepDown", 10)
+        wait_until(lambda: rs._topology()["primary"] == 1 - p, timeout_s=30)
+        wait_until(lambda: c.primary not in (None, old_addr), timeout_s=30)
+        assert coll.insert_one({"_id": "after"}).inserted_id == "after"
+        assert {d["_id"] for d in coll.find()} >= {"before", "majority", "mine", "after"}
         c.close()
     finally:
         rs.shutdown()

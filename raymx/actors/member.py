@@ -112,6 +112,9 @@ class OplogShard:
             f"{rs_name}/coordinator", namespace=NAMESPACE).topology.remote(), timeout=5)
         self.service.status_source = lambda: ray.get(ray.get_actor(
             f"{rs_name}/coordinator", namespace=NAMESPACE).status.remote(2.0), timeout=10)
+        self.service.step_down_source = lambda catch_up_s: ray.get(ray.get_actor(
+            f"{rs_name}/coordinator", namespace=NAMESPACE).step_down.remote(catch_up_s),
+            timeout=catch_up_s + 60)
         cap = cfg.get("oplog_cap") or oplog_cap
         if cap:
             self.service.set_oplog_cap(cap)

@@ -79,6 +79,8 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
         self.topology_source: Callable[[], dict] = lambda: {"members": [], "primary": None}
         # the set's status (every member, lag) from its coordinator; None without one
         self.status_source: Callable[[], dict | None] = lambda: None
+        # the set's planned hand-over (rs.stepDown()); None outside a set
+        self.step_down_source: Callable[[float], dict] | None = None
         # why this member may not serve reads now (its shell decides), or None
         self.read_refusal: Callable[[], str | None] = lambda: None
         # commit latency histogram (metrics.CommitLatency; its shell sets it)

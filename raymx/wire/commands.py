@@ -630,7 +630,7 @@ COMMANDS = {
     "refreshsessions": _ok, "whatsmyuri": _whats_my_uri,
     "connectionstatus": _connection_status, "getparameter": _get_parameter,
     "getlog": _get_log, "replsetgetstatus": rs_status.get_status,
-    "replsetgetconfig": rs_status.get_config,
+    "replsetgetconfig": rs_status.get_config, "replsetstepdown": rs_status.step_down,
     "getdefaultrwconcern": rs_status.get_default_rw_concern,
     "collstats": _coll_stats, "dbstats": _db_stats, "serverstatus": _server_status,
     "usersinfo": _users_info, "getcmdlineopts": _get_cmd_line_opts, "fsync": _fsync,
@@ -647,6 +647,7 @@ COMMAND_NAMES = (
     "hello", "hostInfo", "insert", "isMaster", "killCursors", "killOp", "killSessions",
     "listCollections", "listCommands", "listDatabases", "listIndexes", "logout", "ping",
     "profile", "refreshSessions", "renameCollection", "replSetGetConfig", "replSetGetStatus",
+    "replSetStepDown",
     "saslContinue", "saslStart", "serverStatus", "update", "usersInfo", "validate",
     "whatsmyuri")
 WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "create", "drop", "collMod",

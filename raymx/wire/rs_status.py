@@ -2,8 +2,9 @@
 (``replSetGetStatus``, ``replSetGetConfig``): every configured member with
 its state, health, last applied entry and sync source, from the set's
 coordinator (a member outside a set lists what its topology knows), and the
-set's configuration as the member stores it, in MongoDB's shapes; and the
-set's default read and write concerns (``getDefaultRWConcern``).
+set's configuration as the member stores it, in MongoDB's shapes; the
+set's default read and write concerns (``getDefaultRWConcern``); and
+``rs.stepDown()`` (``replSetStepDown``), the coordinator's planned hand-over.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from bson import Int64
 
 from raymx.storage.gtid import GTID
 from raymx.wire import crud
+from raymx.wire.errors import CommandError
 
 if TYPE_CHECKING:
     from raymx.wire.commands import Dispatcher
@@ -136,3 +138,39 @@ def get_default_rw_concern(d: Dispatcher, cmd: dict, conn) -> dict:
             "defaultWriteConcern": {"w": crud.DEFAULT_W, "wtimeout": 0},
             "defaultReadConcernSource": "implicit", "defaultWriteConcernSource": "implicit",
             "localUpdateWallClockTime": datetime.datetime.now(datetime.timezone.utc)}
+
+
+def _seconds(cmd: dict, key: str, default: float) -> float:
+    v = cmd.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        raise CommandError(f"{key} must be a non-negative number, not {v!r}", 2, "BadValue")
+    return float(v)
+
+
+def step_down(d: Dispatcher, cmd: dict, conn):
+    """``rs.stepDown()``: on the primary, the set's planned hand-over (writes
+    pause, the most advanced eligible secondary catches up within
+    ``secondaryCatchUpPeriodSecs``, default 10 s, and is elected; nothing
+    acknowledged is lost). The old primary is not elected again meanwhile: the
+    new one is, at once. ``force`` is accepted; nothing is handed over
+    without a secondary that caught up."""
+    if cmd.get("$db", "admin") != "admin":
+        raise CommandError("replSetStepDown may only be run against the admin database.",
+                           13, "Unauthorized")
+    secs = _seconds(cmd, "replSetStepDown", 60)
+    catch_up = _seconds(cmd, "secondaryCatchUpPeriodSecs", min(10.0, secs))
+    if catch_up > secs:
+        raise CommandError("stepdown period must be longer than secondaryCatchUpPeriodSecs",
+                           2, "BadValue")
+    if d.service.step_down_source is None:
+        raise CommandError("this member is not in a replica set: nothing to step down", 76,
+                           "NoReplicationEnabled")
+    if not d.service.primary:
+        raise CommandError("not primary so can't step down", 10107, "NotWritablePrimary")
+    try:
+        yield crud.blocking(d.service.step_down_source, max(catch_up, 1.0))
+    except Exception as e:
+        cause = getattr(e, "cause", None) or e
+        raise CommandError(f"No electable secondaries caught up as of the step-down: "
+                           f"{cause}", 262, "ExceededTimeLimit") from None
+    return {}
