@@ -143,10 +143,8 @@ def _one_spec(i: int, m) -> dict:
 
 def _joining(spec: dict) -> dict:
     """A new member's spec while it catches up: no vote, priority 0, and what it
-    asked for under ``joining`` (the coordinator gives it once it caught up).
-    A member asking for neither joins as it is."""
-    if not spec["votes"] and not spec["priority"]:
-        return dict(spec)
+    asked for under ``joining`` (the coordinator gives it, and ends a snapshot
+    member's synchronizing, once it caught up)."""
     return dict(spec, votes=0, priority=0,
                 joining={"votes": spec["votes"], "priority": spec["priority"]})
 
