@@ -7,6 +7,13 @@ import pytest
 # "AST constructor recursion depth mismatch" when that happens while other
 # threads run (seen here).
 import hypothesis.internal.conjecture.providers  # noqa: F401,E402
+from hypothesis import settings  # noqa: E402
+
+# no per-example time limit: the suite shares two cores with Ray's processes,
+# and an example that took 485 ms against the default 200 failed a CI run.
+# Speed is the benchmarks' business, never a test's.
+settings.register_profile("raymx", deadline=None)
+settings.load_profile("raymx")
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
