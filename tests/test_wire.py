@@ -114,6 +114,9 @@ def test_errors_have_mongodb_codes(client):
     with pytest.raises(OperationFailure) as ei:
         client.db.command("frobnicate")
     assert ei.value.code == 59 and "frobnicate" in str(ei.value)
+    with pytest.raises(OperationFailure) as ei:  # one raymx does another way says which
+        client.admin.command("replSetReconfig", {"_id": "rs", "members": []})
+    assert ei.value.code == 59 and "rs.add_member()" in str(ei.value)
     with pytest.raises(OperationFailure) as ei:
         list(c.aggregate([{"$frob": {}}]))
     assert ei.value.code == 40324

@@ -51,8 +51,31 @@ class CommandError(errors.RaymxError):
         self.code, self.code_name, self.extra = code, code_name, extra
 
 
+# MongoDB commands that raymx does another way: what to use instead
+_INSTEAD = {
+    "replsetreconfig": "raymx starts and stops its members itself: add or remove one with "
+                       "rs.add_member() / rs.remove_member() (raymx add-member / "
+                       "remove-member), change votes, priority, hidden or delay_s with "
+                       "rs.reconfigure_member()",
+    "replsetinitiate": "a set is initiated when it is launched (raymx.ReplicaSet.launch, "
+                       "raymx launch)",
+    "replsetfreeze": "elections choose the most advanced eligible member; give a member "
+                     "priority 0 with rs.reconfigure_member() to keep it from being elected",
+    "replsetsyncfrom": "set a member's sync_source with rs.reconfigure_member()",
+    "replsetmaintenance": "stop a member with rs.kill_member() and start it again with "
+                          "rs.start_member()",
+    "shutdown": "stop the whole set with rs.shutdown() (raymx shutdown), one member with "
+                "rs.kill_member()",
+    "createuser": "a set has one user, 'raymx', whose password is the set's secret (raymx "
+                  "url --mongodb)",
+    "mapreduce": "use aggregate",
+}
+
+
 def command_not_found(name: str) -> CommandError:
-    return CommandError(f"no such command: '{name}'", 59, "CommandNotFound")
+    hint = _INSTEAD.get(name.lower())
+    return CommandError(f"no such command: '{name}'" + (f"; {hint}" if hint else ""), 59,
+                        "CommandNotFound")
 
 
 def bad_value(msg: str) -> CommandError:
