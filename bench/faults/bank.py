@@ -25,10 +25,11 @@ and the log, and ``check`` finds:
 A transfer whose outcome the client does not know (an error) may or may not
 be logged; it only has to be whole.
 
-While they run, the clients also read now and then, with a snapshot session
-and with read concern ``majority``: all balances at once (their sum never
-changes, so a read that saw part of a transfer shows) and the newest
-transfers logged. What such a read returns is majority-committed, so every
+While they run, the clients also read now and then, with a snapshot
+session, with read concern ``majority`` and in a read-only transaction (read
+concern ``snapshot``, committed with ``w: "majority"``): all balances at once
+(their sum never changes, so a read that saw part of a transfer shows) and
+the newest transfers logged. What such a read returns is majority-committed, so every
 transfer it saw must be in the final log: one that is not was served to a
 reader and then discarded (``check``'s ``seen``).
 """
@@ -145,11 +146,20 @@ class Client(threading.Thread):
 
     def _audit(self, cl, db) -> None:
         """Read every balance and the newest transfers at one point, in a
-        snapshot session or at read concern majority; note what was seen."""
+        snapshot session, at read concern majority or in a read-only
+        transaction; note what was seen."""
         from pymongo.read_concern import ReadConcern
-        kind = self.rnd.choice(("snapshot", "majority"))
+        from pymongo.write_concern import WriteConcern
+        kind = self.rnd.choice(("snapshot", "majority", "transaction"))
         try:
-            if kind == "snapshot":
+            if kind == "transaction":  # read only; what it saw holds once committed (w: majority)
+                with cl.start_session() as s, s.start_transaction(
+                        read_concern=ReadConcern("snapshot"),
+                        write_concern=WriteConcern("majority", wtimeout=4000)):
+                    bals = [d["bal"] for d in db[ACCOUNTS].find({}, session=s)]
+                    tids = [d["tid"] for d in db[LOG].find({}, {"tid": 1}, session=s)
+                            .sort("_id", -1).limit(20)]
+            elif kind == "snapshot":
                 with cl.start_session(snapshot=True) as s:
                     bals = [d["bal"] for d in db[ACCOUNTS].find({}, session=s)]
                     tids = [d["tid"] for d in db[LOG].find({}, {"tid": 1}, session=s)
