@@ -319,6 +319,9 @@ class ReplicaSet:
         if how == "auto":
             return "oplog" if all(m["id"] in whole for m in st["members"]) else "snapshot"
         src = sync_source if sync_source is not None else st.get("primary")
+        if src is None:
+            raise errors.PrimaryUnavailable("no primary to replicate the oplog from; nothing "
+                                            "changed")
         if src not in whole:
             first = next((m.get("first") for m in st["members"] if m["id"] == src), None)
             raise errors.ConfigError(
