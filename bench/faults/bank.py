@@ -29,9 +29,9 @@ While they run, the clients also read now and then, with a snapshot
 session, with read concern ``majority`` and in a read-only transaction (read
 concern ``snapshot``, committed with ``w: "majority"``): all balances at once
 (their sum never changes, so a read that saw part of a transfer shows) and
-the newest transfers logged. What such a read returns is majority-committed, so every
-transfer it saw must be in the final log: one that is not was served to a
-reader and then discarded (``check``'s ``seen``).
+the newest transfers logged. What such a read returns is majority-committed,
+so every transfer it saw must be in the final log: one that is not was
+served to a reader and then discarded (``check``'s ``seen``).
 """
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ class Book:
         self.errors: Counter = Counter()
         self.touches = [0, 0]  # counting writes outside transactions: acknowledged, unknown
         self.seen: dict[str, str] = {}  # transfers majority and snapshot reads returned
-        self.torn: list[tuple[str, int]] = []  # (read kind, sum) of reads whose sum was off
+        self.torn: list[tuple] = []  # (read kind, sum, accounts read) of reads that were off
         self.reads = Counter()  # reads done, by kind
         self.lock = threading.Lock()
 
