@@ -150,7 +150,8 @@ def _joining(spec: dict) -> dict:
 
 
 def next_member_id(cfg: dict) -> int:
-    """The id ``add_member`` gives: above every id the set ever configured
+    """The id the next ``add_member`` takes (the coordinator hands it out:
+    ``reserve_member_id``): above every id the set ever configured
     (``next_id``), so no member ever gets a removed one's."""
     return max([cfg.get("next_id", 0)] + [m["id"] + 1 for m in cfg["members"]])
 

@@ -280,18 +280,20 @@ class ReplicaSet:
         ray = _ray()
         cfg = self.config()
         members = [dict(m) for m in cfg["members"]]
-        new_id = next_member_id(cfg)
-        spec = _one_spec(new_id, {"priority": priority, "votes": votes, "hidden": hidden,
-                                  "delay_s": delay_s, "sync_source": sync_source})
+        spec = _one_spec(next_member_id(cfg), {"priority": priority, "votes": votes,
+                                               "hidden": hidden, "delay_s": delay_s,
+                                               "sync_source": sync_source})
         if sync_source is not None and sync_source not in {m["id"] for m in members}:
             raise errors.ConfigError(f"sync_source {sync_source} is not a member")
-        spec.update(actor=f"{self.name}/m{new_id}",
+        if initial_sync in ("auto", "oplog"):
+            initial_sync = self._oplog_or_snapshot(initial_sync, sync_source)
+        # the id, taken from the coordinator: two additions at once get two
+        new_id = ray.get(self._coord.reserve_member_id.remote())
+        spec.update(id=new_id, actor=f"{self.name}/m{new_id}",
                     path=os.path.join(os.path.dirname(members[0]["path"]), f"m{new_id}"),
                     node_id=_least_used_node(ray, members))
         if os.path.isdir(spec["path"]) and os.listdir(spec["path"]):
             raise errors.ConfigError(f"{spec['path']} already holds files: move it away first")
-        if initial_sync in ("auto", "oplog"):
-            initial_sync = self._oplog_or_snapshot(initial_sync, sync_source)
         if initial_sync == "backup":
             _adopt_backup(backup, spec["path"], cfg["limits"])
         if initial_sync != "snapshot":

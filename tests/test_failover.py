@@ -263,6 +263,9 @@ def test_reconfiguration_online(ray_session, tmp_path):
                    timeout_s=60)
         assert rs.config()["next_id"] == 5
         assert coll.insert_one({"_id": "w"}, w=4, wtimeout_ms=30_000).gtid
+        # ids are handed out by the coordinator: additions at once get one each
+        got = [ray.get(rs._coord.reserve_member_id.remote()) for _ in range(2)]
+        assert got == [5, 6] and rs.config()["next_id"] == 7
     finally:
         rs.shutdown()
 

@@ -205,6 +205,15 @@ class Coordinator:
         with self._lock:
             return change_blockers(self.core, version, old, members, start, state)
 
+    def reserve_member_id(self) -> int:
+        """The id of a member about to be added: never handed out twice (a
+        restarted coordinator starts from the stored ``next_id``; an id handed
+        out and never configured then may come again, and its folder, if any,
+        is refused)."""
+        with self._lock:
+            self.next_id += 1
+            return self.next_id - 1
+
     def _install(self, members: list[dict]) -> dict:
         self.version += 1
         self.members = members
