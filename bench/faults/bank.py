@@ -35,6 +35,7 @@ served to a reader and then discarded (``check``'s ``seen``).
 """
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -151,24 +152,23 @@ class Client(threading.Thread):
         from pymongo.read_concern import ReadConcern
         from pymongo.write_concern import WriteConcern
         kind = self.rnd.choice(("snapshot", "majority", "transaction"))
+        acct, log = db[ACCOUNTS], db[LOG]
+        if kind == "majority":
+            rc = ReadConcern("majority")
+            acct, log = acct.with_options(read_concern=rc), log.with_options(read_concern=rc)
         try:
-            if kind == "transaction":  # read only; what it saw holds once committed (w: majority)
-                with cl.start_session() as s, s.start_transaction(
+            with contextlib.ExitStack() as scope:
+                s = None
+                if kind == "snapshot":
+                    s = scope.enter_context(cl.start_session(snapshot=True))
+                elif kind == "transaction":  # read only: what it saw holds once committed
+                    s = scope.enter_context(cl.start_session())
+                    scope.enter_context(s.start_transaction(
                         read_concern=ReadConcern("snapshot"),
-                        write_concern=WriteConcern("majority", wtimeout=4000)):
-                    bals = [d["bal"] for d in db[ACCOUNTS].find({}, session=s)]
-                    tids = [d["tid"] for d in db[LOG].find({}, {"tid": 1}, session=s)
-                            .sort("_id", -1).limit(20)]
-            elif kind == "snapshot":
-                with cl.start_session(snapshot=True) as s:
-                    bals = [d["bal"] for d in db[ACCOUNTS].find({}, session=s)]
-                    tids = [d["tid"] for d in db[LOG].find({}, {"tid": 1}, session=s)
-                            .sort("_id", -1).limit(20)]
-            else:
-                rc = ReadConcern("majority")
-                bals = [d["bal"] for d in db[ACCOUNTS].with_options(read_concern=rc).find({})]
-                tids = [d["tid"] for d in db[LOG].with_options(read_concern=rc)
-                        .find({}, {"tid": 1}).sort("_id", -1).limit(20)]
+                        write_concern=WriteConcern("majority", wtimeout=4000)))
+                bals = [d["bal"] for d in acct.find({}, session=s)]
+                tids = [d["tid"] for d in log.find({}, {"tid": 1}, session=s)
+                        .sort("_id", -1).limit(20)]
         except Exception as e:  # noqa: BLE001 - a read that failed saw nothing
             with self.book.lock:
                 self.book.errors[f"{kind} read " + type(e).__name__] += 1

@@ -108,13 +108,12 @@ class OplogShard:
         cfg = self.engine.get_meta("rs_config") or {}
         self.service.read_refusal = self.core.read_refusal
         self.service.latency = metrics.CommitLatency(rs_name, self.member_id)
-        self.service.topology_source = lambda: ray.get(ray.get_actor(
-            f"{rs_name}/coordinator", namespace=NAMESPACE).topology.remote(), timeout=5)
-        self.service.status_source = lambda: ray.get(ray.get_actor(
-            f"{rs_name}/coordinator", namespace=NAMESPACE).status.remote(2.0), timeout=10)
-        self.service.step_down_source = lambda catch_up_s: ray.get(ray.get_actor(
-            f"{rs_name}/coordinator", namespace=NAMESPACE).step_down.remote(catch_up_s),
-            timeout=catch_up_s + 60)
+        def coord():  # looked up at each call: Ray restarts the coordinator
+            return ray.get_actor(f"{rs_name}/coordinator", namespace=NAMESPACE)
+        self.service.topology_source = lambda: ray.get(coord().topology.remote(), timeout=5)
+        self.service.status_source = lambda: ray.get(coord().status.remote(2.0), timeout=10)
+        self.service.step_down_source = lambda catch_up_s: ray.get(
+            coord().step_down.remote(catch_up_s), timeout=catch_up_s + 60)
         cap = cfg.get("oplog_cap") or oplog_cap
         if cap:
             self.service.set_oplog_cap(cap)

@@ -392,7 +392,7 @@ class ReadPath:
         c.used = time.monotonic()
         return {"cursor": c.id, "docs": docs}
 
-    def _get_more(self, cid, batch, conn: dict | None = None) -> dict:
+    def _get_more(self, cid, batch, conn: dict) -> dict:
         with self._cursors_lock:  # out of the table while in use: not expired, not shared
             c = self._cursors.pop(cid, None)
             if c is not None:

@@ -572,9 +572,7 @@ class Transaction(Reader):
             new = check_expire(expire_after_s, ix.key)
             if new is None or new == ix.expire_after_s:
                 return ix.expire_after_s
-            self._drop_index(c, name)
-            self._log(codec.pack({"op": "c", "ns": ns, "cmd": "dropIndex", "name": name,
-                                  "spec": ix.spec()}))
+            self._drop_index_logged(c, name)
             self._create_index(ns, ix.key, ix.unique, name, True, new, ix.sparse, ix.partial)
             return ix.expire_after_s
         return self.statement(run)
@@ -587,10 +585,14 @@ class Transaction(Reader):
                 raise errors.InvalidOperation("the _id_ index cannot be dropped")
             if c is None or name not in c.indexes:
                 raise errors.IndexNotFound(f"index {name!r} not found on {ns}", ns=ns)
-            ix = self._drop_index(c, name)
-            self._log(codec.pack({"op": "c", "ns": ns, "cmd": "dropIndex", "name": name,
-                                  "spec": ix.spec()}))
+            self._drop_index_logged(c, name)
         return self.statement(run)
+
+    def _drop_index_logged(self, c: CollInfo, name: str) -> None:
+        """Drop index ``name`` of ``c`` and log it (its spec: rollback builds it again)."""
+        ix = self._drop_index(c, name)
+        self._log(codec.pack({"op": "c", "ns": c.ns, "cmd": "dropIndex", "name": name,
+                              "spec": ix.spec()}))
 
     def _drop_index(self, c: CollInfo, name: str) -> IndexInfo:
         ix = c.indexes[name]

@@ -25,10 +25,20 @@ def index_doc(ix: dict) -> dict:
     return out
 
 
-def list_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
-    ns = crud.ns_of(cmd, "listIndexes")
+def _must_exist(d: Dispatcher, conn, ns: str) -> None:
     if ns not in crud.collection_names(d, conn):
         raise CommandError(f"ns does not exist: {ns}", 26, "NamespaceNotFound")
+
+
+def _with_key(ixs: list[dict], pattern) -> list[str]:
+    """The names of the indexes in ``ixs`` whose key is ``pattern`` ({path: direction})."""
+    key = [[p, int(v)] for p, v in pattern.items()] if isinstance(pattern, dict) else None
+    return [x["name"] for x in ixs if [list(k) for k in x["key"]] == key]
+
+
+def list_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
+    ns = crud.ns_of(cmd, "listIndexes")
+    _must_exist(d, conn, ns)
     ixs = d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"]
     return {"cursor": {"firstBatch": [index_doc(x) for x in ixs], "id": Int64(0), "ns": ns}}
 
@@ -76,8 +86,7 @@ def drop_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
     elif isinstance(which, str):
         names = [which]
     elif isinstance(which, dict):
-        key = [[p, int(v)] for p, v in which.items()]
-        names = [x["name"] for x in ixs if [list(k) for k in x["key"]] == key]
+        names = _with_key(ixs, which)
         if not names:
             raise CommandError(f"can't find index with key: {which}", 27, "IndexNotFound")
     elif isinstance(which, list):
@@ -120,8 +129,7 @@ def coll_mod(d: Dispatcher, cmd: dict, conn) -> dict:
     if other:
         raise CommandError(f"collMod: unknown option(s) {', '.join(other)}", 40415,
                            "Location40415")
-    if ns not in crud.collection_names(d, conn):
-        raise CommandError(f"ns does not exist: {ns}", 26, "NamespaceNotFound")
+    _must_exist(d, conn, ns)
     spec, out = cmd.get("index"), {}
     if spec is None:
         return out
@@ -133,17 +141,13 @@ def coll_mod(d: Dispatcher, cmd: dict, conn) -> dict:
     if other:
         raise bad_value(f"collMod: index option(s) {', '.join(other)} are not served by raymx")
     ixs = d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"]
-    if "name" in spec:
-        found = [x for x in ixs if x["name"] == spec["name"]]
-    else:
-        key = crud._plain(spec["keyPattern"])
-        key = [[p, int(v)] for p, v in key.items()] if isinstance(key, dict) else None
-        found = [x for x in ixs if [list(k) for k in x["key"]] == key]
+    found = [x["name"] for x in ixs if x["name"] == spec["name"]] if "name" in spec \
+        else _with_key(ixs, crud._plain(spec["keyPattern"]))
     if not found:
         raise CommandError(f"cannot find index {spec.get('name') or spec.get('keyPattern')} "
                            f"for ns {ns}", 27, "IndexNotFound")
     if "expireAfterSeconds" in spec:
-        old = d.call({"op": "setIndexExpiry", "ns": ns, "name": found[0]["name"],
+        old = d.call({"op": "setIndexExpiry", "ns": ns, "name": found[0],
                       "expire_after_s": spec["expireAfterSeconds"], **crud.wc_fields(cmd)},
                      conn.state)["value"]
         if old != spec["expireAfterSeconds"]:
