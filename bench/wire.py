@@ -31,7 +31,7 @@ def _client_proc(kind, url, j, k, start_at, end_at, out):
     if kind == "native":
         import raymx
         coll = raymx.connect_url(url)["b"][f"p{int(j)}"]
-        one = lambda d: coll.insert_one(d, j=j)  # noqa: E731
+        one = lambda d: coll.insert_one(d, w=1, j=j)  # noqa: E731
     else:
         cl = pymongo.MongoClient(url)
         coll = cl.get_database("b", write_concern=pymongo.WriteConcern(w=1, j=j))[f"q{int(j)}"]

@@ -79,7 +79,7 @@ def _failover(rs, client, format_status) -> None:
         if i != old:
             ray.get(ray.get_actor(f"{rs.name}/m{i}/producer", namespace="raymx").pause.remote(True))
     for k in ("unreplicated-1", "unreplicated-2"):
-        print("   wrote", k, "at", orders.insert_one({"_id": k}).gtid)
+        print("   wrote", k, "at", orders.insert_one({"_id": k}, w=1).gtid)
     print(f"== killing every process of member {old} (no restart)")
     t0 = time.time()
     rs.kill_member(old)

@@ -620,7 +620,7 @@ class ReplicaSet:
     def _topology(self) -> dict:
         return _coordinator_read(self._coord, "topology")
 
-    def client(self, w: int | str = 1, j: bool = False, wtimeout_ms: int | None = None,
+    def client(self, w: int | str = "majority", j: bool = False, wtimeout_ms: int | None = None,
                timeout_s: float = 30.0, read_preference: str | ReadPreference = "primary",
                read_concern: str | ReadConcern = "local") -> Client:
         rp = read_preference if isinstance(read_preference, ReadPreference) \

@@ -121,7 +121,7 @@ def test_logs_show_a_rollback_first_then_warnings_newest_last(ray_session, tmp_p
         old = rs.wait_for_primary()
         r = run(main, ["logs", "clilogs"])
         assert r.exit_code == 0 and "no rollbacks in clilogs" in r.output, r.output
-        coll = rs.client()["r"]["c"]
+        coll = rs.client(w=1)["r"]["c"]
         coll.insert_many([{"_id": i} for i in range(5)], w="majority")
         for i in range(3):
             if i != old:

@@ -145,7 +145,7 @@ def test_w1_writes_that_never_replicated_are_in_the_rollback_file(ray_session, t
     rs = raymx.ReplicaSet.launch("rb", members=3, data_dir=str(tmp_path))
     try:
         old = rs.wait_for_primary()
-        coll = rs.client()["r"]["c"]
+        coll = rs.client(w=1)["r"]["c"]
         coll.insert_many([{"_id": i, "v": i} for i in range(5)], w="majority")
         for i in range(3):
             if i != old:

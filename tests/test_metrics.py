@@ -48,7 +48,7 @@ def test_members_and_the_set_export_prometheus_metrics(ray_session, tmp_path):
         for i in range(20):
             coll.insert_one({"_id": f"x{i}"}, w="majority")
         for i in range(5):  # one write of each other write concern class at least
-            coll.insert_one({"_id": f"j{i}"}, j=True)
+            coll.insert_one({"_id": f"j{i}"}, w=1, j=True)
             coll.insert_one({"_id": f"w{i}"}, w=1)
         seen = {}
 

@@ -18,7 +18,7 @@ def test_majority_reads_never_see_writes_that_are_rolled_back(ray_session, tmp_p
     rs = raymx.ReplicaSet.launch("rcm", members=3, data_dir=str(tmp_path))
     try:
         old = rs.wait_for_primary()
-        coll = rs.client()["d"]["c"]
+        coll = rs.client(w=1)["d"]["c"]
         coll.insert_many([{"_id": i, "v": 0} for i in range(10)], w="majority")
         coll.create_index("v", w="majority")
         others = [i for i in range(3) if i != old]

@@ -134,7 +134,7 @@ def test_killed_secondary_applies_every_entry_exactly_once(ray_session, tmp_path
     lim = raymx.Limits(apply_batch_ops=20)
     rs = raymx.ReplicaSet.launch("crash2", members=2, data_dir=str(tmp_path), limits=lim)
     try:
-        c = rs.client()
+        c = rs.client(w=1)
         ctr = c["k"]["ctr"]
         ctr.insert_one({"_id": "n", "n": 0})
         wait_until(lambda: converged(ray, rs, [0, 1]))

@@ -30,7 +30,7 @@ def _old_primary_with_writes_only_it_has(ray, rs, write):
     killed; a new primary is elected and takes a majority write. Returns (old
     primary, new primary, the two others, the collection "d.c")."""
     old = rs.wait_for_primary()
-    coll = rs.client()["d"]["c"]
+    coll = rs.client(w=1)["d"]["c"]
     coll.insert_one({"_id": "base"}, w="majority")
     others = [i for i in range(3) if i != old]
     _pause(ray, rs, others)

@@ -97,7 +97,7 @@ def test_trimming_is_held_at_the_majority_point_and_a_stopped_member_is_too_stal
         rs.kill_member(2)  # a stopped secondary
         prod1 = ray.get_actor("trim2/m1/producer", namespace="raymx")
         ray.get(prod1.pause.remote(True, wait=True))  # and one that does not move
-        c1 = rs.client()
+        c1 = rs.client(w=1)
         for i in range(50, 400):
             c1["t"]["c"].insert_one({"_id": i, "pad": DOC})
         rs.set_oplog_cap(max_bytes=CAP)

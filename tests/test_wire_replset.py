@@ -161,6 +161,14 @@ def test_a_causally_consistent_session_reads_its_writes_on_a_secondary(ray_sessi
                                                  done.set()))
             t.start()
             assert not done.wait(1.5)
+            # the native driver's default is the same (rs.client, connect_url);
+            # w=1 is answered at the primary's commit
+            ncl, ucl = rs.client(wtimeout_ms=500), raymx.connect_url(rs.url())
+            with pytest.raises(raymx.errors.WriteConcernTimeout):
+                ncl["app"]["c"].insert_one({"_id": "native"})
+            assert ucl.write_concern == raymx.WriteConcern("majority")
+            assert ncl["app"]["c"].insert_one({"_id": "native-w1"}, w=1).gtid is not None
+            ncl.close(), ucl.close()
             assert c.admin.command("getDefaultRWConcern")["defaultWriteConcern"] == {
                 "w": "majority", "wtimeout": 0}
             ray.get(prod.pause.remote(False))

@@ -13,11 +13,15 @@ from raymx.storage.limits import READ_CONCERNS, write_concern_problem
 
 @dataclass(frozen=True)
 class WriteConcern:
-    """``w``: members that must hold the entry (a number or "majority");
-    ``j``: wait for the sync that makes it durable; ``wtimeout_ms``: give up
-    waiting (the write stays committed)."""
+    """``w``: members that must hold the entry durably (a number or
+    "majority", the default, as MongoDB's since 5.0: no failover or power
+    loss of a minority undoes an acknowledged write); ``j``: wait for the
+    primary's sync (``w=1, j=True``: it survives the primary's power loss);
+    ``wtimeout_ms``: give up waiting (the write stays committed).
+    ``w=1`` alone answers at the primary's commit: fastest, and a failover
+    before the secondaries pull it rolls it back."""
 
-    w: int | str = 1
+    w: int | str = "majority"
     j: bool = False
     wtimeout_ms: int | None = None
 

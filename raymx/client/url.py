@@ -72,7 +72,7 @@ class URLTopology:
 
 
 def connect_url(url: str, secret: str | None = None, secret_file: str | None = None,
-                w: int | str = 1, j: bool = False, wtimeout_ms: int | None = None,
+                w: int | str = "majority", j: bool = False, wtimeout_ms: int | None = None,
                 timeout_s: float = 30.0, read_preference="primary",
                 read_concern="local", tls=None, tls_ca_file: str | None = None) -> Client:
     """A ``Client`` of the replica set at ``url`` (``rs.url()``) from any Python
