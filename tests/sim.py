@@ -157,6 +157,7 @@ class Sim:
         self.zombie_rng = random.Random(seed * 47 + 19)  # zombies' own draws
         self.bank_rng = random.Random(seed * 53 + 23)  # transfers' own draws
         self.abandon_rng = random.Random(seed * 59 + 29)  # transfers left open: their own draws
+        self.member_rng = random.Random(seed * 61 + 31)  # members removed and added: their own
         self.zombies: set[str] = set()  # members whose old process runs on
         self.clock_offsets: dict[int, int] = {}  # member -> its clock minus simulated time
         self.sched = Scheduler(self.rng)
@@ -173,9 +174,13 @@ class Sim:
         self.checker = Checker(self)
         self.trail: deque = deque(maxlen=120)
         self._digest = hashlib.blake2b(digest_size=8)  # of every trace line: replays compare equal
-        self.member_ids = list(range(1, self.opts.members + 1))
+        self.member_ids = list(range(1, self.opts.members + 1))  # running or to restart
         self.specs = [{"id": m, "priority": 0 if m in self.opts.priority0 else 1}
                       for m in self.member_ids]
+        self.boot_specs: dict[int, list] = {}  # an added member's first member list
+        self.next_id = self.opts.members + 1  # the coordinator's next_id
+        self.adding: set[int] = set()  # added members not configured yet
+        self.membership = [0, 0]  # members added, removed (configurations installed)
         # the LMDB store in every seed whose faults it can carry (a machine
         # crash, a failed fsync and a full disk need the in-memory store's
         # switches), the in-memory one elsewhere: one contract, both checked
@@ -183,10 +188,7 @@ class Sim:
         if scenario is None and not (o.machine_crash_p or o.fsync_fail_p or o.disk_full_p):
             self._dir = tempfile.mkdtemp(prefix="raymx-sim-", dir="/dev/shm"
                                          if os.path.isdir("/dev/shm") else None)
-            self.stores = {m: LMDBStore(os.path.join(self._dir, f"m{m}"), map_bytes=256 << 20)
-                           for m in self.member_ids}
-        else:
-            self.stores = {m: MemoryStore(f"m{m}") for m in self.member_ids}
+        self.stores = {m: self._new_store(m) for m in self.member_ids}
         self._nodes: dict[str, object] = {}
         self._epochs: dict[str, int] = {}
         self.crashes = 0
@@ -228,6 +230,12 @@ class Sim:
         elif op == "votes":
             if "c" in self._nodes:
                 self._nodes["c"].set_votes(item[2], item[3])
+        elif op == "remove":
+            if "c" in self._nodes:
+                self._nodes["c"].remove(item[2])
+        elif op == "add":
+            if "c" in self._nodes:
+                self.add_member()
         else:
             raise ValueError(f"unknown scripted fault {item!r}")
 
@@ -247,6 +255,40 @@ class Sim:
 
     def members(self) -> list[SimMember]:
         return [self._nodes[f"m{m}"] for m in self.member_ids if f"m{m}" in self._nodes]
+
+    def _new_store(self, m: int):
+        if self._dir is not None:
+            return LMDBStore(os.path.join(self._dir, f"m{m}"), map_bytes=256 << 20)
+        return MemoryStore(f"m{m}")
+
+    # an operator's membership changes (ReplicaSet.add_member, remove_member)
+    def add_member(self) -> None:
+        """``add_member``: the coordinator's next id, an empty store started
+        with the member list it joins, then the change that configures it
+        joining (no vote, priority 0); refused or lost, the member goes."""
+        from raymx.members import _joining
+        c = self._nodes["c"]
+        m, self.next_id = self.next_id, self.next_id + 1
+        spec = _joining({"id": m, "priority": 1, "votes": 1, "hidden": False, "delay_s": 0,
+                         "sync_source": None})
+        self.stores[m] = self._new_store(m)
+        self.boot_specs[m] = [dict(x) for x in c.config] + [spec]
+        self.member_ids.append(m)
+        self.adding.add(m)
+        self.start_member(m)
+        c.put(spec, refused=lambda: self.retire_member(m, "never configured"))
+
+    def retire_member(self, m: int, why: str) -> None:
+        """Its processes stop for good (``remove_member`` kills them); its files stay."""
+        if m not in self.member_ids:
+            return
+        self.member_ids.remove(m)
+        self.adding.discard(m)
+        self.membership[1] += why == "removed"
+        self.zombies.discard(f"m{m}")
+        self._nodes.pop(f"m{m}", None)
+        self._epochs[f"m{m}"] = self.epoch(f"m{m}") + 1
+        self.trace(f"m{m}", f"stopped for good: {why}")
 
     def start_member(self, m: int) -> None:
         name = f"m{m}"
@@ -272,9 +314,17 @@ class Sim:
         self._epochs["c"] = self.epoch("c") + 1
         self._nodes["c"] = SimCoordinator(self)
         self.trace("c", "start")
+        known = {m["id"] for m in self._nodes["c"].config}
+        for m in [m for m in self.member_ids if m not in known]:
+            # an added member whose configuration only members that are down
+            # hold: the restarted coordinator took an older one without it, and
+            # the operator's add_member never sees it join (a known limit)
+            self.retire_member(m, "not in the restarted coordinator's configuration")
 
     def crash_coordinator(self) -> None:
         self._nodes.pop("c", None)
+        for m in sorted(self.adding):  # the operator's add_member fails with it
+            self.retire_member(m, "the coordinator died before configuring it")
         self._epochs["c"] = self.epoch("c") + 1
         self.trace("c", "crash")
 
@@ -338,6 +388,14 @@ class Sim:
             c = self._nodes["c"]
             m = rng.choice(c.config)
             c.set_votes(m["id"], 0 if m.get("votes", 1) else 1)
+        mr = self.member_rng
+        if o.membership_p and "c" in self._nodes and mr.random() < o.membership_p:
+            c = self._nodes["c"]  # between 1 and 7 members; the primary may be picked
+            n = len(c.config)
+            if n < 7 and (n <= 1 or mr.random() < 0.5):
+                self.add_member()
+            else:
+                c.remove(mr.choice(c.config)["id"])
         if "c" in self._nodes and rng.random() < o.coordinator_crash_p:
             self.crash_coordinator()
             self.sched.at(rng.randint(50, 2000), self._restart_coordinator)
@@ -361,7 +419,7 @@ class Sim:
             self.trace(f"m{m}", "disk has room again")
 
     def _restart_member(self, m: int) -> None:
-        if f"m{m}" not in self._nodes:
+        if f"m{m}" not in self._nodes and m in self.member_ids:
             try:
                 self.start_member(m)
             except errors.DiskFull:  # its constructor writes: Ray tries again later
@@ -491,6 +549,7 @@ class Sim:
                              "elections": ck.elections, "crashes": self.crashes,
                              "rollbacks": ck.rollbacks,
                              "rolled_back_entries": ck.rolled_back_entries,
+                             "members_added_removed": "/".join(map(str, self.membership)),
                              "transfers": "/".join(map(str, ck.transfers)),
                              "transactions_expired": sum(m.svc.transactions_expired
                                                          for m in self.started)},

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Callable
 from raymx import errors
 from raymx.actors.core import replication as rep
 from raymx.actors.core.election import (Action, ElectionCore, change_blockers,
-                                        check_config_change)
+                                        check_config_change, edit_config, keeps_primary,
+                                        next_join)
 from raymx.storage import codec, oplog
 from raymx.storage.gtid import GTID, ZERO
 from tests.sim_base import (ActorUnavailable, CLIENT_TIMEOUT_MS, CONTROL_TIMEOUT_MS,
@@ -39,7 +40,9 @@ class SimCoordinator:
         self.core = ElectionCore.from_specs(self.config, sim.limits.heartbeat_timeout_ms)
         self.changing = False
         self.queued: deque = deque()
+        self._join_start: dict[int, dict] = {}  # a joining member's start point
         self.inbox: dict[int, list] = {}
+        self._round_ids: list[int] = []
         self._round_start = 0
         self.later(0, self._round)
 
@@ -54,7 +57,8 @@ class SimCoordinator:
     def _round(self) -> None:
         self._round_start = self.sim.sched.now
         alive = [v.id for v in self.core.members.values() if v.alive]
-        for mid in self.sim.member_ids:
+        self._round_ids = [m["id"] for m in self.config]  # Coordinator._beat: its members
+        for mid in self._round_ids:
             self.sim.rpc.call(self.name, f"m{mid}", "heartbeat", (self.core.term, alive),
                               lambda r, err, mid=mid: self.inbox.setdefault(mid, []).append(
                                   err if err is not None else r),
@@ -63,7 +67,7 @@ class SimCoordinator:
 
     def _round_end(self) -> None:
         now = self.sim.sched.now
-        for mid in self.sim.member_ids:
+        for mid in self._round_ids:
             replies = self.inbox.pop(mid, [])
             for r in replies:
                 if isinstance(r, ActorUnavailable):  # died or restarting: down now
@@ -85,6 +89,7 @@ class SimCoordinator:
             for a in actions:
                 if a.kind == "elect" and a.term > 1:
                     a.term -= 1  # planted bug: elect without a new term
+        self._finish_joins()
         self._act(actions)
 
     def _act(self, actions: list[Action]) -> None:
@@ -151,34 +156,75 @@ class SimCoordinator:
 
     # -- configuration changes: Coordinator.change ------------------------
     def set_votes(self, member: int, votes: int) -> None:
-        """An operator gives or takes a member's vote; waits like the actor's
+        """An operator gives or takes a member's vote (``reconfigure_member``)."""
+        self.change(f"votes m{member}={votes}", lambda cfg: [
+            dict(m, votes=votes) if m["id"] == member else dict(m) for m in cfg])
+
+    def remove(self, member: int) -> None:
+        """``remove_member``: once installed, the member stops for good."""
+        self.change(f"remove m{member}",
+                    lambda cfg: edit_config(cfg, self.core.primary, remove=member),
+                    done=lambda: self.sim.retire_member(member, "removed"))
+
+    def put(self, spec: dict, refused: Callable[[], None]) -> None:
+        """``add_member``'s change: the new member, joining."""
+        self.change(f"add m{spec['id']}",
+                    lambda cfg: edit_config(cfg, self.core.primary, put=spec),
+                    done=lambda: self._added(spec["id"]), refused=refused)
+
+    def _added(self, mid: int) -> None:
+        self.sim.adding.discard(mid)
+        self.sim.membership[0] += 1
+
+    def change(self, what: str, edit: Callable[[list], list], done=None, refused=None) -> None:
+        """One change, applied to the configuration current when its turn comes,
+        each after the one before; a voter change waits like the actor's
         ``change`` (every heartbeat interval, up to RECONFIG_TIMEOUT_MS)."""
-        if self.changing:  # one at a time, each after the one before
-            self.queued.append((member, votes))
-            return self.sim.trace(self.name, f"votes m{member}={votes} queued")
-        new = [dict(m, votes=votes) if m["id"] == member else dict(m) for m in self.config]
+        if self.changing:
+            self.queued.append((what, edit, done, refused))
+            return self.sim.trace(self.name, f"{what} queued")
         try:
+            new = edit(self.config)
             voters_change = check_config_change(self.config, new)
         except errors.ConfigError as e:
-            return self.sim.trace(self.name, f"votes m{member}={votes} refused: {e}")
+            self.sim.trace(self.name, f"{what} refused: {e}")
+            if refused:
+                refused()
+            return self._next_change()  # the operators' other calls go on
         self.changing = True
-        self.sim.trace(self.name, f"votes m{member}={votes} asked")
+        self.sim.trace(self.name, f"{what} asked")
         self._try_change(new, voters_change and self.sim.broken != "unsafe_reconfig",
-                         self.sim.sched.now + RECONFIG_TIMEOUT_MS, {})
+                         self.sim.sched.now + RECONFIG_TIMEOUT_MS, {}, done, refused)
 
-    def _try_change(self, new: list, voters_change: bool, deadline: int, start: dict) -> None:
+    def _try_change(self, new: list, voters_change: bool, deadline: int, start: dict,
+                    done=None, refused=None, quiet: bool = False) -> None:
+        def install():
+            try:
+                keeps_primary(new, self.core.primary)  # elected while the change waited?
+            except errors.ConfigError as e:
+                self.sim.trace(self.name, f"change refused: {e}")
+                if refused:
+                    refused()
+                return self._next_change()
+            self._install(new)
+            if done:
+                done()
+            self._next_change()
         if not voters_change:
-            return self._install(new)
+            return install()
 
         def decide(st):
             why = change_blockers(self.core, self.version, self.config, new, start, st)
             if not why:
-                return self._install(new)
+                return install()
             if self.sim.sched.now >= deadline:
-                self.sim.trace(self.name, f"change refused: {'; '.join(why)}")
+                if not quiet:
+                    self.sim.trace(self.name, f"change refused: {'; '.join(why)}")
+                if refused:
+                    refused()
                 return self._next_change()
             self.later(self.sim.limits.heartbeat_interval_ms, self._try_change, new,
-                       voters_change, deadline, start)
+                       voters_change, deadline, start, done, refused)
         prim = self.core.primary
         if prim is None:
             return decide(None)
@@ -186,20 +232,37 @@ class SimCoordinator:
                           lambda r, err: decide(None if err is not None else r),
                           CONTROL_TIMEOUT_MS, lambda: decide(None))
 
+    def _finish_joins(self) -> None:
+        """Coordinator._finish_one_join: a joining member that caught up gets its
+        votes, when no operator's change is under way; a voter change that must
+        wait is tried again next round (never blocking heartbeats)."""
+        if self.changing:
+            return
+        ready = next_join(self.core, self.config, self.sim.limits.join_lag_entries)
+        if ready is None:
+            return
+        mid, new = ready
+        self.changing = True
+        self.sim.trace(self.name, f"m{mid} caught up: its votes asked")
+        self._try_change(new, check_config_change(self.config, new)
+                         and self.sim.broken != "unsafe_reconfig", self.sim.sched.now,
+                         self._join_start.setdefault(mid, {}),
+                         done=lambda: self._join_start.pop(mid, None), quiet=True)
+
     def _install(self, new: list) -> None:
         self.version += 1
         self.config = new
         self.core.reconfigure(new)
         self.sim.trace(self.name, f"config {self.version}: voters "
-                       f"{[m['id'] for m in new if m.get('votes', 1)]}")
-        for m in self.sim.member_ids:
-            self._push(m)
-        self._next_change()
+                       f"{[m['id'] for m in new if m.get('votes', 1)]}"
+                       + "".join(f" m{m['id']} joining" for m in new if m.get("joining")))
+        for m in self.config:
+            self._push(m["id"])
 
     def _next_change(self) -> None:
         self.changing = False
         if self.queued:
-            self.set_votes(*self.queued.popleft())
+            self.change(*self.queued.popleft())
 
     def _push(self, mid: int) -> None:
         self.sim.rpc.call(self.name, f"m{mid}", "set_config",
@@ -350,8 +413,8 @@ class SimClient:
         call({"op": "txnBegin"}, begun)
 
     def _next_target(self) -> None:
-        ids = self.sim.member_ids
-        self.target = ids[(ids.index(self.target) + 1) % len(ids)]
+        ids = self.sim.member_ids  # a removed member's clients move on to the first
+        self.target = ids[(ids.index(self.target) + 1) % len(ids) if self.target in ids else 0]
 
     def send(self, req: dict, done: Callable[[bool], None]) -> None:
         sim = self.sim

@@ -56,8 +56,9 @@ def reproduce_line(seed: int, broken: str | None = None, regress=(),
 # before a fault existed replays with it off
 FAULTS = ("drop_p", "dup_p", "spike_p", "partition_p", "crash_p", "coordinator_crash_p",
           "reconfig_p", "reads_p", "fsync_fail_p", "clock_jump_p", "disk_full_p", "zombie_p",
-          "bank_p", "abandon_p")  # bank_p: the transfers' workload, abandon_p: transfers left
-                                  # open (seeds found before either replay without)
+          "bank_p", "abandon_p", "membership_p")  # bank_p: the transfers' workload,
+# abandon_p: transfers left open, membership_p: members removed and added
+# (seeds found before any of them replay without)
 
 
 # --- options (swarm testing: the seed draws the shape and the fault mix) ----
@@ -89,6 +90,14 @@ class Options:
     # per fault tick: the coordinator is asked to give or take one member's
     # vote (a configuration change, while members may lag)
     reconfig_p: float = 0.0
+    # per fault tick: an operator removes a member (a secondary: the primary is
+    # refused; its process stops for good once the change is installed, as
+    # ``ReplicaSet.remove_member`` kills it) or adds one (``add_member``: a new
+    # id, an empty store, configured with no vote while it replicates the whole
+    # oplog, then given its vote by the coordinator, ``next_join``), while
+    # members may lag: the mission's worst fault was two members removed while
+    # the rest lagged
+    membership_p: float = 0.0
     # share of a client's requests that are reads ("majority" or "linearizable"
     # of the counter document), checked against the final committed history
     reads_p: float = 0.0
@@ -125,7 +134,7 @@ class Options:
     # | (at_ms, "crash", member, machine) | (at_ms, "restart", member)
     # | (at_ms, "crash_c") | (at_ms, "restart_c") | (at_ms, "drop_p", p)
     # | (at_ms, "votes", member, votes) | (at_ms, "cut", [(a, b), ...])
-    # | (at_ms, "reads_p", p)
+    # | (at_ms, "reads_p", p) | (at_ms, "remove", member) | (at_ms, "add")
     script: tuple = ()
 
     @classmethod
@@ -169,7 +178,8 @@ class Options:
             zombie_p=random.Random(seed * 15487469 + 19).choice((0.0, 0.0, 0.003, 0.01)),
             replay_entries_min=random.Random(seed * 67867967 + 23).choice((10_000,) * 3 + (3,)),
             bank_p=random.Random(seed * 98764321 + 29).choice((0.0, 0.0, 0.1, 0.3)),
-            abandon_p=random.Random(seed * 32452867 + 31).choice((0.0, 0.0, 0.05, 0.2)))
+            abandon_p=random.Random(seed * 32452867 + 31).choice((0.0, 0.0, 0.05, 0.2)),
+            membership_p=random.Random(seed * 49979693 + 37).choice((0.0, 0.0, 0.02, 0.05)))
 
 
 # Named scenarios (TigerBeetle's replica_test style): a quiet cluster and a
@@ -215,6 +225,17 @@ SCENARIOS = {
                 (2_000, "votes", 2, 0), (2_050, "votes", 3, 0),
                 (5_500, "crash", 2, False), (5_500, "crash", 3, False),
                 (5_600, "crash", 1, True), (5_700, "heal"))),
+    # the same with members really removed and added (ReplicaSet.remove_member,
+    # add_member): m2 and m3 are removed while m4 and m5 lag, the primary's
+    # machine crashes, two new members are added, then the partition heals. The
+    # removals must wait (once the primary crashed, nobody can tell what is
+    # committed: they time out), else m4 and m5 elect one of them without the
+    # writes; the new members vote only once caught up
+    "remove_two_while_lagging": lambda: Options.quiet(
+        members=5, majority_p=1.0, safety_ms=9_000,
+        script=((500, "partition", [["m4", "m5"], ["m1", "m2", "m3"]]),
+                (2_000, "remove", 2), (2_050, "remove", 3), (2_600, "crash", 1, True),
+                (3_000, "add"), (3_050, "add"), (4_000, "heal"))),
     # fsyncs fail now and then (issue 20): the member stops and restarts; with
     # the planted "fsync_retry" it carries on over lost pages instead
     "fsync_fails": lambda: Options.quiet(majority_p=0.7, fsync_fail_p=0.02, safety_ms=8_000),

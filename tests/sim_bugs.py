@@ -107,7 +107,9 @@ class KnownBug:
     symptoms: tuple         # what the failure message says when it bites (any of)
     repro: tuple            # scenario names and/or seeds that fail with it put back
     also: tuple = ()        # other bugs it needs back to show (they would mask it)
-    off: tuple = ()         # faults its reproduction predates (switched off to replay it)
+    # faults its reproduction predates (switched off to replay it): every bug
+    # here was found before members were removed and added (membership_p)
+    off: tuple = ("membership_p",)
 
 
 KNOWN_BUGS = {b.name: b for b in (
@@ -165,7 +167,8 @@ KNOWN_BUGS = {b.name: b for b in (
              "off mid-rollback) raised out of the producer's step and ended its thread; "
              "the member never replicated again",
              "every failed step goes through ProducerCore.on_failure: wait, pull again",
-             _old_producer_thread_dies, ("producer_dead=True",), (53,), off=("bank_p",)),
+             _old_producer_thread_dies, ("producer_dead=True",), (53,),
+             off=("bank_p", "membership_p")),
     KnownBug("majority_of_old_terms", "raymx/actors/core/replication.py committed "
              "(WriteConcernCore.majority_point, FeederCore.committed_point)",
              "a primary called majority-committed any entry durable on a majority, "
@@ -175,7 +178,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "a primary's majority point is only ever an entry of its own term; a new "
              "primary writes a no-op at once so the point moves with no client write",
              _old_majority_of_old_terms, ("majority-committed point", "majority read"),
-             ("figure_eight",), off=("zombie_p",)),
+             ("figure_eight",), off=("zombie_p", "membership_p")),
     KnownBug("catch_up_outlives_adoption", "raymx/actors/core/election.py ElectionCore._adopt",
              "the coordinator started catching an eligible member up for an election, then "
              "adopted the old primary when it answered again; the catch-up mark stayed "
@@ -183,7 +186,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "restarted meanwhile never replicated again",
              "adopting a primary ends any catch-up",
              _old_catch_up_outlives_adoption, ("no convergence",), ("catch_up_then_adopt",),
-             off=("zombie_p",)),
+             off=("zombie_p", "membership_p")),
     KnownBug("deposed_writes_held_noops", "raymx/actors/shard.py "
              "ShardService._settle_unwritten (_owes_unwritten)",
              "the n entry of a commit that failed on a full disk waited for room; the "

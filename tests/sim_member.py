@@ -56,7 +56,8 @@ class SimMember:
         # its threads replaced by this member's timers and clock
         self.engine.sync = self._sync_engine  # the fsync, with injected failures
         self._sync_failed: Exception | None = None
-        cfg = self.engine.get_meta("rs_config") or {"version": 0, "members": sim.specs}
+        cfg = self.engine.get_meta("rs_config") or {
+            "version": 0, "members": sim.boot_specs.get(mid, sim.specs)}
         self.svc = ShardService(self.engine, sim.limits, primary=False, on_commit=self._committed,
                                 on_durable=self._on_durable, member_id=mid,
                                 votes={s["id"]: s.get("votes", 1) for s in cfg["members"]},
@@ -152,6 +153,7 @@ class SimMember:
             self.svc.set_votes({s["id"]: s.get("votes", 1) for s in config["members"]})
             self.feeder.set_votes(self.votes)  # as the Feeder shell does
             self.svc.wc.tick()
+            self._on_durable()  # as OplogShard.set_config
         respond(None)
 
     def on_commit_state(self, respond) -> None:
@@ -325,10 +327,9 @@ class SimMember:
 
     def _on_durable(self, g: GTID | None = None) -> None:
         """OplogShard._on_durable: the feeder ships what is durable."""
-        if not self.primary:
-            return
-        rp = self.gm.replicatable()
-        self.feeder_on_limit(GTID(rp.term, rp.seq - 1) if rp.seq > 1 else ZERO)
+        limit = rep.shipping_limit(self.primary, self.votes, self.gm.replicatable())
+        if limit is not None:
+            self.feeder_on_limit(limit)
 
     def on_read(self, respond, level: str) -> None:
         """ShardService._read of the counter document at read concern ``level``."""

@@ -192,6 +192,40 @@ def test_the_first_election_waits_for_a_late_member_only_a_heartbeat_timeout():
     assert [a.kind for a in c.tick(1000) if a.kind == "elect"] == ["elect"]
 
 
+def test_membership_edits_and_joins_are_decided_by_the_core():
+    """The coordinator and the simulation's coordinator share these: a removal
+    never takes the primary (asked for or installed), a put replaces or adds
+    in id order, and a joining member gets what it asked for once caught up."""
+    import pytest
+    from raymx import errors
+    from raymx.actors.core.election import edit_config, keeps_primary, next_join
+    three = [{"id": i, "votes": 1, "priority": 1} for i in range(3)]
+    assert [m["id"] for m in edit_config(three, 0, remove=2)] == [0, 1]
+    with pytest.raises(errors.ConfigError, match="member 0 is the primary"):
+        edit_config(three, 0, remove=0)
+    with pytest.raises(errors.ConfigError, match="no member 7"):
+        edit_config(three, 0, remove=7)
+    new = {"id": 5, "votes": 0, "priority": 0, "joining": {"votes": 1, "priority": 2}}
+    four = edit_config(three, 0, put=new)
+    assert [m["id"] for m in four] == [0, 1, 2, 5] and three[-1]["id"] == 2  # a copy
+    # a removal asked while 0 was primary, installed after 2 was elected
+    waited = edit_config(three, 0, remove=2)
+    with pytest.raises(errors.ConfigError, match="member 2 is the primary"):
+        keeps_primary(waited, 2)
+    keeps_primary(waited, None)
+    c = core3()
+    c.reconfigure(four)
+    beat(c, 0, 0, last=(1, 5000), role="primary")
+    c.on_elected(0, 1)
+    assert next_join(c, four, 100) is None  # never heard from
+    c.on_heartbeat(5, {"term": 1, "last": [1, 4000]}, 100)
+    assert next_join(c, four, 100) is None  # too far behind
+    c.on_heartbeat(5, {"term": 1, "last": [1, 4950]}, 200)
+    mid, joined = next_join(c, four, 100)
+    assert mid == 5 and joined[-1] == {"id": 5, "votes": 1, "priority": 2}
+    assert four[-1]["joining"]  # the configuration given is not changed
+
+
 def test_config_changes_move_one_voter_at_a_time():
     import pytest
     from raymx import errors

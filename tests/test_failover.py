@@ -223,6 +223,33 @@ def test_coordinator_restart_is_waited_out_by_the_driver(ray_session, tmp_path):
         rs.status()
 
 
+def test_a_restarted_coordinator_finds_the_members_added_since_its_launch(ray_session,
+                                                                          tmp_path):
+    """Every member of the launch replaced, one at a time (a rolling
+    replacement): Ray restarts the coordinator with the launch's member list,
+    none of which is left, and it finds the members added since by their actor
+    names, with the newest configuration. (Before, it took the launch's list:
+    no member answered, and the set had no primary for good.)"""
+    ray = ray_session
+    rs = raymx.ReplicaSet.launch("roll", members=1, data_dir=str(tmp_path))
+    try:
+        coll = rs.client(wtimeout_ms=30_000)["c"]["r"]
+        coll.insert_one({"_id": 1})
+        new = rs.add_member(progress=False)
+        rs.step_down()
+        wait_until(lambda: rs._topology()["primary"] == new, timeout_s=30)
+        rs.remove_member(0)
+        cfg = rs.config()
+        ray.kill(rs._coord, no_restart=False)
+        assert rs.status()["primary"] == new  # waits for the restarted coordinator
+        assert (rs.config()["version"], [m["id"] for m in rs.config()["members"]]) == (
+            cfg["version"], [new])
+        assert coll.insert_one({"_id": 2}).gtid is not None
+        assert coll.count_documents({}) == 2
+    finally:
+        rs.shutdown()
+
+
 def test_reconfiguration_online(ray_session, tmp_path):
     ray = ray_session
     rs = raymx.ReplicaSet.launch("rc", members=3, data_dir=str(tmp_path))

@@ -135,6 +135,25 @@ def test_unsafe_reconfiguration_is_caught_and_the_safe_rules_prevent_it():
     assert r.ok, r.report()
 
 
+def test_members_removed_while_the_rest_lag_lose_nothing():
+    """The mission's worst fault, with members really removed and added (the
+    shipped core's edit_config, next_join and change rules): two removals
+    asked while the other voters lag, the primary's machine crashes, two new
+    members join. Installed at once, majority-acknowledged writes are lost;
+    with the shipped rules they are not, and a removal whose member was
+    elected while it waited is refused."""
+    r = sim.run(scenario="remove_two_while_lagging", broken="unsafe_reconfig")
+    assert not r.ok and "majority-acknowledged write" in r.message, r.report()
+    s = sim.Sim(scenario="remove_two_while_lagging")
+    r = s.run()
+    assert r.ok, r.report()
+    # m2 was elected while its removal waited (refused), m3 went, m6 and m7
+    # joined and got their votes
+    assert s.member_ids == [1, 2, 4, 5, 6, 7], s.member_ids
+    assert [(m["id"], m.get("votes", 1)) for m in s.node("c").config] == [
+        (1, 1), (2, 1), (4, 1), (5, 1), (6, 1), (7, 1)]
+
+
 def test_a_failed_fsync_must_stop_the_member():
     """Issue 20 (fsyncgate): fsyncs fail now and then; members that stop (as the
     shells do) lose nothing acknowledged; members that retry over the pages the

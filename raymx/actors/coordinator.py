@@ -9,6 +9,7 @@ sends heartbeats on a timer and carries the actions out.
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import threading
 import time
@@ -19,7 +20,8 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, ActorUnschedul
 from raymx import errors
 from raymx.actors import logbook, metrics
 from raymx.actors.core.election import (Action, ElectionCore, candidates, change_blockers,
-                                        check_config_change)
+                                        check_config_change, edit_config, keeps_primary,
+                                        next_join)
 from raymx.storage.gtid import GTID
 
 log = logging.getLogger("raymx.coordinator")
@@ -31,6 +33,18 @@ HAND_OVER_S = 5.0
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _member_actors(name: str) -> list[str]:
+    """The names of the set's member actors (``<set>/m<id>``) alive or being
+    restarted in Ray, in id order."""
+    pat = re.compile(re.escape(name) + r"/m(\d+)")
+    found = []
+    for a in ray.util.list_named_actors(all_namespaces=True):
+        m = pat.fullmatch(a["name"]) if a.get("namespace") == "raymx" else None
+        if m:
+            found.append((int(m.group(1)), a["name"]))
+    return [n for _, n in sorted(found)]
 
 
 @ray.remote(num_cpus=0, max_concurrency=8)
@@ -87,12 +101,20 @@ class Coordinator:
         """After a restart: the members hold the newest configuration durably.
         At launch the members start beside this process, so it waits for each
         (a member that fails to start fails the launch, which then kills this
-        actor too); restarted by Ray, it asks each for 5 s (one may be gone)."""
-        wait_s = 5 if ray.get_runtime_context().was_current_actor_reconstructed else 120
+        actor too); restarted by Ray, it asks each for 5 s (one may be gone).
+        Ray restarts this actor with its launch's member list, so a restarted
+        one also asks every member actor of the set that Ray knows by name:
+        members added since (after a rolling replacement, none of the launch's
+        may be left)."""
+        restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        wait_s = 5 if restarted else 120
+        actors = [m["actor"] for m in self.members]
+        if restarted:
+            actors += [a for a in _member_actors(self.name) if a not in actors]
         best = None
-        for m in self.members:
+        for actor in actors:
             try:
-                c = ray.get(ray.get_actor(m["actor"], namespace="raymx").get_config.remote(),
+                c = ray.get(ray.get_actor(actor, namespace="raymx").get_config.remote(),
                             timeout=wait_s)
             except Exception:
                 continue
@@ -162,23 +184,15 @@ class Coordinator:
         with self._reconfig_lock:
             deadline = time.monotonic() + timeout_s
             with self._lock:
-                new = [dict(m) for m in self.members] if members is None else members
-                if remove is not None:
-                    if not any(m["id"] == remove for m in new):
-                        raise errors.ConfigError(f"no member {remove}")
-                    if remove == self.core.primary:
-                        raise errors.ConfigError(
-                            f"member {remove} is the primary: step_down() first")
-                    new = [m for m in new if m["id"] != remove]
-                if put is not None:
-                    new = sorted([m for m in new if m["id"] != put["id"]] + [dict(put)],
-                                 key=lambda m: m["id"])
+                new = edit_config(self.members if members is None else members,
+                                  self.core.primary, put, remove)
                 votes_change = check_config_change(self.members, new)
             start: dict = {}  # primary -> the committed point when the change began
             while True:
                 why = self._change_blockers(new, start) if votes_change else []
                 if not why:
                     with self._lock:
+                        keeps_primary(new, self.core.primary)  # elected meanwhile?
                         return self._install(new)
                 if time.monotonic() >= deadline:
                     raise errors.ConfigError(
@@ -398,32 +412,28 @@ class Coordinator:
             self._reconfig_lock.release()
 
     def _finish_one_join(self) -> None:
-        for m in self.members:
-            j = m.get("joining")
-            if not j or not self.core.ready_to_join(m["id"], self.limits.join_lag_entries):
-                continue
-            try:
-                ray.get(self._handle(m["id"]).set_synchronizing.remote(False), timeout=10)
-            except Exception as e:
-                log.warning("replica set %s: member %d could not leave synchronizing: %s",
-                            self.name, m["id"], e)
-                continue
-            members = [dict(x) for x in self.members]
-            for x in members:
-                if x["id"] == m["id"]:
-                    x.update(votes=j["votes"], priority=j["priority"])
-                    del x["joining"]
-            if check_config_change(self.members, members):
-                why = self._change_blockers(members, self._join_start.setdefault(m["id"], {}))
-                if why:  # a new voter: try again next round (never block heartbeats)
-                    log.info("replica set %s: member %d waits to vote: %s", self.name,
-                             m["id"], "; ".join(why))
-                    return
-            self._join_start.pop(m["id"], None)
-            self._install(members)
-            log.warning("replica set %s: member %d caught up; it now has %d vote(s), "
-                        "priority %s", self.name, m["id"], j["votes"], j["priority"])
-            return  # one configuration change per heartbeat round
+        """One configuration change per heartbeat round at most."""
+        ready = next_join(self.core, self.members, self.limits.join_lag_entries)
+        if ready is None:
+            return
+        mid, members = ready
+        try:
+            ray.get(self._handle(mid).set_synchronizing.remote(False), timeout=10)
+        except Exception as e:
+            log.warning("replica set %s: member %d could not leave synchronizing: %s",
+                        self.name, mid, e)
+            return
+        if check_config_change(self.members, members):
+            why = self._change_blockers(members, self._join_start.setdefault(mid, {}))
+            if why:  # a new voter: try again next round (never block heartbeats)
+                log.info("replica set %s: member %d waits to vote: %s", self.name, mid,
+                         "; ".join(why))
+                return
+        self._join_start.pop(mid, None)
+        self._install(members)
+        got = next(x for x in members if x["id"] == mid)
+        log.warning("replica set %s: member %d caught up; it now has %d vote(s), "
+                    "priority %s", self.name, mid, got["votes"], got["priority"])
 
     # --- operator calls ----------------------------------------------------
     def step_down(self, timeout_s: float = 30) -> dict:

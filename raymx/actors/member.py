@@ -136,12 +136,11 @@ class OplogShard:
             except (errors.RaymxError, OSError) as e:  # a full disk: the next start asks again
                 log.warning("member %d could not record its ports: %s", self.member_id, e)
 
-    def _on_durable(self, g: GTID) -> None:
-        if not self.service.primary or len(self.service.votes) == 1:
-            return  # nobody pulls from a one-member set: spare a Ray call per sync
-        # the replicatable point is min_live recorded before the sync; ship below it
-        rp = self.service.gm.replicatable()
-        self.feeder.on_limit(GTID(rp.term, rp.seq - 1) if rp.seq > 1 else ZERO)
+    def _on_durable(self, g: GTID | None = None) -> None:
+        limit = rep.shipping_limit(self.service.primary, self.service.votes,
+                                   self.service.gm.replicatable())
+        if limit is not None:
+            self.feeder.on_limit(limit)
 
     # --- elections (called by the coordinator) ------------------------------
     @property
@@ -251,6 +250,7 @@ class OplogShard:
         if config.get("oplog_cap"):
             self.service.set_oplog_cap(config["oplog_cap"])
         self.feeder.set_votes({m["id"]: m["votes"] for m in config["members"]})
+        self._on_durable()  # a member added to a set of one: what it may pull now
         ray.get(_get(self.rs_name, self.member_id, "applier").set_delay.remote(
             (mine or {}).get("delay_s", 0)))
 

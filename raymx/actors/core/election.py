@@ -390,6 +390,50 @@ def check_config_change(old: list[dict], new: list[dict]) -> bool:
     return bool(changed)
 
 
+def edit_config(members: list[dict], primary: int | None, put: dict | None = None,
+                remove: int | None = None) -> list[dict]:
+    """``members`` with ``remove`` removed (never the primary) and ``put`` added
+    or replacing its id's spec, in id order: one operator's change, applied to
+    the configuration current when its turn comes."""
+    new = [dict(m) for m in members]
+    if remove is not None:
+        if not any(m["id"] == remove for m in new):
+            raise errors.ConfigError(f"no member {remove}")
+        new = [m for m in new if m["id"] != remove]
+    if put is not None:
+        new = sorted([m for m in new if m["id"] != put["id"]] + [dict(put)],
+                     key=lambda m: m["id"])
+    keeps_primary(new, primary)
+    return new
+
+
+def keeps_primary(new: list[dict], primary: int | None) -> None:
+    """Raises ConfigError if configuration ``new`` leaves out the primary:
+    checked when a change is asked for and again when it is installed, since a
+    change that waited may find the member it removes elected meanwhile (its
+    removal would then kill the primary, an unplanned failover)."""
+    if primary is not None and not any(m["id"] == primary for m in new):
+        raise errors.ConfigError(f"member {primary} is the primary: step_down() first; "
+                                 "nothing changed")
+
+
+def next_join(core: ElectionCore, members: list[dict],
+              lag_entries: int) -> tuple[int, list[dict]] | None:
+    """The first joining member (``joining`` in its spec: added with no vote
+    while it catches up) that ``core`` finds caught up, and the member list
+    with its votes and priority given; None if none is ready."""
+    for m in members:
+        j = m.get("joining")
+        if j and core.ready_to_join(m["id"], lag_entries):
+            new = [dict(x) for x in members]
+            for x in new:
+                if x["id"] == m["id"]:
+                    x.update(votes=j["votes"], priority=j["priority"])
+                    del x["joining"]
+            return m["id"], new
+    return None
+
+
 def _majority_of(ids) -> int:
     return len(ids) // 2 + 1
 

@@ -412,6 +412,19 @@ def write_repl_info(e: Engine, min_uncommitted: GTID | None) -> None:
               b"" if min_uncommitted is None else min_uncommitted.to_bytes())
 
 
+def shipping_limit(primary: bool, votes: dict[int, int], replicatable: GTID) -> GTID | None:
+    """What a primary's feeder may ship after a sync, or a configuration
+    change: every entry below the replicatable point (``min_live`` recorded
+    before the sync). None where nobody pulls: not a primary, or a set of one
+    member (a Ray-free wake-up spared per sync). A member added to a set of
+    one must then be told at once, by its configuration: else the limit the
+    feeder holds is the one from before the set was alone, and the new member
+    pulls nothing until the next write."""
+    if not primary or len(votes) < 2:
+        return None
+    return GTID(replicatable.term, replicatable.seq - 1) if replicatable.seq > 1 else ZERO
+
+
 def majority_count(votes: list[int]) -> int:
     """Acknowledgements a majority needs: more than half of the voting members."""
     voting = sum(1 for v in votes if v > 0)
