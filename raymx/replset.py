@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shutil
 import time
 from typing import Iterator
 
@@ -216,16 +217,29 @@ class ReplicaSet:
                 raise errors.PrimaryUnavailable(f"no primary elected within {timeout_s}s")
             time.sleep(0.05)
 
-    def kill_member(self, member_id: int) -> None:
+    def kill_member(self, member_id: int) -> list:
         """Kill every process of a member at once, without restart (a crash: no
-        flush, no goodbye). Its files stay; ``start_member`` brings it back."""
+        flush, no goodbye). Its files stay; ``start_member`` brings it back.
+        Returns the actors' handles (``ray.kill`` only asks for the kill)."""
         ray = _ray()
+        killed = []
         for role in ("", "producer", "applier"):
             try:
-                ray.kill(ray.get_actor(f"{self.name}/m{member_id}" + (f"/{role}" if role else ""),
-                                       namespace=NAMESPACE), no_restart=True)
+                h = ray.get_actor(f"{self.name}/m{member_id}" + (f"/{role}" if role else ""),
+                                  namespace=NAMESPACE)
             except ValueError:
-                pass
+                continue
+            ray.kill(h, no_restart=True)
+            killed.append(h)
+        return killed
+
+    def _discard_new(self, spec: dict) -> None:
+        """A member this ``add_member`` started that no configuration holds: its
+        processes go, and its folder (empty before, checked), so its id, which
+        a restarted coordinator may hand out again, is free."""
+        for h in self.kill_member(spec["id"]):
+            _wait_dead(h)
+        shutil.rmtree(spec["path"], ignore_errors=True)
 
     def start_member(self, member_id: int) -> None:
         """Start a member's actors again over its files (after ``kill_member``).
@@ -271,6 +285,9 @@ class ReplicaSet:
         While a snapshot sync runs the member is *synchronizing*, shown with
         its progress in ``status()``. ``wait=True`` returns once it has its
         votes; ``wait=False`` once it replicates (a snapshot: once loaded).
+        A change that is refused, or dies with the coordinator before any
+        configuration holds the member, stops the member it started and
+        removes its (new) folder before the error is raised.
         """
         if initial_sync not in ("auto", "oplog", "snapshot", "backup"):
             raise errors.ConfigError(f"initial_sync must be 'auto', 'oplog', 'snapshot' or "
@@ -303,7 +320,18 @@ class ReplicaSet:
             try:
                 self._change(min(timeout_s, RECONFIG_TIMEOUT_S), put=joining)
             except errors.ConfigError:
-                self.kill_member(new_id)  # never configured: its actors go
+                self._discard_new(spec)  # never configured
+                raise
+            except Exception:
+                # the coordinator died with the change (Ray restarts it): a
+                # member its newest configuration does not hold goes, else it
+                # would run on unconfigured, never asked to replicate
+                try:
+                    configured = any(m["id"] == new_id for m in self.config()["members"])
+                except Exception:
+                    configured = True  # unknown: leave it (status shows it)
+                if not configured:
+                    self._discard_new(spec)
                 raise
             if wait:
                 self._wait_joined(new_id, timeout_s)

@@ -235,6 +235,21 @@ def test_a_restarted_coordinator_finds_the_members_added_since_its_launch(ray_se
     try:
         coll = rs.client(wtimeout_ms=30_000)["c"]["r"]
         coll.insert_one({"_id": 1})
+        # an addition whose change dies with the coordinator: the member it
+        # started is not configured by the restarted one, so it goes
+        change = rs._change
+
+        def dies(*a, **kw):
+            ray.kill(rs._coord, no_restart=False)
+            raise RuntimeError("the coordinator died")
+        rs._change = dies
+        with pytest.raises(RuntimeError, match="coordinator died"):
+            rs.add_member(progress=False)
+        rs._change = change
+        assert [m["id"] for m in rs.config()["members"]] == [0]
+        with pytest.raises(ValueError):
+            ray.get_actor("roll/m1", namespace="raymx")
+        assert not os.path.exists(os.path.join(str(tmp_path), "m1"))  # its id is free again
         new = rs.add_member(progress=False)
         rs.step_down()
         wait_until(lambda: rs._topology()["primary"] == new, timeout_s=30)
