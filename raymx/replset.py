@@ -478,8 +478,20 @@ class ReplicaSet:
         majority of the remaining voters (and of the current ones): a lagging
         set waits for its members to catch up, up to ``timeout_s`` (default
         60 s), then refuses with ConfigError and nothing changes. Calls made
-        together run one after the other, each waiting for the one before."""
-        self._change(RECONFIG_TIMEOUT_S if timeout_s is None else timeout_s, remove=member_id)
+        together run one after the other, each waiting for the one before.
+        The member stops once a majority of the voters that remain have
+        recorded the new configuration; if they have not within the timeout,
+        ConfigError says so and it keeps running (unconfigured):
+        ``kill_member`` it once ``status()`` shows them back."""
+        cfg = self._change(RECONFIG_TIMEOUT_S if timeout_s is None else timeout_s,
+                           remove=member_id)
+        if not cfg.get("recorded", True):
+            raise errors.ConfigError(
+                f"member {member_id} is removed from the configuration, but a majority of "
+                "the voters that remain has not recorded it yet (a coordinator restarted now "
+                f"could take the configuration before, where member {member_id} votes): it "
+                f"keeps running; stop it with kill_member({member_id}) once status() shows "
+                "the others up", recorded=False)
         self.kill_member(member_id)
 
     def reconfigure_member(self, member_id: int, timeout_s: float | None = None,

@@ -161,10 +161,23 @@ class SimCoordinator:
             dict(m, votes=votes) if m["id"] == member else dict(m) for m in cfg])
 
     def remove(self, member: int) -> None:
-        """``remove_member``: once installed, the member stops for good."""
+        """``remove_member``: once installed and recorded by a majority of the
+        voters that remain, the member stops for good."""
         self.change(f"remove m{member}",
                     lambda cfg: edit_config(cfg, self.core.primary, remove=member),
-                    done=lambda: self.sim.retire_member(member, "removed"))
+                    done=lambda: self._stop_when_recorded(member))
+
+    def _stop_when_recorded(self, member: int) -> None:
+        """``Coordinator._await_recorded`` (the newest configuration, which
+        does not hold the member), then ``remove_member``'s kill (or, past its
+        timeout, the operator's ``kill_member`` once it is recorded)."""
+        if self.core.config_recorded(self.version, self.config):
+            return self.sim.retire_member(member, "removed")
+        have = self.core.config_committed(self.version, self.config)
+        for m in self.config:  # Coordinator._push_to those behind
+            if m["id"] not in have:
+                self._push(m["id"])
+        self.later(self.sim.limits.heartbeat_interval_ms, self._stop_when_recorded, member)
 
     def put(self, spec: dict, refused: Callable[[], None]) -> None:
         """``add_member``'s change: the new member, joining."""

@@ -224,6 +224,15 @@ def test_membership_edits_and_joins_are_decided_by_the_core():
     mid, joined = next_join(c, four, 100)
     assert mid == 5 and joined[-1] == {"id": 5, "votes": 1, "priority": 2}
     assert four[-1]["joining"]  # the configuration given is not changed
+    # a removed member may stop once a majority of the voters that remain
+    # recorded the configuration without it (a restarted coordinator finds it)
+    two = edit_config(three, 0, remove=2)
+    c.reconfigure(two)
+    assert not c.config_recorded(2, two)
+    c.on_heartbeat(0, {"term": 1, "last": [1, 5000], "role": "primary", "config_version": 2}, 300)
+    assert not c.config_recorded(2, two)  # 1 of the 2 voters
+    c.on_heartbeat(1, {"term": 1, "last": [1, 5000], "config_version": 2}, 300)
+    assert c.config_recorded(2, two)
 
 
 def test_config_changes_move_one_voter_at_a_time():

@@ -180,7 +180,10 @@ class Coordinator:
         """One configuration change, applied to the configuration current when
         its turn comes (so two callers' changes never undo each other): ``put``
         adds or replaces a member's spec, ``remove`` removes a secondary,
-        ``members`` replaces the whole list. See ``reconfigure``."""
+        ``members`` replaces the whole list. See ``reconfigure``. A removal
+        also waits (within ``timeout_s``) until a majority of the voters that
+        remain have recorded it: ``recorded`` in the answer says whether they
+        have, and only then may the removed member stop."""
         with self._reconfig_lock:
             deadline = time.monotonic() + timeout_s
             with self._lock:
@@ -193,12 +196,30 @@ class Coordinator:
                 if not why:
                     with self._lock:
                         keeps_primary(new, self.core.primary)  # elected meanwhile?
-                        return self._install(new)
+                        cfg = self._install(new)
+                    if remove is not None:
+                        cfg["recorded"] = self._await_recorded(deadline)
+                    return cfg
                 if time.monotonic() >= deadline:
                     raise errors.ConfigError(
                         f"configuration change refused after {timeout_s:g}s, nothing "
                         f"changed: {'; '.join(why)}", blockers=why)
                 time.sleep(0.05)
+
+    def _await_recorded(self, deadline: float) -> bool:
+        """Until a majority of the voters of the configuration recorded it,
+        pushing it to those behind; False if the deadline came first."""
+        while True:
+            with self._lock:
+                version, members = self.version, self.members
+                if self.core.config_recorded(version, members):
+                    return True
+                have = self.core.config_committed(version, members)
+                behind = [m["id"] for m in members if m["id"] not in have]
+            if time.monotonic() >= deadline:
+                return False
+            self._push_to(behind)
+            time.sleep(0.05)
 
     def _change_blockers(self, members: list[dict], start: dict) -> list[str]:
         """What a voter change waits for, from the primary's view of positions.

@@ -315,6 +315,14 @@ class ElectionCore:
         return [m for m in voters(specs)
                 if m in self.members and self.members[m].config_version >= version]
 
+    def config_recorded(self, version: int, specs: list[dict]) -> bool:
+        """Has a majority of the voters of ``specs`` recorded configuration
+        ``version``? Only then may a member it removed stop: a coordinator that
+        restarts rebuilds the newest configuration from the members it finds,
+        and one that found only the configuration before would count the
+        stopped member's vote for good."""
+        return len(self.config_committed(version, specs)) >= _majority_of(voters(specs))
+
     def reconfigure(self, specs: list[dict]) -> None:
         """Members added, removed or changed: views follow, majorities with them."""
         new = {}
