@@ -213,6 +213,11 @@ def test_membership_edits_and_joins_are_decided_by_the_core():
     with pytest.raises(errors.ConfigError, match="member 2 is the primary"):
         keeps_primary(waited, 2)
     keeps_primary(waited, None)
+    # a member removed while its election was under way is not taken as primary
+    gone = core3()
+    gone.reconfigure(edit_config(three, None, remove=2))
+    gone.on_elected(2, 4)
+    assert (gone.primary, gone.term) == (None, 4)
     c = core3()
     c.reconfigure(four)
     beat(c, 0, 0, last=(1, 5000), role="primary")

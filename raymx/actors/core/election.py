@@ -136,11 +136,16 @@ class ElectionCore:
         self.term = max(self.term, v.term)
 
     def on_elected(self, member: int, term: int) -> None:
-        self.primary = member
         self.term = max(self.term, term)
-        v = self.members[member]
-        v.role, v.term = "primary", max(v.term, term)
         self.catching_up = None
+        v = self.members.get(member)
+        if v is None:
+            # removed from the configuration while its election was under way:
+            # no primary, as ``reconfigure`` leaves it when it removes one; the
+            # next tick elects among the members, under a newer term
+            return
+        self.primary = member
+        v.role, v.term = "primary", max(v.term, term)
         self.elections += 1
         self.log.append(("elected", member, term))
 
