@@ -179,7 +179,7 @@ class Options:
             replay_entries_min=random.Random(seed * 67867967 + 23).choice((10_000,) * 3 + (3,)),
             bank_p=random.Random(seed * 98764321 + 29).choice((0.0, 0.0, 0.1, 0.3)),
             abandon_p=random.Random(seed * 32452867 + 31).choice((0.0, 0.0, 0.05, 0.2)),
-            membership_p=random.Random(seed * 49979693 + 37).choice((0.0, 0.0, 0.02, 0.05)))
+            membership_p=random.Random(seed * 49979693 + 37).choice((0.0, 0.0, 0.02, 0.1)))
 
 
 # Named scenarios (TigerBeetle's replica_test style): a quiet cluster and a
