@@ -362,9 +362,19 @@ class ReplicaSet:
         return "oplog"
 
     def _wait_joined(self, mid: int, timeout_s: float) -> None:
-        """Until member ``mid`` has its votes and priority (it caught up)."""
+        """Until member ``mid`` has its votes and priority (it caught up).
+        ConfigError if it is no longer configured (removed meanwhile, or a
+        restarted coordinator took a configuration from before it)."""
         deadline = time.monotonic() + timeout_s
-        while any(x["id"] == mid and "joining" in x for x in self.config()["members"]):
+        while True:
+            m = next((x for x in self.config()["members"] if x["id"] == mid), None)
+            if m is None:
+                raise errors.ConfigError(
+                    f"member {mid} is no longer in the configuration (removed, or the "
+                    "coordinator restarted and found only members holding an older one): "
+                    f"it never got its votes; stop it with kill_member({mid})")
+            if "joining" not in m:
+                return
             if time.monotonic() > deadline:
                 raise errors.PrimaryUnavailable(
                     f"member {mid} did not catch up and get its votes in {timeout_s}s "

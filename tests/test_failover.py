@@ -261,6 +261,12 @@ def test_a_restarted_coordinator_finds_the_members_added_since_its_launch(ray_se
             cfg["version"], [new])
         assert coll.insert_one({"_id": 2}).gtid is not None
         assert coll.count_documents({}) == 2
+        # waiting for a member to join ends with an error, not as if it had
+        # joined, when the member is no longer configured
+        extra = rs.add_member(progress=False, wait=False)
+        rs.remove_member(extra)
+        with pytest.raises(errors.ConfigError, match="no longer in the configuration"):
+            rs._wait_joined(extra, 5)
     finally:
         rs.shutdown()
 
