@@ -165,25 +165,34 @@ class SimCoordinator:
         voters that remain, the member stops for good."""
         self.change(f"remove m{member}",
                     lambda cfg: edit_config(cfg, self.core.primary, remove=member),
-                    done=lambda: self._stop_when_recorded(member))
+                    done=lambda finish, deadline: self._stop_when_recorded(member, deadline,
+                                                                           finish))
 
-    def _stop_when_recorded(self, member: int) -> None:
+    def _stop_when_recorded(self, member: int, deadline: int, finish) -> None:
         """``Coordinator._await_recorded`` (the newest configuration, which
-        does not hold the member), then ``remove_member``'s kill (or, past its
-        timeout, the operator's ``kill_member`` once it is recorded)."""
+        does not hold the member), holding the changes queued behind, as the
+        actor's change does until its deadline; then ``remove_member``'s kill
+        (or, past the deadline, the operator's ``kill_member`` once it is
+        recorded)."""
         if self.core.config_recorded(self.version, self.config):
-            return self.sim.retire_member(member, "removed")
+            self.sim.retire_member(member, "removed")
+            return finish and finish()
+        if finish and self.sim.sched.now >= deadline:
+            finish()  # remove_member's ConfigError: the member runs on for now
+            finish = None
         have = self.core.config_committed(self.version, self.config)
         for m in self.config:  # Coordinator._push_to those behind
             if m["id"] not in have:
                 self._push(m["id"])
-        self.later(self.sim.limits.heartbeat_interval_ms, self._stop_when_recorded, member)
+        self.later(self.sim.limits.heartbeat_interval_ms, self._stop_when_recorded, member,
+                   deadline, finish)
 
     def put(self, spec: dict, refused: Callable[[], None]) -> None:
         """``add_member``'s change: the new member, joining."""
         self.change(f"add m{spec['id']}",
                     lambda cfg: edit_config(cfg, self.core.primary, put=spec),
-                    done=lambda: self._added(spec["id"]), refused=refused)
+                    done=lambda finish, _: (self._added(spec["id"]), finish()),
+                    refused=refused)
 
     def _added(self, mid: int) -> None:
         self.sim.adding.discard(mid)
@@ -220,8 +229,8 @@ class SimCoordinator:
                     refused()
                 return self._next_change()
             self._install(new)
-            if done:
-                done()
+            if done:  # it calls _next_change (finish) when the caller's change returns
+                return done(self._next_change, deadline)
             self._next_change()
         if not voters_change:
             return install()
@@ -260,7 +269,8 @@ class SimCoordinator:
         self._try_change(new, check_config_change(self.config, new)
                          and self.sim.broken != "unsafe_reconfig", self.sim.sched.now,
                          self._join_start.setdefault(mid, {}),
-                         done=lambda: self._join_start.pop(mid, None), quiet=True)
+                         done=lambda finish, _: (self._join_start.pop(mid, None), finish()),
+                         quiet=True)
 
     def _install(self, new: list) -> None:
         self.version += 1

@@ -92,6 +92,17 @@ def _old_deposed_writes_held_noops() -> list:
     return [(ShardService, "_owes_unwritten", lambda self: True)]
 
 
+def _old_behind_source_diverged() -> list:
+    orig = rep.FeederCore.pull
+
+    def pull(self, after, after_h, max_entries, max_bytes):
+        out = orig(self, after, after_h, max_entries, max_bytes)
+        if out["status"] == "behind":
+            return {"status": "diverged", "reason": out["reason"]}
+        return out
+    return [(rep.FeederCore, "pull", pull)]
+
+
 @dataclass(frozen=True)
 class KnownBug:
     """A protocol bug the simulation found, fixed in the shipped cores.
@@ -199,6 +210,17 @@ KNOWN_BUGS = {b.name: b for b in (
              "member drops them (nothing was written at their GTIDs); a step-down also "
              "waits for the write running on the writer (ShardService.step_down)",
              _old_deposed_writes_held_noops, ("saw a write that is rolled back",), (1235,)),
+    KnownBug("behind_source_diverged", "raymx/actors/core/replication.py FeederCore.pull",
+             "a source whose oplog ends below the caller's last entry answered 'diverged' "
+             "(the caller's last entry is not in its oplog), so the caller rolled back "
+             "to the common point: with a stale heartbeat view the coordinator made the "
+             "member to be elected catch up from a joining member (priority 0) that "
+             "looked more advanced and was behind it, and it rolled back a "
+             "majority-acknowledged write",
+             "a source whose last GTID is below the caller's answers 'behind': the caller "
+             "undoes nothing and pulls again (GTIDs order by term first, so such a source "
+             "holds no newer branch)", _old_behind_source_diverged,
+             ("rolls back majority-acknowledged write",), (235393,), off=()),
 )}
 
 

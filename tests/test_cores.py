@@ -184,6 +184,9 @@ def test_only_positions_on_this_branch_count():
     assert out["status"] == "ok" and report[2]["durable"] == GTID(1, 1)
     out, report, _ = f.answer([2, 2], None, 10, 1 << 20, 1, 3, 1, True,
                               {"durable": [2, 2], "applied": None, "downstream": {}}, 5)
+    assert out["status"] == "behind" and report[3]["durable"] is None
+    out, report, _ = f.answer([0, 2], None, 10, 1 << 20, 1, 3, 1, True,
+                              {"durable": [0, 2], "applied": None, "downstream": {}}, 5)
     assert out["status"] == "diverged" and report[3]["durable"] is None
 
 

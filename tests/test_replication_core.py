@@ -81,7 +81,17 @@ def test_feeder_answers_diverged_and_too_stale():
     p = primary_with(5)
     f = feed(p)
     assert f.pull([1, 3], 12345, 10, 1 << 20)["status"] == "diverged"
-    assert f.pull([1, 99], None, 10, 1 << 20)["status"] == "diverged"
+    # a caller ahead of this oplog (same term, or a newer one) undoes nothing:
+    # this source is behind it, not on a newer branch
+    assert f.pull([1, 99], None, 10, 1 << 20) == {
+        "status": "behind", "last": [1, 5], "reason": "this oplog ends at 1:5, before 1:99"}
+    assert f.pull([7, 3], None, 10, 1 << 20)["status"] == "behind"
+    # a caller on an older branch than this oplog's end does diverge
+    p.set_term(8)
+    with p.begin() as tx:
+        tx.insert("db.c", [{"_id": "t8"}])
+    assert p.last()[0].term == 8
+    f.advance(p.last()[0])
     assert f.pull([7, 3], None, 10, 1 << 20)["status"] == "diverged"
     with p.store.write() as t:  # trim the first two entries
         for k, _ in list(t.scan("oplog"))[:2]:

@@ -204,6 +204,16 @@ class FeederCore:
                     # seq this oplog still holds must hear "diverged", not "too stale"
                     if first is not None and after.seq < GTID.from_bytes(first[0]).seq:
                         return {"status": "too_stale", "first": list(GTID.from_bytes(first[0]))}
+                    mine = t.last("oplog")
+                    mine = GTID.from_bytes(mine[0]) if mine is not None else ZERO
+                    if mine < after:
+                        # this oplog ends below the caller's last entry, on no newer
+                        # branch (GTIDs order by term first): the caller is ahead, and
+                        # nothing here may make it undo entries (a majority may hold
+                        # them). A stale view made a coordinator send it here (a
+                        # catch-up from a member that looked more advanced)
+                        return {"status": "behind", "last": list(mine),
+                                "reason": f"this oplog ends at {mine}, before {after}"}
                     return {"status": "diverged", "reason": f"{after} is not in this oplog"}
                 if after_h is not None and codec.unpack(v, "oplog entry")["h"] != after_h:
                     return {"status": "diverged", "reason": f"{after} has a different hash here"}
