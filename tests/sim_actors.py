@@ -180,10 +180,7 @@ class SimCoordinator:
         if finish and self.sim.sched.now >= deadline:
             finish()  # remove_member's ConfigError: the member runs on for now
             finish = None
-        have = self.core.config_committed(self.version, self.config)
-        for m in self.config:  # Coordinator._push_to those behind
-            if m["id"] not in have:
-                self._push(m["id"])
+        # (the heartbeat round pushes the configuration to those behind)
         self.later(self.sim.limits.heartbeat_interval_ms, self._stop_when_recorded, member,
                    deadline, finish)
 

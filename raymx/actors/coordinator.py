@@ -207,18 +207,15 @@ class Coordinator:
                 time.sleep(0.05)
 
     def _await_recorded(self, deadline: float) -> bool:
-        """Until a majority of the voters of the configuration recorded it,
-        pushing it to those behind; False if the deadline came first."""
+        """Until a majority of the voters of the configuration recorded it (the
+        heartbeat loop pushes it to those behind); False if the deadline came
+        first."""
         while True:
             with self._lock:
-                version, members = self.version, self.members
-                if self.core.config_recorded(version, members):
+                if self.core.config_recorded(self.version, self.members):
                     return True
-                have = self.core.config_committed(version, members)
-                behind = [m["id"] for m in members if m["id"] not in have]
             if time.monotonic() >= deadline:
                 return False
-            self._push_to(behind)
             time.sleep(0.05)
 
     def _change_blockers(self, members: list[dict], start: dict) -> list[str]:
