@@ -57,6 +57,12 @@ class TimeLimit:
         self.left -= time.monotonic() - self.t0
         self.deadline = float("inf")
 
+    def counted_from(self, t0: float) -> "TimeLimit":
+        """All of it counted at once from ``t0`` on (the wire port's own work
+        for a command: from the command's start, as MongoDB's)."""
+        self.deadline = t0 + self.left
+        return self
+
     def check(self) -> None:
         if time.monotonic() > self.deadline:
             raise errors.ExecutionTimeout(

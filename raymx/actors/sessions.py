@@ -31,9 +31,10 @@ class Session:
     write, but it holds the writer only for the step: other writes and
     transactions run between them."""
 
-    def __init__(self, sid: int, rid=None):
+    def __init__(self, sid: int, rid=None, conn: dict | None = None):
         self.id = sid
         self.rid = rid  # the id of the txnBegin request (see SessionPath._cancel_begin)
+        self.conn = {} if conn is None else conn  # the state it lives in (its reads' killOp)
         self.tx = None  # the engine transaction, from its begin to its end
         self.closed = False
         self.deadline = self.used = 0.0  # seconds of the service's clock (mono_ms)
@@ -53,7 +54,7 @@ class SessionPath:
             for old in [x for x in sessions.values() if x.closed]:  # timed out
                 del sessions[old.id]
             client_limits.check_transactions(sessions, self.limits)
-            s = Session(next(self._ids), req.get("id"))
+            s = Session(next(self._ids), req.get("id"), conn)
             sessions[s.id] = s
             return self._to_writer(("txn", s, req, reply))
         s = conn.get("sessions", {}).get(req["txn"])
@@ -120,7 +121,7 @@ class SessionPath:
                 self._lock_written(s)
                 reply(ok=result_out(res))
             elif op in ("find", "count"):
-                reply(ok=self._read_in(s.tx, req, {}))
+                reply(ok=self._read_in(s.tx, req, s.conn))
             else:
                 reply(err=errors.InvalidOperation(f"{op!r} is not allowed in a transaction"))
         except errors.WriteConflict as e:

@@ -257,13 +257,13 @@ def _replace_root(docs, expr, variables=None):
         yield v
 
 
-def _lookup(docs, spec: dict, lookup, variables=None):
+def _lookup(docs, spec: dict, lookup, variables=None, limit=None):
     if lookup is None:
         raise _err("$lookup is not available here", 2)
     foreign = list(lookup(spec["from"]))
     sub, dest, let = spec.get("pipeline"), spec["as"], spec.get("let")
     if "localField" not in spec and not let:  # uncorrelated: the pipeline runs once
-        res = _stages(iter(foreign), sub, lookup, variables)
+        res = _stages(iter(foreign), sub, lookup, variables, limit)
         for d in docs:
             out = copy.deepcopy(d)
             _set_path(out, dest, copy.deepcopy(res))
@@ -284,7 +284,7 @@ def _lookup(docs, spec: dict, lookup, variables=None):
         if sub:  # let: its variables are this document's values, for every stage
             v = variables if not let else dict(variables or {}, **{
                 k: evaluate(e, d, None, variables) for k, e in let.items()})
-            matched = _stages(iter(matched), sub, lookup, v)
+            matched = _stages(iter(matched), sub, lookup, v, limit)
         out = copy.deepcopy(d)
         _set_path(out, dest, matched)
         yield out
@@ -315,7 +315,7 @@ def _join_keys(values) -> set:
             for k in query.equality_keys({"v": x}, "v")}
 
 
-def _graph_lookup(docs, spec: dict, lookup, variables=None):
+def _graph_lookup(docs, spec: dict, lookup, variables=None, limit=None):
     """``$graphLookup``: from each document's ``startWith`` values, the
     documents of ``from`` whose ``connectToField`` equals one of them, then
     recursively those equal to the found ones' ``connectFromField`` (breadth
@@ -338,6 +338,8 @@ def _graph_lookup(docs, spec: dict, lookup, variables=None):
         asked: set[bytes] = set()
         depth = 0
         while frontier and (most is None or depth <= most):
+            if limit is not None:
+                limit()
             asked |= frontier
             nxt: set[bytes] = set()
             for k in frontier:
@@ -378,12 +380,35 @@ def _nonneg(v, stage: str) -> int:
 
 
 def run(docs: Iterable[dict], pipeline: list, lookup=None,
-        variables: dict | None = None) -> list[dict]:
+        variables: dict | None = None, limit: Callable[[], None] | None = None) -> list[dict]:
     """The pipeline's output documents. ``lookup(collection)``: the documents
     of another collection of the same database (``$lookup``). ``variables``:
-    the command's ``let`` (``$$name`` in its expressions)."""
+    the command's ``let`` (``$$name`` in its expressions). ``limit()``: raises
+    once the command must stop (its ``maxTimeMS`` passed, a ``killOp``);
+    called as documents pass between stages, at least every ``CHECK_EVERY``."""
     check(pipeline)  # nested pipelines too: they run unchecked (``_stages``)
-    return _stages(docs, pipeline, lookup, variables)
+    return _stages(docs, pipeline, lookup, variables, limit)
+
+
+CHECK_EVERY = 64  # documents between two looks at a pipeline's limit
+
+
+def _limited(it: Iterable, limit: Callable[[], None] | None) -> Iterable:
+    """``it``, with ``limit()`` called before its first item and after every
+    ``CHECK_EVERY``."""
+    if limit is None:
+        return it
+    return _limited_gen(iter(it), limit)
+
+
+def _limited_gen(it, limit):
+    limit()
+    while True:
+        chunk = list(itertools.islice(it, CHECK_EVERY))
+        yield from chunk
+        if len(chunk) < CHECK_EVERY:
+            return
+        limit()
 
 
 def let_of(cmd: dict, evaluate_in: dict | None = None) -> dict | None:
@@ -409,78 +434,98 @@ def matcher(flt: dict, variables: dict | None = None) -> Callable[[dict], bool]:
     return _match(flt, variables)
 
 
-def _stages(docs: Iterable[dict], pipeline: list, lookup, v: dict | None = None) -> list[dict]:
-    """``v``: the variables the stages' expressions see (a ``$lookup``'s ``let``)."""
-    it: Iterable[dict] = docs
+def _stages(docs: Iterable[dict], pipeline: list, lookup, v: dict | None = None,
+            limit: Callable[[], None] | None = None) -> list[dict]:
+    """``v``: the variables the stages' expressions see (a ``$lookup``'s ``let``).
+    ``limit``: ``run``'s, looked at between every two stages."""
+    if limit is not None and lookup is not None:
+        lookup = _limited_lookup(lookup, limit)
+    it: Iterable[dict] = _limited(docs, limit)
     for st in pipeline:
-        name, arg = next(iter(st.items()))
-        if name == "$match":
-            it = filter(_match(arg, v), it)
-        elif name == "$project":
-            it = _project(it, arg, v)
-        elif name in ("$addFields", "$set"):
-            it = _add_fields(it, arg, v)
-        elif name == "$unset":
-            fields = [arg] if isinstance(arg, str) else arg
-            it = _project(it, {f: 0 for f in fields})
-        elif name == "$sort":
-            if not isinstance(arg, dict) or not arg:
-                raise _err("$sort key specification must be an object", 15973)
-            it = iter(sorted(it, key=query.sort_key(sort_fields(arg))))
-        elif name == "$skip":
-            it = itertools.islice(it, _nonneg(arg, "$skip"), None)
-        elif name == "$limit":
-            n = _nonneg(arg, "$limit")
-            if n == 0:
-                raise _err("the limit must be positive", 15958)
-            it = itertools.islice(it, n)
-        elif name == "$group":
-            it = grouping.group(it, arg, v)
-        elif name == "$count":
-            if not isinstance(arg, str) or not arg or arg.startswith("$") or "." in arg:
-                raise _err("the count field must be a non-empty string without '$' or '.'",
-                           40156)
-            n = sum(1 for _ in it)
-            it = iter([{arg: n}] if n else [])
-        elif name == "$unwind":
-            it = _unwind(it, arg)
-        elif name == "$sample":
-            it = iter(_sample(it, arg))
-        elif name == "$replaceRoot":
-            if not isinstance(arg, dict) or "newRoot" not in arg:
-                raise _err("no newRoot specified for the $replaceRoot stage", 40231)
-            it = _replace_root(it, arg["newRoot"], v)
-        elif name == "$replaceWith":
-            it = _replace_root(it, arg, v)
-        elif name == "$sortByCount":
-            if not (isinstance(arg, str) and arg.startswith("$")) and not (
-                    isinstance(arg, dict) and len(arg) == 1 and next(iter(arg)).startswith("$")):
-                raise _err("the sortByCount field must be a $-prefixed path or an expression",
-                           40148)
-            it = iter(sorted(grouping.group(it, {"_id": arg, "count": {"$sum": 1}}, v),
-                             key=lambda g: -g["count"]))
-        elif name == "$facet":
-            pool = list(it)
-            it = iter([{k: _stages(iter(copy.deepcopy(pool)), sub, lookup, v)
-                        for k, sub in arg.items()}])
-        elif name == "$lookup":
-            it = _lookup(it, arg, lookup, v)
-        elif name == "$graphLookup":
-            it = _graph_lookup(it, arg, lookup, v)
-        elif name == "$bucket":
-            it = iter(grouping.bucket(it, arg, v))
-        elif name == "$bucketAuto":
-            it = iter(grouping.bucket_auto(it, arg, v))
-        elif name == "$setWindowFields":
-            it = grouping.set_window_fields(it, arg, v)
-        elif name == "$unionWith":
-            if lookup is None:
-                raise _err("$unionWith is not available here", 2)
-            coll, sub = _union_spec(arg)
-            it = itertools.chain(it, _stages(iter(lookup(coll)), sub, lookup, v))
-        elif name in OUTPUTS:  # the caller takes the last stage off and writes the output
-            raise _err(f"{name} can only be the final stage in the pipeline", 40601)
-        elif name in ("$collStats", "$indexStats"):  # the caller serves a leading one
-            raise _err(f"{name} is only valid as the first stage in a pipeline", 40602)
+        it = _limited(_stage(it, st, lookup, v, limit), limit)
     return list(it)
+
+
+def _limited_lookup(lookup, limit):
+    if getattr(lookup, "limit", None) is limit:
+        return lookup
+
+    def limited(coll):
+        return _limited(lookup(coll), limit)
+    limited.limit = limit
+    return limited
+
+
+def _stage(it: Iterable[dict], st: dict, lookup, v: dict | None, limit) -> Iterable[dict]:
+    """One stage over ``it``."""
+    name, arg = next(iter(st.items()))
+    if name == "$match":
+        it = filter(_match(arg, v), it)
+    elif name == "$project":
+        it = _project(it, arg, v)
+    elif name in ("$addFields", "$set"):
+        it = _add_fields(it, arg, v)
+    elif name == "$unset":
+        fields = [arg] if isinstance(arg, str) else arg
+        it = _project(it, {f: 0 for f in fields})
+    elif name == "$sort":
+        if not isinstance(arg, dict) or not arg:
+            raise _err("$sort key specification must be an object", 15973)
+        it = iter(sorted(it, key=query.sort_key(sort_fields(arg))))
+    elif name == "$skip":
+        it = itertools.islice(it, _nonneg(arg, "$skip"), None)
+    elif name == "$limit":
+        n = _nonneg(arg, "$limit")
+        if n == 0:
+            raise _err("the limit must be positive", 15958)
+        it = itertools.islice(it, n)
+    elif name == "$group":
+        it = grouping.group(it, arg, v)
+    elif name == "$count":
+        if not isinstance(arg, str) or not arg or arg.startswith("$") or "." in arg:
+            raise _err("the count field must be a non-empty string without '$' or '.'",
+                       40156)
+        n = sum(1 for _ in it)
+        it = iter([{arg: n}] if n else [])
+    elif name == "$unwind":
+        it = _unwind(it, arg)
+    elif name == "$sample":
+        it = iter(_sample(it, arg))
+    elif name == "$replaceRoot":
+        if not isinstance(arg, dict) or "newRoot" not in arg:
+            raise _err("no newRoot specified for the $replaceRoot stage", 40231)
+        it = _replace_root(it, arg["newRoot"], v)
+    elif name == "$replaceWith":
+        it = _replace_root(it, arg, v)
+    elif name == "$sortByCount":
+        if not (isinstance(arg, str) and arg.startswith("$")) and not (
+                isinstance(arg, dict) and len(arg) == 1 and next(iter(arg)).startswith("$")):
+            raise _err("the sortByCount field must be a $-prefixed path or an expression",
+                       40148)
+        it = iter(sorted(grouping.group(it, {"_id": arg, "count": {"$sum": 1}}, v),
+                         key=lambda g: -g["count"]))
+    elif name == "$facet":
+        pool = list(it)
+        it = iter([{k: _stages(iter(copy.deepcopy(pool)), sub, lookup, v, limit)
+                    for k, sub in arg.items()}])
+    elif name == "$lookup":
+        it = _lookup(it, arg, lookup, v, limit)
+    elif name == "$graphLookup":
+        it = _graph_lookup(it, arg, lookup, v, limit)
+    elif name == "$bucket":
+        it = iter(grouping.bucket(it, arg, v))
+    elif name == "$bucketAuto":
+        it = iter(grouping.bucket_auto(it, arg, v))
+    elif name == "$setWindowFields":
+        it = grouping.set_window_fields(it, arg, v)
+    elif name == "$unionWith":
+        if lookup is None:
+            raise _err("$unionWith is not available here", 2)
+        coll, sub = _union_spec(arg)
+        it = itertools.chain(it, _stages(iter(lookup(coll)), sub, lookup, v, limit))
+    elif name in OUTPUTS:  # the caller takes the last stage off and writes the output
+        raise _err(f"{name} can only be the final stage in the pipeline", 40601)
+    elif name in ("$collStats", "$indexStats"):  # the caller serves a leading one
+        raise _err(f"{name} is only valid as the first stage in a pipeline", 40602)
+    return it
 

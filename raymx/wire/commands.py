@@ -143,7 +143,9 @@ class Dispatcher:
         Its member requests go to the member from the loop and their answers
         come back onto it (no thread waits); a blocking step runs on ``pool``."""
         conn.current = (cmd, time.monotonic())  # for currentOp
-        conn.state.pop(INTERRUPT, None)  # a killOp of the command before stopped that one
+        for state in (conn.state, self.txns.state_of(cmd)):  # a killOp of the command
+            if state is not None:                            # before stopped that one
+                state.pop(INTERRUPT, None)
 
         def finished(answer):
             conn.current = None
@@ -402,8 +404,12 @@ def _kill_op(d: Dispatcher, cmd: dict, conn) -> dict:
         raise CommandError(f"killOp needs op, a number from currentOp, not {op!r:.40}", 2,
                            "BadValue")
     for c in list(d.port._conns):
-        if c.id == op and getattr(c, "current", None) is not None and c is not conn:
+        current = getattr(c, "current", None)
+        if c.id == op and current is not None and c is not conn:
             c.state[INTERRUPT] = True
+            txn = d.txns.state_of(current[0])  # a read of its transaction: in that state
+            if txn is not None:
+                txn[INTERRUPT] = True
     return {"info": "attempting to kill op"}
 
 

@@ -7,14 +7,15 @@ and helpers are ``crud.py``'s, which imports this module last.
 from __future__ import annotations
 
 import datetime
+import time
 
 import bson
 
+from raymx.actors import reads
 from raymx.storage.keys import encode_key
 from raymx.wire import aggregate, rs_status
 from raymx.wire.crud import (_atomically, _docs, _plain, _results, _sort, check_hint, ns_of,
-                             read_fields,
-                             scan, storage_stats)
+                             read_fields, scan, storage_stats)
 from raymx.wire.errors import CommandError
 
 
@@ -29,6 +30,18 @@ def system_docs(d, conn, ns: str) -> list[dict]:
     return [rs_status.get_config(d, {}, conn)["config"]]
 
 
+def port_limit(cmd: dict, conn):
+    """The limit of what the port computes itself for a command (a pipeline's
+    stages, a computed find): its ``maxTimeMS`` counted from the command's
+    start, as MongoDB's (the member's reads count theirs too), and a
+    ``killOp`` of it. ``aggregate.run`` looks at it between stages."""
+    limit = reads.time_limit(read_fields(cmd))
+    if limit is not None:
+        current = getattr(conn, "current", None)
+        limit.counted_from(current[1] if current else time.monotonic())
+    return reads.read_check(limit, conn.state)
+
+
 def aggregate_command(d, cmd: dict, conn) -> dict:
     pipeline = _docs(cmd.get("pipeline"), "pipeline")
     if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
@@ -38,7 +51,8 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
         from raymx.wire import commands
         ns = f"{cmd.get('$db')}.$cmd.aggregate"
         out = aggregate.run(iter(commands._current_op(d, cmd, conn)["inprog"]),
-                            _plain(pipeline[1:]), variables=aggregate.let_of(cmd))
+                            _plain(pipeline[1:]), variables=aggregate.let_of(cmd),
+                            limit=port_limit(cmd, conn))
         return _results(d, conn, ns, out, None, {})
     if not isinstance(cmd.get("aggregate"), str):
         raise CommandError("aggregate: only collection pipelines and $currentOp are "
@@ -69,7 +83,7 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
                                                                      seen=seen),
                         pipeline,
                         lambda coll: scan(d, cmd, conn, f"{db}.{coll}", {}),
-                        aggregate.let_of(cmd))
+                        aggregate.let_of(cmd), port_limit(cmd, conn))
     if final is not None:  # $out / $merge: written, and an empty cursor answers
         _write_output(d, cmd, db, final, out)
         out = []
@@ -264,6 +278,6 @@ def find_computed(d, cmd: dict, conn, ns: str, flt: dict, limit: int, single: bo
     rest, seen = {k: v for k, v in flt.items() if k != "$expr"}, {}
     out = aggregate.run(iter(source) if source is not None else scan(
         d, cmd, conn, ns, rest if aggregate.plain_filter(rest) else {}, seen=seen),
-        pipeline, variables=aggregate.let_of(cmd))
+        pipeline, variables=aggregate.let_of(cmd), limit=port_limit(cmd, conn))
     return _results(d, conn, ns, out,
                     len(out) if single else (cmd.get("batchSize") or limit or None), seen)

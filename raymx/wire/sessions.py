@@ -82,6 +82,16 @@ class Transactions:
                 self.wrote.add(lsid)
         return {"txn": got[1]}, got[2]
 
+    def state_of(self, cmd: dict) -> dict | None:
+        """The state of the open transaction ``cmd`` is a statement of, if any
+        (``killOp`` marks it, as it marks the connection's)."""
+        if cmd.get("autocommit") is not False:
+            return None
+        lsid = self._lsid(cmd)
+        with self.lock:
+            got = self.open.get(lsid)
+        return got[2] if got is not None and got[0] == cmd.get("txnNumber", -1) else None
+
     def finish(self, cmd: dict, commit: bool, state: dict) -> dict:
         """commitTransaction / abortTransaction. A commit writes the session's
         record (``config.transactions``: this txnNumber committed) in the
