@@ -26,7 +26,9 @@ Measures, with ~200-byte documents:
 5. ``find_one`` by ``_id`` against PostgreSQL's primary-key ``SELECT`` with
    the same clients (target 1.0);
 6. ``insert_many`` in batches of 1,000 (``w=1``, no sync) against raw
-   batched LMDB puts of the same documents (target 0.7).
+   batched LMDB puts of the same documents (target 0.7), and its ceiling:
+   the same batches packed as the driver packs them, sent to the bare echo
+   server (no decode, no store).
 
 Prints figures and ratios; asserts nothing (these machines are noisy: the
 load average is printed at start and end). Progress lines go to stderr.
@@ -167,6 +169,34 @@ def echo_client(k, path, start_at, end_at, rnd):
         n += 1
     s.close()
     return (k, n, [], 0, None, time.process_time() - cpu0)
+
+
+def batch_echo_rate(path, all_docs) -> float:
+    """``insert_many``'s ceiling: docs/s of this process packing the same
+    1,000-document batches as the driver does (one msgpack binary per
+    document) and sending each in one frame to the bare echo server, which
+    answers it once read (no document decoded, nothing stored)."""
+    import socket
+
+    import msgpack
+
+    from raymx.storage import codec
+    from raymx.storage.limits import Limits
+    most = Limits().document_bytes_max
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+
+    def go():
+        for n, i in enumerate(range(0, len(all_docs), 1000)):
+            b = msgpack.packb({"id": n, "op": "insert", "ns": "bench.batch",
+                               "packed": codec.pack_each(all_docs[i:i + 1000], most)})
+            s.sendall(len(b).to_bytes(4, "big") + b)
+            h = s.recv(4, socket.MSG_WAITALL)
+            msgpack.unpackb(s.recv(int.from_bytes(h, "big"), socket.MSG_WAITALL))
+    try:
+        return rate(len(all_docs), go)
+    finally:
+        s.close()
 
 
 def echo_server(path, ready):
@@ -369,6 +399,23 @@ def echo_rates(pool, base, durable=False) -> dict:
         srv.join(10)
 
 
+def echo_batches(base, batch_docs) -> float:
+    """``batch_echo_rate`` against an echo server of its own (the best of
+    BATCH_ROUNDS rounds, as the driver's and the raw puts')."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    path, ready = os.path.join(base, "batch-echo.sock"), ctx.Event()
+    srv = ctx.Process(target=echo_server, args=(path, ready), daemon=True)
+    srv.start()
+    try:
+        if not ready.wait(30):
+            raise RuntimeError("the echo server did not start")
+        return max(batch_echo_rate(path, batch_docs) for _ in range(BATCH_ROUNDS))
+    finally:
+        srv.terminate()
+        srv.join(10)
+
+
 def member_counters(rs):
     """(commits, syncs) of the primary so far, or None if status lacks them."""
     import ray
@@ -539,6 +586,8 @@ def main():
             raw_b_us = min(raw_b_us, (time.process_time() - d0) / N_BATCH * 1e6)
             shutil.rmtree(path)
         drv_b = drv["rate"]
+        progress("insert_many's ceiling: the same batches packed and sent to a bare echo server")
+        batch_ceiling = echo_batches(base, batch_docs)
         drv_cpu = (f"CPU per doc: member {drv['member']:.1f} us, driver {drv['driver']:.1f} us; "
                    f"{load()}")
         raw_b_cpu = f"CPU per doc {raw_b_us:.1f} us"
@@ -637,6 +686,9 @@ def main():
         f"ratio {drv_b / raw_b:.2f} (target >= {BATCH_TARGET}: "
         f"{'met' if drv_b / raw_b >= BATCH_TARGET else 'NOT met'})")
     print(f"  {drv_cpu}")
+    row("  ceiling: the same batches to a bare echo server", batch_ceiling, "docs/s",
+        f"{batch_ceiling / raw_b:.2f} of raw puts; the driver makes {drv_b / batch_ceiling:.2f} "
+        "of it (packing and the socket only: no decode, no store)")
 
 
 def psycopg_version() -> str:
