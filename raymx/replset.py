@@ -367,13 +367,16 @@ class ReplicaSet:
         restarted coordinator took a configuration from before it)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            m = next((x for x in self.config()["members"] if x["id"] == mid), None)
-            if m is None:
+            cfg = self.config()
+            m = next((x for x in cfg["members"] if x["id"] == mid), None)
+            # unsettled: a restarted coordinator may yet take a newer
+            # configuration, with this member, from the members
+            if m is None and cfg.get("settled", True):
                 raise errors.ConfigError(
                     f"member {mid} is no longer in the configuration (removed, or the "
                     "coordinator restarted and found only members holding an older one): "
                     f"it never got its votes; stop it with kill_member({mid})")
-            if "joining" not in m:
+            if m is not None and "joining" not in m:
                 return
             if time.monotonic() > deadline:
                 raise errors.PrimaryUnavailable(

@@ -314,11 +314,14 @@ class Sim:
         self._epochs["c"] = self.epoch("c") + 1
         self._nodes["c"] = SimCoordinator(self)
         self.trace("c", "start")
-        known = {m["id"] for m in self._nodes["c"].config}
-        for m in [m for m in self.member_ids if m not in known]:
-            # an added member whose configuration only members that are down
-            # hold: the restarted coordinator took an older one without it, and
-            # the operator's add_member never sees it join (a known limit)
+
+    def retire_unconfigured(self) -> None:
+        """A restarted coordinator settled on its configuration: a member it
+        does not hold, and no addition under way adds, is one whose change
+        completed only in a configuration none of the members that answered
+        recorded, and the operator's ``add_member`` stops it (a known limit)."""
+        known = {m["id"] for m in self._nodes["c"].config} | self.adding  # (their
+        for m in [m for m in self.member_ids if m not in known]:       # changes decide)
             self.retire_member(m, "not in the restarted coordinator's configuration")
 
     def crash_coordinator(self) -> None:

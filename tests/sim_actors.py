@@ -38,6 +38,8 @@ class SimCoordinator:
                   default={"version": 1, "members": sim.specs})
         self.version, self.config = max(1, cfg["version"]), [dict(m) for m in cfg["members"]]
         self.core = ElectionCore.from_specs(self.config, sim.limits.heartbeat_timeout_ms)
+        self.core.settled = sim.epoch(self.name) <= 1  # restarted: config_standing decides
+        self._taking = False  # a newer configuration asked of a member
         self.changing = False
         self.queued: deque = deque()
         self._join_start: dict[int, dict] = {}  # a joining member's start point
@@ -79,9 +81,9 @@ class SimCoordinator:
             if not replies:
                 self.core.on_heartbeat(mid, None, now)
         had = self.core.primary
-        actions = self.core.tick(now)
+        actions = self.core.tick(now) if self._standing() else []
         for v in self.core.members.values():  # Coordinator._push_to
-            if v.alive and v.config_version < self.version:
+            if self.core.settled and v.alive and v.config_version < self.version:
                 self._push(v.id)
         if had is not None and self.core.primary is None:
             self.sim.trace(self.name, f"primary m{had} failed")
@@ -91,6 +93,33 @@ class SimCoordinator:
                     a.term -= 1  # planted bug: elect without a new term
         self._finish_joins()
         self._act(actions)
+
+    def _standing(self) -> bool:
+        """``Coordinator._standing``: a member reporting a newer configuration
+        gives the coordinator its own (asked now, taken when it answers); the
+        members no configuration holds once it is settled are the operator's
+        failed additions (``ReplicaSet.add_member`` stops them)."""
+        was = self.core.settled
+        mid = self.core.config_standing(self.version, self.config)
+        if mid is None:
+            if self.core.settled and not was:
+                self.sim.trace(self.name, f"settled on config {self.version}")
+                self.sim.retire_unconfigured()
+            return True
+        if not self._taking:
+            self._taking = True
+            self.sim.rpc.call(self.name, f"m{mid}", "get_config", (), self._take,
+                              CONTROL_TIMEOUT_MS, lambda: self._take(None, None))
+        return False
+
+    def _take(self, cfg, err) -> None:
+        self._taking = False
+        if err is not None or cfg is None or cfg["version"] <= self.version:
+            return
+        self.sim.trace(self.name, f"config {cfg['version']} taken from a member "
+                       f"(this coordinator held {self.version})")
+        self.version, self.config = cfg["version"], [dict(m) for m in cfg["members"]]
+        self.core.reconfigure(self.config)
 
     def _act(self, actions: list[Action]) -> None:
         if not actions:
@@ -202,6 +231,10 @@ class SimCoordinator:
         if self.changing:
             self.queued.append((what, edit, done, refused))
             return self.sim.trace(self.name, f"{what} queued")
+        if self.core.unsettled(self.config):  # Coordinator._await_settled
+            self.changing = True
+            return self._settle_then(what, edit, done, refused,
+                                     self.sim.sched.now + RECONFIG_TIMEOUT_MS)
         try:
             new = edit(self.config)
             voters_change = check_config_change(self.config, new)
@@ -214,6 +247,19 @@ class SimCoordinator:
         self.sim.trace(self.name, f"{what} asked")
         self._try_change(new, voters_change and self.sim.broken != "unsafe_reconfig",
                          self.sim.sched.now + RECONFIG_TIMEOUT_MS, {}, done, refused)
+
+    def _settle_then(self, what, edit, done, refused, deadline: int) -> None:
+        why = self.core.unsettled(self.config)
+        if not why:
+            self.changing = False
+            return self.change(what, edit, done, refused)
+        if self.sim.sched.now >= deadline:
+            self.sim.trace(self.name, f"{what} refused: {'; '.join(why)}")
+            if refused:
+                refused()
+            return self._next_change()
+        self.later(self.sim.limits.heartbeat_interval_ms, self._settle_then, what, edit, done,
+                   refused, deadline)
 
     def _try_change(self, new: list, voters_change: bool, deadline: int, start: dict,
                     done=None, refused=None, quiet: bool = False) -> None:

@@ -103,6 +103,14 @@ def _old_behind_source_diverged() -> list:
     return [(rep.FeederCore, "pull", pull)]
 
 
+def _old_coordinator_took_old_config() -> list:
+    def standing(self, version, specs):
+        self.settled = True  # whatever it found at its restart, taken as the newest
+        return None
+    return [(ElectionCore, "config_standing", standing),
+            (ElectionCore, "unsettled", lambda self, specs: [])]
+
+
 @dataclass(frozen=True)
 class KnownBug:
     """A protocol bug the simulation found, fixed in the shipped cores.
@@ -178,7 +186,7 @@ KNOWN_BUGS = {b.name: b for b in (
              "off mid-rollback) raised out of the producer's step and ended its thread; "
              "the member never replicated again",
              "every failed step goes through ProducerCore.on_failure: wait, pull again",
-             _old_producer_thread_dies, ("producer_dead=True",), (53,),
+             _old_producer_thread_dies, ("producer_dead=True",), (204,),
              off=("bank_p", "membership_p")),
     KnownBug("majority_of_old_terms", "raymx/actors/core/replication.py committed "
              "(WriteConcernCore.majority_point, FeederCore.committed_point)",
@@ -221,6 +229,17 @@ KNOWN_BUGS = {b.name: b for b in (
              "undoes nothing and pulls again (GTIDs order by term first, so such a source "
              "holds no newer branch)", _old_behind_source_diverged,
              ("rolls back majority-acknowledged write",), (235393,), off=()),
+    KnownBug("coordinator_took_old_config",
+             "raymx/actors/core/election.py ElectionCore.config_standing",
+             "a restarted coordinator that no member holding the newest configuration "
+             "answered (down, cut off) took an older one, or its launch's, as the newest: "
+             "it counted the votes of members removed since, so the set reduced to one "
+             "member never had a primary again, and its changes gave out configuration "
+             "versions the members held with other members",
+             "a restarted coordinator elects no one and changes nothing until a majority "
+             "of its configuration's voters answered with nothing newer; a member "
+             "reporting a newer one gives it its own", _old_coordinator_took_old_config,
+             ("no convergence",), (241875,), off=()),
 )}
 
 

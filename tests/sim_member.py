@@ -156,6 +156,9 @@ class SimMember:
             self._on_durable()  # as OplogShard.set_config
         respond(None)
 
+    def on_get_config(self, respond) -> None:
+        respond(self.engine.get_meta("rs_config"))
+
     def on_commit_state(self, respond) -> None:
         last, _ = self.engine.last()
         fence = self.core.fence

@@ -1,6 +1,6 @@
 """ElectionCore decisions, driven directly (pure, injected time)."""
 from raymx.actors.core.election import (DISK_HAND_OVER_EVERY_MS, DISK_ROOM_BYTES,
-                                        ElectionCore)
+                                        ElectionCore, next_join)
 from raymx.storage.gtid import GTID
 
 
@@ -372,3 +372,35 @@ def test_elections_prefer_a_member_with_room_among_equals():
     beat(c, 1, 0, last=(1, 8))
     beat(c, 2, 0, last=(1, 8))
     assert [(a.kind, a.member) for a in c.tick(0)] == [("elect", 0)]
+
+
+def test_a_restarted_coordinator_decides_nothing_until_it_knows_its_config_is_the_newest():
+    """``config_standing``: a restarted coordinator (``settled`` False) elects
+    no one and holds every change until a majority of its configuration's
+    voters answered with nothing newer; a member reporting a newer
+    configuration is named (the shell takes that member's), also once settled."""
+    specs = [{"id": 0}, {"id": 1}, {"id": 2}]
+    c = ElectionCore.from_specs(specs, heartbeat_timeout_ms=1000)
+    c.settled = False
+    beat(c, 0, 0, last=(1, 5))
+    c.members[0].config_version = 3
+    assert c.config_standing(3, specs) is None and not c.settled  # 1 of 3 voters heard
+    assert c.tick(0) == [] and next_join(c, specs, 10) is None
+    assert "heard from voters [0] of [0, 1, 2] only; it needs 2" in c.unsettled(specs)[0]
+    beat(c, 1, 10, last=(1, 4))
+    c.members[1].config_version = 2  # behind: it holds nothing newer
+    assert c.config_standing(3, specs) is None and c.settled and c.unsettled(specs) == []
+    assert c.tick(20) == []  # settled: its first round waits for member 2 (or a timeout)
+    beat(c, 0, 1100, last=(1, 5))
+    beat(c, 1, 1100, last=(1, 4))
+    assert [(a.kind, a.member) for a in c.tick(1100)] == [("elect", 0)]
+    c.members[2].alive, c.members[2].config_version = True, 5
+    assert c.config_standing(3, specs) == 2  # newer, held by member 2: take it
+    # an old configuration whose voters are gone: only a member's newer one helps
+    c = ElectionCore.from_specs(specs, heartbeat_timeout_ms=1000)
+    c.settled = False
+    beat(c, 0, 0)
+    c.members[0].config_version = 3
+    assert c.config_standing(1, specs) == 0 and not c.settled
+    c.reconfigure([{"id": 0}])
+    assert c.config_standing(3, [{"id": 0}]) is None and c.settled

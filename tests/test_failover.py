@@ -271,6 +271,54 @@ def test_a_restarted_coordinator_finds_the_members_added_since_its_launch(ray_se
         rs.shutdown()
 
 
+def test_a_restarted_coordinator_that_reaches_no_member_waits_for_the_newest_config(
+        ray_session, tmp_path):
+    """A set reduced to one member (two removed for good), whose coordinator
+    restarts while that member's process is frozen: the restart reaches no
+    member (the removed ones are gone, the last one does not answer in time)
+    and holds only its launch's configuration. It decides nothing on it: once
+    the member answers, reporting a newer configuration, it takes that one and
+    keeps the member as primary. (Before, it took the launch's configuration
+    as the newest: it counted the removed members' votes, so the set never
+    had a primary again, and its next change gave out a version the member
+    already held with other members; simulation seed 241,875.)"""
+    import signal
+    ray = ray_session
+    rs = raymx.ReplicaSet.launch("oldcfg", members=3, data_dir=str(tmp_path))
+    frozen = None
+    try:
+        coll = rs.client(wtimeout_ms=30_000)["c"]["r"]
+        coll.insert_one({"_id": 1})
+        p = rs.wait_for_primary()
+        for m in [m for m in range(3) if m != p]:
+            rs.remove_member(m)
+        cfg = rs.config()
+        assert [m["id"] for m in cfg["members"]] == [p]
+        frozen = ray.get(ray.get_actor(f"oldcfg/m{p}", namespace="raymx").pid.remote())
+        os.kill(frozen, signal.SIGSTOP)
+        ray.kill(rs._coord, no_restart=False)
+        time.sleep(8)  # past its restart's 5 s wait for each member
+        got = rs.config()
+        assert not got["settled"] and got["version"] < cfg["version"], got
+        with pytest.raises(errors.ConfigError, match="has heard from voters"):
+            rs._change(1, put=dict(got["members"][0], priority=2))
+        os.kill(frozen, signal.SIGCONT)
+        frozen = None
+        wait_until(lambda: rs.config()["settled"], timeout_s=30)
+        got = rs.config()
+        assert (got["version"], [m["id"] for m in got["members"]], got["next_id"]) == (
+            cfg["version"], [p], cfg["next_id"])
+        wait_until(lambda: rs.status()["primary"] == p, timeout_s=30)
+        assert coll.insert_one({"_id": 2}).gtid is not None
+        assert rs.add_member(progress=False) == cfg["next_id"]  # a new id, a new version
+        assert rs.config()["version"] > cfg["version"]
+        assert coll.count_documents({}) == 2
+    finally:
+        if frozen is not None:
+            os.kill(frozen, signal.SIGCONT)
+        rs.shutdown()
+
+
 def test_reconfiguration_online(ray_session, tmp_path):
     ray = ray_session
     rs = raymx.ReplicaSet.launch("rc", members=3, data_dir=str(tmp_path))

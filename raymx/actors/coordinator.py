@@ -62,8 +62,12 @@ class Coordinator:
         # removed member's id (its folder, its actors' names, the positions and
         # votes others knew it by) is never another member's
         self.next_id = max(m["id"] for m in members) + 1
-        self._load_newest_config()
+        restarted = self._load_newest_config()
         self.core = ElectionCore.from_specs(self.members, limits.heartbeat_timeout_ms)
+        # restarted by Ray: what it found may be an older configuration than the
+        # newest (members down or cut off): nothing is decided until members
+        # answer (ElectionCore.config_standing)
+        self.core.settled = not restarted
         self._addr: dict[int, dict] = {}
         # member id -> the last wire address it had: rs.status() names a member
         # that is down by it, as MongoDB names a member by its configured host
@@ -97,7 +101,7 @@ class Coordinator:
                 metrics.member_values(m) if up else {}, lag_entries=m.get("lag"),
                 lag_seconds=m.get("lag_s"), up=int(up), elections=won.get(m["id"], 0)))
 
-    def _load_newest_config(self) -> None:
+    def _load_newest_config(self) -> bool:
         """After a restart: the members hold the newest configuration durably.
         At launch the members start beside this process, so it waits for each
         (a member that fails to start fails the launch, which then kills this
@@ -121,17 +125,44 @@ class Coordinator:
             if c is not None and (best is None or c["version"] > best["version"]):
                 best = c
         if best is not None:
-            # the stored members, on the nodes this launch placed them on: a
-            # relaunch on a new Ray cluster (a new session, or the machine
-            # rebooted) has new node ids, and the stored ones name nodes that
-            # are gone (restarting such a member would be unschedulable)
-            placed = {m["id"]: m.get("node_id") for m in self.members}
-            self.members = [dict(m, node_id=placed.get(m["id"]) or m.get("node_id"))
-                            for m in best["members"]]
-            self.version = best["version"]
-            self.oplog_cap = best.get("oplog_cap") or self.oplog_cap
-            self.next_id = max(self.next_id, best.get("next_id", 0),
-                               max(m["id"] for m in self.members) + 1)
+            self._take_config(best)
+        return restarted
+
+    def _take_config(self, cfg: dict) -> None:
+        """A configuration a member recorded becomes this coordinator's."""
+        # the stored members, on the nodes this launch placed them on: a
+        # relaunch on a new Ray cluster (a new session, or the machine
+        # rebooted) has new node ids, and the stored ones name nodes that
+        # are gone (restarting such a member would be unschedulable)
+        placed = {m["id"]: m.get("node_id") for m in self.members}
+        self.members = [dict(m, node_id=placed.get(m["id"]) or m.get("node_id"))
+                        for m in cfg["members"]]
+        self.version = cfg["version"]
+        self.oplog_cap = cfg.get("oplog_cap") or self.oplog_cap
+        self.next_id = max(self.next_id, cfg.get("next_id", 0),
+                           max(m["id"] for m in self.members) + 1)
+
+    def _standing(self) -> bool:
+        """Lock held, after a heartbeat round: is this coordinator's
+        configuration the newest a member reports? If not, it takes that
+        member's (``ElectionCore.config_standing``) and decides nothing this
+        round."""
+        mid = self.core.config_standing(self.version, self.members)
+        if mid is None:
+            return True
+        try:
+            cfg = ray.get(self._handle(mid).get_config.remote(), timeout=5)
+        except Exception:
+            return False  # asked again next round
+        if cfg is None or cfg["version"] <= self.version:
+            return False
+        log.warning("replica set %s: member %d holds configuration %d, newer than this "
+                    "coordinator's %d (it restarted and found an older one): taken",
+                    self.name, mid, cfg["version"], self.version)
+        self._take_config(cfg)
+        self._forget_unconfigured()
+        self.core.reconfigure(self.members)
+        return False
 
     def _config(self) -> dict:
         return {"version": self.version, "members": [dict(m) for m in self.members],
@@ -157,6 +188,7 @@ class Coordinator:
 
     def set_oplog_cap(self, cap: dict) -> dict:
         """A new oplog cap for every member, kept in the configuration."""
+        self._await_settled(time.monotonic() + 60, 60)
         with self._lock:
             self.version += 1
             self.oplog_cap = dict(cap)
@@ -186,6 +218,7 @@ class Coordinator:
         have, and only then may the removed member stop."""
         with self._reconfig_lock:
             deadline = time.monotonic() + timeout_s
+            self._await_settled(deadline, timeout_s)
             with self._lock:
                 new = edit_config(self.members if members is None else members,
                                   self.core.primary, put, remove)
@@ -205,6 +238,20 @@ class Coordinator:
                         f"configuration change refused after {timeout_s:g}s, nothing "
                         f"changed: {'; '.join(why)}", blockers=why)
                 time.sleep(0.05)
+
+    def _await_settled(self, deadline: float, timeout_s: float) -> None:
+        """A restarted coordinator changes nothing until it knows its
+        configuration is the newest (``ElectionCore.unsettled``); ConfigError
+        at ``deadline``."""
+        while True:
+            with self._lock:
+                why = self.core.unsettled(self.members)
+            if not why:
+                return
+            if time.monotonic() >= deadline:
+                raise errors.ConfigError(f"configuration change refused after {timeout_s:g}s, "
+                                         f"nothing changed: {'; '.join(why)}", blockers=why)
+            time.sleep(0.05)
 
     def _await_recorded(self, deadline: float) -> bool:
         """Until a majority of the voters of the configuration recorded it (the
@@ -242,6 +289,7 @@ class Coordinator:
         restarted coordinator starts from the stored ``next_id``; an id handed
         out and never configured then may come again, and its folder, if any,
         is refused)."""
+        self._await_settled(time.monotonic() + 60, 60)  # its next_id may be an old one
         with self._lock:
             self.next_id += 1
             return self.next_id - 1
@@ -250,12 +298,14 @@ class Coordinator:
         self.version += 1
         self.members = members
         self.next_id = max([self.next_id] + [m["id"] + 1 for m in members])
-        self._handles = {k: v for k, v in self._handles.items()
-                         if any(m["id"] == k for m in members)}
-        self._inflight = {k: v for k, v in self._inflight.items()
-                          if any(m["id"] == k for m in members)}
+        self._forget_unconfigured()
         self.core.reconfigure(members)
         return self._push_config()
+
+    def _forget_unconfigured(self) -> None:
+        ids = {m["id"] for m in self.members}
+        self._handles = {k: v for k, v in self._handles.items() if k in ids}
+        self._inflight = {k: v for k, v in self._inflight.items() if k in ids}
 
     def _push_to(self, ids: list[int]) -> None:
         """Send the configuration to members that have not recorded it (they
@@ -404,7 +454,7 @@ class Coordinator:
                 with self._lock:
                     had = self.core.primary
                     self._beat()
-                    actions = self.core.tick(_now_ms())
+                    actions = self.core.tick(_now_ms()) if self._standing() else []
                     if had is not None and self.core.primary is None and self.failed_at_ms is None:
                         # the failure happened after the last heartbeat it answered
                         ev = self.core.log[-1] if self.core.log else None
@@ -412,8 +462,9 @@ class Coordinator:
                         self.failed_at_ms = seen if seen is not None else _now_ms()
                     for a in actions:
                         self._act(a)
-                    self._push_to([v.id for v in self.core.members.values()
-                                   if v.alive and v.config_version < self.version])
+                    if self.core.settled:  # (else it may be an old configuration)
+                        self._push_to([v.id for v in self.core.members.values()
+                                       if v.alive and v.config_version < self.version])
                     self._finish_joins()
             except Exception:
                 log.exception("heartbeat round failed")
@@ -528,6 +579,7 @@ class Coordinator:
     def config(self) -> dict:
         return {"name": self.name, "members": [dict(m) for m in self.members],
                 "version": self.version, "oplog_cap": self.oplog_cap, "next_id": self.next_id,
+                "settled": self.core.settled,
                 "secret": self.secret, "limits": self.limits, "extra": self.extra}
 
     def logs(self) -> dict:

@@ -101,6 +101,9 @@ class ElectionCore:
     adoptions: int = 0
     started_ms: int | None = None  # the first tick (a restarted coordinator's too)
     disk_hand_over_ms: int | None = None  # the last hand-over from a full primary
+    # False in a restarted coordinator until it knows its configuration is the
+    # newest (``config_standing``): until then it elects no one and changes nothing
+    settled: bool = True
     log: list = field(default_factory=list)
 
     @classmethod
@@ -221,6 +224,8 @@ class ElectionCore:
         return self.primary
 
     def tick(self, now_ms: int) -> list[Action]:
+        if not self.settled:
+            return []  # its configuration may be an old one (config_standing)
         out: list[Action] = []
         p = self.members.get(self.primary) if self.primary is not None else None
         # a primary that answers as a secondary in the current term has restarted
@@ -314,6 +319,46 @@ class ElectionCore:
             return [Action("elect", e.id, new_term)]
         self.catching_up = (e.id, best.id, best.last)
         return [Action("catch_up", e.id, new_term, source=best.id, target=best.last)]
+
+    def config_standing(self, version: int, specs: list[dict]) -> int | None:
+        """Is ``version`` (members ``specs``) the newest configuration? Ray
+        restarts a coordinator with its launch's arguments, and the members it
+        asked for theirs may not have answered (down, cut off, removed since),
+        so a restarted one's configuration is a guess until members answer.
+
+        Returns a member that reports a newer configuration (the shell takes
+        that member's, then ``reconfigure``), else None. ``settled`` becomes
+        True once a majority of the voters of ``specs`` answered with nothing
+        newer: voters change one at a time, and each configuration is recorded
+        by a majority of its voters before the next is installed
+        (``config_change_blockers``), so any majority of an older
+        configuration's voters holds a member that recorded the next one.
+        Until then ``tick`` elects no one and every change waits
+        (``unsettled``): a coordinator that took an old configuration counted
+        votes of members removed since, so it could never elect (the members
+        removed were gone for good), and it gave out configuration versions
+        the members already held with other members (simulation seed
+        241,875); with fewer voters than the newest it could elect with a
+        majority of the old ones only."""
+        newer = [v for v in self.members.values() if v.alive and v.config_version > version]
+        if newer:
+            return max(newer, key=lambda v: (v.config_version, -v.id)).id
+        if not self.settled and len(self._heard(specs)) >= _majority_of(voters(specs)):
+            self.settled = True
+            self.log.append(("settled", version))
+        return None
+
+    def _heard(self, specs: list[dict]) -> list[int]:
+        return [m for m in voters(specs) if m in self.members and self.members[m].alive]
+
+    def unsettled(self, specs: list[dict]) -> list[str]:
+        """Why a configuration change must wait while ``settled`` is False."""
+        if self.settled:
+            return []
+        ids = voters(specs)
+        return [f"the coordinator restarted and has heard from voters {self._heard(specs)} of "
+                f"{ids} only; it needs {_majority_of(ids)} to know its configuration "
+                "is the newest"]
 
     def config_committed(self, version: int, specs: list[dict]) -> list[int]:
         """Voters of ``specs`` that have recorded configuration ``version``."""
@@ -434,7 +479,10 @@ def next_join(core: ElectionCore, members: list[dict],
               lag_entries: int) -> tuple[int, list[dict]] | None:
     """The first joining member (``joining`` in its spec: added with no vote
     while it catches up) that ``core`` finds caught up, and the member list
-    with its votes and priority given; None if none is ready."""
+    with its votes and priority given; None if none is ready (or ``core`` is
+    not ``settled``: its configuration may be an old one)."""
+    if not core.settled:
+        return None
     for m in members:
         j = m.get("joining")
         if j and core.ready_to_join(m["id"], lag_entries):
