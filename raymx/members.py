@@ -283,6 +283,8 @@ def format_status(st: dict) -> str:
             cap = ol["cap"]["max_bytes"]
             notes.append(f"member {m.get('id')}: oplog {ol['bytes']:,} bytes is over its cap "
                          f"of {cap:,}; trimming held by {ol.get('held_by') or 'nothing (catching up)'}")
+    for why in st.get("unsettled") or ():  # a restarted coordinator, waiting for members
+        notes.append(f"no elections or changes yet: {why}")
     w = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     lines = [f"replica set {st['set']}"]
     lines += ["  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]

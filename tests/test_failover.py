@@ -300,6 +300,10 @@ def test_a_restarted_coordinator_that_reaches_no_member_waits_for_the_newest_con
         time.sleep(8)  # past its restart's 5 s wait for each member
         got = rs.config()
         assert not got["settled"] and got["version"] < cfg["version"], got
+        from raymx.members import format_status
+        st = rs.status(timeout_s=1)  # operators see why nothing happens
+        assert st["primary"] is None and "no elections or changes yet: the coordinator " \
+            "restarted and has heard from voters []" in format_status(st), format_status(st)
         with pytest.raises(errors.ConfigError, match="has heard from voters"):
             rs._change(1, put=dict(got["members"][0], priority=2))
         os.kill(frozen, signal.SIGCONT)
@@ -309,6 +313,7 @@ def test_a_restarted_coordinator_that_reaches_no_member_waits_for_the_newest_con
         assert (got["version"], [m["id"] for m in got["members"]], got["next_id"]) == (
             cfg["version"], [p], cfg["next_id"])
         wait_until(lambda: rs.status()["primary"] == p, timeout_s=30)
+        assert rs.status()["unsettled"] == []
         assert coll.insert_one({"_id": 2}).gtid is not None
         assert rs.add_member(progress=False) == cfg["next_id"]  # a new id, a new version
         assert rs.config()["version"] > cfg["version"]

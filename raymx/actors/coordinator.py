@@ -638,4 +638,5 @@ class Coordinator:
                 s["lag_s"] = None
         return {"set": self.name, "time_ms": _now_ms(), "term": self.core.term,
                 "primary": self.core.primary, "last_election": self.last_election,
+                "config_version": self.version, "unsettled": self.core.unsettled(self.members),
                 "members": members}
