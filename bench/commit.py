@@ -545,7 +545,7 @@ def main():
                     progress(f"PostgreSQL durable inserts, {n} client(s), {DURATION_S:.0f} s")
                     pg_res[n] = pg_level(n, "pg-insert")
             fast = {}  # the same clients with no sync at all: what group commit can approach
-            for n in TARGETS:
+            for n in [n for n in TARGETS if n in LEVELS]:
                 progress(f"non-durable (j=False) inserts, {n} clients, {DURATION_S:.0f} s")
                 fast[n] = level(n, False)
             for n in LEVELS:
