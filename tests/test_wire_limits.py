@@ -56,30 +56,41 @@ def test_max_time_ms_bounds_the_pipeline_stages_the_port_runs(client):
     assert co.count_documents({}) == 3_000
 
 
+def _kill_while_running(client, run, name: str, ns: str):
+    """``run()`` on a thread (one of the client's sockets); its command
+    (``name`` on ``ns``) found in ``currentOp`` from another socket and
+    killed. Returns the OperationFailure ``run`` raised, or None."""
+    got = {}
+
+    def go():
+        try:
+            run()
+        except OperationFailure as e:
+            got["err"] = e
+    t = threading.Thread(target=go)
+    t.start()
+    deadline, op = time.monotonic() + 10, None
+    while op is None and time.monotonic() < deadline:
+        op = next((x["opid"] for x in client.admin.command("currentOp")["inprog"]
+                   if x["command"].get(name) and x["ns"] == ns), None)
+    assert op is not None, f"{name} on {ns} never showed in currentOp"
+    assert client.admin.command("killOp", op=op)["info"] == "attempting to kill op"
+    t.join(60)
+    return got.get("err")
+
+
 def test_kill_op_stops_a_pipeline_the_port_runs(client):
     """``killOp`` reaches an aggregate's own stages too: ``Interrupted``
     (11601) at the next document between two stages."""
     co = client.kop.c
     co.insert_many([{"_id": i, "v": i % 50} for i in range(3_000)])
-    got = {}
-
-    def run():
-        try:
-            got["docs"] = list(co.aggregate(_CORRELATED))
-        except OperationFailure as e:
-            got["err"] = e
-    t = threading.Thread(target=run)
-    t.start()
-    deadline, op = time.monotonic() + 10, None
-    while op is None and time.monotonic() < deadline:
-        op = next((x["opid"] for x in client.admin.command("currentOp")["inprog"]
-                   if x["command"].get("aggregate") == "c"
-                   and x["ns"] == "kop.c"), None)
-    assert op is not None
-    client.admin.command("killOp", op=op)
-    t.join(60)
-    assert "err" in got and got["err"].code == 11601, got
+    err = _kill_while_running(client, lambda: list(co.aggregate(_CORRELATED)), "aggregate",
+                              "kop.c")
+    assert err is not None and err.code == 11601, err
     assert co.count_documents({}) == 3_000
+
+
+_SLOW = {"s": {"$regex": "(a+)+b"}}  # about 3 ms a document: seconds in all
 
 
 def test_kill_op_stops_a_read_of_a_transaction(client):
@@ -89,27 +100,12 @@ def test_kill_op_stops_a_read_of_a_transaction(client):
     session's next command is not interrupted by that mark."""
     co = client.kot.c
     co.insert_many([{"_id": i, "s": "a" * 16 + "c"} for i in range(3_000)])
-    slow = {"s": {"$regex": "(a+)+b"}}  # about 3 ms a document: seconds in all
-    got = {}
     with client.start_session() as s:
         s.start_transaction()
         assert co.find_one({"_id": 1}, session=s)["_id"] == 1
-
-        def run():
-            try:
-                got["n"] = co.count_documents(slow, session=s)
-            except OperationFailure as e:
-                got["err"] = e
-        t = threading.Thread(target=run)
-        t.start()
-        deadline, op = time.monotonic() + 10, None
-        while op is None and time.monotonic() < deadline:
-            op = next((x["opid"] for x in client.admin.command("currentOp")["inprog"]
-                       if x["command"].get("aggregate") == "c" and x["ns"] == "kot.c"), None)
-        assert op is not None
-        client.admin.command("killOp", op=op)
-        t.join(60)
-        assert "err" in got and got["err"].code == 11601, got
+        err = _kill_while_running(client, lambda: co.count_documents(_SLOW, session=s),
+                                  "aggregate", "kot.c")
+        assert err is not None and err.code == 11601, err
     with client.start_session() as s, s.start_transaction():  # a new one reads on
         assert co.count_documents({"_id": {"$lt": 10}}, session=s) == 10
 
@@ -120,25 +116,8 @@ def test_kill_op_stops_a_running_read_as_mongodb_s(client):
     look (every 256 documents examined), and the connection serves on."""
     co = client.ko.c
     co.insert_many([{"_id": i, "s": "a" * 16 + "c"} for i in range(3_000)])
-    slow = {"s": {"$regex": "(a+)+b"}}  # about 3 ms a document: seconds in all
-    got = {}  # the find runs on one of the client's sockets, currentOp on another
-
-    def run():
-        try:
-            got["docs"] = list(co.find(slow))
-        except OperationFailure as e:
-            got["err"] = e
-    t = threading.Thread(target=run)
-    t.start()
-    deadline = time.monotonic() + 10
-    op = None
-    while op is None and time.monotonic() < deadline:
-        op = next((x["opid"] for x in client.admin.command("currentOp")["inprog"]
-                   if x["command"].get("find") == "c"), None)
-    assert op is not None
-    assert client.admin.command("killOp", op=op)["info"] == "attempting to kill op"
-    t.join(30)
-    assert "err" in got and got["err"].code == 11601, got
+    err = _kill_while_running(client, lambda: list(co.find(_SLOW)), "find", "ko.c")
+    assert err is not None and err.code == 11601, err
     assert co.count_documents({}) == 3_000  # the connection serves on
     with pytest.raises(OperationFailure) as ei:
         client.admin.command("killOp", op="x")
