@@ -281,11 +281,37 @@ def test_a_restarted_coordinator_that_reaches_no_member_waits_for_the_newest_con
     keeps the member as primary. (Before, it took the launch's configuration
     as the newest: it counted the removed members' votes, so the set never
     had a primary again, and its next change gave out a version the member
-    already held with other members; simulation seed 241,875.)"""
+    already held with other members; simulation seed 241,875.) Then the same
+    with none of the launch's members left: the coordinator holds no member
+    it could hear from, and finds the newest configuration by asking the
+    set's member actors again."""
     import signal
     ray = ray_session
     rs = raymx.ReplicaSet.launch("oldcfg", members=3, data_dir=str(tmp_path))
-    frozen = None
+    frozen = []
+
+    def restart_coordinator_while_frozen(member: int) -> dict:
+        """The coordinator killed and restarted by Ray while ``member``'s
+        process is frozen; its configuration then, and the status line."""
+        frozen.append(ray.get(ray.get_actor(f"oldcfg/m{member}", namespace="raymx")
+                              .pid.remote()))
+        os.kill(frozen[-1], signal.SIGSTOP)
+        ray.kill(rs._coord, no_restart=False)
+        time.sleep(8)  # past its restart's 5 s wait for each member
+        got = rs.config()
+        assert not got["settled"], got
+        from raymx.members import format_status
+        st = rs.status()  # operators see why nothing happens
+        assert st["primary"] is None and "no elections or changes yet: the coordinator " \
+            "restarted and has heard from voters []" in format_status(st), format_status(st)
+        with pytest.raises(errors.ConfigError, match="has heard from voters"):
+            rs._change(1, put=dict(got["members"][0], priority=2))
+        os.kill(frozen.pop(), signal.SIGCONT)
+        wait_until(lambda: rs.config()["settled"], timeout_s=30)
+        wait_until(lambda: rs.status()["primary"] == member, timeout_s=30)
+        assert rs.status()["unsettled"] == []
+        return got
+
     try:
         coll = rs.client(wtimeout_ms=30_000)["c"]["r"]
         coll.insert_one({"_id": 1})
@@ -294,33 +320,26 @@ def test_a_restarted_coordinator_that_reaches_no_member_waits_for_the_newest_con
             rs.remove_member(m)
         cfg = rs.config()
         assert [m["id"] for m in cfg["members"]] == [p]
-        frozen = ray.get(ray.get_actor(f"oldcfg/m{p}", namespace="raymx").pid.remote())
-        os.kill(frozen, signal.SIGSTOP)
-        ray.kill(rs._coord, no_restart=False)
-        time.sleep(8)  # past its restart's 5 s wait for each member
-        got = rs.config()
-        assert not got["settled"] and got["version"] < cfg["version"], got
-        from raymx.members import format_status
-        st = rs.status()  # operators see why nothing happens
-        assert st["primary"] is None and "no elections or changes yet: the coordinator " \
-            "restarted and has heard from voters []" in format_status(st), format_status(st)
-        with pytest.raises(errors.ConfigError, match="has heard from voters"):
-            rs._change(1, put=dict(got["members"][0], priority=2))
-        os.kill(frozen, signal.SIGCONT)
-        frozen = None
-        wait_until(lambda: rs.config()["settled"], timeout_s=30)
+        assert restart_coordinator_while_frozen(p)["version"] < cfg["version"]
         got = rs.config()
         assert (got["version"], [m["id"] for m in got["members"]], got["next_id"]) == (
             cfg["version"], [p], cfg["next_id"])
-        wait_until(lambda: rs.status()["primary"] == p, timeout_s=30)
-        assert rs.status()["unsettled"] == []
         assert coll.insert_one({"_id": 2}).gtid is not None
-        assert rs.add_member(progress=False) == cfg["next_id"]  # a new id, a new version
-        assert rs.config()["version"] > cfg["version"]
-        assert coll.count_documents({}) == 2
+        new = rs.add_member(progress=False)
+        assert new == cfg["next_id"] and rs.config()["version"] > cfg["version"]
+        # none of the launch's members left: only the set's actors can tell
+        rs.step_down()
+        wait_until(lambda: rs._topology()["primary"] == new, timeout_s=30)
+        rs.remove_member(p)
+        cfg = rs.config()
+        restart_coordinator_while_frozen(new)
+        assert (rs.config()["version"], [m["id"] for m in rs.config()["members"]]) == (
+            cfg["version"], [new])
+        assert coll.insert_one({"_id": 3}).gtid is not None
+        assert coll.count_documents({}) == 3
     finally:
-        if frozen is not None:
-            os.kill(frozen, signal.SIGCONT)
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
         rs.shutdown()
 
 

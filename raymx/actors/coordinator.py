@@ -29,10 +29,28 @@ log = logging.getLogger("raymx.coordinator")
 
 # a planned step-down lets the writes the primary accepted finish this long at most
 HAND_OVER_S = 5.0
+# a restarted coordinator that is not settled asks the set's member actors it
+# does not hold for their configuration this often (``_rediscover``)
+REDISCOVER_S = 5.0
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _newest_config(actors: list[str], wait_s: float) -> dict | None:
+    """The newest configuration the member actors named ``actors`` hold,
+    each asked for at most ``wait_s``; None if none answered."""
+    best = None
+    for actor in actors:
+        try:
+            c = ray.get(ray.get_actor(actor, namespace="raymx").get_config.remote(),
+                        timeout=wait_s)
+        except Exception:
+            continue
+        if c is not None and (best is None or c["version"] > best["version"]):
+            best = c
+    return best
 
 
 def _member_actors(name: str) -> list[str]:
@@ -68,6 +86,7 @@ class Coordinator:
         # newest (members down or cut off): nothing is decided until members
         # answer (ElectionCore.config_standing)
         self.core.settled = not restarted
+        self._rediscover_at = time.monotonic() + REDISCOVER_S
         self._addr: dict[int, dict] = {}
         # member id -> the last wire address it had: rs.status() names a member
         # that is down by it, as MongoDB names a member by its configured host
@@ -111,22 +130,27 @@ class Coordinator:
         members added since (after a rolling replacement, none of the launch's
         may be left)."""
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        wait_s = 5 if restarted else 120
         actors = [m["actor"] for m in self.members]
         if restarted:
             actors += [a for a in _member_actors(self.name) if a not in actors]
-        best = None
-        for actor in actors:
-            try:
-                c = ray.get(ray.get_actor(actor, namespace="raymx").get_config.remote(),
-                            timeout=wait_s)
-            except Exception:
-                continue
-            if c is not None and (best is None or c["version"] > best["version"]):
-                best = c
+        best = _newest_config(actors, 5 if restarted else 120)
         if best is not None:
             self._take_config(best)
         return restarted
+
+    def _rediscover(self) -> None:
+        """Lock held, while not settled: the set's member actors this
+        coordinator does not hold (added since the configuration it took;
+        after a rolling replacement its members may all be gone) are asked for
+        theirs again, every REDISCOVER_S, as at its restart."""
+        now = time.monotonic()
+        if now < self._rediscover_at:
+            return
+        self._rediscover_at = now + REDISCOVER_S
+        known = {m["actor"] for m in self.members}
+        best = _newest_config([a for a in _member_actors(self.name) if a not in known], 1)
+        if best is not None and best["version"] > self.version:
+            self._adopt_config(best, "a member it did not hold")
 
     def _take_config(self, cfg: dict) -> None:
         """A configuration a member recorded becomes this coordinator's."""
@@ -143,26 +167,31 @@ class Coordinator:
                            max(m["id"] for m in self.members) + 1)
 
     def _standing(self) -> bool:
-        """Lock held, after a heartbeat round: is this coordinator's
-        configuration the newest a member reports? If not, it takes that
-        member's (``ElectionCore.config_standing``) and decides nothing this
-        round."""
+        """Lock held, after a heartbeat round: may this coordinator decide on
+        its configuration? A member reporting a newer one gives it its own
+        (``ElectionCore.config_standing``), and it decides nothing this round;
+        while it is not settled it also asks the members it does not hold
+        (``_rediscover``)."""
         mid = self.core.config_standing(self.version, self.members)
         if mid is None:
-            return True
+            if not self.core.settled:
+                self._rediscover()
+            return self.core.settled
         try:
             cfg = ray.get(self._handle(mid).get_config.remote(), timeout=5)
         except Exception:
             return False  # asked again next round
-        if cfg is None or cfg["version"] <= self.version:
-            return False
-        log.warning("replica set %s: member %d holds configuration %d, newer than this "
+        if cfg is not None and cfg["version"] > self.version:
+            self._adopt_config(cfg, f"member {mid}")
+        return False
+
+    def _adopt_config(self, cfg: dict, held_by: str) -> None:
+        log.warning("replica set %s: %s holds configuration %d, newer than this "
                     "coordinator's %d (it restarted and found an older one): taken",
-                    self.name, mid, cfg["version"], self.version)
+                    self.name, held_by, cfg["version"], self.version)
         self._take_config(cfg)
         self._forget_unconfigured()
         self.core.reconfigure(self.members)
-        return False
 
     def _config(self) -> dict:
         return {"version": self.version, "members": [dict(m) for m in self.members],
