@@ -442,6 +442,19 @@ def proc_cpu_s(pid) -> float:
         return 0.0
 
 
+def settle(pid, most_s: float = 60.0) -> float:
+    """Wait until process ``pid`` is nearly idle (under 5% of a core over a
+    second: the member's checkpoints and trimming of what the levels before
+    wrote), at most ``most_s``; returns the seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < most_s:
+        c0 = proc_cpu_s(pid)
+        time.sleep(1.0)
+        if proc_cpu_s(pid) - c0 < 0.05:
+            break
+    return time.monotonic() - t0
+
+
 def cpu_note(total, member_s, client_s, server="member") -> str:
     if not total:
         return ""
@@ -558,6 +571,10 @@ def main():
             decho = echo_rates(pool, base, durable=True)
         finally:
             pool.close()
+        if pg is not None:  # its part is done: its checkpoint and vacuum would load
+            progress("stop PostgreSQL")  # the batched rounds' machine (stop is idempotent)
+            pg.stop()
+        quiet_s = settle(member_pid)
 
         # Batched inserts: BATCH_ROUNDS alternating rounds of the driver and of
         # raw puts, each on fresh data removed after it, the best of each side
@@ -589,7 +606,8 @@ def main():
         progress("insert_many's ceiling: the same batches packed and sent to a bare echo server")
         batch_ceiling = echo_batches(base, batch_docs)
         drv_cpu = (f"CPU per doc: member {drv['member']:.1f} us, driver {drv['driver']:.1f} us; "
-                   f"{load()}")
+                   f"{load()}; after {quiet_s:.0f} s for the member to go quiet, "
+                   "PostgreSQL stopped")
         raw_b_cpu = f"CPU per doc {raw_b_us:.1f} us"
         cl.close()
     finally:
