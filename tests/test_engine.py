@@ -185,6 +185,28 @@ def test_large_transaction_spills_to_refs(store):
     assert e.verify_oplog() == 1
 
 
+def test_every_oplog_value_fits_one_lmdb_page_by_default(store):
+    """A transaction's ops go to the oplog in values that each fit one 4 KiB
+    LMDB page (4,080 bytes), whatever the transaction's size: LMDB finds a run
+    of several free pages by scanning its free list, which made 1 MiB entries
+    slow in a database that had freed many pages. One op larger than that is
+    a chunk of its own. The entry reads back whole, in order."""
+    e = Engine(store)
+    docs = [{"_id": i, "pad": "x" * (150 + i % 90)} for i in range(1000)]
+    big = {"_id": "big", "pad": "y" * 10_000}
+    r = e.insert_many(NS, docs[:500] + [big] + docs[500:])
+    small = e.insert_many(NS, [{"_id": "s1"}, {"_id": "s2"}])
+    with store.read() as t:
+        sizes = [len(v) for _, v in t.scan("oplog.refs")]
+        entry = t.get("oplog", r.gtid.to_bytes())
+        assert "ops" in codec.unpack(t.get("oplog", small.gtid.to_bytes()))  # not spilled
+    assert len(entry) <= 4080 and len(sizes) >= 50
+    assert sum(1 for n in sizes if n > 4080) == 1 and max(sizes) < 10_200  # the big one alone
+    ent = next(x for g, x in e.read_oplog() if g == r.gtid)
+    assert [op["post"] for op in ent["ops"][1:]] == docs[:500] + [big] + docs[500:]
+    assert e.verify_oplog() == 2
+
+
 def test_apply_to_another_store_then_undo_restores_exact_state(engine):
     src = engine
     dst = Engine(MemoryStore())

@@ -9,6 +9,7 @@ the same document writes (``apply_op``).
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import operator
@@ -137,25 +138,30 @@ class Transaction(Reader):
         self._log_many((packed,))
 
     def _log_many(self, ops) -> None:
+        """Log ``ops`` (packed ops, in order). They stay in memory while the
+        transaction's ops fit ``spill_bytes``; past it they go to
+        ``oplog.refs`` in chunks of at most ``spill_bytes`` each (one op
+        larger than that is a chunk of its own), a run of ops at a time: one
+        digest update and one list extension per chunk, not per op."""
         if not self._log_on:
             return
         spill = self.e.limits.spill_bytes
-        n = sum(map(len, ops))
-        if self._buf_bytes + n < spill:  # all stay in memory: one digest update
-            self._digest.add(b"".join(ops))  # the digest of a concatenation is the same
-            self._buf += ops
+        ends = list(itertools.accumulate(map(len, ops)))  # bytes through each op
+        i, done = 0, 0  # ops logged, their bytes
+        while i < len(ops):
+            j = bisect.bisect_right(ends, done + spill - self._buf_bytes, i)  # ops i..j-1 fit
+            if j == i:  # the next op does not fit what is held
+                if self._buf:
+                    self._flush_spill()
+                    continue
+                j = i + 1  # larger than a chunk: one of its own
+            run, n = ops[i:j], ends[j - 1] - done
+            self._digest.add(run[0] if j - i == 1 else b"".join(run))  # the digest of a
+            self._buf += run                                          # concatenation is the same
             self._buf_bytes += n
             self._bytes += n
-            self._nops += len(ops)
-            ops = ()
-        for packed in ops:
-            self._bytes += len(packed)
-            self._digest.add(packed)
-            self._buf.append(packed)
-            self._buf_bytes += len(packed)
-            self._nops += 1
-            if self._buf_bytes >= spill:
-                self._flush_spill()
+            self._nops += j - i
+            i, done = j, ends[j - 1]
         if self._bytes > self.e.limits.transaction_bytes_max:
             raise errors.TransactionTooLarge(
                 f"transaction ops exceed {self.e.limits.transaction_bytes_max} bytes",
