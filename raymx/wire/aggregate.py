@@ -12,6 +12,7 @@ Expressions are evaluated by ``evaluation.py`` (with ``expressions.py`` and
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import random
 from typing import Callable, Iterable
@@ -387,6 +388,8 @@ def run(docs: Iterable[dict], pipeline: list, lookup=None,
     once the command must stop (its ``maxTimeMS`` passed, a ``killOp``);
     called as documents pass between stages, at least every ``CHECK_EVERY``."""
     check(pipeline)  # nested pipelines too: they run unchecked (``_stages``)
+    if limit is not None and lookup is not None:  # a $lookup's foreign documents too
+        lookup = functools.partial(_limited_lookup, lookup, limit)
     return _stages(docs, pipeline, lookup, variables, limit)
 
 
@@ -438,22 +441,14 @@ def _stages(docs: Iterable[dict], pipeline: list, lookup, v: dict | None = None,
             limit: Callable[[], None] | None = None) -> list[dict]:
     """``v``: the variables the stages' expressions see (a ``$lookup``'s ``let``).
     ``limit``: ``run``'s, looked at between every two stages."""
-    if limit is not None and lookup is not None:
-        lookup = _limited_lookup(lookup, limit)
     it: Iterable[dict] = _limited(docs, limit)
     for st in pipeline:
         it = _limited(_stage(it, st, lookup, v, limit), limit)
     return list(it)
 
 
-def _limited_lookup(lookup, limit):
-    if getattr(lookup, "limit", None) is limit:
-        return lookup
-
-    def limited(coll):
-        return _limited(lookup(coll), limit)
-    limited.limit = limit
-    return limited
+def _limited_lookup(lookup, limit, coll):
+    return _limited(lookup(coll), limit)
 
 
 def _stage(it: Iterable[dict], st: dict, lookup, v: dict | None, limit) -> Iterable[dict]:
