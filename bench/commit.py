@@ -39,6 +39,7 @@ load average is printed at start and end). Progress lines go to stderr.
     RAY_worker_niceness=0 .venv/bin/python bench/commit.py         # member not niced by Ray
     RAYMX_BENCH_LEVELS=1,8 .venv/bin/python bench/commit.py        # other client counts
 """
+import contextlib
 import os
 import random
 import shutil
@@ -371,15 +372,15 @@ def raw_fsync_rate(path, per_txn_env_sync):
 
 
 
-def echo_rates(pool, base, durable=False) -> dict:
-    """Requests/s of the client pool against a bare echo server (``durable``:
-    the one with a group-committed, fdatasync-ed log), at every level."""
+@contextlib.contextmanager
+def echo_serving(base, kind: str):
+    """A bare echo server (``kind``: "echo", "durable-echo" with its
+    group-committed, fdatasync-ed log, or "batch-echo") in a process of its
+    own while the block runs; yields its Unix socket's path."""
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
-    kind = "durable-echo" if durable else "echo"
-    path = os.path.join(base, f"{kind}.sock")
-    ready = ctx.Event()
-    if durable:
+    path, ready = os.path.join(base, f"{kind}.sock"), ctx.Event()
+    if kind == "durable-echo":
         target, args = durable_echo_server, (path, os.path.join(base, "echo.log"), ready)
     else:
         target, args = echo_server, (path, ready)
@@ -388,32 +389,30 @@ def echo_rates(pool, base, durable=False) -> dict:
     try:
         if not ready.wait(30):
             raise RuntimeError(f"the {kind} server did not start")
+        yield path
+    finally:
+        srv.terminate()
+        srv.join(10)
+
+
+def echo_rates(pool, base, durable=False) -> dict:
+    """Requests/s of the client pool against a bare echo server (``durable``:
+    the one with a group-committed, fdatasync-ed log), at every level."""
+    kind = "durable-echo" if durable else "echo"
+    with echo_serving(base, kind) as path:
         out = {}
         for n in LEVELS:
             progress(f"bare msgpack {kind}, {n} clients, {ECHO_S:.0f} s")
             total, _, _ = pool.run(n, ECHO_S, mode="echo", arg=path)
             out[n] = total / ECHO_S
         return out
-    finally:
-        srv.terminate()
-        srv.join(10)
 
 
 def echo_batches(base, batch_docs) -> float:
     """``batch_echo_rate`` against an echo server of its own (the best of
     BATCH_ROUNDS rounds, as the driver's and the raw puts')."""
-    import multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    path, ready = os.path.join(base, "batch-echo.sock"), ctx.Event()
-    srv = ctx.Process(target=echo_server, args=(path, ready), daemon=True)
-    srv.start()
-    try:
-        if not ready.wait(30):
-            raise RuntimeError("the echo server did not start")
+    with echo_serving(base, "batch-echo") as path:
         return max(batch_echo_rate(path, batch_docs) for _ in range(BATCH_ROUNDS))
-    finally:
-        srv.terminate()
-        srv.join(10)
 
 
 def member_counters(rs):
