@@ -18,6 +18,7 @@ import secrets
 import socket
 import tempfile
 import threading
+import time
 
 from raymx import errors
 from raymx.actors import tls as tls_mod
@@ -42,6 +43,48 @@ def new_loop() -> asyncio.AbstractEventLoop:
         else:
             return uvloop.new_event_loop()
     return asyncio.new_event_loop()
+
+
+class BusyPoll:
+    """Keeps a port's event loop polling instead of sleeping for ``window_s``
+    after the port's last activity (``touch``: a frame read, an answer
+    written).
+
+    While it polls, a callback stays queued, so the loop's ``epoll`` does not
+    wait; each turn gives the CPU to any other runnable task first
+    (``sched_yield``, which also lets other threads take the GIL). The next
+    request then finds the member's thread running: no wake-up from an idle
+    CPU, which on a virtual machine (a halted vCPU, an exit to the host, cold
+    caches) cost the member and its client tens of microseconds each, more
+    than a point read itself (ARCHITECTURE.md, "Busy polling"). A port with
+    no traffic stops polling ``window_s`` after its last request; 0 turns
+    it off.
+    """
+
+    __slots__ = ("_loop", "window_s", "_until", "_on", "turns")
+
+    def __init__(self, loop, window_us: int):
+        self._loop = loop
+        self.window_s = window_us / 1e6
+        self._until = 0.0
+        self._on = False
+        self.turns = 0  # polling turns taken (status and tests)
+
+    def touch(self) -> None:
+        """On the loop's thread: the port did something; poll a while more."""
+        if self.window_s:
+            self._until = time.monotonic() + self.window_s
+            if not self._on:
+                self._on = True
+                self._loop.call_soon(self._turn)
+
+    def _turn(self) -> None:
+        if time.monotonic() < self._until:
+            self.turns += 1
+            os.sched_yield()
+            self._loop.call_soon(self._turn)
+        else:
+            self._on = False
 
 
 def serve_loop(loop, start, ready, what: str) -> None:
@@ -105,6 +148,7 @@ class ClientPort:
         self._out_lock = threading.Lock()
         self._flush_due = False         # a flush is scheduled on the loop
         self._loop = new_loop()
+        self.poll = BusyPoll(self._loop, lim.port_busy_poll_us)
         self._tid: int | None = None  # the loop's thread
         self._ready = threading.Event()
         self._t = threading.Thread(target=self._run, args=(port,), name="raymx-port",
@@ -298,8 +342,10 @@ class _Conn(asyncio.Protocol):
         self.transport.resume_reading()
 
     def write(self, frame: bytes) -> None:
+        """On the port's thread."""
         if not self.closing and not self.transport.is_closing():
             self.transport.write(frame)
+            self.port.poll.touch()
 
     def send_and_close(self, obj) -> None:
         self.write(codec.pack_frame(obj))
@@ -326,6 +372,7 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        self.port.poll.touch()
         buf = self.buf
         buf += data
         pos = 0

@@ -10,6 +10,10 @@ MiB = 1024 * KiB
 GiB = 1024 * MiB
 
 
+_MAY_BE_ZERO = frozenset({"port_busy_poll_us"})  # 0 turns it off; every other limit is > 0
+_KIND = {False: "positive", True: "non-negative"}
+
+
 @dataclass(frozen=True)
 class Limits:
     # Documents and transactions (DESIGN section 10).
@@ -120,11 +124,23 @@ class Limits:
     # used cursor is closed; its next getMore says so).
     cursors_per_connection_max: int = 64
     cursors_max: int = 512
+    # After it read a frame or wrote an answer, a port's event loop keeps
+    # polling its sockets for this long (epoll without waiting, giving the CPU
+    # to any other runnable task each turn) before it sleeps: on a virtual
+    # machine a thread woken from an idle CPU costs tens of microseconds more
+    # on each side (ARCHITECTURE.md, "Busy polling"). An idle member never
+    # polls; 0: the loop always sleeps. At most 10,000.
+    port_busy_poll_us: int = 200
 
     def __post_init__(self):
         for k, v in asdict(self).items():
-            if not isinstance(v, int) or v <= 0:
-                raise ConfigError(f"limit {k} must be a positive integer, got {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool) \
+                    or v < (k not in _MAY_BE_ZERO):
+                raise ConfigError(f"limit {k} must be a {_KIND[k in _MAY_BE_ZERO]} integer, "
+                                  f"got {v!r}")
+        if self.port_busy_poll_us > 10_000:
+            raise ConfigError("port_busy_poll_us must be at most 10,000 (10 ms): past that a "
+                              "quiet connection costs the member a core for nothing")
         if self.spill_bytes > self.transaction_bytes_max:
             raise ConfigError("spill_bytes must not exceed transaction_bytes_max")
         if self.document_bytes_max + 64 * KiB > self.frame_bytes_max:

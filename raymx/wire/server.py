@@ -21,8 +21,9 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from raymx.actors.server import bind_preferring, new_loop, serve_loop
+from raymx.actors.server import BusyPoll, bind_preferring, new_loop, serve_loop
 from raymx.actors.tls import server_context
+from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS
 from raymx.wire import framing
 from raymx.wire.auth import Credential
 from raymx.wire.commands import Dispatcher
@@ -58,6 +59,8 @@ class WirePort:
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="raymx-wire")
         self.hello_pool = ThreadPoolExecutor(4, thread_name_prefix="raymx-wire-hello")
         self._loop = new_loop()
+        self.poll = BusyPoll(self._loop, getattr(service, "limits", DEFAULT_LIMITS)
+                             .port_busy_poll_us)
         self._tid: int | None = None  # the loop's thread
         self._ready = threading.Event()
         self._t = threading.Thread(target=self._run, args=(port,), name="raymx-wire-port",
@@ -149,6 +152,7 @@ class _WireConn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        self.port.poll.touch()
         buf = self.buf
         buf += data
         pos = 0
@@ -230,6 +234,7 @@ class _WireConn(asyncio.Protocol):
                               "projection, a smaller batchSize)"})
         if out is not None and not self.closing and not self.transport.is_closing():
             self.transport.write(out)
+            self.port.poll.touch()
         # the next command after this wake-up's frames are read (an answer given
         # at once, an error, never recurses into the next command)
         self.port._loop.call_soon(self._next)
