@@ -200,11 +200,23 @@ def batch_echo_rate(path, all_docs) -> float:
         s.close()
 
 
+def echo_poll():
+    """The busy polling of the member's ports (``BusyPoll``, the default
+    ``Limits.port_busy_poll_us``) for an echo server's running loop: the
+    ceilings poll as the member does."""
+    import asyncio
+
+    from raymx.actors.server import BusyPoll
+    from raymx.storage.limits import DEFAULT
+    return BusyPoll(asyncio.get_running_loop(), DEFAULT.port_busy_poll_us)
+
+
 def echo_server(path, ready):
     """An asyncio server answering each frame with a small one (no work)."""
     import asyncio
 
     import msgpack
+    poll = None
 
     async def serve(r, w):
         try:
@@ -213,10 +225,13 @@ def echo_server(path, ready):
                 req = msgpack.unpackb(await r.readexactly(n))
                 out = msgpack.packb({"id": req["id"], "ok": {"n": 1}})
                 w.write(len(out).to_bytes(4, "big") + out)
+                poll.touch()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
 
     async def main():
+        nonlocal poll
+        poll = echo_poll()
         await asyncio.start_unix_server(serve, path)
         ready.set()
         await asyncio.sleep(3600)
@@ -225,7 +240,8 @@ def echo_server(path, ready):
 
 def durable_echo_server(path, log_path, ready):
     """The echo server with a durable log, the shape of any group-committed
-    store and nothing more: each request frame is appended to a log file
+    store and nothing more (polling as the member's ports do, ``echo_poll``):
+    each request frame is appended to a log file
     (reused, already written once, as PostgreSQL's WAL segments and raymx's
     log are), one ``fdatasync`` per event-loop wake-up covers every frame that
     wake-up read, then each gets a small answer. What the same clients make
@@ -240,6 +256,7 @@ def durable_echo_server(path, log_path, ready):
     os.fsync(fd)
     pending = []                       # (transport, answer) of this wake-up
     at = [0]
+    poll = None
 
     def flush():
         out = list(pending)
@@ -247,12 +264,14 @@ def durable_echo_server(path, log_path, ready):
         os.fdatasync(fd)
         for tr, frame in out:
             tr.write(frame)
+        poll.touch()
 
     class Echo(asyncio.Protocol):
         def connection_made(self, tr):
             self.tr, self.buf = tr, bytearray()
 
         def data_received(self, data):
+            poll.touch()
             buf = self.buf
             buf += data
             while len(buf) >= 4:
@@ -272,6 +291,8 @@ def durable_echo_server(path, log_path, ready):
                 pending.append((self.tr, len(out).to_bytes(4, "big") + out))
 
     async def main():
+        nonlocal poll
+        poll = echo_poll()
         await asyncio.get_running_loop().create_unix_server(Echo, path)
         ready.set()
         await asyncio.sleep(3600)

@@ -56,6 +56,7 @@ def test_client_port_polls_after_traffic_then_sleeps(tmp_path):
             assert coll.find_one({"_id": i}) == {"_id": i, "v": i}
         assert p.poll.turns > before, "no polling turn after 100 requests"
         quiet_after(p)  # the port's thread sleeps again
+        assert 0 < p.poll.polled_s < 5
         cl.close()
 
 
@@ -107,7 +108,7 @@ def test_no_polling_when_off(tmp_path):
         for i in range(20):
             cl["app"]["c"].insert_one({"_id": i})
         assert cl["app"]["c"].count_documents({}) == 20
-        assert p.poll.turns == 0
+        assert p.poll.turns == 0 and p.poll.polled_s == 0
         cl.close()
 
 

@@ -412,6 +412,8 @@ class OplogShard:
                   "term": self.engine.term, "applied": gtid_out(applied),
                   "first": gtid_out(r.first), "last_ts": last_ts, "applied_ts": applied_ts,
                   "connections": self.port.connections, "restarted": self.restarted,
+                  # seconds the client port's loop spent polling (Limits.port_busy_poll_us)
+                  "port_polled_s": round(self.port.poll.polled_s, 3),
                   "priority": self.spec.get("priority", 1), "votes": self.spec.get("votes", 1),
                   "hidden": bool(self.spec.get("hidden")), "delay_s": self.spec.get("delay_s", 0),
                   "sync_source": self.spec.get("sync_source"),

@@ -58,33 +58,37 @@ class BusyPoll:
     caches) cost the member and its client tens of microseconds each, more
     than a point read itself (ARCHITECTURE.md, "Busy polling"). A port with
     no traffic stops polling ``window_s`` after its last request; 0 turns
-    it off.
+    it off. ``polled_s``: the time spent in stretches of polling, for status.
     """
 
-    __slots__ = ("_loop", "window_s", "_until", "_on", "turns")
+    __slots__ = ("_loop", "window_s", "_until", "_since", "turns", "polled_s")
 
     def __init__(self, loop, window_us: int):
         self._loop = loop
         self.window_s = window_us / 1e6
         self._until = 0.0
-        self._on = False
-        self.turns = 0  # polling turns taken (status and tests)
+        self._since = None   # when the current stretch of polling began
+        self.turns = 0       # polling turns taken
+        self.polled_s = 0.0  # in finished stretches
 
     def touch(self) -> None:
         """On the loop's thread: the port did something; poll a while more."""
         if self.window_s:
-            self._until = time.monotonic() + self.window_s
-            if not self._on:
-                self._on = True
+            now = time.monotonic()
+            self._until = now + self.window_s
+            if self._since is None:
+                self._since = now
                 self._loop.call_soon(self._turn)
 
     def _turn(self) -> None:
-        if time.monotonic() < self._until:
+        now = time.monotonic()
+        if now < self._until:
             self.turns += 1
             os.sched_yield()
             self._loop.call_soon(self._turn)
         else:
-            self._on = False
+            self.polled_s += now - self._since
+            self._since = None
 
 
 def serve_loop(loop, start, ready, what: str) -> None:
