@@ -17,7 +17,20 @@ def _producer(ray, rs, i):
 
 
 def _pause(ray, rs, ids, paused=True):
+    if paused:
+        _following(rs, ids)
     ray.get([_producer(ray, rs, i).pause.remote(paused, wait=paused) for i in ids])
+
+
+def _following(rs, ids):
+    """Every member of ``ids`` pulls from someone, and the coordinator has
+    heard so: its heartbeat view then sends no more ``follow``, which would
+    undo a pause (a follow tells the producer to pull). A suite run on a
+    loaded machine paused a set right after its launch, a late follow
+    resumed a secondary, and it took the writes meant to diverge."""
+    wait_until(lambda: all(m["sync_source"] is not None for m in rs.status()["members"]
+                           if m["id"] in ids), timeout_s=60)
+    time.sleep(0.5)  # a few heartbeat rounds (100 ms each) past it
 
 
 def _new_primary(rs, old, timeout_s=30):
@@ -34,7 +47,11 @@ def _old_primary_with_writes_only_it_has(ray, rs, write):
     coll.insert_one({"_id": "base"}, w="majority")
     others = [i for i in range(3) if i != old]
     _pause(ray, rs, others)
+    held = {m["id"]: m["last"] for m in rs.status()["members"] if m["id"] in others}
     write(coll)
+    now = {m["id"]: m["last"] for m in rs.status()["members"] if m["id"] in others}
+    assert now == held, (f"a paused secondary took writes meant to diverge ({held} -> {now}): "
+                         "its pause was undone, so this scenario was not set up")
     rs.kill_member(old)
     _pause(ray, rs, others, False)
     new = _new_primary(rs, old)
