@@ -11,7 +11,6 @@ GiB = 1024 * MiB
 
 
 _MAY_BE_ZERO = frozenset({"port_busy_poll_us"})  # 0 turns it off; every other limit is > 0
-_KIND = {False: "positive", True: "non-negative"}
 
 
 @dataclass(frozen=True)
@@ -134,10 +133,10 @@ class Limits:
 
     def __post_init__(self):
         for k, v in asdict(self).items():
-            if not isinstance(v, int) or isinstance(v, bool) \
-                    or v < (k not in _MAY_BE_ZERO):
-                raise ConfigError(f"limit {k} must be a {_KIND[k in _MAY_BE_ZERO]} integer, "
-                                  f"got {v!r}")
+            least = 0 if k in _MAY_BE_ZERO else 1
+            if type(v) is not int or v < least:  # bools are refused too
+                kind = "non-negative" if least == 0 else "positive"
+                raise ConfigError(f"limit {k} must be a {kind} integer, got {v!r}")
         if self.port_busy_poll_us > 10_000:
             raise ConfigError("port_busy_poll_us must be at most 10,000 (10 ms): past that a "
                               "quiet connection costs the member a core for nothing")

@@ -23,7 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from raymx.actors.server import BusyPoll, bind_preferring, new_loop, serve_loop
 from raymx.actors.tls import server_context
-from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS
 from raymx.wire import framing
 from raymx.wire.auth import Credential
 from raymx.wire.commands import Dispatcher
@@ -59,8 +58,7 @@ class WirePort:
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="raymx-wire")
         self.hello_pool = ThreadPoolExecutor(4, thread_name_prefix="raymx-wire-hello")
         self._loop = new_loop()
-        self.poll = BusyPoll(self._loop, getattr(service, "limits", DEFAULT_LIMITS)
-                             .port_busy_poll_us)
+        self.poll = BusyPoll(self._loop, service.limits.port_busy_poll_us)
         self._tid: int | None = None  # the loop's thread
         self._ready = threading.Event()
         self._t = threading.Thread(target=self._run, args=(port,), name="raymx-wire-port",
