@@ -1,6 +1,7 @@
 """The driver's ``Connection`` against a port or a scripted member: one
 socket shared by threads and pipelined (callers read for each other, Futures
 and their callbacks), deadlines, members that hang up or stop reading."""
+import os
 import socket
 import threading
 import time
@@ -248,3 +249,61 @@ def test_a_request_deadline_holds_while_the_member_does_not_read():
     for s in held:
         s.close()
     srv.close()
+
+
+_SCRIPTED_MEMBER = """
+import socket, struct, sys, time, msgpack
+ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+ls.bind(sys.argv[1])
+ls.listen(1)
+print("ready", flush=True)
+s, _ = ls.accept()
+def read(n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c:
+            raise SystemExit
+        b += c
+    return b
+while True:
+    req = msgpack.unpackb(read(struct.unpack(">I", read(4))[0]))
+    time.sleep(0.02)  # the request is read now; the answer comes later
+    out = msgpack.packb({"id": req["id"], "ok": {"member": 0}})
+    s.sendall(struct.pack(">I", len(out)) + out)
+"""
+
+
+def _voluntary_switches() -> int:
+    with open("/proc/thread-self/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches in /proc/thread-self/status")
+
+
+def test_a_caller_waiting_over_a_unix_socket_sleeps_once_per_answer(tmp_path):
+    """A caller waits for its answer in poll(), not inside recv(): asleep in
+    recv() on a Unix socket it was also woken when the member read its
+    request, and went back to sleep (two sleeps per request, measured). The
+    member is another process, so no thread of this one shares the GIL."""
+    import subprocess
+    import sys
+    if not os.path.exists("/proc/thread-self/status"):
+        pytest.skip("needs Linux's /proc/thread-self")
+    path = str(tmp_path / "m.sock")
+    member = subprocess.Popen([sys.executable, "-c", _SCRIPTED_MEMBER, path],
+                              stdout=subprocess.PIPE)
+    try:
+        assert member.stdout.readline().startswith(b"ready")
+        c = Connection(None, 0, SECRET, unix=path)
+        c.request({"op": "ping"}, timeout_s=5)
+        before, n = _voluntary_switches(), 20
+        for _ in range(n):
+            assert c.request({"op": "ping"}, timeout_s=5) == {"member": 0}
+        per_request = (_voluntary_switches() - before) / n
+        assert per_request <= 1.5, f"{per_request} sleeps per request"
+        c.close()
+    finally:
+        member.kill()
+        member.wait()

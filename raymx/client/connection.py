@@ -22,7 +22,8 @@ from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS
 
 
 _RECV_BYTES = 1 << 18  # one receive's buffer
-_RECV_SLICE = struct.pack("ll", 0, 50_000)  # a receive waits at most 50 ms (SO_RCVTIMEO)
+_RECV_SLICE_MS = 50  # a receive waits at most this long (poll, then SO_RCVTIMEO)
+_RECV_SLICE = struct.pack("ll", 0, _RECV_SLICE_MS * 1000)
 _CANCEL_SEND_S = 5.0  # a cancel frame after a failed part gets this long to go
 
 
@@ -69,11 +70,22 @@ class Connection:
                 self._sock.close()
                 raise
         # A receive or a send waits at most _RECV_SLICE (SO_RCVTIMEO,
-        # SO_SNDTIMEO), then its caller looks at its deadline: no poll first.
+        # SO_SNDTIMEO), then its caller looks at its deadline.
         if type(self._sock) is not _TLSSocket:
             self._sock.settimeout(None)
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _RECV_SLICE)
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _RECV_SLICE)
+        # Over a Unix socket a receive waits in poll() first (_rpoll, the
+        # receiving thread's own), not inside recv(): a thread asleep in recv()
+        # on a Unix socket is also woken each time the member reads a request
+        # from it (the kernel's write-space wake-up reaches every sleeper on
+        # the socket; poll() asked for POLLIN only), a wake-up per request
+        # for both ends (ARCHITECTURE.md, "The driver waits in poll()"). TCP
+        # wakes no reader so, and a TLS socket polls in _TLSSocket already.
+        self._rpoll = None
+        if unix is not None:
+            self._rpoll = select.poll()
+            self._rpoll.register(self._sock, select.POLLIN)
         # A member that hung up: a send on a Unix socket fails at once (EPIPE),
         # so only TCP needs the check before sending into an idle connection.
         self._tcp = unix is None
@@ -314,6 +326,8 @@ class Connection:
         connection (reading it again, on this thread)."""
         done: list = []
         try:
+            if self._rpoll is not None and not self._rpoll.poll(_RECV_SLICE_MS):
+                return  # nothing within the slice: the caller decides
             try:
                 got = self._sock.recv_into(self._rbuf)
             except BlockingIOError:  # nothing within _RECV_SLICE: the caller decides
@@ -406,7 +420,7 @@ class _TLSSocket:
     read and a write of one connection at once, and a reading thread and a
     sending one share it); the waits are polls outside the lock."""
 
-    _SLICE_MS = 50
+    _SLICE_MS = _RECV_SLICE_MS
 
     def __init__(self, ssock: ssl.SSLSocket):
         ssock.setblocking(False)
