@@ -3,6 +3,8 @@ socket shared by threads and pipelined (callers read for each other, Futures
 and their callbacks), deadlines, members that hang up or stop reading."""
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -287,8 +289,6 @@ def test_a_caller_waiting_over_a_unix_socket_sleeps_once_per_answer(tmp_path):
     recv() on a Unix socket it was also woken when the member read its
     request, and went back to sleep (two sleeps per request, measured). The
     member is another process, so no thread of this one shares the GIL."""
-    import subprocess
-    import sys
     if not os.path.exists("/proc/thread-self/status"):
         pytest.skip("needs Linux's /proc/thread-self")
     path = str(tmp_path / "m.sock")
