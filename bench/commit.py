@@ -150,18 +150,23 @@ def client_worker(k, topo, cmd_q, res_q):
     cl.close()
 
 
-def echo_client(k, path, start_at, end_at, rnd):
-    """Request/response with a bare echo server: what any server costs at least.
-    It waits for each answer in ``poll`` first, as the driver does
-    (``Connection._receive``)."""
+def answer_poll(s):
+    """A ``poll`` for an echo client's socket: each answer is awaited in it
+    before the ``recv``, as the driver awaits its own (``Connection._receive``)."""
     import select
+    ready = select.poll()
+    ready.register(s, select.POLLIN)
+    return ready.poll
+
+
+def echo_client(k, path, start_at, end_at, rnd):
+    """Request/response with a bare echo server: what any server costs at least."""
     import socket
 
     import msgpack
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(path)
-    ready = select.poll()
-    ready.register(s, select.POLLIN)
+    ready = answer_poll(s)
     n = 0
     now = time.monotonic()
     if start_at > now:
@@ -170,7 +175,7 @@ def echo_client(k, path, start_at, end_at, rnd):
     while time.monotonic() < end_at:
         b = msgpack.packb({"id": n, "op": "insert", "packed": [msgpack.packb(make_doc(n, rnd))]})
         s.sendall(len(b).to_bytes(4, "big") + b)
-        ready.poll()
+        ready()
         h = s.recv(4, socket.MSG_WAITALL)
         msgpack.unpackb(s.recv(int.from_bytes(h, "big"), socket.MSG_WAITALL))
         n += 1
@@ -183,7 +188,6 @@ def batch_echo_rate(path, all_docs) -> float:
     1,000-document batches as the driver does (one msgpack binary per
     document) and sending each in one frame to the bare echo server, which
     answers it once read (no document decoded, nothing stored)."""
-    import select
     import socket
 
     import msgpack
@@ -193,15 +197,14 @@ def batch_echo_rate(path, all_docs) -> float:
     most = Limits().document_bytes_max
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(path)
-    ready = select.poll()  # the answer awaited as the driver awaits it
-    ready.register(s, select.POLLIN)
+    ready = answer_poll(s)
 
     def go():
         for n, i in enumerate(range(0, len(all_docs), 1000)):
             b = msgpack.packb({"id": n, "op": "insert", "ns": "bench.batch",
                                "packed": codec.pack_each(all_docs[i:i + 1000], most)})
             s.sendall(len(b).to_bytes(4, "big") + b)
-            ready.poll()
+            ready()
             h = s.recv(4, socket.MSG_WAITALL)
             msgpack.unpackb(s.recv(int.from_bytes(h, "big"), socket.MSG_WAITALL))
     try:

@@ -75,19 +75,16 @@ class Connection:
             self._sock.settimeout(None)
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _RECV_SLICE)
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _RECV_SLICE)
-        # Over a Unix socket a receive waits in poll() first (_rpoll, the
-        # receiving thread's own), not inside recv(): a thread asleep in recv()
-        # on a Unix socket is also woken each time the member reads a request
-        # from it (the kernel's write-space wake-up reaches every sleeper on
-        # the socket; poll() asked for POLLIN only), a wake-up per request
-        # for both ends (ARCHITECTURE.md, "The driver waits in poll()"). TCP
-        # wakes no reader so, and a TLS socket polls in _TLSSocket already.
-        self._rpoll = None
-        if unix is not None:
-            self._rpoll = select.poll()
-            self._rpoll.register(self._sock, select.POLLIN)
         # A member that hung up: a send on a Unix socket fails at once (EPIPE),
-        # so only TCP needs the check before sending into an idle connection.
+        # so only TCP needs the check before sending into an idle connection
+        # (_check_idle polls _poll). Over a Unix socket a receive waits in
+        # _poll first instead, not inside recv(): a thread asleep in recv() on
+        # a Unix socket is also woken each time the member reads a request
+        # from it (the kernel's write-space wake-up reaches every sleeper on
+        # the socket; poll() asked for POLLIN only), a wake-up per request for
+        # both ends (ARCHITECTURE.md, "The driver waits in poll()"). TCP wakes
+        # no reader so, and a TLS socket polls in _TLSSocket already. Only the
+        # thread owning the receive side polls (_reading), so never two at once.
         self._tcp = unix is None
         self._poll = select.poll()
         self._poll.register(self._sock, select.POLLIN)
@@ -326,7 +323,7 @@ class Connection:
         connection (reading it again, on this thread)."""
         done: list = []
         try:
-            if self._rpoll is not None and not self._rpoll.poll(_RECV_SLICE_MS):
+            if not self._tcp and not self._poll.poll(_RECV_SLICE_MS):
                 return  # nothing within the slice: the caller decides
             try:
                 got = self._sock.recv_into(self._rbuf)
