@@ -238,7 +238,7 @@ def echo_server(path, ready):
                 req = msgpack.unpackb(await r.readexactly(n))
                 out = msgpack.packb({"id": req["id"], "ok": {"n": 1}})
                 w.write(len(out).to_bytes(4, "big") + out)
-                poll.touch()
+                poll.touch(w)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
 
@@ -277,14 +277,14 @@ def durable_echo_server(path, log_path, ready):
         os.fdatasync(fd)
         for tr, frame in out:
             tr.write(frame)
-        poll.touch()
+            poll.touch(tr)
 
     class Echo(asyncio.Protocol):
         def connection_made(self, tr):
             self.tr, self.buf = tr, bytearray()
 
         def data_received(self, data):
-            poll.touch()
+            poll.touch(self.tr)
             buf = self.buf
             buf += data
             while len(buf) >= 4:

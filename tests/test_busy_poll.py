@@ -61,16 +61,18 @@ def test_client_port_polls_after_traffic_then_sleeps(tmp_path):
 
 
 def test_polling_lets_the_writer_thread_run(tmp_path):
-    """While one client keeps the port polling, writes that go to the writer
+    """While a client keeps the port polling, writes that go to the writer
     thread (an insert of more than ``port_insert_docs_max`` documents) and a
-    plain Python thread of the process still get the GIL and finish."""
+    plain Python thread of the process still get the GIL and finish. The
+    busy loop and the big insert share the client's one connection, so the
+    port keeps polling throughout (it polls for one connection at a time)."""
     lim = Limits(port_busy_poll_us=WINDOW_US, port_insert_docs_max=4, sync_interval_ms=20)
     with serving(tmp_path, lim) as (p, _):
         stop = threading.Event()
         busy_err: list = []
+        cl = client_of(p)
 
         def keep_busy():
-            cl = client_of(p)
             try:
                 i = 0
                 while not stop.is_set():
@@ -78,14 +80,12 @@ def test_polling_lets_the_writer_thread_run(tmp_path):
                     i += 1
             except Exception as e:  # the assertion below says what it was
                 busy_err.append(e)
-            finally:
-                cl.close()
 
         t = threading.Thread(target=keep_busy, daemon=True)
         t.start()
-        cl = client_of(p)
         try:
             wait_for(lambda: p.poll.turns > 0)
+            before = p.poll.turns
             r = cl["app"]["big"].insert_many([{"_id": i} for i in range(500)], j=True)
             assert len(r.inserted_ids) == 500
             counted = []
@@ -94,12 +94,44 @@ def test_polling_lets_the_writer_thread_run(tmp_path):
             worker.join(10)
             assert counted == [sum(range(200_000))]
             assert cl["app"]["big"].count_documents({}) == 500
+            assert p.poll.turns > before, "the port stopped polling: the test shows nothing"
         finally:
             stop.set()
             t.join(10)
             cl.close()
         assert not busy_err, busy_err
         quiet_after(p)
+
+
+def test_polling_waits_while_two_connections_are_active(tmp_path):
+    """Two clients taking turns keep the loop busy between them: the port
+    does not poll for them (it would split their writes into smaller groups
+    and take the CPU their processes need); one client alone again, and it
+    polls."""
+    with serving(tmp_path, Limits(port_busy_poll_us=WINDOW_US, sync_interval_ms=20)) as (p, _):
+        a, b = client_of(p), client_of(p)
+        ca, cb = a["app"]["c"], b["app"]["c"]
+        ca.insert_one({"_id": 0, "v": 0})
+        try:
+            quiet_after(p)
+            polled = p.poll.polled_s
+            for _ in range(100):
+                assert ca.find_one({"_id": 0}) == {"_id": 0, "v": 0}
+                assert cb.find_one({"_id": 0}) == {"_id": 0, "v": 0}
+            quiet_after(p)
+            together = p.poll.polled_s - polled
+            # at most the stretch before the second connection's first request
+            # (polling throughout would take the 200 requests' time and a window)
+            assert together < WINDOW_US / 1e6 / 2, f"polled {together:.4f} s for two clients"
+            polled = p.poll.polled_s
+            for _ in range(100):
+                assert ca.find_one({"_id": 0}) == {"_id": 0, "v": 0}
+            quiet_after(p)
+            alone = p.poll.polled_s - polled
+            assert alone >= WINDOW_US / 1e6, f"polled {alone:.4f} s for one client"
+        finally:
+            a.close()
+            b.close()
 
 
 def test_no_polling_when_off(tmp_path):

@@ -48,7 +48,7 @@ def new_loop() -> asyncio.AbstractEventLoop:
 class BusyPoll:
     """Keeps a port's event loop polling instead of sleeping for ``window_s``
     after the port's last activity (``touch``: a frame read, an answer
-    written).
+    written), while that activity is one connection's.
 
     While it polls, a callback stays queued, so the loop's ``epoll`` does not
     wait; each turn gives the CPU to any other runnable task first
@@ -56,33 +56,51 @@ class BusyPoll:
     request then finds the member's thread running: no wake-up from an idle
     CPU, which on a virtual machine (a halted vCPU, an exit to the host, cold
     caches) cost the member and its client tens of microseconds each, more
-    than a point read itself (ARCHITECTURE.md, "Busy polling"). A port with
-    no traffic stops polling ``window_s`` after its last request; 0 turns
-    it off. ``polled_s``: the time spent in stretches of polling, for status.
+    than a point read itself (ARCHITECTURE.md, "Busy polling").
+
+    It polls only while one connection is active: once a second one was
+    active within the window, the loop sleeps between wake-ups again until a
+    window passes with one connection only. A client's next request follows
+    its answer, so polling catches it; several clients keep the loop busy
+    anyway, and polling then only split their writes into smaller groups
+    (more syncs) and took the CPU their processes need to send the next
+    requests (measured: ARCHITECTURE.md, "Busy polling, one connection at a
+    time"). A port with no traffic stops polling ``window_s`` after its last
+    request; 0 turns it off. ``polled_s``: the time spent in stretches of
+    polling, for status.
     """
 
-    __slots__ = ("_loop", "window_s", "_until", "_since", "turns", "polled_s")
+    __slots__ = ("_loop", "window_s", "_until", "_since", "_conn", "_shared_until",
+                 "turns", "polled_s")
 
     def __init__(self, loop, window_us: int):
         self._loop = loop
         self.window_s = window_us / 1e6
         self._until = 0.0
         self._since = None   # when the current stretch of polling began
+        self._conn = None    # id() of the connection touched last
+        self._shared_until = 0.0  # another connection was active: no polling until then
         self.turns = 0       # polling turns taken
         self.polled_s = 0.0  # in finished stretches
 
-    def touch(self) -> None:
-        """On the loop's thread: the port did something; poll a while more."""
+    def touch(self, conn=None) -> None:
+        """On the loop's thread: the port did something for ``conn``; poll a
+        while more, unless another connection was active within the window."""
         if self.window_s:
             now = time.monotonic()
+            key = id(conn)
+            if key != self._conn:
+                if now < self._until:  # another connection was active within the window
+                    self._shared_until = now + self.window_s
+                self._conn = key
             self._until = now + self.window_s
-            if self._since is None:
+            if self._since is None and now >= self._shared_until:
                 self._since = now
                 self._loop.call_soon(self._turn)
 
     def _turn(self) -> None:
         now = time.monotonic()
-        if now < self._until:
+        if self._shared_until <= now < self._until:
             self.turns += 1
             os.sched_yield()
             self._loop.call_soon(self._turn)
@@ -349,7 +367,7 @@ class _Conn(asyncio.Protocol):
         """On the port's thread."""
         if not self.closing and not self.transport.is_closing():
             self.transport.write(frame)
-            self.port.poll.touch()
+            self.port.poll.touch(self)
 
     def send_and_close(self, obj) -> None:
         self.write(codec.pack_frame(obj))
@@ -376,7 +394,7 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        self.port.poll.touch()
+        self.port.poll.touch(self)
         buf = self.buf
         buf += data
         pos = 0

@@ -150,7 +150,7 @@ class _WireConn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        self.port.poll.touch()
+        self.port.poll.touch(self)
         buf = self.buf
         buf += data
         pos = 0
@@ -232,7 +232,7 @@ class _WireConn(asyncio.Protocol):
                               "projection, a smaller batchSize)"})
         if out is not None and not self.closing and not self.transport.is_closing():
             self.transport.write(out)
-            self.port.poll.touch()
+            self.port.poll.touch(self)
         # the next command after this wake-up's frames are read (an answer given
         # at once, an error, never recurses into the next command)
         self.port._loop.call_soon(self._next)
