@@ -254,25 +254,22 @@ def test_a_request_deadline_holds_while_the_member_does_not_read():
 
 
 _SCRIPTED_MEMBER = """
-import socket, struct, sys, time, msgpack
+import socket, sys, time
+from raymx.storage import codec
 ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 ls.bind(sys.argv[1])
 ls.listen(1)
 print("ready", flush=True)
 s, _ = ls.accept()
 def read(n):
-    b = b""
-    while len(b) < n:
-        c = s.recv(n - len(b))
-        if not c:
-            raise SystemExit
-        b += c
+    b = s.recv(n, socket.MSG_WAITALL)
+    if len(b) < n:  # the caller hung up
+        raise SystemExit
     return b
 while True:
-    req = msgpack.unpackb(read(struct.unpack(">I", read(4))[0]))
+    req = codec.unpack_frame(read(codec.frame_length(read(4), 1 << 20)))
     time.sleep(0.02)  # the request is read now; the answer comes later
-    out = msgpack.packb({"id": req["id"], "ok": {"member": 0}})
-    s.sendall(struct.pack(">I", len(out)) + out)
+    s.sendall(codec.pack_frame({"id": req["id"], "ok": {"member": 0}}))
 """
 
 
