@@ -236,6 +236,18 @@ SCENARIOS = {
         script=((500, "partition", [["m4", "m5"], ["m1", "m2", "m3"]]),
                 (2_000, "remove", 2), (2_050, "remove", 3), (2_600, "crash", 1, True),
                 (3_000, "add"), (3_050, "add"), (4_000, "heal"))),
+    # the set grows from 3 to 5 members (m4 and m5 vote once caught up), then the
+    # primary's process crashes and comes back at once, and is elected again
+    # (the most advanced); then it and m2 are cut from the others. Restarted
+    # with the votes it was created with ({m1, m2, m3}: Ray restarts an actor
+    # with its creation's arguments), it would count m1 and m2 as a majority,
+    # acknowledge w="majority" writes the others never had, and lose them when
+    # m3, m4 and m5 elect one of them (the restart_with_creation_votes bug)
+    "restart_after_growing": lambda: Options.quiet(
+        majority_p=1.0, safety_ms=9_000,
+        script=((300, "add"), (350, "add"), (2_000, "crash", 1, False), (2_050, "restart", 1),
+                (3_500, "partition", [["m1", "m2"], ["m3", "m4", "m5", "c"]]),
+                (6_000, "heal"))),
     # fsyncs fail now and then (issue 20): the member stops and restarts; with
     # the planted "fsync_retry" it carries on over lost pages instead
     "fsync_fails": lambda: Options.quiet(majority_p=0.7, fsync_fail_p=0.02, safety_ms=8_000),

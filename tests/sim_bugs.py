@@ -8,6 +8,7 @@ from typing import Callable
 
 from raymx.actors.core import replication as rep
 from raymx.actors.core.election import ElectionCore
+from raymx.actors.core import member as mc
 from raymx.actors.core import producer as pc
 from raymx.actors.core.member import MemberCore
 from raymx.actors.core.primary import WriteConcernCore
@@ -109,6 +110,11 @@ def _old_coordinator_took_old_config() -> list:
         return None
     return [(ElectionCore, "config_standing", standing),
             (ElectionCore, "unsettled", lambda self, specs: [])]
+
+
+def _old_restart_with_creation_votes() -> list:
+    return [(mc, "start_config", lambda engine, member_id, spec, votes: (
+        dict(spec), {int(k): v for k, v in votes.items()}))]
 
 
 @dataclass(frozen=True)
@@ -240,6 +246,20 @@ KNOWN_BUGS = {b.name: b for b in (
              "of its configuration's voters answered with nothing newer; a member "
              "reporting a newer one gives it its own", _old_coordinator_took_old_config,
              ("no convergence",), (241875,), off=()),
+    KnownBug("restart_with_creation_votes", "raymx/actors/core/member.py start_config",
+             "a member process restarted by Ray ran with the votes it was created with "
+             "(Ray restarts an actor with its creation's arguments), not those of the "
+             "configuration it had installed since: it counted majorities over members "
+             "removed since, or without members added since. Found on the real set "
+             "(bench/faults/nemesis.py seed 403: after two remove-two faults the "
+             "restarted primary's majority point never moved, and no w='majority' write "
+             "or linearizable read was answered again). In a set grown from 3 members to 5, "
+             "a restarted primary counted 2 of its creation's 3 voters as a majority and "
+             "acknowledged writes a failover then lost",
+             "a starting member takes its votes and its own spec from the configuration it "
+             "holds durably, when it holds one (start_config, run by the shell, the "
+             "applier and the simulation alike)", _old_restart_with_creation_votes,
+             ("rolls back majority-acknowledged write",), ("restart_after_growing",), off=()),
 )}
 
 

@@ -56,11 +56,13 @@ class SimMember:
         # its threads replaced by this member's timers and clock
         self.engine.sync = self._sync_engine  # the fsync, with injected failures
         self._sync_failed: Exception | None = None
-        cfg = self.engine.get_meta("rs_config") or {
-            "version": 0, "members": sim.boot_specs.get(mid, sim.specs)}
+        # what Ray restarts the shell's actors with: the arguments of their creation
+        boot = sim.boot_specs.get(mid, sim.specs)
+        _, votes = mc.start_config(self.engine, mid, next(s for s in boot if s["id"] == mid),
+                                   {s["id"]: s.get("votes", 1) for s in boot})
         self.svc = ShardService(self.engine, sim.limits, primary=False, on_commit=self._committed,
                                 on_durable=self._on_durable, member_id=mid,
-                                votes={s["id"]: s.get("votes", 1) for s in cfg["members"]},
+                                votes=votes,
                                 on_fatal=self._fatal, timer=self._svc_timer, clock_ms=self.now)
         self._hashes: dict[GTID, int] = {}  # each commit's hash, for the checker
         # Feeder

@@ -297,3 +297,55 @@ def test_a_restarted_old_primary_never_serves_what_it_rolls_back(ray_session, tm
         assert new != old
     finally:
         rs.shutdown()
+
+
+def test_a_member_restarted_by_ray_counts_majorities_over_its_configuration(ray_session,
+                                                                            tmp_path):
+    """nemesis seed 403 (the restart_with_creation_votes bug): Ray restarts a
+    killed member process with the arguments it was created with. The
+    member launched alone (votes {0: 1}) and grown to 3 must not count a
+    majority of one when it is primary again after a restart: with both
+    secondaries paused, a w="majority" write times out instead of being
+    acknowledged by the primary alone (a write a failover would lose).
+    A member added later, restarted, says it votes (not "joining")."""
+    import os
+    import signal
+    ray = ray_session
+    rs = raymx.ReplicaSet.launch("growvotes", members=1, data_dir=str(tmp_path))
+    try:
+        assert rs.wait_for_primary() == 0
+        for _ in range(2):
+            rs.add_member(progress=False)
+        wait_until(lambda: [m.get("votes") for m in rs.status()["members"]] == [1, 1, 1]
+                   and not any(m.get("joining") for m in rs.status()["members"]),
+                   timeout_s=60)
+        coll = rs.client()["d"]["c"]
+        coll.insert_one({"_id": "before"}, w="majority")
+
+        def restart(mid):
+            m = next(x for x in rs.status()["members"] if x["id"] == mid)
+            os.kill(m["pid"], signal.SIGKILL)  # the shard process; Ray starts it again
+            wait_until(lambda: (lambda x: x.get("pid") not in (None, m["pid"])
+                                and x["state"] == "running")(
+                next(x for x in rs.status()["members"] if x["id"] == mid)), timeout_s=90)
+        restart(1)
+        m1 = next(x for x in rs.status()["members"] if x["id"] == 1)
+        assert m1["restarted"] and m1["votes"] == 1 and m1["joining"] is None, m1
+        restart(0)
+        for _ in range(5):  # the most advanced takes over, the lowest id on a tie: m0
+            if rs.wait_for_primary(60) == 0:
+                break
+            rs.step_down()
+        assert rs.wait_for_primary() == 0
+        assert next(x for x in rs.status()["members"] if x["id"] == 0)["restarted"]
+        coll = rs.client()["d"]["c"]
+        coll.insert_one({"_id": "after restart"}, w="majority")
+        _pause(ray, rs, [1, 2])
+        try:
+            with pytest.raises(errors.WriteConcernTimeout):
+                coll.insert_one({"_id": "alone"}, w="majority", wtimeout_ms=1500)
+        finally:
+            _pause(ray, rs, [1, 2], False)
+        coll.insert_one({"_id": "resumed"}, w="majority")
+    finally:
+        rs.shutdown()

@@ -14,6 +14,7 @@ from raymx import errors
 from raymx.actors import doorbell, logbook
 from raymx.actors.core import replication as rep
 from raymx.actors.core.gtid_manager import GTIDManager
+from raymx.actors.core.member import start_config
 from raymx.actors.process import lock_member, now_ms, open_member, serve_at_normal_priority
 from raymx.storage import snapshot
 from raymx.storage.gtid import GTID
@@ -31,9 +32,11 @@ class Applier:
         self.member_id, self.limits = member_id, limits
         logbook.install(rs_name, member_id, "applier")
         serve_at_normal_priority()
-        self.delay_ms = int(delay_s * 1000)
         self._dir_lock = lock_member(path, rs_name, member_id, "applier")
         self.engine = open_member(path, limits)
+        # restarted by Ray (its creation's delay): the configuration's decides
+        spec, _ = start_config(self.engine, member_id, {"delay_s": delay_s}, {})
+        self.delay_ms = int(spec.get("delay_s", 0) * 1000)
         self.applied_entries = self.applied_ops = self.replays = 0
         self._wake = threading.Event()
         self._stop = threading.Event()

@@ -59,7 +59,6 @@ class OplogShard:
                  limits: Limits, votes: dict, bind_host: str | None = None,
                  oplog_cap: dict | None = None, tls: dict | None = None):
         self.rs_name, self.member_id, self.path, self.limits = rs_name, member["id"], path, limits
-        self.spec = member
         logbook.install(rs_name, self.member_id, "")
         serve_at_normal_priority()
         ctx = ray.get_runtime_context()
@@ -77,6 +76,9 @@ class OplogShard:
                                      f"{rs_name!r}")
         self.engine.put_meta("member_id", self.member_id)
         self.engine.put_meta("replset", rs_name)
+        # restarted by Ray (same arguments as at creation): the configuration
+        # it installed since decides its votes and spec (mc.start_config)
+        self.spec, votes = mc.start_config(self.engine, self.member_id, member, votes)
         if member.get("initial_sync") and snapshot.is_empty(self.engine) and \
                 self.engine.get_meta("initial_sync") is None:
             # to be loaded from a snapshot: the producer must not pull from the
@@ -90,12 +92,12 @@ class OplogShard:
         self._loaded_sums: dict[int, list] = {}  # part -> checksum of the run loaded for it
         self.loaded_at: list | None = None  # the snapshot GTID this process loaded
         self.feeder = FeederService(self.engine, limits, self.member_id, self._positions,
-                                    {int(k): v for k, v in votes.items()})
+                                    dict(votes))
         # the producer rings after each batch it writes: wake long-polling pulls
         self._bell = doorbell.Listener(path, "feeder", self.feeder.on_limit)
         self.service = ShardService(self.engine, limits, primary=False,
                                     on_durable=self._on_durable, member_id=self.member_id,
-                                    votes={int(k): v for k, v in votes.items()},
+                                    votes=dict(votes),
                                     on_fatal=stop_process)
         # and with each newer majority point it learns (the 16 GTID bytes); after
         # the service, which its handler tells (a ring before it was lost: its

@@ -50,6 +50,25 @@ def run_steps(steps: Generator, do) -> object:
         answer = do(step)
 
 
+def start_config(engine: Engine, member_id: int, spec: dict, votes: dict) -> tuple[dict, dict]:
+    """The member's own spec and the set's votes ({id: votes}) a starting
+    member runs with: those of the configuration it holds durably, when it
+    holds one, else ``spec`` and ``votes``, those it was created with. Ray
+    restarts an actor with the arguments it was first created with, which
+    predate every configuration installed since: a member added while it
+    caught up (no vote), or launched in a smaller set, would otherwise count
+    majorities over a membership that is gone (a majority never reached, or
+    one reached too early: an acknowledged write a failover loses), and show
+    the vote, priority, hidden flag and delay it was created with. A newer
+    configuration still comes from the coordinator (``set_config``)."""
+    cfg = engine.get_meta("rs_config")
+    if not cfg or not cfg.get("members"):
+        return dict(spec), {int(k): v for k, v in votes.items()}
+    mine = next((m for m in cfg["members"] if m["id"] == member_id), None)
+    return (dict(spec) if mine is None else dict(mine),
+            {m["id"]: m.get("votes", 1) for m in cfg["members"]})
+
+
 class MemberCore:
     def __init__(self, engine: Engine, member_id: int):
         self.e = engine
