@@ -76,6 +76,7 @@ _EXACT = 1 << 53
 
 _NUM_TAG = bytes((T_NUM,))
 _NAN_KEY = _NUM_TAG + bytes(8)
+NAN_KEY = _NAN_KEY  # the key of every NaN (a query's comparisons treat it apart)
 _FLIP = (1 << 64) - 1
 _TAG_Q = struct.Struct(">BQ")
 _TAG_D = struct.Struct(">Bd")

@@ -29,7 +29,7 @@ from bson.regex import Regex
 from bson.timestamp import Timestamp
 
 from raymx.storage.errors import InvalidDocument, InvalidFilter
-from raymx.storage.keys import END, T_ARR, T_NULL, encode_key
+from raymx.storage.keys import END, NAN_KEY, T_ARR, T_NULL, encode_key
 from raymx.storage.numbers import is_int
 
 
@@ -181,13 +181,20 @@ def _compile_op(path: str, op: str, arg: Any) -> OpPred:
     if op in _COMPARE:
         k = _key(arg, what)
         b = k[0]
+        # NaN (its key sorts below -inf) compares false with every other number
+        # and equal to itself, as in MongoDB's matcher: no range of numbers
+        # holds it, and a range bounded by NaN holds only NaN ($gte, $lte)
+        if k == NAN_KEY:
+            if op in ("$gt", "$lt"):
+                return lambda v, ks: False
+            return lambda v, ks: k in ks
         if op == "$gt":
             return lambda v, ks: any(x[0] == b and x > k for x in ks)
         if op == "$gte":
             return lambda v, ks: any(x[0] == b and x >= k for x in ks)
         if op == "$lt":
-            return lambda v, ks: any(x[0] == b and x < k for x in ks)
-        return lambda v, ks: any(x[0] == b and x <= k for x in ks)
+            return lambda v, ks: any(x[0] == b and x != NAN_KEY and x < k for x in ks)
+        return lambda v, ks: any(x[0] == b and x != NAN_KEY and x <= k for x in ks)
     if op == "$exists":
         if type(arg) not in (bool, int, float):
             raise InvalidFilter(f"{what} needs true or false, got {arg!r:.40}")
