@@ -124,6 +124,20 @@ def test_errors_have_mongodb_codes(client):
         c.update_one({"_id": 1}, {"$frob": {"a": 1}})
     assert ei.value.code == 9
     assert c.find_one({"_id": 1}) == {"_id": 1, "u": 1}  # connection still usable
+    # an update that cannot apply gets MongoDB's code for why, as drivers and
+    # applications test it (e.code == 66), and nothing changes
+    c.insert_one({"_id": 9, "s": "text", "n": 1, "arr": [1]})
+    for update, code in [({"$set": {"_id": 10}}, 66), ({"$set": {"n": 2}, "$inc": {"n": 1}}, 40),
+                         ({"$inc": {"n": "x"}}, 14), ({"$inc": {"s": 1}}, 14),
+                         ({"$set": {"s.x": 1}}, 28), ({"$push": {"s": 1}}, 2),
+                         ({"$set": {"arr.$": 5}}, 2)]:
+        with pytest.raises(WriteError) as ei:
+            c.update_one({"_id": 9}, update)
+        assert ei.value.code == code, (update, ei.value.details)
+    with pytest.raises(WriteError) as ei:
+        c.replace_one({"_id": 9}, {"_id": 11, "n": 0})
+    assert ei.value.code == 66
+    assert c.find_one({"_id": 9}) == {"_id": 9, "s": "text", "n": 1, "arr": [1]}
 
 
 def test_indexes_and_namespaces(client):

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 __all__ = [
     "RaymxError", "InvalidInput", "InvalidDocument", "DocumentTooLarge", "TransactionTooLarge",
-    "InvalidName", "InvalidFilter", "InvalidUpdate", "UpdateOverflow", "InvalidOperation",
+    "InvalidName", "InvalidFilter", "InvalidUpdate", "UpdateOverflow", "ImmutableField",
+    "ConflictingUpdateOperators", "TypeMismatch", "PathNotViable", "UpdateBadValue",
+    "InvalidOperation",
     "DuplicateKey",
     "IndexOptionsConflict", "IndexKeySpecsConflict",
     "SchemaMismatch", "CollectionNotFound", "CollectionExists", "IndexNotFound", "ProtocolError",
@@ -107,6 +109,31 @@ class InvalidFilter(InvalidInput):
 
 class InvalidUpdate(InvalidInput):
     """A malformed update or an unknown update operator."""
+
+
+class ImmutableField(InvalidUpdate):
+    """An update or replacement that would change ``_id`` (MongoDB's ImmutableField)."""
+
+
+class ConflictingUpdateOperators(InvalidUpdate):
+    """Two operators of one update on the same field, or one on a field inside
+    the other's (MongoDB's ConflictingUpdateOperators)."""
+
+
+class TypeMismatch(InvalidUpdate):
+    """An arithmetic or bitwise operator given, or meeting, a value of the wrong
+    type (``$inc`` of a string; MongoDB's TypeMismatch)."""
+
+
+class PathNotViable(InvalidUpdate):
+    """A path through a value that cannot have fields (``$set`` of "s.x" where
+    ``s`` is a string; MongoDB's PathNotViable)."""
+
+
+class UpdateBadValue(InvalidUpdate):
+    """A well-formed update that cannot apply to the document it meets (``$push``
+    onto a non-array, a positional ``$`` the filter did not match; MongoDB's
+    BadValue)."""
 
 
 class UpdateOverflow(InvalidUpdate):

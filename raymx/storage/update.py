@@ -21,7 +21,9 @@ from typing import Any, Callable
 from bson import Decimal128, Int64
 
 from raymx.storage import numbers
-from raymx.storage.errors import InvalidDocument, InvalidFilter, InvalidUpdate, UpdateOverflow
+from raymx.storage.errors import (ConflictingUpdateOperators, ImmutableField, InvalidDocument,
+                                  InvalidFilter, InvalidUpdate, PathNotViable, TypeMismatch,
+                                  UpdateBadValue, UpdateOverflow)
 from raymx.storage.keys import encode_key
 from raymx.storage.query import (MISSING, compile_filter, field_conditions, get_path,
                                  matched_element, sorted_values)
@@ -141,13 +143,13 @@ def _match_index(doc: dict, head: list[str], pos: Positional, where: str) -> int
     if pos.flt is None or not any(k == dotted or k.startswith(dotted + ".")
                                   for k, _ in field_conditions(pos.flt)) \
             or not isinstance(arr, _ARRAY):
-        raise InvalidUpdate(f"{where}: the positional operator did not find the match needed "
-                            "from the query (filter on the array's field)")
+        raise UpdateBadValue(f"{where}: the positional operator did not find the match needed "
+                             "from the query (filter on the array's field)")
     i = matched_element(doc, head, pos.match())
     if i is not None:
         return i
-    raise InvalidUpdate(f"{where}: the positional operator did not find the match needed "
-                        "from the query")
+    raise UpdateBadValue(f"{where}: the positional operator did not find the match needed "
+                         "from the query")
 
 
 def _positional(doc: dict, op: str, path: str, parts: list[str], pos: Positional,
@@ -244,7 +246,7 @@ class _Cow:
                 nxt = {}
                 _put(cur, k, nxt, where)
             elif create:
-                raise InvalidUpdate(f"{where}: {p!r} holds {nxt!r:.40}, which cannot have fields")
+                raise PathNotViable(f"{where}: {p!r} holds {nxt!r:.40}, which cannot have fields")
             else:
                 return None
             self._own[id(nxt)] = nxt
@@ -275,15 +277,15 @@ def _arith(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
     w = _where(op, path)
     if not numbers.is_number(arg):
         what = "increment" if op == "$inc" else "factor"
-        raise InvalidUpdate(f"{w}: the {what} must be a number, got {arg!r:.40}",
-                            operator=op, field=path)
+        raise TypeMismatch(f"{w}: the {what} must be a number, got {arg!r:.40}",
+                           operator=op, field=path)
     c, k = d.loc(w, parts, True)
     cur = _get(c, k)
     if cur is MISSING:
         cur = 0
     elif not numbers.is_number(cur):
-        raise InvalidUpdate(f"{w}: the field holds a non-number {cur!r:.40}", operator=op,
-                            field=path)
+        raise TypeMismatch(f"{w}: the field holds a non-number {cur!r:.40}", operator=op,
+                           field=path)
     if type(cur) is Decimal128 or type(arg) is Decimal128:
         _put(c, k, numbers.combine("add" if op == "$inc" else "mul", cur, arg), w)
         return
@@ -358,8 +360,8 @@ def _array(d: _Cow, op: str, path: str, parts: list[str], create: bool) -> tuple
     if cur is MISSING:
         return (loc, []) if create else None
     if not isinstance(cur, _ARRAY):
-        raise InvalidUpdate(f"{w}: the field holds a non-array {cur!r:.40}", operator=op,
-                            field=path)
+        raise UpdateBadValue(f"{w}: the field holds a non-array {cur!r:.40}", operator=op,
+                             field=path)
     return loc, list(cur)
 
 
@@ -409,8 +411,8 @@ def _bit(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
     cur = _get(c, k)
     cur = 0 if cur is MISSING else cur
     if not numbers.is_int(cur):
-        raise InvalidUpdate(f"{w}: the field holds a non-integer {cur!r:.40}", operator=op,
-                            field=path)
+        raise TypeMismatch(f"{w}: the field holds a non-integer {cur!r:.40}", operator=op,
+                           field=path)
     new = cur
     for how, v in arg.items():
         new = new & v if how == "and" else new | v if how == "or" else new ^ v
@@ -490,7 +492,7 @@ def _replace(doc: dict, repl: dict) -> dict:
     new = _fresh(repl, "replacement document")
     if "_id" in doc:
         if "_id" in new and _key(new["_id"], "_id") != _key(doc["_id"], "_id"):
-            raise InvalidUpdate("a replacement may not change _id", field="_id")
+            raise ImmutableField("a replacement may not change _id", field="_id")
         new.pop("_id", None)
         return {"_id": doc["_id"], **new}
     return {"_id": new.pop("_id"), **new} if "_id" in new else new
@@ -546,7 +548,7 @@ def apply_update(doc: dict, update: dict, inserting: bool = False, flt: dict | N
     touched.sort(key=lambda t: t[0])
     for (a, wa), (b, wb) in zip(touched, touched[1:]):
         if b[:len(a)] == a:  # sorted, so any prefix pair also shows up as a neighbour pair
-            raise InvalidUpdate(f"updating {wb} conflicts with {wa}")
+            raise ConflictingUpdateOperators(f"updating {wb} conflicts with {wa}")
     d = _Cow(doc)
     d.inserting = bool(inserting)
     for op, path, parts, arg in steps:
@@ -554,7 +556,7 @@ def apply_update(doc: dict, update: dict, inserting: bool = False, flt: dict | N
     new = d.root
     if "_id" in doc:
         if "_id" not in new or _key(new["_id"], "_id") != _key(doc["_id"], "_id"):
-            raise InvalidUpdate("an update may not change _id", field="_id")
+            raise ImmutableField("an update may not change _id", field="_id")
         new["_id"] = doc["_id"]  # not even from 1 to 1.0
     return new
 
