@@ -142,6 +142,10 @@ def test_field_order_is_kept_and_new_fields_appended():
     ({"$rename": {"n": 5}}, "non-empty string"), ({"$rename": {"n": "n"}}, "conflicts"),
     ({"$rename": {"e": "e.x"}}, "conflicts"),
     ({"$rename": {"l.0": "z"}}, "array"), ({"$rename": {"n": "l.0"}}, "array"),
+    # as MongoDB: no path through an array, on either side, also to a missing field
+    ({"$rename": {"docs.k": "z"}}, "source field 'docs.k' cannot be an array element"),
+    ({"$rename": {"docs.q": "z"}}, "source field 'docs.q' cannot be an array element"),
+    ({"$rename": {"n": "docs.0.y"}}, "destination field 'docs.0.y' cannot be an array element"),
     # conflicting paths in one update
     ({"$set": {"a": 1}, "$inc": {"a": 1}}, r"updating 'a' \(\$inc\) conflicts with 'a' \(\$set\)"),
     ({"$set": {"a": 1, "a.b": 1}}, "conflicts"),

@@ -130,7 +130,8 @@ def test_errors_have_mongodb_codes(client):
     for update, code in [({"$set": {"_id": 10}}, 66), ({"$set": {"n": 2}, "$inc": {"n": 1}}, 40),
                          ({"$inc": {"n": "x"}}, 14), ({"$inc": {"s": 1}}, 14),
                          ({"$set": {"s.x": 1}}, 28), ({"$push": {"s": 1}}, 2),
-                         ({"$set": {"arr.$": 5}}, 2)]:
+                         ({"$set": {"arr.$": 5}}, 2), ({"$rename": {"arr.x": "z"}}, 2),
+                         ({"$rename": {"n": "arr.0.y"}}, 2)]:
         with pytest.raises(WriteError) as ei:
             c.update_one({"_id": 9}, update)
         assert ei.value.code == code, (update, ei.value.details)

@@ -468,14 +468,36 @@ def _pull(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
         _put(c, k, [x for x in cur if not match(x)], _where(op, path))
 
 
+def _array_on(root: dict, parts: list[str]) -> str | None:
+    """The first field of the path ``parts`` (up to its parent) that holds an
+    array in ``root``, or None."""
+    cur = root
+    for i, p in enumerate(parts[:-1]):
+        cur = cur.get(p, MISSING) if isinstance(cur, dict) else MISSING
+        if isinstance(cur, _ARRAY):
+            return ".".join(parts[:i + 1])
+        if cur is MISSING:
+            return None
+    return None
+
+
 def _rename(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
+    """As MongoDB: neither the source nor the destination may be inside an
+    array (an element, or a field of elements), even when the source is
+    missing there."""
     w = _where(op, path)
+    dparts = _split(op, arg)
+    for which, ps, shown in (("source", parts, path), ("destination", dparts, arg)):
+        arr = _array_on(d.root, ps)
+        if arr is not None:
+            raise UpdateBadValue(f"{w}: the {which} field {shown!r} cannot be an array "
+                                 f"element ({arr!r} holds an array)", operator=op, field=path)
     src = d.loc(w, parts, False)
     if src is None or _get(*src) is MISSING:
         return
-    dst = d.loc(w, _split(op, arg), True)
+    dst = d.loc(w, dparts, True)
     if isinstance(src[0], list) or isinstance(dst[0], list):
-        raise InvalidUpdate(f"{w}: $rename cannot move array elements", operator=op, field=path)
+        raise UpdateBadValue(f"{w}: $rename cannot move array elements", operator=op, field=path)
     v = src[0].pop(src[1])
     _put(*dst, v, w)
 
