@@ -139,6 +139,11 @@ def test_errors_have_mongodb_codes(client):
         c.replace_one({"_id": 9}, {"_id": 11, "n": 0})
     assert ei.value.code == 66
     assert c.find_one({"_id": 9}) == {"_id": 9, "s": "text", "n": 1, "arr": [1]}
+    # w past the set's size: the write stands, its concern fails at once (not a timeout)
+    with pytest.raises(pymongo.errors.WriteConcernError) as ei:
+        c.with_options(write_concern=pymongo.WriteConcern(w=2)).insert_one({"_id": 12, "u": 12})
+    assert ei.value.code == 100 and not isinstance(ei.value, pymongo.errors.WTimeoutError)
+    assert c.find_one({"_id": 12}) == {"_id": 12, "u": 12}
 
 
 def test_indexes_and_namespaces(client):

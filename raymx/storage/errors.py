@@ -25,7 +25,8 @@ __all__ = [
     "IndexOptionsConflict", "IndexKeySpecsConflict",
     "SchemaMismatch", "CollectionNotFound", "CollectionExists", "IndexNotFound", "ProtocolError",
     "AuthenticationFailed", "CorruptEntry", "CorruptStore", "BatchRefused", "NotPrimary",
-    "NotPrimaryOrSecondary", "PrimaryUnavailable", "WriteConcernTimeout", "ReadConcernTimeout",
+    "NotPrimaryOrSecondary", "PrimaryUnavailable", "WriteConcernTimeout",
+    "UnsatisfiableWriteConcern", "ReadConcernTimeout",
     "ExecutionTimeout", "Interrupted",
     "StaleRead", "Diverged", "TooStale", "OplogTrimmed", "StaleTerm", "IrreversibleOp",
     "ShutDown", "ConnectionLost", "RequestTimeout", "TransactionAborted", "WriteConflict",
@@ -239,6 +240,12 @@ class WriteConcernTimeout(OperationFailure):
 
     It is not undone: a timeout is not a rollback.
     """
+
+
+class UnsatisfiableWriteConcern(WriteConcernTimeout):
+    """The write committed (``info['gtid']``), but its ``w`` asks for more
+    members than the set has: answered at once, not after a timeout
+    (MongoDB's UnsatisfiableWriteConcern)."""
 
 
 class ReadConcernTimeout(OperationFailure):

@@ -36,6 +36,7 @@ _CODES: list[tuple[type, int, str]] = [
     (errors.NotPrimary, 10107, "NotWritablePrimary"),
     (errors.NotPrimaryOrSecondary, 13436, "NotPrimaryOrSecondary"),
     (errors.PrimaryUnavailable, 189, "PrimarySteppedDown"),
+    (errors.UnsatisfiableWriteConcern, 100, "UnsatisfiableWriteConcern"),
     (errors.WriteConcernTimeout, 64, "WriteConcernFailed"),
     (errors.ReadConcernTimeout, 50, "MaxTimeMSExpired"),
     (errors.ExecutionTimeout, 50, "MaxTimeMSExpired"),
@@ -136,7 +137,8 @@ def write_concern_error(e: Exception) -> dict:
     """``writeConcernError``: the write committed, its write concern did not hold."""
     code, name = code_of(e)
     out = {"code": code, "codeName": name, "errmsg": getattr(e, "msg", None) or str(e)}
-    if isinstance(e, errors.WriteConcernTimeout):
+    if isinstance(e, errors.WriteConcernTimeout) and not isinstance(
+            e, errors.UnsatisfiableWriteConcern):
         out["errInfo"] = {"wtimeout": True}
     return out
 

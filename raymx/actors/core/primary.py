@@ -77,7 +77,7 @@ class WriteConcernCore:
         n = len(self.votes)
         need = majority_count(list(self.votes.values())) if w == "majority" else w
         if not isinstance(need, int) or need < 0 or need > n:
-            return errors.WriteConcernTimeout(
+            return errors.UnsatisfiableWriteConcern(
                 f"w={w!r} cannot be satisfied by {n} members; the write committed "
                 f"at {g} and was not undone", gtid=list(g))
         self.waiting.append((g, w, deadline_ms, token))
