@@ -75,8 +75,7 @@ _EXACT = 1 << 53
 
 
 _NUM_TAG = bytes((T_NUM,))
-_NAN_KEY = _NUM_TAG + bytes(8)
-NAN_KEY = _NAN_KEY  # the key of every NaN (a query's comparisons treat it apart)
+NAN_KEY = _NUM_TAG + bytes(8)  # every NaN's key (a query's comparisons treat it apart)
 _FLIP = (1 << 64) - 1
 _TAG_Q = struct.Struct(">BQ")
 _TAG_D = struct.Struct(">Bd")
@@ -86,7 +85,7 @@ _OID_TAG, _UUID_TAG = bytes((T_OID,)), bytes((T_UUID,))
 def _num(v) -> bytes:
     f = float(v)
     if f != f:
-        return _NAN_KEY  # every NaN is one value, below -inf (as in MongoDB)
+        return NAN_KEY  # every NaN is one value, below -inf (as in MongoDB)
     b = _D.pack(f + 0.0)  # + 0.0 folds -0.0 into 0.0
     if b[0] < 0x80:  # positive: set the sign bit
         out = bytes((T_NUM, b[0] | 0x80)) + b[1:]

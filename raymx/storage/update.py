@@ -495,9 +495,7 @@ def _rename(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
     src = d.loc(w, parts, False)
     if src is None or _get(*src) is MISSING:
         return
-    dst = d.loc(w, dparts, True)
-    if isinstance(src[0], list) or isinstance(dst[0], list):
-        raise UpdateBadValue(f"{w}: $rename cannot move array elements", operator=op, field=path)
+    dst = d.loc(w, dparts, True)  # neither container is a list: no path met an array
     v = src[0].pop(src[1])
     _put(*dst, v, w)
 

@@ -137,8 +137,7 @@ def write_concern_error(e: Exception) -> dict:
     """``writeConcernError``: the write committed, its write concern did not hold."""
     code, name = code_of(e)
     out = {"code": code, "codeName": name, "errmsg": getattr(e, "msg", None) or str(e)}
-    if isinstance(e, errors.WriteConcernTimeout) and not isinstance(
-            e, errors.UnsatisfiableWriteConcern):
+    if code == 64:  # a timeout (not UnsatisfiableWriteConcern's 100)
         out["errInfo"] = {"wtimeout": True}
     return out
 
