@@ -203,7 +203,15 @@ def test_aggregate_answers_through_a_cursor_a_batch_at_a_time(client):
     assert ei.value.code == 43
     empty = db.command("aggregate", "agg", pipeline=[], cursor={"batchSize": 0})["cursor"]
     assert empty["firstBatch"] == [] and empty["id"] != 0
-    db.command("killCursors", "agg", cursors=[empty["id"]])
+    # as MongoDB: an id of no open cursor (here the exhausted one) is not found
+    killed = db.command("killCursors", "agg", cursors=[empty["id"], first["id"]])
+    assert killed["cursorsKilled"] == [empty["id"]], killed
+    assert killed["cursorsNotFound"] == [first["id"]], killed
+    cs = db.command("aggregate", "agg", pipeline=[{"$changeStream": {}}], cursor={})["cursor"]
+    killed = db.command("killCursors", "agg", cursors=[cs["id"]])
+    assert killed["cursorsKilled"] == [cs["id"]] and killed["cursorsNotFound"] == []
+    killed = db.command("killCursors", "agg", cursors=[cs["id"]])  # a change stream's too
+    assert killed["cursorsKilled"] == [] and killed["cursorsNotFound"] == [cs["id"]]
     with pytest.raises(OperationFailure) as ei:
         db.command("getMore", empty["id"], collection="agg")
     assert ei.value.code == 43

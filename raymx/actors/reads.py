@@ -133,9 +133,9 @@ class ReadPath:
             if op == "killCursors":
                 cids = req.get("cursors", ())
                 self._forget_cursors(conn, cids)
-                for cid in cids:
-                    self._close_cursor(cid)
-                return reply(ok={})
+                found = [self._close_cursor(cid) for cid in cids]
+                return reply(ok={"killed": [c for c, f in zip(cids, found) if f],
+                                 "notFound": [c for c, f in zip(cids, found) if not f]})
             rc = req.get("readConcern", "local")
             if rc not in READ_CONCERNS:
                 raise errors.InvalidOperation(f"readConcern {rc!r}: one of "
@@ -422,14 +422,17 @@ class ReadPath:
                     out["cursor"] = 0  # exhausted, or killed meanwhile: the client stops
         return out
 
-    def _close_cursor(self, cid) -> None:
-        """Close cursor ``cid``; one in a getMore is closed when that ends."""
+    def _close_cursor(self, cid) -> bool:
+        """Close cursor ``cid``; one in a getMore is closed when that ends.
+        False: no such cursor is open."""
         with self._cursors_lock:
             c = self._cursors.pop(cid, None)
-            if c is None and cid in self._cursors_busy:
+            busy = c is None and cid in self._cursors_busy
+            if busy:
                 self._cursors_busy[cid].killed = True
         if c is not None:
             c.close()
+        return c is not None or busy
 
     def _release_for_remap(self) -> None:
         """The store's map is being remapped (it grew, here or in another

@@ -311,7 +311,7 @@ class Streams:
         return {"cursor": {"nextBatch": docs, "id": Int64(cid), "ns": s.ns,
                            "postBatchResumeToken": token_out(s.token)}}
 
-    def kill(self, ids) -> None:
+    def kill(self, ids) -> list:
+        """Close the streams ``ids``; returns those that were not open."""
         with self.lock:
-            for cid in ids:
-                self.open.pop(cid, None)
+            return [cid for cid in ids if self.open.pop(cid, None) is None]

@@ -598,11 +598,13 @@ def _get_more(d, cmd: dict, conn):
 
 def _kill_cursors(d, cmd: dict, conn):
     ids = [int(x) for x in _docs(cmd.get("cursors"), "cursors")]
-    d.streams.kill([x for x in ids if d.streams.owns(x)])
+    gone = set(d.streams.kill([x for x in ids if d.streams.owns(x)]))
     mine = [x for x in ids if not d.streams.owns(x)]
     if mine:
-        yield call({"op": "killCursors", "cursors": mine}, conn.state)
-    return {"cursorsKilled": [Int64(x) for x in ids], "cursorsNotFound": [],
+        res = yield call({"op": "killCursors", "cursors": mine}, conn.state)
+        gone.update(res.get("notFound", ()))  # as MongoDB: no open cursor, not found
+    return {"cursorsKilled": [Int64(x) for x in ids if x not in gone],
+            "cursorsNotFound": [Int64(x) for x in ids if x in gone],
             "cursorsAlive": [], "cursorsUnknown": []}
 
 
