@@ -114,3 +114,25 @@ def test_index_stats_counts_the_queries_each_index_served(client):
         list(co.aggregate([{"$match": {}}, {"$indexStats": {}}]))
     assert ei.value.code == 40602
     assert list(client.ixs.absent.aggregate([{"$indexStats": {}}])) == []
+
+
+def test_parallel_arrays_in_a_compound_index_fail_as_in_mongodb(client):
+    """pymongo gets code 171 (CannotIndexParallelArrays) for an insert, an
+    update and an index build that would index two arrays of one compound
+    index; nothing is written and the connection serves on."""
+    from pymongo.errors import WriteError
+    co = client.par.c
+    co.create_index([("a", 1), ("b", 1)])
+    co.insert_one({"_id": 1, "a": [1, 2], "b": 1})
+    with pytest.raises(WriteError) as ei:
+        co.insert_one({"_id": 2, "a": [1], "b": [2]})
+    assert ei.value.code == 171 and "cannot index parallel arrays [a] [b]" in str(ei.value)
+    with pytest.raises(WriteError) as ei:
+        co.update_one({"_id": 1}, {"$set": {"b": [3]}})
+    assert ei.value.code == 171
+    assert list(co.find({}, sort=[("_id", 1)])) == [{"_id": 1, "a": [1, 2], "b": 1}]
+    client.par.d.insert_one({"_id": 1, "x": [1], "y": [2]})
+    with pytest.raises(OperationFailure) as ei:
+        client.par.d.create_index([("x", 1), ("y", 1)])
+    assert ei.value.code == 171
+    assert [i["name"] for i in client.par.d.list_indexes()] == ["_id_"]

@@ -20,7 +20,7 @@ __all__ = [
     "RaymxError", "InvalidInput", "InvalidDocument", "DocumentTooLarge", "TransactionTooLarge",
     "InvalidName", "InvalidFilter", "InvalidUpdate", "UpdateOverflow", "ImmutableField",
     "ConflictingUpdateOperators", "TypeMismatch", "PathNotViable", "UpdateBadValue",
-    "InvalidOperation",
+    "CannotIndexParallelArrays", "InvalidOperation",
     "DuplicateKey",
     "IndexOptionsConflict", "IndexKeySpecsConflict",
     "SchemaMismatch", "CollectionNotFound", "CollectionExists", "IndexNotFound", "ProtocolError",
@@ -90,6 +90,12 @@ class InvalidInput(OperationFailure):
 
 class InvalidDocument(InvalidInput):
     """A document or value msgpack cannot carry, a non-string key, a bad _id."""
+
+
+class CannotIndexParallelArrays(InvalidDocument):
+    """A document holding arrays at two fields of one compound index, neither
+    inside the other (MongoDB's CannotIndexParallelArrays): its keys would be
+    their cross product."""
 
 
 class DocumentTooLarge(InvalidInput):

@@ -474,6 +474,46 @@ def index_keys(doc: Any, path: str) -> list[bytes]:
     return sorted(set(_fanned(reach(doc, path))[1]))
 
 
+def array_paths(doc: Any, path: str) -> set[str]:
+    """The prefixes of dotted ``path`` (the whole path included) at which
+    ``doc`` holds an array: {"a"} for ``{"a": [{"b": 1}]}`` and "a.b", an
+    empty set when the path meets no array. A numeric part after an array
+    picks an element (``a.0.b``), as MongoDB's index key paths do."""
+    parts, out = path.split("."), set()
+
+    def walk(v, i):
+        if isinstance(v, _ARRAY):
+            if i < len(parts) and parts[i].isdigit():  # a position: not fanned out
+                j = int(parts[i])
+                if j < len(v):
+                    walk(v[j], i + 1)
+                return
+            out.add(".".join(parts[:i]))
+            if i < len(parts):
+                for x in v:
+                    if isinstance(x, dict):
+                        walk(x.get(parts[i], MISSING), i + 1)
+        elif i < len(parts) and isinstance(v, dict):
+            walk(v.get(parts[i], MISSING), i + 1)
+    walk(doc, 0)
+    return out
+
+
+def parallel_arrays(doc: Any, paths) -> tuple[str, str] | None:
+    """Two of ``paths`` (a compound index's fields) at which ``doc`` holds
+    different arrays, neither inside the other, or None. MongoDB refuses to
+    index such a document (CannotIndexParallelArrays): its keys would be the
+    cross product of the arrays' elements."""
+    seen: list[tuple[str, str]] = []  # (field, an array prefix of it)
+    for p in paths:
+        for a in array_paths(doc, p):
+            for q, b in seen:
+                if q != p and not (a == b or a.startswith(b + ".") or b.startswith(a + ".")):
+                    return q, p
+            seen.append((p, a))
+    return None
+
+
 def field_conditions(flt: dict):
     """(field, condition) of a filter's top level, through nested ``$and``s
     (what every matching document must satisfy; ``$or``/``$nor`` are left out)."""

@@ -211,6 +211,13 @@ class Transaction(Reader):
     def _index_general(self, c: CollInfo, ixs, pk: bytes, doc: dict, check_unique: bool,
                        put_ix) -> None:
         for ix in ixs:
+            if check_unique and len(ix.key) > 1:  # decided here, not replayed
+                both = query.parallel_arrays(doc, [p for p, _ in ix.key])
+                if both:
+                    raise errors.CannotIndexParallelArrays(
+                        f"cannot index parallel arrays [{both[0]}] [{both[1]}]: index "
+                        f"{ix.name} of {c.ns}, document _id {doc.get('_id')!r:.100}",
+                        ns=c.ns, index=ix.name)
             for pre, key in _index_entries(ix, doc, pk):
                 if ix.unique and check_unique:
                     if self.optimistic:  # checked again at its commit

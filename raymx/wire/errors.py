@@ -29,6 +29,7 @@ _CODES: list[tuple[type, int, str]] = [
     (errors.IndexNotFound, 27, "IndexNotFound"),
     (errors.IndexOptionsConflict, 85, "IndexOptionsConflict"),
     (errors.IndexKeySpecsConflict, 86, "IndexKeySpecsConflict"),
+    (errors.CannotIndexParallelArrays, 171, "CannotIndexParallelArrays"),
     (errors.InvalidDocument, 2, "BadValue"),
     (errors.InvalidOperation, 2, "BadValue"),
     (errors.InvalidInput, 2, "BadValue"),
