@@ -311,6 +311,12 @@ def test_statement_fields_raymx_does_not_know_fail_the_command_instead_of_being_
     with pytest.raises(OperationFailure, match="must be 0 or 1. Got 5") as ei:
         client.stmts.command("delete", "c", deletes=[{"q": {}, "limit": 5}])
     assert ei.value.code == 9 and co.count_documents({}) == 10
+    with pytest.raises(OperationFailure, match="'delete.deletes.limit' is missing") as ei:
+        client.stmts.command("delete", "c", deletes=[{"q": {}}])  # as MongoDB: required
+    assert ei.value.code == 40414 and co.count_documents({}) == 10
+    with pytest.raises(OperationFailure, match="'cursor' option is required") as ei:
+        client.stmts.command("aggregate", "c", pipeline=[])  # as MongoDB: no cursor, no answer
+    assert ei.value.code == 9
     assert [d["_id"] for d in co.find().sort("$natural", -1).limit(2)] == [9, 8]
     assert [d["_id"] for d in co.aggregate([{"$sort": {"$natural": -1}}, {"$limit": 2}])] == \
         [9, 8]

@@ -63,6 +63,9 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
         return explain(d, {"explain": {"aggregate": cmd["aggregate"],
                                         "pipeline": cmd.get("pipeline"), "$db": cmd.get("$db")},
                             "$db": cmd.get("$db")}, conn)
+    if not isinstance(cmd.get("cursor"), dict):
+        raise CommandError("The 'cursor' option is required, except for aggregate with the "
+                           "explain argument", 9, "FailedToParse")
     aggregate.check(pipeline)
     if cmd.get("hint"):
         check_hint(d, cmd, conn, ns)
