@@ -483,7 +483,7 @@ def array_paths(doc: Any, path: str) -> set[str]:
 
     def walk(v, i):
         if isinstance(v, _ARRAY):
-            if i < len(parts) and parts[i].isdigit():  # a position: not fanned out
+            if i < len(parts) and parts[i].isascii() and parts[i].isdigit():  # a position
                 j = int(parts[i])
                 if j < len(v):
                     walk(v[j], i + 1)

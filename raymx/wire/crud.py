@@ -406,12 +406,13 @@ def _statements(cmd: dict, kind: str) -> list:
                 + (" (an update picks the first of a sort with findAndModify: "
                    "find_one_and_update(sort=...))" if name == "sort" else ""),
                 40415, "Location40415")
-        if kind == "delete" and isinstance(st, dict) and "limit" not in st:
-            raise CommandError("BSON field 'delete.deletes.limit' is missing but a required "
-                               "field", 40414, "Location40414")
-        if kind == "delete" and isinstance(st, dict) and st.get("limit", 0) not in (0, 1):
-            raise CommandError(f"The limit field in delete objects must be 0 or 1. Got "
-                               f"{st['limit']!r:.40}", 9, "FailedToParse")
+        if kind == "delete" and isinstance(st, dict):
+            if "limit" not in st:
+                raise CommandError("BSON field 'delete.deletes.limit' is missing but a "
+                                   "required field", 40414, "Location40414")
+            if st["limit"] not in (0, 1):
+                raise CommandError(f"The limit field in delete objects must be 0 or 1. Got "
+                                   f"{st['limit']!r:.40}", 9, "FailedToParse")
     return sts
 
 
