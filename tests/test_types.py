@@ -162,6 +162,38 @@ def test_the_other_bson_types_are_stored_queried_and_replayed(engine):
     assert engine.find(NS, {"_id": 9}) == [{"_id": 9, "v": (1 << 63) - 1}]
 
 
+def test_min_key_and_max_key_bound_every_type(engine):
+    """A comparison with MinKey or MaxKey spans every type, as MongoDB's
+    matcher: {"$gte": MinKey} and {"$lte": MaxKey} hold any value (a missing
+    one too), {"$gt": MinKey} all but MinKey, {"$lte": MinKey} only MinKey; a
+    bracketed bound beside one keeps its bracket. Answered the same over the
+    _id, over an index and over a scan: partitions bounded so (as MongoDB's
+    Spark connector asks for them) cover the collection once."""
+    vals = [1, "s", None, [], [1, "x"], MinKey(), MaxKey(), float("nan"), {"k": 1},
+            ObjectId(b"\x01" * 12), datetime.datetime(2020, 1, 1)]
+    docs = [{"_id": i, "v": v, "w": v} for i, v in enumerate(vals)] + [{"_id": 99}]
+    engine.insert_many(NS, docs)
+    with engine.begin() as tx:
+        tx.create_index(NS, "w")
+    everything = [d["_id"] for d in docs]
+    for path in ("v", "w"):  # a scan, an index
+        def ids(cond):
+            return sorted(d["_id"] for d in engine.find(NS, {path: cond}))
+        assert ids({"$gte": MinKey()}) == ids({"$lte": MaxKey()}) == everything
+        assert ids({"$gt": MinKey()}) == [i for i in everything if i != 5]
+        assert ids({"$lt": MaxKey()}) == [i for i in everything if i != 6]
+        assert ids({"$lte": MinKey()}) == [5] and ids({"$gte": MaxKey()}) == [6]
+        assert ids({"$lt": MinKey()}) == ids({"$gt": MaxKey()}) == []
+        assert ids({"$gte": MinKey(), "$lt": 5}) == [0, 4]  # 1, and [1, "x"] through 1
+    parts = [[d["_id"] for d in engine.find(NS, {"_id": {"$gte": lo, "$lt": hi}})]
+             for lo, hi in ((MinKey(), 3), (3, 7), (7, MaxKey()))]
+    assert parts == [[0, 1, 2], [3, 4, 5, 6], [7, 8, 9, 10, 99]]
+    for path in ("v", "w"):  # split at a string: the other side keeps to strings
+        parts = [sorted(d["_id"] for d in engine.find(NS, {path: {"$gte": lo, "$lt": hi}}))
+                 for lo, hi in ((MinKey(), "s"), ("s", MaxKey()))]
+        assert parts == [[], [1, 4]]  # no string below "s"; "s", and "x" of [1, "x"]
+
+
 def test_index_query_sort_and_unique(engine):
     oids = [ObjectId() for _ in range(20)]
     docs = [{"_id": oids[i], "at": T0 + datetime.timedelta(minutes=i), "price": Decimal128(f"{i}.5"),

@@ -305,7 +305,9 @@ def test_positional_operators_resolve_against_the_document_before_the_update():
             ({"$set": {"g.$[x]": 0}}, None, [{"x": 1}, {"x": 2}], "two array filters"),
             ({"$set": {"g.$[x]": 0}}, None, [{"x": 1, "y": 2}], "one identifier"),
             ({"$set": {"g.$[X]": 0}}, None, None, "not a positional operator"),
-            ({"$set": {"s.$[]": 0}}, None, None, "must hold an array"),
+            ({"$set": {"items.0.sku.$[]": 0}}, None, None, "cannot apply array updates to "
+                                                          "non-array element items.0.sku: 'a'"),
+            ({"$set": {"s.$[]": 0}}, None, None, "path 's' must exist in the document"),
             ({"$rename": {"g.$": "h"}}, {"g": 85}, None, "positional operators are not allowed"),
             ({"$set": {"g.$[]": 0, "g.1": 5}}, None, None, "conflicts")):
         with pytest.raises(InvalidUpdate, match=msg):

@@ -296,6 +296,13 @@ def test_positional_updates_and_array_filters_through_pymongo(client):
     with pytest.raises(WriteError) as ei:
         c.update_one({"_id": 1}, {"$set": {"g.$": 0}})
     assert "positional operator did not find" in str(ei.value)
+    # a document without the array, or with something else there: BadValue, as MongoDB
+    c.insert_one({"_id": 3, "g": "text"})
+    for ns, what in (("items", "path 'items' must exist in the document"),
+                     ("g", "cannot apply array updates to non-array element g")):
+        with pytest.raises(WriteError, match=what) as ei:
+            c.update_many({}, {"$set": {f"{ns}.$[e]": 0}}, array_filters=[{"e": 1}])
+        assert ei.value.code == 2
 
 
 def test_ttl_index_through_pymongo(served, client):

@@ -136,3 +136,28 @@ def test_parallel_arrays_in_a_compound_index_fail_as_in_mongodb(client):
         client.par.d.create_index([("x", 1), ("y", 1)])
     assert ei.value.code == 171
     assert [i["name"] for i in client.par.d.list_indexes()] == ["_id_"]
+
+
+def test_partitions_bounded_by_min_key_and_max_key_cover_the_collection(client):
+    """MongoDB's Spark connector reads a collection in partitions bounded by
+    MinKey and MaxKey at its ends ({_id: {$gte: MinKey, $lt: b1}}, ...,
+    {_id: {$gte: bn, $lte: MaxKey}}): every document is read once, over the
+    _id, over a secondary index and with a hint, as against MongoDB."""
+    from bson import MaxKey, MinKey, ObjectId
+    co = client.parts.c
+    oids = sorted(ObjectId() for _ in range(30))
+    co.insert_many([{"_id": o, "n": i} for i, o in enumerate(oids)])
+    co.create_index("n")
+    for field, cuts in (("_id", [oids[10], oids[20]]), ("n", [10, 20])):
+        bounds = [MinKey()] + cuts + [MaxKey()]
+        seen = []
+        for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            last = i == len(bounds) - 2
+            flt = {field: {"$gte": lo, "$lte" if last else "$lt": hi}}
+            seen += [d["_id"] for d in co.find(flt)]
+            assert co.count_documents(flt) == len(list(co.find(flt).hint([(field, 1)])))
+        assert sorted(seen) == oids
+    co.insert_many([{"n": None}, {"n": "t"}, {}])  # MinKey and MaxKey hold every type
+    assert co.count_documents({"n": {"$gt": MinKey(), "$lt": MaxKey()}}) == 33
+    assert co.count_documents({"n": {"$gte": MinKey(), "$lt": 10}}) == 10  # a bracket beside
+    assert co.count_documents({"n": {"$lte": MinKey()}}) == 0

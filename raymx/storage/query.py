@@ -29,7 +29,7 @@ from bson.regex import Regex
 from bson.timestamp import Timestamp
 
 from raymx.storage.errors import InvalidDocument, InvalidFilter
-from raymx.storage.keys import END, NAN_KEY, T_ARR, T_NULL, encode_key
+from raymx.storage.keys import END, NAN_KEY, T_ARR, T_MAXKEY, T_MINKEY, T_NULL, encode_key
 from raymx.storage.numbers import is_int
 
 
@@ -188,6 +188,17 @@ def _compile_op(path: str, op: str, arg: Any) -> OpPred:
             if op in ("$gt", "$lt"):
                 return lambda v, ks: False
             return lambda v, ks: k in ks
+        if b == T_MINKEY or b == T_MAXKEY:
+            # MinKey and MaxKey bound every type, as in MongoDB's matcher (no
+            # type bracket): {"$gte": MinKey} holds any value, a missing one too,
+            # as {"$lte": MaxKey} does (the ranges a partitioner asks for)
+            if op == "$gt":
+                return lambda v, ks: any(x > k for x in ks)
+            if op == "$gte":
+                return lambda v, ks: any(x >= k for x in ks)
+            if op == "$lt":
+                return lambda v, ks: any(x < k for x in ks)
+            return lambda v, ks: any(x <= k for x in ks)
         if op == "$gt":
             return lambda v, ks: any(x[0] == b and x > k for x in ks)
         if op == "$gte":
@@ -543,7 +554,8 @@ def extract_bounds(flt: dict | None, *,
 
     Only necessary conditions are used ($eq, plain values, $in, $gt/$gte/
     $lt/$lte at the top level or in a top-level $and); a condition whose value
-    is a list or dict is skipped. Bounds are a superset: re-check every
+    is a list or dict is skipped, and so is a comparison with MinKey or MaxKey
+    (it spans every type bracket). Bounds are a superset: re-check every
     candidate with ``compile_filter``.
     """
     compile_filter(flt)  # validates
@@ -551,6 +563,9 @@ def extract_bounds(flt: dict | None, *,
 
     def scalar(v: Any) -> bool:
         return not isinstance(v, (dict, *_ARRAY)) and not _is_regex(v)
+
+    def bracketed(v: Any) -> bool:  # MinKey and MaxKey bound no type bracket: no bound
+        return scalar(v) and not isinstance(v, (MinKey, MaxKey))
 
     def add(path: str, cond: Any) -> None:
         points, lows, highs = acc.setdefault(path, ([], [], []))
@@ -560,9 +575,9 @@ def extract_bounds(flt: dict | None, *,
                 points.append([arg])
             elif op == "$in" and all(scalar(x) for x in arg):
                 points.append(list(arg))
-            elif op in ("$gt", "$gte") and scalar(arg):
+            elif op in ("$gt", "$gte") and bracketed(arg):
                 lows.append((arg, op == "$gte"))
-            elif op in ("$lt", "$lte") and scalar(arg):
+            elif op in ("$lt", "$lte") and bracketed(arg):
                 highs.append((arg, op == "$lte"))
 
     for k, cond in field_conditions(flt or {}):

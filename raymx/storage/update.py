@@ -165,9 +165,12 @@ def _positional(doc: dict, op: str, path: str, parts: list[str], pos: Positional
         idx = [_match_index(doc, head, pos, where)]
     else:
         arr = get_path(doc, ".".join(head))
-        if not isinstance(arr, _ARRAY):
-            raise InvalidUpdate(f"{where}: the path {'.'.join(head)!r} must hold an array "
-                                "to apply array updates", operator=op, field=path)
+        if not isinstance(arr, _ARRAY):  # the document's content, not the update: BadValue
+            raise UpdateBadValue(
+                f"{where}: the path {'.'.join(head)!r} must exist in the document in order to "
+                "apply array updates" if arr is MISSING else f"{where}: cannot apply array "
+                f"updates to non-array element {'.'.join(head)}: {arr!r:.100}",
+                operator=op, field=path)
         name, filters = p[2:-1], pos.filters()
         if not name:
             idx = list(range(len(arr)))
