@@ -113,6 +113,10 @@ def test_rename_collection_through_pymongo(client):
     with pytest.raises(OperationFailure) as e:
         db.nope.rename("x")
     assert e.value.code == 26  # NamespaceNotFound
+    for name in ("c", "nope"):  # to itself: refused before the source is looked for
+        with pytest.raises(OperationFailure, match="Can't rename a collection to itself") as e:
+            db[name].rename(name)
+        assert e.value.code == 20  # IllegalOperation
     client.admin.command("renameCollection", "ren.c", to="ren2.moved")  # across databases
     assert client.ren2.moved.count_documents({}) == 5
     evs = []

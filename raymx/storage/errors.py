@@ -20,7 +20,7 @@ __all__ = [
     "RaymxError", "InvalidInput", "InvalidDocument", "DocumentTooLarge", "TransactionTooLarge",
     "InvalidName", "InvalidFilter", "InvalidUpdate", "UpdateOverflow", "ImmutableField",
     "ConflictingUpdateOperators", "TypeMismatch", "PathNotViable", "UpdateBadValue",
-    "CannotIndexParallelArrays", "InvalidOperation",
+    "CannotIndexParallelArrays", "InvalidOperation", "IllegalOperation",
     "DuplicateKey",
     "IndexOptionsConflict", "IndexKeySpecsConflict",
     "SchemaMismatch", "CollectionNotFound", "CollectionExists", "IndexNotFound", "ProtocolError",
@@ -150,6 +150,11 @@ class UpdateOverflow(InvalidUpdate):
 
 class InvalidOperation(InvalidInput):
     """An operation that does not make sense here (drop a missing index...)."""
+
+
+class IllegalOperation(InvalidOperation):
+    """An operation MongoDB refuses as IllegalOperation (renaming a collection
+    to itself)."""
 
 
 class IndexOptionsConflict(InvalidOperation):

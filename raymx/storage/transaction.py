@@ -494,13 +494,13 @@ class Transaction(Reader):
         def run():
             split_ns(ns, self.e.limits)
             split_ns(to, self.e.limits)
+            if to == ns:  # before the source's existence, as MongoDB
+                raise errors.IllegalOperation(f"renameCollection {ns}: Can't rename a "
+                                              "collection to itself", ns=ns)
             c = self.coll(ns)
             if c is None:
                 raise errors.CollectionNotFound(f"renameCollection: source namespace {ns} "
                                                 "does not exist", ns=ns)
-            if to == ns:
-                raise errors.InvalidOperation(f"renameCollection: {ns} cannot be renamed to "
-                                              "itself", ns=ns)
             old = self.coll(to)
             if old is not None:
                 if not drop_target:

@@ -30,6 +30,7 @@ _CODES: list[tuple[type, int, str]] = [
     (errors.IndexOptionsConflict, 85, "IndexOptionsConflict"),
     (errors.IndexKeySpecsConflict, 86, "IndexKeySpecsConflict"),
     (errors.CannotIndexParallelArrays, 171, "CannotIndexParallelArrays"),
+    (errors.IllegalOperation, 20, "IllegalOperation"),
     (errors.InvalidDocument, 2, "BadValue"),
     (errors.InvalidOperation, 2, "BadValue"),
     (errors.InvalidInput, 2, "BadValue"),
