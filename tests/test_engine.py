@@ -273,6 +273,14 @@ def test_transaction_size_limit(store):
     with pytest.raises(errors.TransactionTooLarge):
         e.insert_many(NS, [{"_id": i, "p": "x" * 100} for i in range(200)])
     assert e.count(NS) == 0 and e.last()[0] == GTID(0, 0)
+    for k in range(2):
+        e.insert_many(NS, [{"_id": i, "p": "x" * 100} for i in range(k * 60, k * 60 + 60)])
+    tx = e.begin(autocommit=True)
+    with pytest.raises(errors.TransactionTooLarge, match=r"exceed 10,000 bytes \(Limits.transa"
+                       r"ction_bytes_max\).*split this one \(update or delete by ranges of _id"):
+        tx.delete(NS, {}, multi=True)  # the pre-images logged pass the limit: nothing deleted
+    tx.abort()
+    assert e.count(NS) == 120
 
 
 @pytest.mark.parametrize("ns", ["nodot", "a.system.x", "a$b.c", ".c", "a.", "a.b$c", 5, "a b.c"])

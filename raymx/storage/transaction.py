@@ -164,7 +164,10 @@ class Transaction(Reader):
             i, done = j, ends[j - 1]
         if self._bytes > self.e.limits.transaction_bytes_max:
             raise errors.TransactionTooLarge(
-                f"transaction ops exceed {self.e.limits.transaction_bytes_max} bytes",
+                f"the transaction's oplog ops exceed {self.e.limits.transaction_bytes_max:,} "
+                "bytes (Limits.transaction_bytes_max): a statement and a transaction are "
+                "atomic and logged whole, so split this one (update or delete by ranges of "
+                "_id; drop a collection rather than delete all it holds)",
                 limit=self.e.limits.transaction_bytes_max)
 
     def _flush_spill(self) -> None:
