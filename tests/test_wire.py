@@ -298,10 +298,10 @@ def test_positional_updates_and_array_filters_through_pymongo(client):
     assert "positional operator did not find" in str(ei.value)
     # a document without the array, or with something else there: BadValue, as MongoDB
     c.insert_one({"_id": 3, "g": "text"})
-    for ns, what in (("items", "path 'items' must exist in the document"),
-                     ("g", "cannot apply array updates to non-array element g")):
+    for field, what in (("items", "path 'items' must exist in the document"),
+                        ("g", "cannot apply array updates to non-array element g")):
         with pytest.raises(WriteError, match=what) as ei:
-            c.update_many({}, {"$set": {f"{ns}.$[e]": 0}}, array_filters=[{"e": 1}])
+            c.update_many({}, {"$set": {f"{field}.$[e]": 0}}, array_filters=[{"e": 1}])
         assert ei.value.code == 2
 
 
