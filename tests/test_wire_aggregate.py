@@ -359,6 +359,53 @@ def test_set_window_fields_running_totals_moving_averages_ranks_and_shift():
         aggregate.run(iter(docs), [{"$setWindowFields": {"output": {"r": {"$rank": {}}}}}])
 
 
+def test_fill_and_the_gap_filling_window_functions_as_mongodb():
+    """$fill (MongoDB 5.3) and $locf/$linearFill: a null or missing value is
+    filled per partition in sortBy order; linear interpolation along the
+    sort field (numbers or dates), gaps at the ends left null; a value fill
+    needs no order and keeps the documents' own."""
+    import datetime
+    t0 = datetime.datetime(2026, 1, 1)
+    docs = [{"_id": 1, "g": "a", "t": 1, "v": 10, "s": "x"}, {"_id": 2, "g": "a", "t": 2},
+            {"_id": 3, "g": "a", "t": 4, "v": None}, {"_id": 4, "g": "a", "t": 5, "v": 40},
+            {"_id": 5, "g": "b", "t": 1}, {"_id": 6, "g": "b", "t": 3, "v": 6, "s": "y"},
+            {"_id": 7, "g": "b", "t": 4}]
+    out = aggregate.run(iter(reversed(docs)), [{"$set": {"lin": "$v"}}, {"$fill": {
+        "partitionByFields": ["g"], "sortBy": {"t": 1},
+        "output": {"lin": {"method": "linear"}, "s": {"method": "locf"},
+                   "z": {"value": {"$multiply": ["$t", 100]}}}}}, {"$sort": {"_id": 1}}])
+    assert [d["lin"] for d in out] == [10, 17.5, 32.5, 40, None, 6, None]  # along t
+    assert [d["s"] for d in out] == ["x", "x", "x", "x", None, "y", "y"]
+    assert [d["z"] for d in out] == [100, 200, 400, 500, 100, 300, 400]
+    kept = aggregate.run(iter(docs), [{"$fill": {"output": {"v": {"value": 0}}}}])
+    assert [d["_id"] for d in kept] == [1, 2, 3, 4, 5, 6, 7]  # no sortBy: the order kept
+    assert [d["v"] for d in kept] == [10, 0, 0, 40, 0, 6, 0]
+    dated = aggregate.run(iter([{"at": t0, "v": 0}, {"at": t0 + datetime.timedelta(hours=1)},
+                                {"at": t0 + datetime.timedelta(hours=4), "v": 8}]), [
+        {"$setWindowFields": {"sortBy": {"at": 1}, "output": {
+            "v": {"$linearFill": "$v"}, "last": {"$locf": "$v"}}}}])
+    assert [(d["v"], d["last"]) for d in dated] == [(0, 0), (2.0, 0), (8, 8)]
+    for bad, code in (
+            ({"$fill": {"output": {"v": {"method": "spline"}}, "sortBy": {"t": 1}}}, 6050202),
+            ({"$fill": {"output": {"v": {"method": "locf"}}}}, 6050205),
+            ({"$fill": {"output": {"v": {"value": 1, "method": "locf"}}}}, 6050203),
+            ({"$fill": {"output": {}}}, 40415),
+            ({"$fill": {"output": {"v": {"value": 1}}, "partitionBy": "$g",
+                        "partitionByFields": ["g"]}}, 6050204),
+            ({"$setWindowFields": {"sortBy": {"g": 1}, "output": {"v": {"$linearFill": "$v"}}}},
+             14),  # a string sort field
+            ({"$setWindowFields": {"sortBy": {"t": 1, "g": 1}, "output": {
+                "v": {"$linearFill": "$v"}}}}, 605001),
+            ({"$setWindowFields": {"sortBy": {"t": 1}, "output": {
+                "v": {"$locf": "$v", "window": {"documents": [-1, 0]}}}}}, 5371601)):
+        with pytest.raises(CommandError) as ei:
+            aggregate.run(iter(docs), [bad])
+        assert ei.value.code == code, bad
+    with pytest.raises(CommandError, match="no repeated values") as ei:  # t 1 twice
+        aggregate.run(iter(docs), [{"$fill": {"sortBy": {"t": 1}, "output": {
+            "v": {"method": "linear"}}}}])
+
+
 def test_graph_lookup_walks_a_hierarchy_breadth_first_as_mongodb_does():
     # MongoDB's own example: the chain of reports (Dev -> Eliot -> Ron -> Andrew)
     emp = [{"_id": 1, "name": "Dev"}, {"_id": 2, "name": "Eliot", "reportsTo": "Dev"},

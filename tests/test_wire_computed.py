@@ -286,3 +286,32 @@ def test_n_accumulators_top_and_bottom(client):
     assert [x["best"] for x in w[:3]] == [[0], [4, 0], [8, 4]]
     with pytest.raises(OperationFailure, match="positive integer"):
         list(c.aggregate([{"$group": {"_id": None, "f": {"$firstN": {"input": "$s", "n": 0}}}}]))
+
+
+def test_fill_through_pymongo(client):
+    """$fill and $linearFill/$locf through pymongo: sensor readings with gaps
+    filled per sensor, in time order; a bad method is MongoDB's error."""
+    import datetime
+    t0 = datetime.datetime(2026, 3, 1)
+    c = client.fill.readings
+    c.insert_many([{"sensor": s, "at": t0 + datetime.timedelta(minutes=m), "temp": temp}
+                   for s, m, temp in (("a", 0, 20), ("a", 1, None), ("a", 3, 24), ("b", 0, 5),
+                                      ("b", 2, None))])
+    c.insert_one({"sensor": "a", "at": t0 + datetime.timedelta(minutes=2)})  # temp missing
+    got = list(c.aggregate([
+        {"$fill": {"partitionBy": "$sensor", "sortBy": {"at": 1},
+                   "output": {"temp": {"method": "linear"}, "unit": {"value": "C"}}}},
+        {"$setWindowFields": {"partitionBy": "$sensor", "sortBy": {"at": 1},
+                              "output": {"held": {"$locf": "$temp"}}}},
+        {"$sort": {"sensor": 1, "at": 1}}, {"$project": {"_id": 0, "at": 0}}]))
+    assert got == [{"sensor": "a", "temp": 20, "unit": "C", "held": 20},
+                   {"sensor": "a", "temp": 21.333333333333332, "unit": "C",
+                    "held": 21.333333333333332},
+                   {"sensor": "a", "temp": 22.666666666666668, "unit": "C",
+                    "held": 22.666666666666668},
+                   {"sensor": "a", "temp": 24, "unit": "C", "held": 24},
+                   {"sensor": "b", "temp": 5, "unit": "C", "held": 5},
+                   {"sensor": "b", "temp": None, "unit": "C", "held": 5}]
+    with pytest.raises(OperationFailure, match="method must be 'locf' or 'linear'") as ei:
+        list(c.aggregate([{"$fill": {"sortBy": {"at": 1}, "output": {"temp": {"method": "x"}}}}]))
+    assert ei.value.code == 6050202

@@ -28,7 +28,7 @@ STAGES = ("$match", "$project", "$addFields", "$set", "$unset", "$sort", "$skip"
           "$group", "$count", "$unwind", "$sample", "$replaceRoot", "$replaceWith",
           "$sortByCount", "$facet", "$lookup", "$collStats", "$indexStats", "$unionWith",
           "$out", "$merge",
-          "$bucket", "$bucketAuto", "$setWindowFields", "$graphLookup")
+          "$bucket", "$bucketAuto", "$setWindowFields", "$fill", "$graphLookup")
 OUTPUTS = ("$out", "$merge")  # the last stage only: the caller writes the output
 _MERGE_FIELDS = {"into", "on", "whenMatched", "whenNotMatched"}
 _LOOKUP_FIELDS = {"from", "as", "localField", "foreignField", "pipeline", "let"}
@@ -513,6 +513,8 @@ def _stage(it: Iterable[dict], st: dict, lookup, v: dict | None, limit) -> Itera
         it = iter(grouping.bucket_auto(it, arg, v))
     elif name == "$setWindowFields":
         it = grouping.set_window_fields(it, arg, v)
+    elif name == "$fill":
+        it = grouping.fill(it, arg, v)
     elif name == "$unionWith":
         if lookup is None:
             raise _err("$unionWith is not available here", 2)

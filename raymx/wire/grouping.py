@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import datetime
 import functools
 
 from raymx.storage import numbers, query
@@ -239,6 +240,56 @@ def bucket_auto(docs, spec: dict, variables=None):
 
 
 _RANKS = ("$rank", "$denseRank", "$documentNumber")
+_FILLS = ("$locf", "$linearFill")  # over the partition in sortBy order, no window
+_EPOCH = datetime.datetime(1970, 1, 1)
+
+
+def _gap(v) -> bool:
+    return v is None or v is MISSING
+
+
+def _locf(vals: list) -> list:
+    """Each value, or the last one before it that is not null or missing."""
+    out, last = [], None
+    for v in vals:
+        if not _gap(v):
+            last = v
+        out.append(last)
+    return out
+
+
+def _fill_axis(x):
+    """A ``$linearFill`` sort value as a number (a date: its milliseconds)."""
+    if isinstance(x, datetime.datetime):
+        if x.tzinfo is not None:
+            x = x.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+        return (x - _EPOCH) / datetime.timedelta(milliseconds=1)
+    if not numbers.is_number(x):
+        raise _err("$linearFill: the sortBy value must be numeric or a date, but found "
+                   f"{'null' if _gap(x) else type(x).__name__}", 14)
+    return numbers.as_float(x)
+
+
+def _linear_fill(vals: list, sort_vals: list) -> list:
+    """Each gap (null or missing) between two numbers, in sort order, filled
+    on the line through them (a double); a gap before the first or after the
+    last number stays null. As MongoDB's: the sort values are all numbers
+    or all dates, none repeated in a partition, and the values numbers."""
+    axis = [_fill_axis(x) for x in sort_vals]
+    if len({type(x) is datetime.datetime for x in sort_vals}) > 1:
+        raise _err("$linearFill: the sortBy field must be either numeric or a date, but not "
+                   "both", 14)
+    if any(a == b for a, b in zip(axis, axis[1:])):
+        raise _err("$linearFill: there can be no repeated values in the sort field", 6050106)
+    known = [i for i, v in enumerate(vals) if not _gap(v)]
+    if any(not numbers.is_number(vals[i]) for i in known):
+        raise _err("$linearFill: the value to be filled must be numeric or nullish", 14)
+    out = [None if _gap(v) else v for v in vals]
+    for a, b in zip(known, known[1:]):
+        va, vb = numbers.as_float(vals[a]), numbers.as_float(vals[b])
+        for i in range(a + 1, b):
+            out[i] = va + (vb - va) * (axis[i] - axis[a]) / (axis[b] - axis[a])
+    return out
 
 
 def _window_bounds(w, i: int, n: int, sort_vals: list | None) -> tuple[int, int]:
@@ -267,7 +318,8 @@ def set_window_fields(docs, spec: dict, variables=None):
     order, each output field is an accumulator over a window of documents
     (``documents`` positions or a numeric ``range`` of the sort field; the
     whole partition by default), ``$rank``/``$denseRank``/``$documentNumber``,
-    or ``$shift``."""
+    ``$shift``, or a gap filled by ``$locf`` (the last value before it) or
+    ``$linearFill`` (interpolated along the one sort field)."""
     if not isinstance(spec, dict) or not isinstance(spec.get("output"), dict) \
             or set(spec) - {"partitionBy", "sortBy", "output"}:
         raise _err("$setWindowFields needs output (and may take partitionBy, sortBy)", 40415)
@@ -277,11 +329,15 @@ def set_window_fields(docs, spec: dict, variables=None):
         if not isinstance(o, dict):
             raise _err(f"$setWindowFields output {field!r} must be an object", 40415)
         ops = [k for k in o if k != "window"]
-        if len(ops) != 1 or (ops[0] not in _ACCUMULATORS + _RANKS + ("$shift",)):
+        if len(ops) != 1 or (ops[0] not in _ACCUMULATORS + _RANKS + _FILLS + ("$shift",)):
             raise _err(f"$setWindowFields output {field!r}: unknown window function "
                        f"{ops[:1]}", 5371601)
-        if ops[0] in _RANKS + ("$shift",) and not sort_by:
+        if ops[0] in _RANKS + _FILLS + ("$shift",) and not sort_by:
             raise _err(f"{ops[0]} needs a sortBy", 5371602)
+        if ops[0] in _FILLS and "window" in o:
+            raise _err(f"{ops[0]} takes no window: it fills over the whole partition", 5371601)
+        if ops[0] == "$linearFill" and len(sort_by) != 1:
+            raise _err("$linearFill needs a sortBy of exactly one field", 605001)
         arg = _ranked_expression(ops[0], o[ops[0]]) if ops[0] in _RANKED else o[ops[0]]
         outs[field] = (ops[0], arg, o.get("window"))
     parts: dict[bytes, list] = {}
@@ -316,6 +372,9 @@ def set_window_fields(docs, spec: dict, variables=None):
                     col.append(evaluate(arg["output"], part[j], None, variables)
                                if 0 <= j < n else evaluate(arg.get("default"), {}, None,
                                                            variables))
+            elif op in _FILLS:
+                vals = [evaluate(arg, d, None, variables) for d in part]
+                col = _locf(vals) if op == "$locf" else _linear_fill(vals, sort_vals)
             else:
                 vals = [1 if op == "$count" else evaluate(arg, d, None, variables)
                         for d in part]
@@ -331,3 +390,61 @@ def set_window_fields(docs, spec: dict, variables=None):
             for field, col in results.items():
                 _set_path(out, field, col[i])
             yield out
+
+
+_FILL_METHODS = {"locf": "$locf", "linear": "$linearFill"}
+
+
+def fill(docs, spec: dict, variables=None):
+    """``$fill``: in each output field, a null or missing value becomes the
+    ``value`` expression (evaluated over the document) or what ``method``
+    gives, ``locf`` (the last value before it) or ``linear`` (interpolated):
+    ``$setWindowFields`` with ``$locf``/``$linearFill`` per partition
+    (``partitionBy`` or ``partitionByFields``) in ``sortBy`` order, as
+    MongoDB runs it."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("output"), dict) \
+            or not spec["output"] or set(spec) - {"partitionBy", "partitionByFields",
+                                                   "sortBy", "output"}:
+        raise _err("$fill needs output (and may take partitionBy or partitionByFields, "
+                   "sortBy)", 40415)
+    if "partitionBy" in spec and "partitionByFields" in spec:
+        raise _err("$fill takes partitionBy or partitionByFields, not both", 6050204)
+    methods, values = {}, {}
+    for field, o in spec["output"].items():
+        if not isinstance(o, dict) or len(o) != 1 or next(iter(o)) not in ("value", "method"):
+            raise _err(f"$fill output {field!r} must be {{value: <expression>}} or "
+                       "{method: 'locf' | 'linear'}", 6050203)
+        if "method" in o:
+            if o["method"] not in _FILL_METHODS:
+                raise _err(f"$fill output {field!r}: method must be 'locf' or 'linear', got "
+                           f"{o['method']!r:.40}", 6050202)
+            methods[field] = _FILL_METHODS[o["method"]]
+        else:
+            values[field] = o["value"]
+    sort_by = spec.get("sortBy")
+    if sort_by is not None and (not isinstance(sort_by, dict) or not sort_by or any(
+            v not in (1, -1) for v in sort_by.values())):
+        raise _err("$fill sortBy must be a document of fields and 1 or -1", 6050205)
+    if methods and not sort_by:
+        raise _err("$fill with a method needs a sortBy", 6050205)
+    part = spec.get("partitionBy")
+    if "partitionByFields" in spec:
+        fs = spec["partitionByFields"]
+        if not isinstance(fs, list) or not all(isinstance(f, str) and f and f[0] != "$"
+                                               for f in fs):
+            raise _err("$fill partitionByFields must be a list of field names", 6050206)
+        part = [f"${f}" for f in fs]
+    if methods:
+        sws = {"sortBy": sort_by, "output": {f: {m: f"${f}"} for f, m in methods.items()}}
+        if part is not None:
+            sws["partitionBy"] = part
+        docs = set_window_fields(docs, sws, variables)
+    elif sort_by:
+        docs = iter(sorted(docs, key=query.sort_key([[k, int(v)] for k, v in sort_by.items()])))
+    for d in docs:
+        gaps = [(f, e) for f, e in values.items() if _gap(query.get_path(d, f))]
+        if gaps:
+            d = copy.deepcopy(d)  # the stage before may hold it still
+            for field, e in gaps:
+                _set_path(d, field, evaluate(e, d, None, variables))
+        yield d
