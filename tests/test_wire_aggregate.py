@@ -36,6 +36,11 @@ def test_project_add_fields_unset():
     assert out[0]["label"] == "a!" and out[0]["sub"] == {"v": 8, "w": 1}
     assert run([{"$match": {"_id": 2}}, {"$unset": ["tags", "sub"]}]) == \
         [{"_id": 2, "item": "a", "qty": 2}]
+    whole = run([{"$match": {"_id": 2}}])[0]
+    without_id = {k: v for k, v in whole.items() if k != "_id"}
+    for st in ({"$project": {"_id": 0}}, {"$project": {"_id": False}}, {"$unset": "_id"}):
+        assert run([{"$match": {"_id": 2}}, st]) == [without_id]  # it returned {}
+    assert run([{"$match": {"_id": 2}}, {"$project": {"_id": 1}}]) == [{"_id": 2}]
     with pytest.raises(CommandError):
         run([{"$project": {"a": 0, "b": "$qty"}}])
 
@@ -404,6 +409,49 @@ def test_fill_and_the_gap_filling_window_functions_as_mongodb():
     with pytest.raises(CommandError, match="no repeated values") as ei:  # t 1 twice
         aggregate.run(iter(docs), [{"$fill": {"sortBy": {"t": 1}, "output": {
             "v": {"method": "linear"}}}}])
+
+
+def test_densify_fills_the_grid_per_partition_as_mongodb():
+    """$densify (MongoDB 5.1): a document of the field alone (with the
+    partition's fields) for each grid value no document has, over the full
+    range, each partition's own, or explicit [lower, upper); documents kept
+    as they are; dates step by calendar units."""
+    import datetime
+    docs = [{"_id": 1, "g": "a", "t": 1}, {"_id": 2, "g": "a", "t": 4},
+            {"_id": 3, "g": "b", "t": 2}, {"_id": 4, "g": "b", "t": 2.5}, {"_id": 5, "g": "b"}]
+
+    def run(bounds, **kw):
+        return [(d.get("g"), d.get("t"), d.get("_id")) for d in aggregate.run(iter(docs), [
+            {"$densify": {"field": "t", "range": {"step": 1, "bounds": bounds}, **kw}}])]
+    assert run("full", partitionByFields=["g"]) == [
+        ("a", 1, 1), ("a", 2, None), ("a", 3, None), ("a", 4, 2),
+        ("b", 1, None), ("b", 2, 3), ("b", 2.5, 4), ("b", 3, None), ("b", 4, None),
+        ("b", None, 5)]  # no number in t: passed through
+    assert run("partition", partitionByFields=["g"]) == [
+        ("a", 1, 1), ("a", 2, None), ("a", 3, None), ("a", 4, 2),
+        ("b", 2, 3), ("b", 2.5, 4), ("b", None, 5)]
+    assert run([0, 3], partitionByFields=["g"]) == [  # upper bound excluded; 4 kept
+        ("a", 0, None), ("a", 1, 1), ("a", 2, None), ("a", 4, 2),
+        ("b", 0, None), ("b", 1, None), ("b", 2, 3), ("b", 2.5, 4), ("b", None, 5)]
+    assert [t for _, t, _ in run("full")] == [1, 2, 2.5, 3, 4, None]
+    new = aggregate.run(iter(docs[:2]), [{"$densify": {"field": "t", "partitionByFields": ["g"],
+                                                       "range": {"step": 1, "bounds": "full"}}}])
+    assert new[1] == {"g": "a", "t": 2}  # the field and the partition's, nothing else
+    months = aggregate.run(iter([{"at": datetime.datetime(2026, 1, 31)},
+                                 {"at": datetime.datetime(2026, 5, 1)}]),
+                           [{"$densify": {"field": "at", "range": {
+                               "step": 1, "unit": "month", "bounds": "full"}}}])
+    assert [d["at"].date().isoformat() for d in months] == [
+        "2026-01-31", "2026-02-28", "2026-03-31", "2026-04-30", "2026-05-01"]
+    for bad, code in (({"field": "t"}, 40415), ({"field": "$t", "range": {
+            "step": 1, "bounds": "full"}}, 5733001), ({"field": "t", "range": {
+                "step": 0, "bounds": "full"}}, 5733005), ({"field": "t", "range": {
+                    "step": 1, "bounds": [3, 1]}}, 5733007), ({"field": "t", "range": {
+                        "step": 1.5, "unit": "day", "bounds": "full"}}, 5733006),
+            ({"field": "t", "range": {"step": 1, "unit": "day", "bounds": "full"}}, 5733201)):
+        with pytest.raises(CommandError) as ei:
+            aggregate.run(iter(docs), [{"$densify": bad}])
+        assert ei.value.code == code, bad
 
 
 def test_graph_lookup_walks_a_hierarchy_breadth_first_as_mongodb_does():

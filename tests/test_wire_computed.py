@@ -315,3 +315,18 @@ def test_fill_through_pymongo(client):
     with pytest.raises(OperationFailure, match="method must be 'locf' or 'linear'") as ei:
         list(c.aggregate([{"$fill": {"sortBy": {"at": 1}, "output": {"temp": {"method": "x"}}}}]))
     assert ei.value.code == 6050202
+
+
+def test_densify_then_fill_through_pymongo(client):
+    """The pair MongoDB documents together: hourly readings densified to
+    every hour, then the gaps filled by the last value."""
+    import datetime
+    t0 = datetime.datetime(2026, 3, 1)
+    c = client.fill.hourly
+    c.insert_many([{"at": t0, "v": 1}, {"at": t0 + datetime.timedelta(hours=3), "v": 4}])
+    got = list(c.aggregate([
+        {"$densify": {"field": "at", "range": {"step": 1, "unit": "hour", "bounds": "full"}}},
+        {"$fill": {"sortBy": {"at": 1}, "output": {"v": {"method": "locf"}}}},
+        {"$project": {"_id": 0}}]))
+    assert got == [{"at": t0 + datetime.timedelta(hours=h), "v": v}
+                   for h, v in ((0, 1), (1, 1), (2, 1), (3, 4))]

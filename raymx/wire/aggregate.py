@@ -28,7 +28,8 @@ STAGES = ("$match", "$project", "$addFields", "$set", "$unset", "$sort", "$skip"
           "$group", "$count", "$unwind", "$sample", "$replaceRoot", "$replaceWith",
           "$sortByCount", "$facet", "$lookup", "$collStats", "$indexStats", "$unionWith",
           "$out", "$merge",
-          "$bucket", "$bucketAuto", "$setWindowFields", "$fill", "$graphLookup")
+          "$bucket", "$bucketAuto", "$setWindowFields", "$fill", "$densify",
+          "$graphLookup")
 OUTPUTS = ("$out", "$merge")  # the last stage only: the caller writes the output
 _MERGE_FIELDS = {"into", "on", "whenMatched", "whenNotMatched"}
 _LOOKUP_FIELDS = {"from", "as", "localField", "foreignField", "pipeline", "let"}
@@ -171,7 +172,9 @@ def _project(docs, spec: dict, variables=None):
         raise _err("$project requires at least one output field", 40177)
     plain = {k: v for k, v in spec.items() if v in (0, 1, True, False)}
     computed = {k: v for k, v in spec.items() if k not in plain}
-    excluding = any(not v for k, v in plain.items() if k != "_id")
+    # {_id: 0} alone (and $unset of _id) excludes too: every other field is kept
+    excluding = any(not v for k, v in plain.items() if k != "_id") or (
+        set(spec) == {"_id"} and not computed and not plain["_id"])
     if excluding and computed:
         raise _err("Cannot do exclusion and computed fields in the same $project", 31254)
     keep_id = spec.get("_id", 1) not in (0, False) if "_id" not in computed else False
@@ -515,6 +518,8 @@ def _stage(it: Iterable[dict], st: dict, lookup, v: dict | None, limit) -> Itera
         it = grouping.set_window_fields(it, arg, v)
     elif name == "$fill":
         it = grouping.fill(it, arg, v)
+    elif name == "$densify":
+        it = grouping.densify(it, arg, v)
     elif name == "$unionWith":
         if lookup is None:
             raise _err("$unionWith is not available here", 2)

@@ -1,7 +1,8 @@
 """The stages that gather documents: ``$group`` and its accumulators
 (``_Acc``, which ``$bucket``, ``$bucketAuto`` and window functions share),
-``$bucket``, ``$bucketAuto`` and ``$setWindowFields``. Pure code over
-documents, for ``aggregate.py``.
+``$bucket``, ``$bucketAuto``, ``$setWindowFields``, and ``$fill`` and
+``$densify`` over its partitions. Pure code over documents, for
+``aggregate.py``.
 """
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import copy
 import datetime
 import functools
 
+from bson import Decimal128
+
 from raymx.storage import numbers, query
 from raymx.storage.keys import encode_key
+from raymx.wire.dates import _MONTHS, _UNITS, _add_months
 from raymx.wire.evaluation import MISSING, _cmp, _err, _set_path, evaluate
 
 
@@ -448,3 +452,112 @@ def fill(docs, spec: dict, variables=None):
             for field, e in gaps:
                 _set_path(d, field, evaluate(e, d, None, variables))
         yield d
+
+
+def _densify_spec(spec) -> tuple:
+    """(field, step, unit, bounds, partition fields) of a ``$densify``, checked."""
+    if not isinstance(spec, dict) or set(spec) - {"field", "range", "partitionByFields"} \
+            or "field" not in spec or "range" not in spec:
+        raise _err("$densify needs field and range (and may take partitionByFields)", 40415)
+    field, rng, parts = spec["field"], spec["range"], spec.get("partitionByFields", [])
+    if not isinstance(field, str) or not field or field.startswith("$"):
+        raise _err("$densify field must be a field name, not an expression", 5733001)
+    if not isinstance(parts, list) or not all(isinstance(f, str) and f and f[0] != "$"
+                                              for f in parts):
+        raise _err("$densify partitionByFields must be a list of field names", 5733002)
+    if field in parts:
+        raise _err("$densify field may not be one of its partitionByFields", 5733003)
+    if not isinstance(rng, dict) or set(rng) - {"step", "unit", "bounds"} \
+            or "step" not in rng or "bounds" not in rng:
+        raise _err("$densify range needs step and bounds (and unit for dates)", 5733004)
+    step, unit, bounds = rng["step"], rng.get("unit"), rng["bounds"]
+    if not numbers.is_number(step) or isinstance(step, bool) or numbers.as_float(step) <= 0:
+        raise _err("$densify step must be a positive number", 5733005)
+    if unit is not None and (unit not in _UNITS and unit not in _MONTHS
+                             or not numbers.is_int(step)):
+        raise _err(f"$densify unit must be a time unit with an integer step, got {unit!r:.40}",
+                   5733006)
+    if bounds not in ("full", "partition") and not (
+            isinstance(bounds, list) and len(bounds) == 2
+            and all(map(_densify_value(unit), bounds)) and bounds[0] < bounds[1]):
+        raise _err("$densify bounds must be 'full', 'partition' or [lower, upper], lower "
+                   f"below upper, {'numbers' if unit is None else 'dates (with a unit)'}",
+                   5733007)
+    return field, step, unit, bounds, parts
+
+
+def _densify_value(unit):
+    """The test of a value ``$densify`` steps through: a number (not a
+    Decimal128), or a date when there is a unit."""
+    if unit is not None:
+        return lambda v: isinstance(v, datetime.datetime)
+    return lambda v: numbers.is_number(v) and type(v) is not Decimal128
+
+
+def densify(docs, spec: dict, variables=None):
+    """``$densify`` (MongoDB 5.1): per partition (``partitionByFields``), in
+    the order of ``field``, a document holding only ``field`` (and the
+    partition's fields) for every value of the grid ``lower + k * step``
+    (``unit``: a date's) that no document has: from the smallest to the
+    largest value of all documents (``bounds: "full"``), of the partition
+    (``"partition"``), or in [lower, upper). Documents stay as they are,
+    outside the bounds too; those without a number or date in ``field``
+    pass through after the rest."""
+    field, step, unit, bounds, parts = _densify_spec(spec)
+
+    def at(lo, k):  # the grid's k-th value from lo
+        if unit is None:
+            return lo + k * step
+        if unit in _UNITS:
+            return lo + k * step * _UNITS[unit]
+        return _add_months(lo, k * step * _MONTHS[unit])
+
+    ok = _densify_value(unit)
+    groups: dict[bytes, tuple[list, list]] = {}
+    rest = []
+    for d in docs:
+        v = query.get_path(d, field)
+        if _gap(v):
+            rest.append(d)
+            continue
+        if not ok(v):
+            raise _err(f"$densify: the value of {field!r} must be a "
+                       f"{'number' if unit is None else 'date'} here, not "
+                       f"{type(v).__name__}", 5733201)
+        pv = [query.get_path(d, f) for f in parts]
+        groups.setdefault(encode_key([None if x is MISSING else x for x in pv]),
+                          (pv, []))[1].append((v, d))
+    values = [v for _, g in groups.values() for v, _ in g]
+    full = (min(values), max(values)) if values else None
+    for key in sorted(groups):
+        pv, g = groups[key]
+        g.sort(key=lambda t: t[0])
+        if bounds == "full":
+            lo, hi, closed = full[0], full[1], True
+        elif bounds == "partition":
+            lo, hi, closed = g[0][0], g[-1][0], True
+        else:
+            lo, hi, closed = bounds[0], bounds[1], False
+        have = {v for v, _ in g}
+        k, i = 0, 0
+        while True:
+            x = at(lo, k)
+            if x > hi or (x == hi and not closed):
+                break
+            while i < len(g) and g[i][0] <= x:  # the documents up to this grid value
+                yield g[i][1]
+                i += 1
+            if x not in have:
+                new: dict = {}
+                for f, fv in zip(parts, pv):
+                    if fv is not MISSING:
+                        _set_path(new, f, fv)
+                _set_path(new, field, x)
+                yield new
+            k += 1
+            if k > 1_000_000:
+                raise _err("$densify would generate more than 1,000,000 documents in a "
+                           "partition: use a larger step or narrower bounds", 5897900)
+        for _, d in g[i:]:
+            yield d
+    yield from rest
