@@ -13,7 +13,7 @@ import functools
 
 from bson import Decimal128
 
-from raymx.storage import numbers, query
+from raymx.storage import numbers, query, types
 from raymx.storage.keys import encode_key
 from raymx.wire.dates import _MONTHS, _UNITS, _add_months
 from raymx.wire.evaluation import MISSING, _cmp, _err, _set_path, evaluate
@@ -245,7 +245,6 @@ def bucket_auto(docs, spec: dict, variables=None):
 
 _RANKS = ("$rank", "$denseRank", "$documentNumber")
 _FILLS = ("$locf", "$linearFill")  # over the partition in sortBy order, no window
-_EPOCH = datetime.datetime(1970, 1, 1)
 
 
 def _gap(v) -> bool:
@@ -265,9 +264,7 @@ def _locf(vals: list) -> list:
 def _fill_axis(x):
     """A ``$linearFill`` sort value as a number (a date: its milliseconds)."""
     if isinstance(x, datetime.datetime):
-        if x.tzinfo is not None:
-            x = x.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-        return (x - _EPOCH) / datetime.timedelta(milliseconds=1)
+        return types.millis(x)
     if not numbers.is_number(x):
         raise _err("$linearFill: the sortBy value must be numeric or a date, but found "
                    f"{'null' if _gap(x) else type(x).__name__}", 14)
@@ -294,6 +291,18 @@ def _linear_fill(vals: list, sort_vals: list) -> list:
         for i in range(a + 1, b):
             out[i] = va + (vb - va) * (axis[i] - axis[a]) / (axis[b] - axis[a])
     return out
+
+
+def _sort_key(sort_by: dict):
+    """The key a ``sortBy`` document orders documents by."""
+    return query.sort_key([[k, int(v)] for k, v in sort_by.items()])
+
+
+def _field_names(stage: str, fs, code: int) -> list:
+    """A stage's ``partitionByFields``: a list of field names, checked."""
+    if not isinstance(fs, list) or not all(isinstance(f, str) and f and f[0] != "$" for f in fs):
+        raise _err(f"{stage} partitionByFields must be a list of field names", code)
+    return fs
 
 
 def _window_bounds(w, i: int, n: int, sort_vals: list | None) -> tuple[int, int]:
@@ -349,7 +358,7 @@ def set_window_fields(docs, spec: dict, variables=None):
         pid = evaluate(spec["partitionBy"], d, None, variables) if "partitionBy" in spec \
             else None
         parts.setdefault(encode_key(None if pid is MISSING else pid), []).append(d)
-    keyf = query.sort_key([[k, int(v)] for k, v in sort_by.items()]) if sort_by else None
+    keyf = _sort_key(sort_by) if sort_by else None
     one = next(iter(sort_by)) if sort_by and len(sort_by) == 1 else None
     for part in parts.values():
         if keyf is not None:
@@ -433,18 +442,14 @@ def fill(docs, spec: dict, variables=None):
         raise _err("$fill with a method needs a sortBy", 6050205)
     part = spec.get("partitionBy")
     if "partitionByFields" in spec:
-        fs = spec["partitionByFields"]
-        if not isinstance(fs, list) or not all(isinstance(f, str) and f and f[0] != "$"
-                                               for f in fs):
-            raise _err("$fill partitionByFields must be a list of field names", 6050206)
-        part = [f"${f}" for f in fs]
+        part = [f"${f}" for f in _field_names("$fill", spec["partitionByFields"], 6050206)]
     if methods:
         sws = {"sortBy": sort_by, "output": {f: {m: f"${f}"} for f, m in methods.items()}}
         if part is not None:
             sws["partitionBy"] = part
         docs = set_window_fields(docs, sws, variables)
     elif sort_by:
-        docs = iter(sorted(docs, key=query.sort_key([[k, int(v)] for k, v in sort_by.items()])))
+        docs = iter(sorted(docs, key=_sort_key(sort_by)))
     for d in docs:
         gaps = [(f, e) for f, e in values.items() if _gap(query.get_path(d, f))]
         if gaps:
@@ -459,12 +464,10 @@ def _densify_spec(spec) -> tuple:
     if not isinstance(spec, dict) or set(spec) - {"field", "range", "partitionByFields"} \
             or "field" not in spec or "range" not in spec:
         raise _err("$densify needs field and range (and may take partitionByFields)", 40415)
-    field, rng, parts = spec["field"], spec["range"], spec.get("partitionByFields", [])
+    field, rng = spec["field"], spec["range"]
     if not isinstance(field, str) or not field or field.startswith("$"):
         raise _err("$densify field must be a field name, not an expression", 5733001)
-    if not isinstance(parts, list) or not all(isinstance(f, str) and f and f[0] != "$"
-                                              for f in parts):
-        raise _err("$densify partitionByFields must be a list of field names", 5733002)
+    parts = _field_names("$densify", spec.get("partitionByFields", []), 5733002)
     if field in parts:
         raise _err("$densify field may not be one of its partitionByFields", 5733003)
     if not isinstance(rng, dict) or set(rng) - {"step", "unit", "bounds"} \
