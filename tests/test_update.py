@@ -323,8 +323,15 @@ def test_current_date_push_sort_pull_all_bit_and_decimal_arithmetic():
     assert out["at"] == out["b"]["at"] and out["at"].microsecond % 1000 == 0
     assert before - datetime.timedelta(seconds=1) <= out["at"] <= datetime.datetime.now(
         datetime.timezone.utc).replace(tzinfo=None)
+    import time
+
+    from bson import Timestamp
+    out = apply_update({"_id": 1}, {"$currentDate": {"t": {"$type": "timestamp"}, "u": {
+        "$type": "timestamp"}, "f": False}})
+    assert isinstance(out["t"], Timestamp) and abs(out["t"].time - time.time()) < 5
+    assert out["t"] < out["u"] and isinstance(out["f"], datetime.datetime)
     with pytest.raises(InvalidUpdate, match="timestamp"):
-        apply_update({"_id": 1}, {"$currentDate": {"t": {"$type": "timestamp"}}})
+        apply_update({"_id": 1}, {"$currentDate": {"t": {"$type": "long"}}})
     d = {"_id": 1, "a": [3, 1, 2], "s": [{"k": 2}, {"k": 1}], "b": 5,
          "m": Decimal128("1.10")}
     assert apply_update(d, {"$push": {"a": {"$each": [9, 0], "$sort": 1, "$slice": 3}}})["a"] \

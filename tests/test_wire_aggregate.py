@@ -261,6 +261,86 @@ def test_date_expressions():
         ev({"$hour": {"date": "$dt", "timezone": "Mars/Olympus"}})
 
 
+def test_date_trunc_bins_from_2000_and_weeks_from_start_of_week_as_mongodb():
+    d = datetime.datetime(2024, 1, 31, 10, 30)  # a Wednesday
+    trunc = lambda **k: ev({"$dateTrunc": {"date": d, **k}})  # noqa: E731
+    assert trunc(unit="week") == datetime.datetime(2024, 1, 28)  # Sunday, the default
+    assert trunc(unit="week", startOfWeek="monday") == datetime.datetime(2024, 1, 29)
+    assert trunc(unit="week", startOfWeek="Mon") == datetime.datetime(2024, 1, 29)
+    # bins counted from 2000-01-01 (a Saturday), for weeks from its first startOfWeek
+    assert trunc(unit="week", startOfWeek="sat", binSize=2) == datetime.datetime(2024, 1, 27)
+    assert trunc(unit="day", binSize=7) == datetime.datetime(2024, 1, 27)
+    assert trunc(unit="hour", binSize=5) == datetime.datetime(2024, 1, 31, 6)
+    assert trunc(unit="month", binSize=7) == datetime.datetime(2023, 12, 1)
+    assert trunc(unit="year", binSize=10) == datetime.datetime(2020, 1, 1)
+    assert trunc(unit="quarter") == datetime.datetime(2024, 1, 1)
+    assert trunc(unit="week", startOfWeek=None) is None
+    with pytest.raises(CommandError, match="startOfWeek"):
+        trunc(unit="week", startOfWeek="someday")
+    with pytest.raises(CommandError, match="binSize"):
+        trunc(unit="day", binSize=0)
+    diff = lambda s, e, unit, **k: ev({"$dateDiff": {  # noqa: E731
+        "startDate": s, "endDate": e, "unit": unit, **k}})
+    D = datetime.datetime
+    assert diff(D(2023, 12, 31), D(2024, 1, 1), "year") == 1  # a boundary crossed
+    assert diff(D(2024, 1, 1), D(2024, 12, 31), "year") == 0
+    assert diff(D(2024, 1, 28), D(2024, 1, 29), "week") == 0  # Sunday to Monday
+    assert diff(D(2024, 1, 28), D(2024, 1, 29), "week", startOfWeek="monday") == 1
+    assert diff(D(2024, 3, 31), D(2024, 4, 1), "quarter") == 1
+    assert diff(D(2024, 3, 31), D(2024, 2, 1), "month") == -1
+
+
+def test_one_number_expressions_keep_the_type_as_mongodb():
+    from bson import Decimal128, Int64
+    assert ev({"$ceil": 1.2}) == 2.0 and type(ev({"$ceil": 1.2})) is float
+    assert ev({"$floor": -1.5}) == -2.0 and type(ev({"$floor": -1.5})) is float
+    assert ev({"$ceil": 5}) == 5 and type(ev({"$ceil": 5})) is int
+    assert ev({"$ceil": float("inf")}) == float("inf")
+    assert type(ev({"$abs": Int64(-3)})) is Int64
+    assert ev({"$ceil": Decimal128("1.2")}) == Decimal128("2")
+    assert ev({"$floor": Decimal128("-1.5")}) == Decimal128("-2")
+    assert ev({"$abs": Decimal128("-3.10")}) == Decimal128("3.10")
+    assert ev({"$log10": Decimal128("1000")}) == Decimal128("3")
+    assert str(ev({"$sqrt": Decimal128("2")})).startswith("1.41421356237309504880168872")
+    assert type(ev({"$sin": Decimal128("0")})) is Decimal128
+    assert ev({"$round": [Decimal128("2.345"), 2]}) == Decimal128("2.34")  # half to even
+    assert ev({"$trunc": [Decimal128("-2.7")]}) == Decimal128("-2")
+    assert ev({"$round": [Int64(15), -1]}) == 20 and type(ev({"$round": [Int64(15), -1]})) \
+        is Int64
+    assert ev({"$exp": 1000}) == float("inf")
+    with pytest.raises(CommandError, match="domain"):
+        ev({"$sqrt": Decimal128("-1")})
+
+
+def test_redact_keeps_prunes_and_descends_each_level():
+    doc = {"_id": 1, "level": 1, "a": {"level": 2, "x": 1},
+           "b": [{"level": 1, "y": 1}, {"level": 3}, 5, [{"level": 3}, 6]], "c": {"level": 3}}
+    by_level = {"$cond": [{"$lte": ["$level", 2]}, "$$DESCEND", "$$PRUNE"]}
+    assert run([{"$redact": by_level}], [doc]) == [
+        {"_id": 1, "level": 1, "a": {"level": 2, "x": 1}, "b": [{"level": 1, "y": 1}, 5, [6]]}]
+    assert run([{"$redact": "$$KEEP"}], [doc]) == [doc]
+    assert run([{"$redact": "$$PRUNE"}], [doc]) == []
+    # $$ROOT is the whole document at every level
+    assert run([{"$redact": {"$cond": [{"$eq": ["$$ROOT._id", 1]}, "$$KEEP", "$$PRUNE"]}}],
+               [doc, {"_id": 2}]) == [doc]
+    with pytest.raises(CommandError) as e:
+        run([{"$redact": 1}], [doc])
+    assert e.value.code == 17053
+    with pytest.raises(CommandError, match="undefined variable"):
+        run([{"$project": {"x": "$$KEEP"}}], [doc])
+
+
+def test_now_and_cluster_time_are_fixed_for_the_whole_command():
+    from bson import Timestamp
+    docs = [{"_id": i} for i in range(200)]
+    v = aggregate.let_of({"let": {"then": "$$NOW"}})
+    out = aggregate.run(iter(docs), [{"$addFields": {"n": "$$NOW", "t": "$$CLUSTER_TIME",
+                                                      "same": {"$eq": ["$$then", "$$NOW"]}}}],
+                        variables=v)
+    assert len({d["n"] for d in out}) == 1 and all(d["same"] for d in out)
+    assert isinstance(out[0]["t"], Timestamp) and out[0]["n"].microsecond % 1000 == 0
+
+
 def test_switch_objects_and_group_accumulators():
     assert ev({"$switch": {"branches": [{"case": {"$gt": ["$n", 3]}, "then": "big"}],
                            "default": "small"}}) == "small"

@@ -330,3 +330,27 @@ def test_densify_then_fill_through_pymongo(client):
         {"$project": {"_id": 0}}]))
     assert got == [{"at": t0 + datetime.timedelta(hours=h), "v": v}
                    for h, v in ((0, 1), (1, 1), (2, 1), (3, 4))]
+
+
+def test_current_date_timestamps_now_once_per_command_and_redact_through_pymongo(client):
+    """A ``$currentDate`` Timestamp is stored as BSON's Timestamp; ``$$NOW``
+    holds one value for a whole update pipeline over many documents; ``$redact``
+    drops the subdocuments the reader may not see."""
+    c = client.computed.stamps
+    c.insert_many([{"_id": i, "doc": {"public": True, "x": i,
+                                      "secret": {"public": False, "pin": 1234}}}
+                   for i in range(150)])
+    c.update_one({"_id": 0}, {"$currentDate": {"ts": {"$type": "timestamp"}, "at": True}})
+    got = c.find_one({"_id": 0})
+    assert isinstance(got["ts"], bson.Timestamp) and got["ts"].time > 1_700_000_000
+    assert got["at"].year >= 2024
+    c.update_many({}, [{"$set": {"seen": "$$NOW"}}])
+    assert len(c.distinct("seen")) == 1
+    out = list(c.aggregate([
+        {"$match": {"_id": {"$lt": 2}}},
+        {"$redact": {"$cond": [{"$eq": [{"$ifNull": ["$public", True]}, True]}, "$$DESCEND",
+                               "$$PRUNE"]}},
+        {"$project": {"doc": 1}}]))
+    assert out == [{"_id": i, "doc": {"public": True, "x": i}} for i in range(2)]
+    with pytest.raises(WriteError, match="timestamp"):
+        c.update_one({"_id": 0}, {"$currentDate": {"ts": {"$type": "long"}}})

@@ -30,10 +30,14 @@ def _projection(projection: Any) -> tuple[bool, Tree]:
             raise InvalidFilter(f"projection of {path!r} must be 0, 1, true or false, "
                                 f"got {flag!r:.40}")
         spec[path] = bool(flag)
-    modes = {flag for path, flag in spec.items() if path != "_id"}
-    if len(modes) > 1:
-        raise InvalidFilter("a projection cannot mix inclusion and exclusion (except of _id)")
-    include = modes.pop() if modes else spec.get("_id", True)
+    modes = [flag for path, flag in spec.items() if path != "_id"]
+    include = modes[0] if modes else spec.get("_id", True)
+    for path, flag in spec.items():
+        if path != "_id" and flag != include:
+            raise InvalidFilter(  # MongoDB's words (its codes 31253/31254)
+                f"Cannot do {'exclusion' if include else 'inclusion'} on field {path} in "
+                f"{'inclusion' if include else 'exclusion'} projection (a projection cannot "
+                "mix them, except for _id)")
     if include and not any(p == "_id" or p.startswith("_id.") for p in spec):
         spec["_id"] = True
     tree: Tree = {}

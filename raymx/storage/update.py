@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import datetime
 import re
+import time
 from typing import Any, Callable
 
-from bson import Decimal128, Int64
+from bson import Decimal128, Int64, Timestamp
 
 from raymx.storage import numbers
 from raymx.storage.errors import (ConflictingUpdateOperators, ImmutableField, InvalidDocument,
@@ -422,16 +423,34 @@ def _bit(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
     _put(c, k, numbers.widened(int(new), cur, *arg.values()), w)
 
 
+_last_ts = [0, 0]
+
+
+def _timestamp_now() -> Timestamp:
+    """A BSON Timestamp of the primary's clock: its seconds and an increment
+    that grows within a second (``$currentDate``'s ``{$type: "timestamp"}``;
+    MongoDB takes the operation's oplog time, which is ordered the same way).
+    Only the member's writer thread applies updates."""
+    secs = int(time.time())
+    _last_ts[:] = [secs, _last_ts[1] + 1] if secs <= _last_ts[0] else [secs, 1]
+    return Timestamp(*_last_ts)
+
+
 def _current_date(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:
-    """The primary's clock, to the millisecond (BSON's precision); the oplog
-    carries the value, so every member stores the same one."""
+    """The primary's clock, to the millisecond (BSON's precision), or as a
+    Timestamp; the oplog carries the value, so every member stores the same
+    one."""
     w = _where(op, path)
-    if not (arg is True or arg == {"$type": "date"}):
-        raise InvalidUpdate(f"{w}: $currentDate takes true or {{$type: 'date'}} (raymx has "
-                            "no timestamp type)", operator=op, field=path)
-    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    if isinstance(arg, bool) or arg == {"$type": "date"}:
+        now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+        value: Any = now.replace(microsecond=now.microsecond // 1000 * 1000)
+    elif arg == {"$type": "timestamp"}:
+        value = _timestamp_now()
+    else:
+        raise InvalidUpdate(f"{w}: $currentDate takes a boolean, {{$type: 'date'}} or "
+                            f"{{$type: 'timestamp'}}, not {arg!r:.60}", operator=op, field=path)
     c, k = d.loc(w, parts, True)
-    _put(c, k, now.replace(microsecond=now.microsecond // 1000 * 1000), w)
+    _put(c, k, value, w)
 
 
 def _add_to_set(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> None:

@@ -22,14 +22,15 @@ from bson import Int64
 from raymx.storage import query
 from raymx.storage.projection import project
 from raymx.wire import grouping
-from raymx.wire.evaluation import MISSING, _err, _set_path, _truthy, evaluate
+from raymx.wire.evaluation import (MISSING, _err, _set_path, _truthy, cluster_time, evaluate,
+                                   now)
 
 STAGES = ("$match", "$project", "$addFields", "$set", "$unset", "$sort", "$skip", "$limit",
           "$group", "$count", "$unwind", "$sample", "$replaceRoot", "$replaceWith",
           "$sortByCount", "$facet", "$lookup", "$collStats", "$indexStats", "$unionWith",
           "$out", "$merge",
           "$bucket", "$bucketAuto", "$setWindowFields", "$fill", "$densify",
-          "$graphLookup")
+          "$graphLookup", "$redact")
 OUTPUTS = ("$out", "$merge")  # the last stage only: the caller writes the output
 _MERGE_FIELDS = {"into", "on", "whenMatched", "whenNotMatched"}
 _LOOKUP_FIELDS = {"from", "as", "localField", "foreignField", "pipeline", "let"}
@@ -261,6 +262,48 @@ def _replace_root(docs, expr, variables=None):
         yield v
 
 
+_KEEP, _PRUNE, _DESCEND = (object() for _ in range(3))
+_REDACT_VARIABLES = {"KEEP": _KEEP, "PRUNE": _PRUNE, "DESCEND": _DESCEND}
+
+
+def _redact(docs, expr, variables=None):
+    """``$redact``: the expression, at each document level ($$CURRENT that
+    level, $$ROOT the whole document), says $$KEEP the level as it is,
+    $$PRUNE it, or $$DESCEND: keep its fields and look into each subdocument,
+    in arrays too. The whole document pruned is left out."""
+    v = {**(variables or {}), **_REDACT_VARIABLES}
+
+    def level(d: dict, root: dict):
+        how = evaluate(expr, d, root, v)
+        if how is _KEEP:
+            return d
+        if how is _PRUNE:
+            return None
+        if how is not _DESCEND:
+            raise _err("$redact's expression should not return anything aside from the "
+                       "variables $$KEEP, $$DESCEND, and $$PRUNE, but returned "
+                       f"{None if how is MISSING else how!r:.80}", 17053)
+        out = {}
+        for k, x in d.items():
+            x = inside(x, root)
+            if x is not None or not isinstance(d[k], dict):
+                out[k] = x
+        return out
+
+    def inside(x, root):
+        if isinstance(x, dict):
+            return level(x, root)
+        if isinstance(x, list):
+            kept = (inside(e, root) for e in x)
+            return [e for e, orig in zip(kept, x) if e is not None or not isinstance(orig, dict)]
+        return x
+
+    for d in docs:
+        out = level(d, d)
+        if out is not None:
+            yield out
+
+
 def _lookup(docs, spec: dict, lookup, variables=None, limit=None):
     if lookup is None:
         raise _err("$lookup is not available here", 2)
@@ -417,15 +460,18 @@ def _limited_gen(it, limit):
         limit()
 
 
-def let_of(cmd: dict, evaluate_in: dict | None = None) -> dict | None:
-    """A command's ``let``: its variables, each evaluated once (constants,
-    ``$$NOW``...), for the expressions of its filter or pipeline."""
+def let_of(cmd: dict, evaluate_in: dict | None = None, given: dict | None = None) -> dict:
+    """A command's variables: ``$$NOW`` and ``$$CLUSTER_TIME``, fixed for
+    the whole command as MongoDB fixes them, and its ``let``, each evaluated
+    once (constants, ``$$NOW``...), for the expressions of its filter or
+    pipeline. ``given``: variables already bound (the command's, beside a
+    statement's own constants)."""
+    out = dict(given) if given is not None else {"NOW": now(), "CLUSTER_TIME": cluster_time()}
     let = cmd.get("let")
     if let is None:
-        return None
+        return out
     if not isinstance(let, dict):
         raise _err("let must be an object", 10065)
-    out = {}
     for name, e in let.items():
         if not isinstance(name, str) or not name[:1].islower() \
                 or not name.replace("_", "").isalnum():
@@ -495,6 +541,8 @@ def _stage(it: Iterable[dict], st: dict, lookup, v: dict | None, limit) -> Itera
         it = _replace_root(it, arg["newRoot"], v)
     elif name == "$replaceWith":
         it = _replace_root(it, arg, v)
+    elif name == "$redact":
+        it = _redact(it, arg, v)
     elif name == "$sortByCount":
         if not (isinstance(arg, str) and arg.startswith("$")) and not (
                 isinstance(arg, dict) and len(arg) == 1 and next(iter(arg)).startswith("$")):

@@ -338,9 +338,9 @@ def _write(d, cmd: dict, conn, statements: list, to_req, count):
             req = to_req(st)
             if req["op"] == PORT_WRITE:
                 if variables is None:
-                    variables = aggregate.let_of(cmd) or {}
+                    variables = aggregate.let_of(cmd)
                 # an update statement's constants (c) beside the command's let
-                v = dict(variables, **(aggregate.let_of({"let": st["c"]}) or {})) \
+                v = aggregate.let_of({"let": st["c"]}, given=variables) \
                     if st.get("c") is not None else variables
                 res = yield from _in_txn(d, cmd, lambda run: _port_write(req, run, v))
             else:

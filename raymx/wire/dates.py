@@ -206,7 +206,36 @@ def _date_add(x, ev, name="$dateAdd"):
     return _utc(_add_months(_local(d, tz), n * _MONTHS[unit]), tz)
 
 
+_DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_REFERENCE = datetime.datetime(2000, 1, 1)  # $dateTrunc's bins start there, as MongoDB's
+
+
+def _start_of_week(a: dict, ev, name: str) -> int | None:
+    """``startOfWeek`` as a weekday (Monday 0, as Python's; Sunday when it is
+    not given); None when it is given as null. A day's name or its first
+    three letters, any case, as MongoDB."""
+    if "startOfWeek" not in a:
+        return 6
+    v = ev(a["startOfWeek"])
+    if _null(v):
+        return None
+    day = v.lower() if isinstance(v, str) else None
+    for i, d in enumerate(_DAYS):
+        if day in (d, d[:3]):
+            return i
+    raise _err(f"{name} parameter 'startOfWeek' must be a day of the week, not {v!r:.40}",
+               5439015)
+
+
+def _week_start(d: datetime.datetime, sow: int) -> datetime.datetime:
+    """The midnight that starts ``d``'s week, weeks starting on weekday ``sow``."""
+    day = d.replace(hour=0, minute=0, second=0, microsecond=0)
+    return day - datetime.timedelta(days=(day.weekday() - sow) % 7)
+
+
 def _date_diff(x, ev, name="$dateDiff"):
+    """The unit's boundaries crossed from startDate to endDate, in the
+    timezone (weeks start on startOfWeek), as MongoDB counts them."""
     a = _fields(name, x, ("startDate", "endDate", "unit"), ("timezone", "startOfWeek"))
     s, e, unit = ev(a["startDate"]), ev(a["endDate"]), ev(a["unit"])
     if _null(s) or _null(e) or _null(unit):
@@ -216,15 +245,16 @@ def _date_diff(x, ev, name="$dateDiff"):
     unit = _unit(unit)
     tz = _zone(ev(a["timezone"])) if "timezone" in a else None
     s, e = _local(s, tz), _local(e, tz)
+    if unit == "year":
+        return e.year - s.year
     if unit in _MONTHS:
-        months = (e.year - s.year) * 12 + e.month - s.month
-        return months // _MONTHS[unit] if unit != "quarter" else (
-            (e.year * 12 + e.month - 1) // 3 - (s.year * 12 + s.month - 1) // 3)
-    if unit == "week":  # boundaries crossed (weeks start on Sunday)
-        def sunday(d):
-            d = d.replace(hour=0, minute=0, second=0, microsecond=0)
-            return d - datetime.timedelta(days=d.isoweekday() % 7)
-        return (sunday(e) - sunday(s)).days // 7
+        months = (e.year * 12 + e.month - 1) // _MONTHS[unit]
+        return months - (s.year * 12 + s.month - 1) // _MONTHS[unit]
+    if unit == "week":
+        sow = _start_of_week(a, ev, name)
+        if sow is None:
+            return None
+        return (_week_start(e, sow) - _week_start(s, sow)).days // 7
     size = _UNITS[unit]
 
     def floor(d):
@@ -233,6 +263,9 @@ def _date_diff(x, ev, name="$dateDiff"):
 
 
 def _date_trunc(x, ev, name="$dateTrunc"):
+    """The start of the bin of ``binSize`` units that holds the date, bins
+    counted from 2000-01-01 in the timezone (for weeks, from the first
+    startOfWeek on or after it), as MongoDB."""
     a = _fields(name, x, ("date", "unit"), ("binSize", "timezone", "startOfWeek"))
     d, unit = ev(a["date"]), ev(a["unit"])
     if _null(d) or _null(unit):
@@ -241,18 +274,25 @@ def _date_trunc(x, ev, name="$dateTrunc"):
         raise _err(f"{name} requires 'date' to be a date, not {_type(d)}", 5439012)
     unit = _unit(unit)
     bins = _int_arg(ev(a["binSize"]), name, "binSize") if "binSize" in a else 1
+    if bins < 1:
+        raise _err(f"{name} requires 'binSize' to be greater than 0, but got value {bins}",
+                   5439017)
     tz = _zone(ev(a["timezone"])) if "timezone" in a else None
     local = _local(d, tz)
     if unit in _MONTHS:
-        months = (local.year * 12 + local.month - 1)
+        months = (local.year - 2000) * 12 + local.month - 1
         months -= months % (_MONTHS[unit] * bins)
-        out = datetime.datetime(months // 12, months % 12 + 1, 1)
+        out = _add_months(_REFERENCE, months)
     elif unit == "week":
-        day = local.replace(hour=0, minute=0, second=0, microsecond=0)
-        out = day - datetime.timedelta(days=day.isoweekday() % 7)
+        sow = _start_of_week(a, ev, name)
+        if sow is None:
+            return None
+        ref = _REFERENCE + datetime.timedelta(days=(sow - _REFERENCE.weekday()) % 7)
+        weeks = (_week_start(local, sow) - ref).days // 7
+        out = ref + datetime.timedelta(weeks=weeks - weeks % bins)
     else:
         size = _UNITS[unit] * bins
-        out = EPOCH + ((local - EPOCH) // size) * size
+        out = _REFERENCE + ((local - _REFERENCE) // size) * size
     return _utc(out, tz)
 
 

@@ -9,7 +9,10 @@ sorts do.
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Any
+
+import bson
 
 from raymx.storage import numbers, query
 from raymx.storage.keys import encode_key
@@ -31,6 +34,17 @@ def _path(doc, path: str) -> Any:
     return [v for v in vals if v is not MISSING]
 
 
+def now() -> datetime.datetime:
+    """``$$NOW``: the member's clock, to the millisecond (BSON's precision)."""
+    t = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    return t.replace(microsecond=t.microsecond // 1000 * 1000)
+
+
+def cluster_time() -> bson.Timestamp:
+    """``$$CLUSTER_TIME``: a Timestamp of the member's clock (its seconds)."""
+    return bson.Timestamp(int(time.time()), 0)
+
+
 def _variable(e: str, doc: dict, root: dict, variables: dict | None) -> Any:
     """``$$name`` or ``$$name.path``: ``ROOT``/``CURRENT``, ``REMOVE``,
     ``NOW``, or a variable of ``$let``, ``$map``, ``$filter``, ``$reduce``."""
@@ -41,8 +55,10 @@ def _variable(e: str, doc: dict, root: dict, variables: dict | None) -> Any:
         base = variables[name]
     elif name == "REMOVE":
         return MISSING
-    elif name == "NOW":
-        return datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    elif name == "NOW":  # a command binds it once (aggregate.let_of); here, the clock
+        return now()
+    elif name == "CLUSTER_TIME":
+        return cluster_time()
     else:
         raise _err(f"Use of undefined variable: {name}", 17276)
     if not rest:

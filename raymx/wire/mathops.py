@@ -46,10 +46,10 @@ for _name, _fn in {
     "$bitAnd": _bits, "$bitOr": _bits, "$bitXor": _bits, "$bitNot": _bits,
     **{f"${n}": _unary_math(getattr(math, n)) for n in ("sin", "cos", "tan", "atan", "sinh",
                                                        "cosh", "tanh", "asinh")},
-    **{f"${n}": _unary_math(getattr(math, n), lambda v: -1 <= v <= 1) for n in ("asin",
+    **{f"${n}": _unary_math(getattr(math, n), domain=lambda v: -1 <= v <= 1) for n in ("asin",
                                                                                 "acos")},
-    "$acosh": _unary_math(math.acosh, lambda v: v >= 1),
-    "$atanh": _unary_math(math.atanh, lambda v: -1 < v < 1),
+    "$acosh": _unary_math(math.acosh, domain=lambda v: v >= 1),
+    "$atanh": _unary_math(math.atanh, domain=lambda v: -1 < v < 1),
     "$degreesToRadians": _unary_math(math.radians),
     "$radiansToDegrees": _unary_math(math.degrees),
 }.items():
