@@ -2,6 +2,7 @@
 statement, the path of Spark's ``upsert`` and ``update`` writes. The engine on
 both stores, then a real three-member replica set through the client."""
 import copy
+import re
 
 import pytest
 
@@ -125,6 +126,7 @@ def test_a_row_without_id_or_that_is_no_document_is_refused_before_anything_is_w
                       ([{"_id": 1}, "x"], "list of documents"),
                       ({"_id": 1}, "list of documents"),
                       ([{"_id": [1, 2]}], "_id cannot be an array"),
+                      ([{"_id": re.compile("x")}], "_id cannot be a regular expression"),
                       ([{"_id": 1, "$set": {"v": 1}}], r"\$")):
         for merge in (False, True):
             with pytest.raises(errors.InvalidDocument, match=msg):

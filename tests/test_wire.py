@@ -382,6 +382,44 @@ def test_transaction(client):
     assert c.find_one({"_id": "b"}) is None
 
 
+def test_a_transaction_creates_collections_and_indexes_and_refuses_other_commands(client):
+    """As MongoDB 4.4+: create and createIndexes run inside the transaction
+    (visible at its commit, gone at its abort); a command a transaction may
+    not hold (listCollections, drop...) is refused with
+    OperationNotSupportedInTransaction and aborts it. Before, such a command
+    ran outside the transaction (a create committed at once, an abort kept
+    it) and the transaction was never begun or left for dead."""
+    db = client.txddl
+    db.keep.insert_one({"_id": 1})
+    with client.start_session() as s:
+        s.start_transaction()
+        db.create_collection("made", session=s, check_exists=False)
+        db.made.insert_one({"_id": 1}, session=s)
+        out = db.command("createIndexes", "made", indexes=[
+            {"key": {"u": 1}, "name": "u_1", "unique": True}], session=s)
+        assert out["numIndexesAfter"] == out["numIndexesBefore"] + 1
+        assert "made" not in db.list_collection_names()  # not before the commit
+        s.commit_transaction()
+    assert db.made.find_one() == {"_id": 1} and "u_1" in db.made.index_information()
+    with client.start_session() as s:
+        s.start_transaction()
+        db.command("create", "gone", session=s)
+        s.abort_transaction()
+    assert "gone" not in db.list_collection_names()
+    for refused in (lambda s: db.list_collection_names(session=s),
+                    lambda s: db.drop_collection("keep", session=s)):
+        with client.start_session() as s:
+            s.start_transaction()
+            db.keep.insert_one({"_id": 2}, session=s)
+            with pytest.raises(OperationFailure) as ei:
+                refused(s)
+            assert ei.value.code == 263
+            with pytest.raises(OperationFailure) as ei:  # the transaction was aborted
+                s.commit_transaction()
+            assert ei.value.code == 251
+    assert list(db.keep.find()) == [{"_id": 1}]
+
+
 def test_secondary_refuses_writes_with_not_writable_primary(served):
     p, svc = served
     svc.step_down()

@@ -13,7 +13,10 @@ import bisect
 import functools
 import itertools
 import operator
+import re
 from typing import TYPE_CHECKING, Callable
+
+from bson.regex import Regex
 
 from raymx.storage import codec, errors, oplog, query, update as upd
 from raymx.storage.catalog import (CollInfo, IndexInfo, WriteResult, check_expire,
@@ -40,6 +43,8 @@ def _pk(_id) -> bytes:
         return encode_key(_id)
     if t in (list, tuple):
         raise errors.InvalidDocument(f"_id cannot be an array: {_id!r:.60}")
+    if t is re.Pattern or t is Regex:  # as MongoDB: an _id regex could never be matched
+        raise errors.InvalidDocument(f"_id cannot be a regular expression: {_id!r:.60}")
     if t is dict and _contains_op(_id):
         raise errors.InvalidDocument(f"_id {_id!r:.60} may not contain $ fields")
     return encode_key(_id)

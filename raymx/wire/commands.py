@@ -94,6 +94,8 @@ class Dispatcher:
             crud.no_collation(cmd)
         except CommandError as e:
             return error_doc(e)
+        if cmd.get("autocommit") is False and key not in sessions.IN_TXN:
+            return name, self.txns.failing_aborts(cmd, sessions.not_in_transactions(name))
         return name, self.txns.failing_aborts(cmd, crud.steps_of(fn)(self, cmd, conn))
 
     def _answer(self, name: str, out=None, e: Exception | None = None) -> dict:
@@ -463,8 +465,8 @@ def _create(d: Dispatcher, cmd: dict, conn) -> dict:
     if other:
         raise CommandError(f"create: option(s) {', '.join(other)} are not supported by "
                            "raymx", 2, "BadValue")
-    d.call({"op": "createCollection", "ns": crud.ns_of(cmd, "create"),
-            **crud.wc_fields(cmd)}, conn.state)
+    d.drive(crud._run(d, {"op": "createCollection", "ns": crud.ns_of(cmd, "create"),
+                             **crud.wc_fields(cmd)}, cmd, conn))
     return {}
 
 

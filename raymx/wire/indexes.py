@@ -52,8 +52,9 @@ def create_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
     specs = cmd.get("indexes")
     if not isinstance(specs, list) or not specs:
         raise bad_value("createIndexes needs a non-empty array 'indexes'")
-    existed = ns in crud.collection_names(d, conn)
-    before = len(d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"])
+    existed = ns in crud.collection_names(d, conn)  # in a transaction: as committed
+    names = [x["name"] for x in d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"]]
+    before, made = len(names) or 1, set()
     for spec in specs:
         if not isinstance(spec, dict) or not isinstance(spec.get("key"), dict):
             raise bad_value("each index needs a 'key' document")
@@ -71,8 +72,8 @@ def create_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
             req["sparse"] = True
         if spec.get("partialFilterExpression") is not None:
             req["partial"] = crud._plain(spec["partialFilterExpression"])
-        d.call(req, conn.state)
-    after = len(d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"])
+        made.add(d.drive(crud._run(d, req, cmd, conn))["value"])  # in the transaction if any
+    after = before + len(made - set(names))
     return {"createdCollectionAutomatically": not existed, "numIndexesBefore": before,
             "numIndexesAfter": after}
 

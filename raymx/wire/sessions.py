@@ -31,6 +31,22 @@ _TXN_READS = {"find", "getmore", "count", "distinct", "killcursors", "listcollec
               "listindexes", "collstats", "dbstats"}
 
 
+# the commands a transaction may hold, as MongoDB's (count too, which raymx
+# runs in the transaction's snapshot): each runs through the transaction
+# (crud._txn_of); any other is refused (OperationNotSupportedInTransaction)
+IN_TXN = {"find", "getmore", "killcursors", "insert", "update", "delete", "findandmodify",
+          "aggregate", "distinct", "count", "create", "createindexes", "committransaction",
+          "aborttransaction"}
+
+
+def not_in_transactions(name: str):
+    """Steps that refuse command ``name`` inside a transaction; raised in
+    them, the error aborts the transaction (``failing_aborts``), as MongoDB's."""
+    raise CommandError(f"Cannot run '{name}' in a multi-document transaction.", 263,
+                       "OperationNotSupportedInTransaction")
+    yield  # noqa: unreachable (a generator: failing_aborts runs it)
+
+
 def _may_write(cmd: dict) -> bool:
     name = next(iter(cmd)).lower()
     if name == "aggregate":
