@@ -341,6 +341,61 @@ def test_now_and_cluster_time_are_fixed_for_the_whole_command():
     assert isinstance(out[0]["t"], Timestamp) and out[0]["n"].microsecond % 1000 == 0
 
 
+def test_median_and_percentile_accumulators_window_functions_and_expressions():
+    docs = [{"g": i % 2, "v": i} for i in range(10)] + [{"g": 0, "v": "x"}, {"g": 1}]
+    out = run([{"$group": {"_id": "$g",
+                           "m": {"$median": {"input": "$v", "method": "approximate"}},
+                           "p": {"$percentile": {"input": "$v", "p": [0, 0.5, 0.9, 1],
+                                                 "method": "discrete"}},
+                           "c": {"$percentile": {"input": "$v", "p": [0.5],
+                                                 "method": "continuous"}}}},
+               {"$sort": {"_id": 1}}], docs)
+    # non-numbers and missing values are left out; doubles, as MongoDB's
+    assert out == [{"_id": 0, "m": 4.0, "p": [0.0, 4.0, 8.0, 8.0], "c": [4.0]},
+                   {"_id": 1, "m": 5.0, "p": [1.0, 5.0, 9.0, 9.0], "c": [5.0]}]
+    assert run([{"$group": {"_id": None, "m": {"$median": {"input": "$nope",
+                                                           "method": "approximate"}}}}],
+               docs) == [{"_id": None, "m": None}]
+    for bad, code in (({"input": "$v", "p": [1.5], "method": "approximate"}, 7750301),
+                      ({"input": "$v", "method": "approximate"}, 7436100),
+                      ({"input": "$v", "p": [0.5], "method": "exact"}, 7766600)):
+        with pytest.raises(CommandError) as e:
+            run([{"$group": {"_id": None, "m": {"$percentile": bad}}}], docs)
+        assert e.value.code == code
+    moving = run([{"$setWindowFields": {"sortBy": {"v": 1}, "output": {"m": {
+        "$median": {"input": "$v", "method": "approximate"},
+        "window": {"documents": [-1, 1]}}}}}, {"$limit": 3}], docs[:10])
+    assert [d["m"] for d in moving] == [0.0, 1.0, 2.0]
+    assert ev({"$median": {"input": [3, 1, 2, "x"], "method": "approximate"}}) == 2.0
+    assert ev({"$percentile": {"input": [1, 2, 3, 4], "p": [0.25, 0.75],
+                               "method": "continuous"}}) == [1.75, 3.25]
+
+
+def test_set_field_unset_field_sizes_and_byte_strings():
+    from bson import Binary
+    assert ev({"$setField": {"field": "a.b", "input": {"a": 1}, "value": 2}}) == \
+        {"a": 1, "a.b": 2}  # the name taken whole, dots too
+    assert ev({"$setField": {"field": {"$literal": "$x"}, "input": {"$x": 1, "y": 2},
+                             "value": "$$REMOVE"}}) == {"y": 2}
+    assert ev({"$unsetField": {"field": "a", "input": {"a": 1, "b": 2}}}) == {"b": 2}
+    assert ev({"$setField": {"field": "a", "input": None, "value": 1}}) is None
+    with pytest.raises(CommandError, match="string constant"):
+        ev({"$setField": {"field": 1, "input": {}, "value": 1}})
+    with pytest.raises(CommandError, match="literal"):
+        ev({"$setField": {"field": "$o", "input": {}, "value": 1}})
+    assert (ev({"$binarySize": "héllo"}), ev({"$binarySize": Binary(b"abc", 0)}),
+            ev({"$bsonSize": {"a": 1}}), ev({"$bsonSize": None})) == (6, 3, 12, None)
+    with pytest.raises(CommandError) as e:
+        ev({"$bsonSize": 1})
+    assert e.value.code == 31393
+    assert ev({"$indexOfBytes": ["héllo", "l"]}) == 3 and ev({"$indexOfCP": ["héllo", "l"]}) == 2
+    assert ev({"$substrBytes": ["héllo", 0, 3]}) == "hé"
+    for cut, code in (([0, 2], 28657), ([2, 2], 28656)):  # inside the two bytes of é
+        with pytest.raises(CommandError) as e:
+            ev({"$substrBytes": ["héllo", *cut]})
+        assert e.value.code == code
+
+
 def test_switch_objects_and_group_accumulators():
     assert ev({"$switch": {"branches": [{"case": {"$gt": ["$n", 3]}, "then": "big"}],
                            "default": "small"}}) == "small"

@@ -177,7 +177,15 @@ def _substr(x, ev, name="$substrCP"):
     start, n = _int_arg(start, name, "start"), _int_arg(n, name, "length")
     if name == "$substrBytes":
         b = _string(s, name).encode()
-        return b[max(start, 0):None if n < 0 else max(start, 0) + n].decode("utf-8", "replace")
+        start = max(start, 0)
+        end = len(b) if n < 0 else min(start + n, len(b))
+        if start < len(b) and b[start] & 0xC0 == 0x80:
+            raise _err("$substrBytes: Invalid range, starting index is a UTF-8 continuation "
+                       "byte.", 28656)
+        if start < end < len(b) and b[end] & 0xC0 == 0x80:
+            raise _err("$substrBytes: Invalid range, ending index is in the middle of a "
+                       "UTF-8 character.", 28657)
+        return b[start:end].decode()
     s = _string(s, name) if not isinstance(s, (int, float)) else _to_string(s)
     if start < 0:
         return ""
@@ -234,6 +242,9 @@ def _index_of(x, ev, name="$indexOfCP"):
         return hit[0] if hit else -1
     if not isinstance(s, str) or not isinstance(sub, str):
         raise _err(f"{name} requires strings", 40091)
+    if name == "$indexOfBytes":
+        b = s.encode()
+        return b.find(sub.encode(), start, end if end is not None else len(b))
     return s.find(sub, start, end if end is not None else len(s))
 
 
@@ -686,6 +697,63 @@ def _get_field(x, ev, name="$getField"):
     return src.get(field, MISSING)
 
 
+def _set_field(x, ev, name="$setField"):
+    """``$setField``/``$unsetField``: a copy of ``input`` with ``field`` (a
+    name, taken whole: dots and dollars included) set to ``value``, or
+    removed (``$$REMOVE``, or ``$unsetField``)."""
+    named = ("field", "input", "value") if name == "$setField" else ("field", "input")
+    a = _fields(name, x, named)
+    field = a["field"]
+    if isinstance(field, str) and field.startswith("$"):
+        raise _err(f"{name}: 'field' {field!r} is a field path, not allowed here; for a "
+                   f"name with a '$', write {{$literal: {field!r}}}", 4161108)
+    if isinstance(field, dict) and set(field) == {"$literal"}:
+        field = field["$literal"]
+    if not isinstance(field, str):
+        raise _err(f"{name} requires 'field' to be a string constant", 4161106)
+    src = ev(a["input"])
+    if _null(src):
+        return None
+    if not isinstance(src, dict):
+        raise _err(f"{name} requires 'input' to evaluate to an object", 4161105)
+    out = dict(src)
+    value = ev(a["value"]) if name == "$setField" else MISSING
+    if value is MISSING:
+        out.pop(field, None)
+    else:
+        out[field] = value
+    return out
+
+
+def _binary_size(x, ev, name="$binarySize"):
+    """``$binarySize`` (a string's UTF-8 bytes, a binary's) and ``$bsonSize``
+    (an object's BSON bytes); null for null."""
+    (v,) = _n(name, x, ev, 1)
+    if _null(v):
+        return None
+    if name == "$bsonSize":
+        if not isinstance(v, dict):
+            raise _err(f"$bsonSize requires a document input, found: {_type(v)}", 31393)
+        return len(bson.encode(v))
+    if isinstance(v, str):
+        return len(v.encode())
+    if isinstance(v, (bytes, bson.Binary)):
+        return len(v)
+    raise _err(f"$binarySize requires a string or BinData argument, found: {_type(v)}", 51276)
+
+
+def _percentile(x, ev, name="$percentile"):
+    """``$percentile``/``$median`` of an array's numbers (or of one number)."""
+    from raymx.wire.grouping import _percentile_args, percentiles
+    if not isinstance(x, dict) or "input" not in x:
+        raise _err(f"{name} needs input and method", 7436100)
+    v = {k: ev(e) for k, e in x.items()}
+    ps, method = _percentile_args(name, v)
+    arr = v["input"]
+    got = percentiles(arr if isinstance(arr, list) else [arr], ps, method)
+    return got if got is None or name == "$percentile" else got[0]
+
+
 # --- control -----------------------------------------------------------------
 def _switch(x, ev, name="$switch"):
     from raymx.wire.evaluation import _truthy
@@ -766,7 +834,10 @@ for _name, _fn in {
     "$substr": _substr, "$substrCP": _substr, "$substrBytes": _substr,
     "$strLenCP": _str_len, "$strLenBytes": _str_len, "$split": _split,
     "$trim": _trim, "$ltrim": _trim, "$rtrim": _trim, "$strcasecmp": _strcasecmp,
-    "$indexOfCP": _index_of, "$indexOfArray": _index_of,
+    "$indexOfCP": _index_of, "$indexOfArray": _index_of, "$indexOfBytes": _index_of,
+    "$setField": _set_field, "$unsetField": _set_field,
+    "$binarySize": _binary_size, "$bsonSize": _binary_size,
+    "$percentile": _percentile, "$median": _percentile,
     "$replaceOne": _replace, "$replaceAll": _replace,
     "$regexMatch": _regex, "$regexFind": _regex,
     "$toString": _converter(_to_string), "$toInt": _converter(_to_int),

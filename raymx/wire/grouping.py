@@ -10,6 +10,7 @@ import bisect
 import copy
 import datetime
 import functools
+import math
 
 from bson import Decimal128
 
@@ -21,8 +22,50 @@ from raymx.wire.evaluation import MISSING, _cmp, _err, _set_path, evaluate
 
 _N_OF = ("$firstN", "$lastN", "$maxN", "$minN")  # {input, n}
 _RANKED = ("$top", "$bottom", "$topN", "$bottomN")  # {sortBy, output[, n]}
+_PERCENTILES = ("$percentile", "$median")  # {input, p (not $median's), method}
+_METHODS = ("approximate", "discrete", "continuous")
 _ACCUMULATORS = ("$sum", "$avg", "$min", "$max", "$first", "$last", "$push", "$addToSet",
-                 "$count", "$mergeObjects", "$stdDevPop", "$stdDevSamp") + _N_OF + _RANKED
+                 "$count", "$mergeObjects", "$stdDevPop", "$stdDevSamp") + _N_OF + _RANKED \
+    + _PERCENTILES
+
+
+def _percentile_args(op: str, v) -> tuple[list, str]:
+    """(the fractions asked, the method) of a ``$percentile``/``$median``'s
+    evaluated argument, checked as MongoDB checks them."""
+    if not isinstance(v, dict) or "method" not in v \
+            or set(v) - {"input", "method", "p"} or (op == "$percentile") != ("p" in v):
+        raise _err(f"{op} needs input and method" + (", and p" if op == "$percentile" else "")
+                   + " (no other field)", 7436100)
+    if v["method"] not in _METHODS:
+        raise _err(f"{op}'s method must be one of {', '.join(_METHODS)}, not "
+                   f"{v['method']!r:.40}", 7766600)
+    if op == "$median":
+        return [0.5], v["method"]
+    ps = v["p"]
+    if not isinstance(ps, list) or not ps or not all(
+            numbers.is_number(x) and 0 <= numbers.as_float(x) <= 1 for x in ps):
+        raise _err(f"{op}'s p must be a non-empty array of numbers between 0.0 and 1.0, not "
+                   f"{ps!r:.60}", 7750301)
+    return [numbers.as_float(x) for x in ps], v["method"]
+
+
+def percentiles(values: list, ps: list, method: str) -> list | None:
+    """The ``ps`` percentiles of the numbers among ``values`` (doubles), None
+    if there are none. ``continuous`` interpolates between the two nearest
+    ranks; ``discrete`` (and ``approximate``, which MongoDB computes with a
+    t-digest: exact here) takes the value of rank ceil(p*n)-1."""
+    xs = sorted(numbers.as_float(x) for x in values if numbers.is_number(x))
+    if not xs:
+        return None
+    out = []
+    for p in ps:
+        if method == "continuous":
+            r = p * (len(xs) - 1)
+            lo, hi = math.floor(r), math.ceil(r)
+            out.append(xs[lo] + (xs[hi] - xs[lo]) * (r - lo))
+        else:
+            out.append(xs[max(0, math.ceil(p * len(xs)) - 1)])
+    return out
 
 
 def _ranked_expression(op: str, e) -> dict:
@@ -85,6 +128,9 @@ class _Acc:
                 self.v = {**(self.v or {}), **v}
             elif v is not None and v is not MISSING:
                 raise _err(f"$mergeObjects requires object inputs, not {v!r:.40}", 40400)
+        elif op in _PERCENTILES:
+            self.v = _percentile_args(op, v)  # the same for every value
+            self.vals.append(v.get("input"))  # a missing one is no number
         elif op in _N_OF or op in _RANKED:
             if not isinstance(v, dict) or "n" not in v:
                 raise _err(f"{op} needs an object with 'n'", 5787901)
@@ -116,6 +162,9 @@ class _Acc:
             return list(self.vals)
         if op in _N_OF or op in _RANKED:
             return self._nth()
+        if op in _PERCENTILES:
+            got = percentiles(self.vals, *self.v) if self.v is not None else None
+            return got if got is None or op == "$percentile" else got[0]
         if op == "$addToSet":
             return list(self.seen.values())
         return self.v
@@ -154,6 +203,8 @@ def _accumulators(spec: dict, what: str) -> dict:
         if not isinstance(acc, dict) or len(acc) != 1 or next(iter(acc)) not in _ACCUMULATORS:
             raise _err(f"unknown {what} operator for field '{field}'", 15952)
         op, e = next(iter(acc.items()))
+        if op in _PERCENTILES and (not isinstance(e, dict) or "input" not in e):
+            raise _err(f"{op} needs input and method", 7436100)
         accs[field] = (op, _ranked_expression(op, e) if op in _RANKED else e)
     return accs
 
