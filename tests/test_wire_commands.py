@@ -668,3 +668,13 @@ def test_concurrent_transactions_and_atomic_writes_lose_nothing(client):
     assert len(moved) == 75
     assert sum(d["bal"] for d in acct.find()) == 500
     assert seq.find_one({"_id": "n"})["v"] == 120
+
+
+def test_an_empty_collection_name_is_an_invalid_namespace_and_the_connection_goes_on(client):
+    with pytest.raises(OperationFailure, match="Invalid namespace specified 'names.'") as ei:
+        client.names.command("insert", "", documents=[{"x": 1}])
+    assert ei.value.code == 73
+    with pytest.raises(OperationFailure, match="invalid type int") as ei:
+        client.names.command("find", 5)
+    assert ei.value.code == 73
+    assert client.names.c.insert_one({"x": 1}).acknowledged

@@ -36,9 +36,12 @@ from raymx.wire.errors import (CommandError, bad_value, is_statement_error, writ
 
 def ns_of(cmd: dict, name: str) -> str:
     coll = cmd.get(next(iter(cmd)))
-    if not isinstance(coll, str) or not coll:
+    if not isinstance(coll, str):
         raise CommandError(f"{name}: collection name has invalid type "
                            f"{type(coll).__name__}", 73, "InvalidNamespace")
+    if not coll:
+        raise CommandError(f"{name}: Invalid namespace specified '{cmd.get('$db')}.' (an "
+                           "empty collection name)", 73, "InvalidNamespace")
     return f"{cmd.get('$db')}.{coll}"
 
 
