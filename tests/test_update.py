@@ -1,5 +1,6 @@
 """raymx.storage.update: $operators, replacement, upsert seeds; the input is never mutated."""
 import copy
+import re
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -206,8 +207,14 @@ def test_replacement_errors(repl, message):
     ({"e": {"x": [1]}}, {"e": {"x": [1]}}),
     ({"_id": 5, "$and": [{"x": 1}, {"$and": [{"y.z": None}]}]},
      {"_id": 5, "x": 1, "y": {"z": None}}),
-    ({"a": {"$gt": 1}, "b": {"$in": [1]}, "$or": [{"c": 1}], "$nor": [{"d": 1}],
-      "f": {"$ne": 1}}, {}),
+    ({"a": {"$gt": 1}, "b": {"$in": [1, 2]}, "$or": [{"c": 1}, {"c": 2}],
+      "$nor": [{"d": 1}], "f": {"$ne": 1}, "g": {"$all": [1, 2]}}, {}),
+    # what MongoDB reads as equalities (its jstests' upsert cases): an $in or an
+    # $all of one value, an $or of one clause
+    ({"b": {"$in": [1]}, "$or": [{"c": {"$eq": 1}}], "g": {"$all": [[1, 2]]}},
+     {"b": 1, "c": 1, "g": [1, 2]}),
+    ({"$and": [{"$or": [{"x": 1}]}]}, {"x": 1}),
+    ({"b": {"$in": [re.compile("x")]}, "g": {"$all": [{"$elemMatch": {"k": 1}}]}}, {}),
     ({"a": {"$eq": 1, "$gt": 0}}, {"a": 1}), ({"a": 1, "$and": [{"a": 1.0}]}, {"a": 1}),
     ({"a": [1, 2]}, {"a": [1, 2]}), ({"l.0": 5}, {"l": {"0": 5}}),
 ])

@@ -678,3 +678,17 @@ def test_an_empty_collection_name_is_an_invalid_namespace_and_the_connection_goe
         client.names.command("find", 5)
     assert ei.value.code == 73
     assert client.names.c.insert_one({"x": 1}).acknowledged
+
+
+def test_upserts_seed_from_what_mongodb_reads_as_equalities(client):
+    """An $in or $all of one value and an $or of one clause seed the upserted
+    document, as MongoDB's own upsert tests expect."""
+    c = client.seeds.c
+    for flt in ({"x": {"$in": [1]}}, {"x": {"$all": [1]}}, {"$or": [{"x": {"$eq": 1}}]},
+                {"$and": [{"x": {"$eq": 1}}]}):
+        c.delete_many({})
+        c.update_one(flt, {"$set": {"a": 1}}, upsert=True)
+        assert c.find_one({}, {"_id": 0}) == {"x": 1, "a": 1}, flt
+    c.delete_many({})
+    c.update_one({"x": {"$in": [1, 2]}}, {"$set": {"a": 1}}, upsert=True)
+    assert c.find_one({}, {"_id": 0}) == {"a": 1}

@@ -527,9 +527,10 @@ def parallel_arrays(doc: Any, paths) -> tuple[str, str] | None:
 
 def field_conditions(flt: dict):
     """(field, condition) of a filter's top level, through nested ``$and``s
-    (what every matching document must satisfy; ``$or``/``$nor`` are left out)."""
+    (what every matching document must satisfy; ``$or``/``$nor`` are left out,
+    but an ``$or`` of one clause is that clause, as MongoDB reads it)."""
     for k, cond in flt.items():
-        if k == "$and":
+        if k == "$and" or (k == "$or" and isinstance(cond, list) and len(cond) == 1):
             for c in cond:
                 yield from field_conditions(c)
         elif not k.startswith("$"):

@@ -26,8 +26,8 @@ from raymx.storage.errors import (ConflictingUpdateOperators, ImmutableField, In
                                   InvalidFilter, InvalidUpdate, PathNotViable, TypeMismatch,
                                   UpdateBadValue, UpdateOverflow)
 from raymx.storage.keys import encode_key
-from raymx.storage.query import (MISSING, compile_filter, field_conditions, get_path,
-                                 matched_element, sorted_values)
+from raymx.storage.query import (MISSING, _is_regex, compile_filter, field_conditions,
+                                 get_path, matched_element, sorted_values)
 
 _ARRAY = (list, tuple)
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1  # what codec stores
@@ -606,8 +606,10 @@ def apply_update(doc: dict, update: dict, inserting: bool = False, flt: dict | N
 def upsert_seed(flt: dict | None) -> dict:
     """The document an upsert starts from: the filter's equality conditions.
 
-    Top-level fields and members of a top-level ``$and``, with a plain value
-    or ``$eq``; dotted paths become nested dicts. A path given twice with
+    Top-level fields and members of a top-level ``$and`` (or of an ``$or`` of
+    one clause), with a plain value, ``$eq``, or an ``$in`` or ``$all`` of one
+    value (MongoDB reads those as equalities); dotted paths become nested
+    dicts. A path given twice with
     different values, or as both ``a`` and ``a.b``, raises ``InvalidUpdate``.
     """
     compile_filter(flt)  # validates
@@ -631,6 +633,13 @@ def upsert_seed(flt: dict | None) -> dict:
             put(k, cond)
         elif "$eq" in cond:
             put(k, cond["$eq"])
+        else:
+            one = next((cond[op] for op in ("$in", "$all") if isinstance(cond.get(op), list)
+                        and len(cond[op]) == 1), None)
+            v = one[0] if one is not None else None
+            if one is not None and not _is_regex(v) and not (
+                    isinstance(v, dict) and "$elemMatch" in v):
+                put(k, v)
     return seed
 
 
