@@ -554,8 +554,9 @@ def extract_bounds(flt: dict | None, *,
     set of paths that may hold arrays) to get both sides.
 
     Only necessary conditions are used ($eq, plain values, $in, $gt/$gte/
-    $lt/$lte at the top level or in a top-level $and); a condition whose value
-    is a list or dict is skipped, and so is a comparison with MinKey or MaxKey
+    $lt/$lte at the top level, in a top-level $and or in a one-clause $or); a
+    condition whose value is a list or dict is skipped, and so is a comparison
+    with MinKey or MaxKey
     (it spans every type bracket). Bounds are a superset: re-check every
     candidate with ``compile_filter``.
     """
