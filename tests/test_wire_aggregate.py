@@ -396,6 +396,27 @@ def test_set_field_unset_field_sizes_and_byte_strings():
         assert e.value.code == code
 
 
+def test_nested_projections_add_fields_into_subdocuments_and_array_literals():
+    """As MongoDB: ``{x: {y: 1}}`` in ``$project`` includes x.y (it was
+    evaluated as the literal 1) and ``{x: {y: 0}}`` excludes it (it was the
+    literal 0); a number other than 0 includes; ``$addFields: {x: {w: 1}}``
+    sets x.w and keeps x's other fields (it replaced x); a missing element of
+    an array literal is null (it leaked the internal MISSING marker)."""
+    docs = [{"_id": 1, "a": [1, 2], "x": {"y": 7, "z": 2}}]
+    assert run([{"$project": {"x": {"y": 1}}}], docs) == [{"_id": 1, "x": {"y": 7}}]
+    assert run([{"$project": {"x": {"y": 0}}}], docs) == [{"_id": 1, "a": [1, 2], "x": {"z": 2}}]
+    assert run([{"$project": {"x": {"y": 1, "w": {"$add": ["$x.y", 1]}}}}], docs) == \
+        [{"_id": 1, "x": {"y": 7, "w": 8}}]
+    assert run([{"$project": {"x": 5, "_id": 0}}], docs) == [{"x": {"y": 7, "z": 2}}]
+    with pytest.raises(CommandError) as e:
+        run([{"$project": {"x": {}}}], docs)
+    assert e.value.code == 51270
+    assert run([{"$addFields": {"x": {"w": 1}}}], docs)[0]["x"] == {"y": 7, "z": 2, "w": 1}
+    assert run([{"$addFields": {"x": {"$literal": {"w": 1}}}}], docs)[0]["x"] == {"w": 1}
+    assert run([{"$project": {"arr": ["$x.y", "$nope", 3]}}], docs) == \
+        [{"_id": 1, "arr": [7, None, 3]}]
+
+
 def test_switch_objects_and_group_accumulators():
     assert ev({"$switch": {"branches": [{"case": {"$gt": ["$n", 3]}, "then": "big"}],
                            "default": "small"}}) == "small"

@@ -204,8 +204,9 @@ def evaluate(e, doc: dict, root: dict | None = None, variables: dict | None = No
                 return _op(k, e[k], doc, root, variables)
         return {k: v for k, v in ((k, evaluate(x, doc, root, variables)) for k, x in e.items())
                 if v is not MISSING}
-    if isinstance(e, list):
-        return [evaluate(x, doc, root, variables) for x in e]
+    if isinstance(e, list):  # an array literal: a missing element is null, as MongoDB's
+        return [None if v is MISSING else v
+                for v in (evaluate(x, doc, root, variables) for x in e)]
     return e
 
 
