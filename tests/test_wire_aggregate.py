@@ -3,6 +3,7 @@ import datetime
 
 import pytest
 
+from raymx.errors import InvalidFilter
 from raymx.wire import aggregate
 from raymx.wire.errors import CommandError
 
@@ -408,9 +409,9 @@ def test_nested_projections_add_fields_into_subdocuments_and_array_literals():
     assert run([{"$project": {"x": {"y": 1, "w": {"$add": ["$x.y", 1]}}}}], docs) == \
         [{"_id": 1, "x": {"y": 7, "w": 8}}]
     assert run([{"$project": {"x": 5, "_id": 0}}], docs) == [{"x": {"y": 7, "z": 2}}]
-    with pytest.raises(CommandError) as e:
+    with pytest.raises(InvalidFilter, match="empty sub-projection"):
         run([{"$project": {"x": {}}}], docs)
-    assert e.value.code == 51270
+    assert run([{"$addFields": {"x": {}}}], docs)[0]["x"] == {}
     assert run([{"$addFields": {"x": {"w": 1}}}], docs)[0]["x"] == {"y": 7, "z": 2, "w": 1}
     assert run([{"$addFields": {"x": {"$literal": {"w": 1}}}}], docs)[0]["x"] == {"w": 1}
     assert run([{"$project": {"arr": ["$x.y", "$nope", 3]}}], docs) == \

@@ -354,3 +354,15 @@ def test_current_date_timestamps_now_once_per_command_and_redact_through_pymongo
     assert out == [{"_id": i, "doc": {"public": True, "x": i}} for i in range(2)]
     with pytest.raises(WriteError, match="timestamp"):
         c.update_one({"_id": 0}, {"$currentDate": {"ts": {"$type": "long"}}})
+
+
+def test_nested_projections_in_find_and_find_and_modify(client):
+    c = client.computed.nested
+    c.insert_one({"_id": 1, "x": {"y": 7, "z": 2}, "n": 5})
+    assert c.find_one({}, {"x": {"y": 1}}) == {"_id": 1, "x": {"y": 7}}
+    assert c.find_one({}, {"x": {"y": 0}, "n": 0}) == {"_id": 1, "x": {"z": 2}}
+    assert c.find_one_and_update({"_id": 1}, {"$set": {"q": 1}}, projection={"x": {"z": 1}},
+                                 return_document=ReturnDocument.AFTER) == \
+        {"_id": 1, "x": {"z": 2}}
+    with pytest.raises(OperationFailure, match="empty sub-projection"):
+        c.find_one({}, {"x": {}})

@@ -83,6 +83,27 @@ def _exclude(d: dict, tree: Tree) -> dict:
     return out
 
 
+def nested_as_paths(projection: dict, prefix: str = "", empty_ok: bool = False) -> dict:
+    """A projection's sub-objects that are no operator (``{a: {b: 1}}``, not
+    ``{a: {$slice: 2}}``) as dotted paths (``{"a.b": 1}``), as MongoDB reads
+    them (in finds, ``$project`` and ``$addFields``); an empty one is
+    refused, as MongoDB refuses it, unless ``empty_ok`` (``$addFields``: the
+    value ``{}``)."""
+    out = {}
+    for k, v in projection.items():
+        path = f"{prefix}{k}"
+        if type(v) is dict and not v:
+            if not empty_ok:
+                raise InvalidFilter("An empty sub-projection is not a valid value. Found "
+                                    f"empty object at path {path}")
+            out[path] = v
+        elif type(v) is dict and not str(next(iter(v))).startswith("$"):
+            out.update(nested_as_paths(v, path + ".", empty_ok))
+        else:
+            out[path] = v
+    return out
+
+
 def project(doc: dict, projection: Any, flt: dict | None = None) -> dict:
     """A new dict with the projected fields of ``doc``, in the document's field order.
 
@@ -100,6 +121,9 @@ def project(doc: dict, projection: Any, flt: dict | None = None) -> dict:
         if positional:
             return _project_positional(doc, projection, positional, flt)
         if any(type(v) is dict for v in projection.values()):
+            if any(type(v) is dict and not (v and str(next(iter(v))).startswith("$"))
+                   for v in projection.values()):
+                return project(doc, nested_as_paths(projection), flt)
             return _project_with_operators(doc, projection)
     include, tree = _projection(projection)
     if not projection:

@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 from bson import Int64
 
 from raymx.storage import numbers, query
-from raymx.storage.projection import project
+from raymx.storage.projection import nested_as_paths, project
 from raymx.wire import grouping
 from raymx.wire.evaluation import (MISSING, _err, _set_path, _truthy, cluster_time, evaluate,
                                    now)
@@ -168,24 +168,6 @@ def plain_filter(flt) -> bool:
 
 
 # --- stages ----------------------------------------------------------------
-def _dotted(spec: dict, stage: str, prefix: str = "") -> dict:
-    """``spec`` with its sub-objects (``{a: {b: 1}}``, not an expression such
-    as ``{a: {$add: ...}}``) as dotted paths (``{"a.b": 1}``): what MongoDB's
-    ``$project`` and ``$addFields`` mean by them (a nested inclusion or
-    exclusion, a field set inside the subdocument, the rest of it kept)."""
-    out = {}
-    for k, v in spec.items():
-        path = prefix + k
-        if isinstance(v, dict) and v and not next(iter(v)).startswith("$"):
-            out.update(_dotted(v, stage, path + "."))
-        elif isinstance(v, dict) and not v and stage == "$project":
-            raise _err("An empty sub-projection is not a valid value. Found empty object at "
-                       f"path {path}", 51270)
-        else:
-            out[path] = v
-    return out
-
-
 def _flag(v) -> bool | None:
     """A projection value's inclusion (a boolean, or any number: non-zero is
     true, as MongoDB's), None for an expression."""
@@ -199,7 +181,7 @@ def _flag(v) -> bool | None:
 def _project(docs, spec: dict, variables=None):
     if not isinstance(spec, dict) or not spec:
         raise _err("$project requires at least one output field", 40177)
-    spec = _dotted(spec, "$project")
+    spec = nested_as_paths(spec)
     plain = {k: f for k, f in ((k, _flag(v)) for k, v in spec.items()) if f is not None}
     computed = {k: v for k, v in spec.items() if k not in plain}
     # {_id: 0} alone (and $unset of _id) excludes too: every other field is kept
@@ -224,7 +206,7 @@ def _project(docs, spec: dict, variables=None):
 def _add_fields(docs, spec: dict, variables=None):
     if not isinstance(spec, dict):
         raise _err("$addFields specification stage must be an object", 40272)
-    spec = _dotted(spec, "$addFields")
+    spec = nested_as_paths(spec, empty_ok=True)
     for d in docs:
         out = copy.deepcopy(d)
         for k, e in spec.items():
