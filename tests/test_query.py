@@ -472,6 +472,12 @@ def test_mod_bits_not_regex_in_regex_all_elem_match_and_comment():
     assert ids({"s": {"$in": [re_.compile("1$"), "Name2"]}}) == [1, 2, 11]
     assert ids({"s": {"$nin": [re_.compile("^Name1")]}}) == [0, 2, 3, 4, 5, 6, 7, 8, 9]
     assert ids({"sub": {"$all": [{"$elemMatch": {"a": {"$gt": 9}}}]}}) == [10, 11]
+    # patterns in $all: each must match, as {s: /re/} would (they matched nothing)
+    assert ids({"s": {"$all": [re_.compile("^Name"), re_.compile("1$")]}}) == [1, 11]
+    assert ids({"s": {"$all": [re_.compile("^Name1"), "Name10"]}}) == [10]
+    tagged = [{"_id": 1, "t": ["abc", "xyz"]}, {"_id": 2, "t": ["abc"]}]
+    both = cf({"t": {"$all": [re_.compile("^a"), re_.compile("z$")]}})
+    assert [d["_id"] for d in tagged if both(d)] == [1]
     assert ids({"n": 3, "$comment": "why this query"}) == [3]
     for bad in ({"n": {"$mod": [0, 1]}}, {"n": {"$mod": [2]}}, {"n": {"$bitsAllSet": -1}},
                 {"n": {"$bitsAnySet": [64]}}):

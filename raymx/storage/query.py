@@ -280,8 +280,11 @@ def _all(what: str, arg: Any) -> OpPred:
         # every $elemMatch must find an element (MongoDB's idiom for arrays of documents)
         preds = [_elem_match(what, x["$elemMatch"]) for x in arg]
         return lambda v, ks: all(p(v, ks) for p in preds)
-    want = [_key(x, what) for x in arg]
-    return lambda v, ks: bool(want) and all(k in ks for k in want)
+    want = [_key(x, what) for x in arg if not _is_regex(x)]
+    rxs = [_regex(what, x) for x in arg if _is_regex(x)]  # each must match, as {f: /re/}
+    if not rxs:
+        return lambda v, ks: bool(want) and all(k in ks for k in want)
+    return lambda v, ks: all(k in ks for k in want) and all(r(v, ks) for r in rxs)
 
 
 def _number_of(v: Any) -> bool:
