@@ -97,6 +97,13 @@ def from_millis(ms: int) -> datetime.datetime:
     return EPOCH + datetime.timedelta(milliseconds=ms)
 
 
+def now() -> datetime.datetime:
+    """The clock as a naive UTC datetime to the millisecond, BSON's precision
+    (``$currentDate``, ``$$NOW``)."""
+    t = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    return t.replace(microsecond=t.microsecond // 1000 * 1000)
+
+
 def default(v):
     """msgpack's ``default`` hook: the types above as extension types (a
     DBRef as its map; a subclass or a tuple as its base type)."""

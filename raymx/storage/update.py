@@ -14,14 +14,13 @@ every element, ``$[name]`` every element that ``array_filters``' filter on
 """
 from __future__ import annotations
 
-import datetime
 import re
 import time
 from typing import Any, Callable
 
 from bson import Decimal128, Int64, Timestamp
 
-from raymx.storage import numbers
+from raymx.storage import numbers, types
 from raymx.storage.errors import (ConflictingUpdateOperators, ImmutableField, InvalidDocument,
                                   InvalidFilter, InvalidUpdate, PathNotViable, TypeMismatch,
                                   UpdateBadValue, UpdateOverflow)
@@ -442,8 +441,7 @@ def _current_date(d: _Cow, op: str, path: str, parts: list[str], arg: Any) -> No
     one."""
     w = _where(op, path)
     if isinstance(arg, bool) or arg == {"$type": "date"}:
-        now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
-        value: Any = now.replace(microsecond=now.microsecond // 1000 * 1000)
+        value: Any = types.now()
     elif arg == {"$type": "timestamp"}:
         value = _timestamp_now()
     else:

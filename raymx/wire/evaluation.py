@@ -15,6 +15,7 @@ from typing import Any
 import bson
 
 from raymx.storage import numbers, query
+from raymx.storage.types import now
 from raymx.storage.keys import encode_key
 from raymx.wire import dates, expressions, mathops
 from raymx.wire.errors import CommandError
@@ -32,12 +33,6 @@ def _path(doc, path: str) -> Any:
     if len(vals) == 1:
         return vals[0]
     return [v for v in vals if v is not MISSING]
-
-
-def now() -> datetime.datetime:
-    """``$$NOW``: the member's clock, to the millisecond (BSON's precision)."""
-    t = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
-    return t.replace(microsecond=t.microsecond // 1000 * 1000)
 
 
 def cluster_time() -> bson.Timestamp:
