@@ -289,6 +289,20 @@ def test_date_trunc_bins_from_2000_and_weeks_from_start_of_week_as_mongodb():
     assert diff(D(2024, 1, 28), D(2024, 1, 29), "week", startOfWeek="monday") == 1
     assert diff(D(2024, 3, 31), D(2024, 4, 1), "quarter") == 1
     assert diff(D(2024, 3, 31), D(2024, 2, 1), "month") == -1
+    # across New York's daylight saving change (2024-03-10): days keep the
+    # wall-clock hour (noon EST + 1 day = noon EDT, 16:00Z; it was 17:00Z),
+    # hours are fixed lengths counted from 2000-01-01 in the zone, as MongoDB's
+    ny = {"timezone": "America/New_York"}
+    assert ev({"$dateAdd": {"startDate": D(2024, 3, 9, 17), "unit": "day", "amount": 1,
+                            **ny}}) == D(2024, 3, 10, 16)
+    assert ev({"$dateAdd": {"startDate": D(2024, 3, 9, 17), "unit": "hour", "amount": 24,
+                            **ny}}) == D(2024, 3, 10, 17)
+    assert ev({"$dateTrunc": {"date": D(2024, 3, 10, 12), "unit": "day", **ny}}) == \
+        D(2024, 3, 10, 5)
+    assert ev({"$dateTrunc": {"date": D(2024, 3, 11, 12), "unit": "day", **ny}}) == \
+        D(2024, 3, 11, 4)
+    assert ev({"$dateTrunc": {"date": D(2024, 3, 10, 12), "unit": "hour", "binSize": 3,
+                              **ny}}) == D(2024, 3, 10, 11)
 
 
 def test_one_number_expressions_keep_the_type_as_mongodb():

@@ -200,10 +200,15 @@ def _date_add(x, ev, name="$dateAdd"):
         raise _err(f"{name} requires startDate to be a date, not {_type(d)}", 5166403)
     n = _int_arg(n, name, "amount") * (-1 if name == "$dateSubtract" else 1)
     unit = _unit(unit)
-    if unit in _UNITS:
-        return d + n * _UNITS[unit]
     tz = _zone(ev(a["timezone"])) if "timezone" in a else None
-    return _utc(_add_months(_local(d, tz), n * _MONTHS[unit]), tz)
+    if unit in _UNITS and unit not in ("day", "week"):  # a fixed length: in UTC
+        return d + n * _UNITS[unit]
+    # days and longer on the timezone's wall clock (the hour kept across a
+    # daylight saving change), as MongoDB's
+    local = _local(d, tz)
+    if unit in _UNITS:
+        return _utc(local + n * _UNITS[unit], tz)
+    return _utc(_add_months(local, n * _MONTHS[unit]), tz)
 
 
 _DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
@@ -290,9 +295,12 @@ def _date_trunc(x, ev, name="$dateTrunc"):
         ref = _REFERENCE + datetime.timedelta(days=(sow - _REFERENCE.weekday()) % 7)
         weeks = (_week_start(local, sow) - ref).days // 7
         out = ref + datetime.timedelta(weeks=weeks - weeks % bins)
-    else:
+    elif unit == "day":
         size = _UNITS[unit] * bins
         out = _REFERENCE + ((local - _REFERENCE) // size) * size
+    else:  # hours and shorter: fixed lengths from 2000-01-01 in the zone, counted in UTC
+        ref, size = _utc(_REFERENCE, tz), _UNITS[unit] * bins
+        return ref + ((d - ref) // size) * size
     return _utc(out, tz)
 
 
