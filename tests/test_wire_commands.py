@@ -692,3 +692,26 @@ def test_upserts_seed_from_what_mongodb_reads_as_equalities(client):
     c.delete_many({})
     c.update_one({"x": {"$in": [1, 2]}}, {"$set": {"a": 1}}, upsert=True)
     assert c.find_one({}, {"_id": 0}) == {"a": 1}
+
+
+def test_update_and_delete_hints_name_an_existing_index(client):
+    """As a find's hint and MongoDB's: a hint naming no index is the statement's
+    write error (it was ignored), the others of an unordered batch still run."""
+    c = client.hints.c
+    c.create_index("k")
+    c.insert_many([{"k": i} for i in range(4)])
+    assert c.update_one({"k": 1}, {"$set": {"z": 1}}, hint="k_1").modified_count == 1
+    assert c.delete_one({"k": 2}, hint=[("k", 1)]).deleted_count == 1
+    for bad in (lambda: c.update_one({"k": 1}, {"$set": {"z": 2}}, hint="nope_1"),
+                lambda: c.delete_one({"k": 3}, hint={"nope": 1})):
+        with pytest.raises(WriteError, match="hint provided does not correspond") as ei:
+            bad()
+        assert ei.value.code == 2
+    assert c.count_documents({"k": 3}) == 1 and c.count_documents({"z": 2}) == 0
+    from pymongo import UpdateOne
+    from pymongo.errors import BulkWriteError
+    with pytest.raises(BulkWriteError) as ei:
+        c.bulk_write([UpdateOne({"k": 0}, {"$set": {"z": 3}}, hint="nope_1"),
+                      UpdateOne({"k": 0}, {"$set": {"z": 4}})], ordered=False)
+    assert [e["index"] for e in ei.value.details["writeErrors"]] == [0]
+    assert c.find_one({"k": 0})["z"] == 4

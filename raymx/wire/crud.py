@@ -339,6 +339,14 @@ def _write(d, cmd: dict, conn, statements: list, to_req, count):
             st.get("q"), dict) and not aggregate.plain_filter(st["q"]))
         try:
             req = to_req(st)
+            if isinstance(st, dict) and st.get("hint") and "ns" in req:
+                try:  # an update's or a delete's hint names an index, as a find's
+                    yield blocking(check_hint, d, st, conn, req["ns"])
+                except CommandError as e:
+                    werrs.append(write_error(i, e))
+                    if ordered:
+                        break
+                    continue
             if req["op"] == PORT_WRITE:
                 if variables is None:
                     variables = aggregate.let_of(cmd)
