@@ -432,6 +432,15 @@ def test_nested_projections_add_fields_into_subdocuments_and_array_literals():
         [{"_id": 1, "arr": [7, None, 3]}]
 
 
+def test_server_side_javascript_is_refused_by_name():
+    for pipeline in ([{"$project": {"x": {"$function": {"body": "function() {}", "args": [],
+                                                        "lang": "js"}}}}],
+                     [{"$group": {"_id": None, "x": {"$accumulator": {}}}}]):
+        with pytest.raises(CommandError, match="JavaScript") as e:
+            run(pipeline)
+        assert e.value.code == 31264
+
+
 def test_switch_objects_and_group_accumulators():
     assert ev({"$switch": {"branches": [{"case": {"$gt": ["$n", 3]}, "then": "big"}],
                            "default": "small"}}) == "small"

@@ -179,6 +179,9 @@ def _op(op: str, x, doc, root, variables=None):
         return arr[i] if -len(arr) <= i < len(arr) else MISSING
     fn = _MORE_OPS.get(op)
     if fn is None:
+        if op == "$function":
+            raise _err("$function (server-side JavaScript) is not supported by raymx: write "
+                       "the computation with aggregation expressions", 31264)
         raise _err(f"Unrecognized expression '{op}'", 168)
     return fn(x, lambda e, more=None: evaluate(
         e, doc, root, variables if not more else dict(variables or {}, **more)))

@@ -200,6 +200,9 @@ def _accumulators(spec: dict, what: str) -> dict:
     for field, acc in spec.items():
         if field == "_id":
             continue
+        if isinstance(acc, dict) and list(acc) == ["$accumulator"]:
+            raise _err("$accumulator (server-side JavaScript) is not supported by raymx: "
+                       "use the built-in accumulators", 31264)
         if not isinstance(acc, dict) or len(acc) != 1 or next(iter(acc)) not in _ACCUMULATORS:
             raise _err(f"unknown {what} operator for field '{field}'", 15952)
         op, e = next(iter(acc.items()))
