@@ -715,3 +715,15 @@ def test_update_and_delete_hints_name_an_existing_index(client):
                       UpdateOne({"k": 0}, {"$set": {"z": 4}})], ordered=False)
     assert [e["index"] for e in ei.value.details["writeErrors"]] == [0]
     assert c.find_one({"k": 0})["z"] == 4
+
+
+def test_get_parameter_answers_what_it_knows_and_refuses_the_rest(client):
+    a = client.admin
+    assert a.command("getParameter", 1, featureCompatibilityVersion=1)[
+        "featureCompatibilityVersion"] == {"version": "7.0"}
+    got = a.command("getParameter", 1, logComponentVerbosity=1, nope=1)  # mongosh's
+    assert got["logComponentVerbosity"]["verbosity"] == 0 and "nope" not in got
+    assert a.command("getParameter", "*")["authenticationMechanisms"] == ["SCRAM-SHA-256"]
+    with pytest.raises(OperationFailure, match="no option found to get") as ei:
+        a.command("getParameter", 1, nope=1)
+    assert ei.value.code == 72

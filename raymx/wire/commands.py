@@ -557,10 +557,26 @@ def _connection_status(d, cmd, conn) -> dict:
     return {"authInfo": {"authenticatedUsers": users, "authenticatedUserRoles": []}}
 
 
+# the server parameters raymx answers getParameter with (MongoDB 7's values
+# for what raymx does: one log verbosity, its one mechanism)
+_PARAMETERS = {"featureCompatibilityVersion": {"version": "7.0"},
+               "logLevel": 0, "logComponentVerbosity": {"verbosity": 0},
+               "authenticationMechanisms": [MECHANISM], "quiet": False}
+_GET_PARAMETER_FIELDS = {"getParameter", "$db", "lsid", "$clusterTime", "$readPreference",
+                         "comment", "apiVersion", "apiStrict", "apiDeprecationErrors"}
+
+
 def _get_parameter(d, cmd, conn) -> dict:
-    out = {}
-    if "featureCompatibilityVersion" in cmd or cmd.get("getParameter") == "*":
-        out["featureCompatibilityVersion"] = {"version": "7.0"}
+    """``getParameter``: the parameters asked for (``*``: all) among
+    ``_PARAMETERS``; none of them known is MongoDB's "no option found to get"."""
+    if cmd.get("getParameter") == "*":
+        return dict(_PARAMETERS)
+    asked = set(cmd) - _GET_PARAMETER_FIELDS
+    out = {k: _PARAMETERS[k] for k in asked if k in _PARAMETERS}
+    if not out:
+        raise CommandError("no option found to get" + (
+            f" (raymx answers {', '.join(sorted(_PARAMETERS))})" if asked else ""), 72,
+            "InvalidOptions")
     return out
 
 
