@@ -727,3 +727,17 @@ def test_get_parameter_answers_what_it_knows_and_refuses_the_rest(client):
     with pytest.raises(OperationFailure, match="no option found to get") as ei:
         a.command("getParameter", 1, nope=1)
     assert ei.value.code == 72
+
+
+def test_a_filter_of_the_wrong_type_is_named_as_mongodb_names_it(client):
+    db = client.kinds
+    db.c.insert_one({"x": 1})
+    for cmd, field in ((dict(find="c", filter=[1]), "find.filter"),
+                       (dict(find="c", sort="x"), "find.sort"),
+                       (dict(count="c", query=5), "count.query"),
+                       (dict(distinct="c", key="x", query=[]), "distinct.query")):
+        with pytest.raises(OperationFailure, match=f"BSON field '{field}' is the wrong type") \
+                as ei:
+            db.command(cmd)
+        assert ei.value.code == 14
+    assert db.c.find_one({}, {"_id": 0}) == {"x": 1}

@@ -524,8 +524,23 @@ def check_hint(d, cmd: dict, conn, ns: str) -> None:
                            f"{hint!r:.200}", 2, "BadValue")
 
 
+def check_objects(cmd: dict, fields: tuple) -> None:
+    """Each of the command's ``fields`` that is given is a document, as
+    MongoDB's parser requires (a list filter failed deep inside, with
+    Python's words)."""
+    name = next(iter(cmd))
+    for f in fields:
+        v = cmd.get(f)
+        if v is not None and not isinstance(v, dict):
+            kind = {list: "array", str: "string", bool: "bool", float: "double"}.get(
+                type(v), type(v).__name__)
+            raise CommandError(f"BSON field '{name}.{f}' is the wrong type '{kind}', "
+                               "expected type 'object'", 14, "TypeMismatch")
+
+
 def _find(d, cmd: dict, conn):
     ns = ns_of(cmd, "find")
+    check_objects(cmd, ("filter", "sort", "projection", "let", "collation"))
     tail = ns == oplog_view.NS and bool(cmd.get("tailable"))
     for k, why in _FIND_REFUSED.items():
         if cmd.get(k) not in (None, False, {}) and not (tail and k == "tailable"):
@@ -648,6 +663,7 @@ def scan(d, cmd: dict, conn, ns: str, flt, projection=None, sort=None, seen=None
 
 def _count(d, cmd: dict, conn):
     ns = ns_of(cmd, "count")
+    check_objects(cmd, ("query",))
     if cmd.get("hint"):
         yield blocking(check_hint, d, cmd, conn, ns)
     flt = _plain(cmd.get("query") or {})
@@ -663,6 +679,7 @@ def _count(d, cmd: dict, conn):
 
 def _distinct(d, cmd: dict, conn) -> dict:
     ns = ns_of(cmd, "distinct")
+    check_objects(cmd, ("query",))
     key = cmd.get("key")
     if not isinstance(key, str) or not key:
         raise CommandError("distinct needs a string 'key'", 14, "TypeMismatch")
