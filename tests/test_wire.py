@@ -2,6 +2,7 @@
 in process (real LMDB, real sockets, no Ray) through raymx.wire.WirePort."""
 import socket
 import struct
+import time
 
 import bson
 import pymongo
@@ -12,7 +13,7 @@ from pymongo.errors import (DuplicateKeyError, OperationFailure, WriteError)
 from raymx.storage.limits import Limits
 from raymx.wire import framing
 from raymx.wire.server import WirePort
-from tests.port_helpers import SECRET, serving
+from tests.port_helpers import SECRET, busy_writer, serving
 
 
 @pytest.fixture
@@ -502,6 +503,41 @@ def test_retryable_write_is_applied_once(client):
         assert db.r.count_documents({"_id": {"$gte": 10}}) == 2
         s._server_session.mark_dirty()  # its numbers were forged: pymongo must not reuse it
     assert db.r.count_documents({}) == 4
+
+
+def test_a_retry_racing_its_first_attempt_is_applied_once(served, client):
+    """A driver that gives up on an attempt (a socket timeout) sends the same
+    write again (same lsid and txnNumber) while the first is still queued for
+    the writer: both read no record, both reach the member. The member checks
+    the record in the write's own transaction, so the second is not applied
+    again and is answered from the record. Before, the counter went up twice
+    (the nemesis' bank check found it: 434 increments for 433 acknowledged)."""
+    import threading
+    _, svc = served
+    db = client.db
+    db.race.insert_one({"_id": 1, "v": 0})
+    with client.start_session() as s:
+        upd = {"update": "race", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"v": 1}}}],
+               "txnNumber": bson.Int64(7)}
+        blocker = busy_writer(svc)  # both attempts wait for the writer
+        outs, errs = [], []
+
+        def attempt():
+            try:
+                outs.append(db.command(dict(upd), session=s))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errs.append(e)
+        threads = [threading.Thread(target=attempt) for _ in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # both sent and queued behind the held writer
+        blocker.set()
+        for t in threads:
+            t.join(10)
+        s._server_session.mark_dirty()  # its numbers were forged: pymongo must not reuse it
+    assert not errs, errs
+    assert [o["nModified"] for o in outs] == [1, 1]
+    assert db.race.find_one({"_id": 1}) == {"_id": 1, "v": 1}
 
 
 def test_mongodb_types_through_pymongo(client):

@@ -35,6 +35,13 @@ def run_statement(tx: Transaction, req: dict):
     """Execute one write statement ``req`` inside ``tx`` (atomically); with
     ``retry`` (a driver's retryable write, raymx/wire/crud.py) its record and
     result commit with it."""
+    if "retry" in req:  # checked here, in the write's transaction: a racing retry
+        lsid, num = req["retry"]["_id"], req["retry"]["n"]
+        done = next(iter(tx.matching(RETRY_NS, {"_id": lsid})), None)
+        if done is not None and done[1].get("n", -1) >= num:
+            raise errors.RetryRecorded(f"retryable write {num} of its session is recorded "
+                                       f"already (the record holds {done[1].get('n')}): not "
+                                       "applied again", n=done[1].get("n"))
     res = _statement(tx, req)
     if "retry" in req:
         rec = dict(req["retry"], res=result_out(res))

@@ -30,6 +30,7 @@ __all__ = [
     "ExecutionTimeout", "Interrupted",
     "StaleRead", "Diverged", "TooStale", "OplogTrimmed", "StaleTerm", "IrreversibleOp",
     "ShutDown", "ConnectionLost", "RequestTimeout", "TransactionAborted", "WriteConflict",
+    "RetryRecorded",
     "DiskFailed",
     "DiskFull", "ConfigError", "ArchiveError", "LimitExceeded", "TLSError", "BulkWriteError",
     "OperationFailure", "ConnectionFailure", "AutoReconnect", "ServerSelectionTimeoutError",
@@ -63,6 +64,14 @@ class OperationFailure(RaymxError):
     """A member refused or failed an operation (pymongo's ``OperationFailure``):
     bad input, a duplicate key, a write concern or read concern timeout, an
     aborted transaction, a full disk, a used-up limit."""
+
+
+class RetryRecorded(OperationFailure):
+    """A retryable write whose session record already holds its txnNumber (or
+    a newer one): it is not applied again. The record is checked inside the
+    write's own transaction, so a retry that raced its first attempt (the
+    first still queued when the driver gave up on it) cannot apply twice; the
+    client port answers it from the record (``raymx/wire/sessions.py``)."""
 
 
 class ConnectionFailure(RaymxError):

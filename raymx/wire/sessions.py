@@ -263,7 +263,19 @@ def retryable(fn):
                     yield from outcome_durable(lsid, num, cmd, conn.state)
                     return _answer(cmd, rec[0])
             d.retry_seen.pop(lsid, None)  # unknown until this write's outcome is
-            out = yield from fn(d, dict(cmd, **{"$retry": {"_id": lsid, "n": num}}), conn)
+            try:
+                out = yield from fn(d, dict(cmd, **{"$retry": {"_id": lsid, "n": num}}), conn)
+            except errors.RetryRecorded:
+                # its first attempt raced it and got there first (the member
+                # checks the record in the write's transaction): once that one
+                # holds the write concern (a write queued after it), the answer
+                # is the record's
+                yield from outcome_durable(lsid, num, cmd, conn.state)
+                rec = (yield call({"op": "find", "ns": RETRY_NS, "filter": {"_id": lsid},
+                                   "limit": 1, "rp": "primary"}, conn.state))["docs"]
+                if not _recorded(rec, num, "res", "reply"):
+                    raise
+                return _answer(cmd, rec[0])
             if "writeErrors" not in out:  # committed: its record says num now
                 if len(d.retry_seen) >= RETRY_SEEN_MAX:
                     d.retry_seen.clear()  # forgetting only costs a record read
