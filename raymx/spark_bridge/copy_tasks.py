@@ -34,9 +34,9 @@ import pyarrow as pa
 
 from raymx import errors
 from raymx.storage import codec, snapshot
+from raymx.storage.catalog import _pk
 from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.keys import prefix_end
-from raymx.storage.transaction import _pk
 
 PART_SCHEMA = pa.schema([("part", pa.int32()), ("local", pa.bool_()), ("rows", pa.int64()),
                          ("digest", pa.string()), ("path", pa.string())])

@@ -12,14 +12,18 @@ and what statements, trims and queries report (``WriteResult``,
 from __future__ import annotations
 
 import os
+import re
 import struct
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from bson.regex import Regex
+
 from raymx.storage import codec, errors, oplog, query
 from raymx.storage.gtid import GTID
+from raymx.storage.keys import encode_key
 from raymx.storage.limits import DEFAULT, Limits
 
 _U32 = struct.Struct(">I")
@@ -87,6 +91,29 @@ def split_ns(ns, limits: Limits = DEFAULT) -> tuple[str, str]:
 _OID_PROC = os.urandom(5).hex()
 _oid_lock = threading.Lock()
 _oid_counter = [int.from_bytes(os.urandom(3), "big")]
+
+
+def _pk(_id) -> bytes:
+    """The key a document's ``_id`` is stored under, refusing what MongoDB
+    refuses as an ``_id`` (an array, a regular expression, a $ field)."""
+    t = type(_id)
+    if t is int or t is str:
+        return encode_key(_id)
+    if t in (list, tuple):
+        raise errors.InvalidDocument(f"_id cannot be an array: {_id!r:.60}")
+    if t is re.Pattern or t is Regex:  # as MongoDB: an _id regex could never be matched
+        raise errors.InvalidDocument(f"_id cannot be a regular expression: {_id!r:.60}")
+    if t is dict and _contains_op(_id):
+        raise errors.InvalidDocument(f"_id {_id!r:.60} may not contain $ fields")
+    return encode_key(_id)
+
+
+def _contains_op(v) -> bool:
+    if isinstance(v, dict):
+        return any(k.startswith("$") or _contains_op(x) for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return any(_contains_op(x) for x in v)
+    return False
 
 
 def new_id() -> str:

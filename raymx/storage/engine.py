@@ -36,14 +36,14 @@ from typing import Callable, Iterator
 from raymx.storage import codec, errors, oplog
 from raymx.storage.catalog import (
     _ENTRY_H, _ENTRY_OPS, _ENTRY_TS, RANGE_KEY, CollInfo, IndexInfo, RangeRecord, Stats,
-    TrimResult, WriteResult, _applied_in, entry_chunks, entry_inline, index_name, new_id,
-    normalize_index_key, split_ns)
+    TrimResult, WriteResult, _applied_in, _pk, entry_chunks, entry_inline, index_name,
+    new_id, normalize_index_key, split_ns)
 from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.keys import prefix_end
 from raymx.storage.limits import DEFAULT, Limits
 from raymx.storage.overlay import Overlay
 from raymx.storage.reader import Reader
-from raymx.storage.transaction import Transaction, WriteGroup, _pk
+from raymx.storage.transaction import Transaction, WriteGroup
 
 OPLOG_PAGE_MAX = 10_000  # entries in one page of rs.oplog (Engine.oplog_page)
 

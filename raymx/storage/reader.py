@@ -15,7 +15,7 @@ from raymx.storage import codec, errors, oplog, query
 from raymx.storage.catalog import CollInfo, Stats, _applied_in, split_ns
 from raymx.storage.gtid import GTID, ZERO
 from raymx.storage.keys import encode_key, prefix_end
-from raymx.storage.projection import project
+from raymx.storage.projection import nested_as_paths, project
 
 if TYPE_CHECKING:
     from raymx.storage.engine import Engine
@@ -252,6 +252,8 @@ class Reader:
              limit: int = 0, stats: Stats | None = None) -> Iterator[dict]:
         if not isinstance(skip, int) or skip < 0 or not isinstance(limit, int) or limit < 0:
             raise errors.InvalidFilter("skip and limit must be non-negative integers")
+        if isinstance(projection, dict):  # sub-objects as dotted paths once, not per document
+            projection = nested_as_paths(projection)
         if projection is not None:
             project({}, projection, flt)  # validate before doing any work
         keyf = query.sort_key(sort) if sort else None

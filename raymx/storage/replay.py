@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from raymx.storage import codec
+from raymx.storage.catalog import _pk
 from raymx.storage.engine import Engine
 from raymx.storage.gtid import GTID
-from raymx.storage.transaction import _pk
 
 
 @dataclass

@@ -13,13 +13,10 @@ import bisect
 import functools
 import itertools
 import operator
-import re
 from typing import TYPE_CHECKING, Callable
 
-from bson.regex import Regex
-
 from raymx.storage import codec, errors, oplog, query, update as upd
-from raymx.storage.catalog import (CollInfo, IndexInfo, WriteResult, check_expire,
+from raymx.storage.catalog import (CollInfo, IndexInfo, WriteResult, _pk, check_expire,
                                    check_partial, index_name, new_id, normalize_index_key,
                                    split_ns)
 from raymx.storage.gtid import GTID
@@ -34,28 +31,7 @@ if TYPE_CHECKING:
 _DICT = frozenset((dict,))
 _ARRAYS = frozenset((list, tuple))  # stored as msgpack arrays: indexed whole and per element
 _GET_ID = operator.itemgetter("_id")
-_SIMPLE_ID = frozenset((int, str))  # _ids whose key is plain encode_key (see _pk)
-
-
-def _pk(_id) -> bytes:
-    t = type(_id)
-    if t is int or t is str:
-        return encode_key(_id)
-    if t in (list, tuple):
-        raise errors.InvalidDocument(f"_id cannot be an array: {_id!r:.60}")
-    if t is re.Pattern or t is Regex:  # as MongoDB: an _id regex could never be matched
-        raise errors.InvalidDocument(f"_id cannot be a regular expression: {_id!r:.60}")
-    if t is dict and _contains_op(_id):
-        raise errors.InvalidDocument(f"_id {_id!r:.60} may not contain $ fields")
-    return encode_key(_id)
-
-
-def _contains_op(v) -> bool:
-    if isinstance(v, dict):
-        return any(k.startswith("$") or _contains_op(x) for k, x in v.items())
-    if isinstance(v, (list, tuple)):
-        return any(_contains_op(x) for x in v)
-    return False
+_SIMPLE_ID = frozenset((int, str))  # _ids whose key is plain encode_key (see catalog._pk)
 
 
 def _none(v):
