@@ -571,6 +571,27 @@ def test_mongodb_types_through_pymongo(client):
         c.insert_one({"b": bson.Code("f", {"x": 1})})
 
 
+
+def test_a_subtype_4_binary_that_is_no_uuid_is_stored_as_it_is(served):
+    """Binary subtype 4 of other than 16 bytes is no UUID: MongoDB stores it as
+    it is, and so does raymx (it used to refuse the whole message as invalid
+    BSON); a real UUID in the same message still becomes one."""
+    import uuid
+
+    from bson.binary import UUID_SUBTYPE, Binary
+    odd = Binary(b"\x00\x01", UUID_SUBTYPE)
+    real = Binary.from_uuid(uuid.UUID(int=99))
+    with pymongo.MongoClient(uri(served[0]).replace("&uuidRepresentation=standard", ""),
+                             serverSelectionTimeoutMS=10_000) as cl:
+        c = cl.db.odd
+        c.insert_many([{"_id": "odd", "b": odd, "u": real}, {"_id": "odd2", "b": [odd]}])
+        c.insert_one({"_id": "one", "b": odd})  # the body section, not a sequence
+        assert c.find_one({"_id": "odd"}) == {"_id": "odd", "b": odd, "u": real}
+        assert c.find_one({"u": real})["_id"] == "odd"
+        assert [d["_id"] for d in c.find({"b": odd}).sort("_id", 1)] == ["odd", "odd2", "one"]
+    with pymongo.MongoClient(uri(served[0]), serverSelectionTimeoutMS=10_000) as std:
+        assert std.db.odd.find_one({"_id": "odd"}, {"u": 1}) == {"_id": "odd", "u": uuid.UUID(int=99)}
+
 def test_unsatisfiable_write_concern_and_unacknowledged_writes(client):
     """w=2 on a one-member set cannot be met: as MongoDB, the write stays and
     its writeConcernError is 100 UnsatisfiableWriteConcern at once (pymongo

@@ -7,9 +7,10 @@ See https://www.mongodb.com/docs/manual/reference/mongodb-wire-protocol/.
 from __future__ import annotations
 
 import struct
+import uuid
 
 import bson
-from bson.binary import UuidRepresentation
+from bson.binary import Binary, UuidRepresentation
 from bson.codec_options import CodecOptions
 
 from raymx.storage.errors import ProtocolError
@@ -30,6 +31,31 @@ _KNOWN_FLAGS = CHECKSUM_PRESENT | MORE_TO_COME | EXHAUST_ALLOWED
 # documents decode to plain dicts (insertion order kept), datetimes as naive
 # UTC, binary subtype 4 as uuid.UUID (and back): the values raymx stores
 CODEC = CodecOptions(tz_aware=False, uuid_representation=UuidRepresentation.STANDARD)
+# a subtype 4 that is not 16 bytes is no UUID, and CODEC refuses it; MongoDB
+# stores it as it is, so such a message is decoded again keeping every
+# binary, and the 16-byte subtype-4 ones become UUIDs as CODEC would make them
+_AS_BINARY = CodecOptions(tz_aware=False, uuid_representation=UuidRepresentation.UNSPECIFIED)
+
+
+def _uuids(v):
+    t = type(v)
+    if t is dict:
+        return {k: _uuids(x) for k, x in v.items()}
+    if t is list:
+        return [_uuids(x) for x in v]
+    if t is Binary and v.subtype == 4 and len(v) == 16:
+        return uuid.UUID(bytes=bytes(v))
+    return v
+
+
+def _decode(raw: bytes, one: bool):
+    """bson.decode (``one``) or bson.decode_all of ``raw`` with CODEC."""
+    try:
+        return bson.decode(raw, CODEC) if one else bson.decode_all(raw, CODEC)
+    except bson.errors.InvalidBSON as e:
+        if "uuid" not in str(e):
+            raise
+        return _uuids(bson.decode(raw, _AS_BINARY) if one else bson.decode_all(raw, _AS_BINARY))
 
 
 class WireError(ProtocolError):
@@ -51,7 +77,7 @@ def _doc(body: memoryview, pos: int, what: str) -> tuple[dict, int]:
     if n < 5 or pos + n > len(body):
         raise WireError(f"{what}: document length {n} does not fit the message")
     try:
-        return bson.decode(bytes(body[pos:pos + n]), CODEC), pos + n
+        return _decode(bytes(body[pos:pos + n]), True), pos + n
     except Exception as e:  # InvalidBSON and friends
         raise WireError(f"{what}: invalid BSON ({e})") from None
 
@@ -88,7 +114,7 @@ def parse_msg(body: bytes) -> tuple[int, dict]:
             ident = bytes(mv[pos + 4:pos + 4 + name_end]).decode("utf-8", "replace")
             p = pos + 4 + name_end + 1
             try:  # the whole sequence in one C call
-                seqs[ident] = bson.decode_all(bytes(mv[p:stop]), CODEC)
+                seqs[ident] = _decode(bytes(mv[p:stop]), False)
             except Exception as e:
                 raise WireError(f"OP_MSG sequence {ident!r}: invalid BSON ({e})") from None
             pos = stop
