@@ -252,6 +252,45 @@ def test_lookup_sample_facet_through_pymongo(client):
     assert ei.value.code == 40322
 
 
+
+def test_documents_stage_as_mongodb(client):
+    """``$documents`` (MongoDB 5.1): a database's aggregate over documents of
+    its own, and the foreign side of a ``$unionWith`` or ``$lookup`` with no
+    collection; the same refusals as MongoDB's (jstests/aggregation/sources/
+    documents.js)."""
+    db = client.docs
+    assert list(db.aggregate([{"$documents": [{"a1": 1}, {"a1": 2}]}])) == [{"a1": 1}, {"a1": 2}]
+    made = db.aggregate([{"$documents": {"$map": {"input": {"$range": [0, 100]},
+                                                  "in": {"x": "$$this"}}}}])
+    assert list(made) == [{"x": i} for i in range(100)]
+    db.coll.insert_one({"a": 1})
+    db.names.insert_many([{"_id": i, "id_name": i} for i in range(10)])
+    union = db.coll.aggregate([{"$unionWith": {"pipeline": [{"$documents": [{"xx": 1}, {"xx": 2}]}]}},
+                               {"$group": {"_id": "$xx"}}, {"$sort": {"_id": 1}}])
+    assert list(union) == [{"_id": None}, {"_id": 1}, {"_id": 2}]
+    consts = [{"$documents": [{"xx": 1}, {"xx": 2}]}]
+    for spec in ({"let": {"v": "$id_name"},
+                  "pipeline": consts + [{"$match": {"$expr": {"$eq": ["$$v", "$xx"]}}}]},
+                 {"localField": "id_name", "foreignField": "xx", "pipeline": consts}):
+        got = db.names.aggregate([{"$lookup": dict(spec, **{"as": "m"})},
+                                  {"$match": {"m": {"$ne": []}}}, {"$sort": {"_id": 1}}])
+        assert list(got) == [{"_id": 1, "id_name": 1, "m": [{"xx": 1}]},
+                             {"_id": 2, "id_name": 2, "m": [{"xx": 2}]}]
+    db.aggregate([{"$documents": [{"_id": 1, "q": 1}]}, {"$out": "written"}])
+    assert list(db.written.find()) == [{"_id": 1, "q": 1}]
+    for where, pipeline, code in (
+            (db.coll, [{"$documents": [{"a": 1}]}], 73),
+            (db.coll, [{"$match": {}}, {"$documents": [{"a": 1}]}], 40602),
+            (db, [{"$match": {}}, {"$documents": [{"a": 1}]}], 73),
+            (db.coll, [{"$unionWith": {"pipeline": [{"$match": {}}]}}], 9),
+            (db.coll, [{"$lookup": {"as": "x", "pipeline": [{"$match": {}}]}}], 9),
+            (db, [{"$documents": [{"a": 1}, 2]}], 40228),
+            (db, [{"$documents": "s"}], 5858203)):
+        with pytest.raises(OperationFailure) as ei:
+            list(where.aggregate(pipeline))
+        assert ei.value.code == code, pipeline
+    assert db.coll.count_documents({}) == 1  # the connection still serves
+
 def test_coll_stats_db_stats_and_server_status(client):
     db = client.st
     db.c.insert_many([{"_id": i, "k": i % 3, "pad": "x" * 100} for i in range(50)])

@@ -30,7 +30,7 @@ STAGES = ("$match", "$project", "$addFields", "$set", "$unset", "$sort", "$skip"
           "$sortByCount", "$facet", "$lookup", "$collStats", "$indexStats", "$unionWith",
           "$out", "$merge",
           "$bucket", "$bucketAuto", "$setWindowFields", "$fill", "$densify",
-          "$graphLookup", "$redact")
+          "$graphLookup", "$redact", "$documents")
 OUTPUTS = ("$out", "$merge")  # the last stage only: the caller writes the output
 _MERGE_FIELDS = {"into", "on", "whenMatched", "whenNotMatched"}
 _LOOKUP_FIELDS = {"from", "as", "localField", "foreignField", "pipeline", "let"}
@@ -49,6 +49,8 @@ def check(pipeline: list, top: bool = True) -> None:
         if name not in STAGES:
             raise _err(f"Unrecognized pipeline stage name: '{name}'", 40324)
         arg = st[name]
+        if name == "$documents" and i:
+            raise _err("$documents is only valid as the first stage in a pipeline", 40602)
         if name in OUTPUTS:
             if not top or i != len(pipeline) - 1:
                 raise _err(f"{name} can only be the final stage in the pipeline", 40601)
@@ -66,9 +68,12 @@ def check(pipeline: list, top: bool = True) -> None:
         elif name == "$graphLookup":
             _graph_spec(arg)
         elif name == "$lookup":
-            if not isinstance(arg, dict) or not isinstance(arg.get("from"), str) \
-                    or not isinstance(arg.get("as"), str):
-                raise _err("$lookup needs 'from' and 'as', strings", 40321)
+            if not isinstance(arg, dict) or not isinstance(arg.get("as"), str) or (
+                    not isinstance(arg.get("from"), str) if "from" in arg
+                    else not starts_with_documents(arg.get("pipeline"))):
+                raise _err("$lookup needs 'from' (unless its pipeline starts with "
+                           "$documents) and 'as', strings", 9 if isinstance(arg, dict)
+                           and "from" not in arg else 40321)
             let = arg.get("let")
             if let is not None:
                 if not isinstance(let, dict) or "pipeline" not in arg:
@@ -89,16 +94,38 @@ def check(pipeline: list, top: bool = True) -> None:
                 check(arg["pipeline"], False)
 
 
-def _union_spec(arg) -> tuple[str, list]:
+def _union_spec(arg) -> tuple[str | None, list]:
+    """(collection, pipeline) of a ``$unionWith``; no collection for a pipeline
+    that starts with ``$documents``."""
     if isinstance(arg, str):
         arg = {"coll": arg}
-    if not isinstance(arg, dict) or not isinstance(arg.get("coll"), str) or not arg["coll"] \
-            or set(arg) - {"coll", "pipeline"}:
+    if not isinstance(arg, dict) or set(arg) - {"coll", "pipeline"} or (
+            "coll" in arg and (not isinstance(arg["coll"], str) or not arg["coll"])):
         raise _err("$unionWith takes a collection name, or {coll, pipeline}", 40590)
     sub = arg.get("pipeline", [])
     if not isinstance(sub, list):
         raise _err("$unionWith's pipeline must be an array", 14)
-    return arg["coll"], sub
+    if "coll" not in arg and not starts_with_documents(sub):
+        raise _err("$unionWith needs a collection ('coll'), unless its pipeline starts "
+                   "with $documents", 9)
+    return arg.get("coll"), sub
+
+
+def starts_with_documents(pipeline) -> bool:
+    return bool(pipeline) and isinstance(pipeline[0], dict) and "$documents" in pipeline[0]
+
+
+def _documents(arg, v: dict | None) -> list[dict]:
+    """The documents a ``$documents`` stage gives: its expression, evaluated
+    once, must be an array of objects."""
+    docs = evaluate(arg, {}, None, v)
+    if not isinstance(docs, list):
+        raise _err(f"$documents must evaluate to an array of objects, not {docs!r:.60}",
+                   5858203)
+    for d in docs:
+        if not isinstance(d, dict):
+            raise _err(f"$documents: every element must be an object, not {d!r:.60}", 40228)
+    return copy.deepcopy(docs)
 
 
 def _target(name: str, spec, db: str, what: str) -> str:
@@ -321,8 +348,11 @@ def _redact(docs, expr, variables=None):
 def _lookup(docs, spec: dict, lookup, variables=None, limit=None):
     if lookup is None:
         raise _err("$lookup is not available here", 2)
-    foreign = list(lookup(spec["from"]))
     sub, dest, let = spec.get("pipeline"), spec["as"], spec.get("let")
+    if "from" not in spec:  # the pipeline's $documents are the foreign documents
+        yield from _lookup_documents(docs, spec, lookup, variables, limit)
+        return
+    foreign = list(lookup(spec["from"]))
     if "localField" not in spec and not let:  # uncorrelated: the pipeline runs once
         res = _stages(iter(foreign), sub, lookup, variables, limit)
         for d in docs:
@@ -346,6 +376,28 @@ def _lookup(docs, spec: dict, lookup, variables=None, limit=None):
             v = variables if not let else dict(variables or {}, **{
                 k: evaluate(e, d, None, variables) for k, e in let.items()})
             matched = _stages(iter(matched), sub, lookup, v, limit)
+        out = copy.deepcopy(d)
+        _set_path(out, dest, matched)
+        yield out
+
+
+def _lookup_documents(docs, spec: dict, lookup, variables=None, limit=None):
+    """A ``$lookup`` without ``from``: its pipeline (``$documents`` first) run
+    for each document with the document's ``let``, then, with ``localField``,
+    what of it equals the document's field."""
+    sub, dest, let = spec["pipeline"], spec["as"], spec.get("let")
+    fixed = None if let else _stages(iter(()), sub, lookup, variables, limit)
+    for d in docs:
+        if fixed is None:
+            v = dict(variables or {}, **{k: evaluate(e, d, None, variables)
+                                         for k, e in let.items()})
+            matched = _stages(iter(()), sub, lookup, v, limit)
+        else:
+            matched = copy.deepcopy(fixed)
+        if "localField" in spec:
+            mine = set(query.equality_keys(d, spec["localField"]))
+            matched = [f for f in matched
+                       if mine.intersection(query.equality_keys(f, spec["foreignField"]))]
         out = copy.deepcopy(d)
         _set_path(out, dest, matched)
         yield out
@@ -586,7 +638,10 @@ def _stage(it: Iterable[dict], st: dict, lookup, v: dict | None, limit) -> Itera
         if lookup is None:
             raise _err("$unionWith is not available here", 2)
         coll, sub = _union_spec(arg)
-        it = itertools.chain(it, _stages(iter(lookup(coll)), sub, lookup, v, limit))
+        it = itertools.chain(it, _stages(iter(lookup(coll) if coll is not None else ()), sub,
+                                         lookup, v, limit))
+    elif name == "$documents":  # the first stage (``check``): what came before is nothing
+        it = iter(_documents(arg, v))
     elif name in OUTPUTS:  # the caller takes the last stage off and writes the output
         raise _err(f"{name} can only be the final stage in the pipeline", 40601)
     elif name in ("$collStats", "$indexStats"):  # the caller serves a leading one

@@ -54,18 +54,22 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
                             _plain(pipeline[1:]), variables=aggregate.let_of(cmd),
                             limit=port_limit(cmd, conn))
         return _results(d, conn, ns, out, None, {})
+    documents = aggregate.starts_with_documents(pipeline)
+    if cmd.get("aggregate") == 1 and documents:  # a pipeline over its own documents
+        return _pipeline_results(d, cmd, conn, f"{cmd.get('$db')}.$cmd.aggregate",
+                                 _plain(pipeline), [], {})
     if not isinstance(cmd.get("aggregate"), str):
-        raise CommandError("aggregate: only collection pipelines and $currentOp are "
-                           "supported (not {aggregate: 1})", 2, "BadValue")
+        raise CommandError("aggregate: only collection pipelines, $documents and $currentOp "
+                           "are supported with {aggregate: 1}", 73, "InvalidNamespace")
+    if documents:
+        raise CommandError("$documents may only be used with {aggregate: 1} (a database's "
+                           "aggregate), not on a collection", 73, "InvalidNamespace")
     ns = ns_of(cmd, "aggregate")
     pipeline = _plain(_docs(cmd.get("pipeline"), "pipeline"))
     if cmd.get("explain"):  # pymongo's aggregate(..., explain=True)
         return explain(d, {"explain": {"aggregate": cmd["aggregate"],
                                         "pipeline": cmd.get("pipeline"), "$db": cmd.get("$db")},
                             "$db": cmd.get("$db")}, conn)
-    if not isinstance(cmd.get("cursor"), dict):
-        raise CommandError("The 'cursor' option is required, except for aggregate with the "
-                           "explain argument", 9, "FailedToParse")
     aggregate.check(pipeline)
     if cmd.get("hint"):
         check_hint(d, cmd, conn, ns)
@@ -79,12 +83,21 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
             pipeline[1:]
     elif pipeline and "$match" in pipeline[0] and aggregate.plain_filter(pipeline[0]["$match"]):
         flt, pipeline = pipeline[0]["$match"], pipeline[1:]  # pushed down to the member
-    db, seen = ns.split(".", 1)[0], {}
+    seen = {}
+    return _pipeline_results(d, cmd, conn, ns, pipeline, source if source is not None
+                             else scan(d, cmd, conn, ns, flt, seen=seen), seen)
+
+
+def _pipeline_results(d, cmd: dict, conn, ns: str, pipeline: list, source, seen: dict) -> dict:
+    """``pipeline`` run over ``source``, a last ``$out`` or ``$merge``
+    written, the output answered through a cursor."""
+    db = ns.split(".", 1)[0]
+    if not isinstance(cmd.get("cursor"), dict):
+        raise CommandError("The 'cursor' option is required, except for aggregate with the "
+                           "explain argument", 9, "FailedToParse")
     final = pipeline.pop() if pipeline and next(iter(pipeline[-1])) in aggregate.OUTPUTS \
         else None
-    out = aggregate.run(iter(source) if source is not None else scan(d, cmd, conn, ns, flt,
-                                                                     seen=seen),
-                        pipeline,
+    out = aggregate.run(iter(source), pipeline,
                         lambda coll: scan(d, cmd, conn, f"{db}.{coll}", {}),
                         aggregate.let_of(cmd), port_limit(cmd, conn))
     if final is not None:  # $out / $merge: written, and an empty cursor answers
