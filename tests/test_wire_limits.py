@@ -122,3 +122,24 @@ def test_kill_op_stops_a_running_read_as_mongodb_s(client):
     with pytest.raises(OperationFailure) as ei:
         client.admin.command("killOp", op="x")
     assert ei.value.code == 2
+
+
+def test_a_client_limit_is_a_mongodb_error_not_an_internal_one(client):
+    """One connection holding more open cursors than the member allows
+    (``Limits.cursors_per_connection_max``) gets ``OperationFailed`` (96)
+    naming the limit (it was ``InternalError``, 1, which reads as a server
+    bug); its cursors and the connection go on serving."""
+    co = client.lim.c
+    co.insert_many([{"_id": i} for i in range(5)])
+    cursors = []
+    with pytest.raises(OperationFailure) as ei:
+        for _ in range(200):
+            cur = co.find().batch_size(1)
+            next(cur)
+            cursors.append(cur)
+    assert ei.value.code == 96 and "cursors_per_connection_max" in str(ei.value)
+    assert 0 < len(cursors) < 200
+    assert [d["_id"] for d in cursors[0]] == [1, 2, 3, 4]  # the rest of the first one
+    for cur in cursors:
+        cur.close()
+    assert co.count_documents({}) == 5

@@ -83,6 +83,12 @@ def check(balances: dict, logs: list[dict], acked: list[str], initial: int = INI
     return problems
 
 
+
+def _kind(e: Exception) -> str:
+    """An error's class, and its server code if it has one (``OperationFailure 251``)."""
+    code = getattr(e, "code", None)
+    return type(e).__name__ + (f" {code}" if isinstance(code, int) else "")
+
 class Book:
     """What the clients were told: transfers acknowledged, errors by kind."""
 
@@ -136,7 +142,7 @@ class Client(threading.Thread):
                         self.book.acked.append(tid)
                 except Exception as e:  # noqa: BLE001 - its outcome is unknown: recorded
                     with self.book.lock:
-                        self.book.errors[type(e).__name__] += 1
+                        self.book.errors[_kind(e)] += 1
                     time.sleep(0.05)
                 if self.rnd.random() < 0.3:
                     self._touch(acct.with_options(write_concern=wc))
@@ -171,7 +177,7 @@ class Client(threading.Thread):
                         .sort("_id", -1).limit(20)]
         except Exception as e:  # noqa: BLE001 - a read that failed saw nothing
             with self.book.lock:
-                self.book.errors[f"{kind} read " + type(e).__name__] += 1
+                self.book.errors[f"{kind} read " + _kind(e)] += 1
             return
         with self.book.lock:
             self.book.reads[kind] += 1
@@ -187,7 +193,7 @@ class Client(threading.Thread):
         except Exception as e:  # noqa: BLE001 - its outcome is unknown: recorded
             k = 1
             with self.book.lock:
-                self.book.errors["touch " + type(e).__name__] += 1
+                self.book.errors["touch " + _kind(e)] += 1
         with self.book.lock:
             self.book.touches[k] += 1
 

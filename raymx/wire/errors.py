@@ -48,6 +48,14 @@ _CODES: list[tuple[type, int, str]] = [
     (errors.TransactionAborted, 251, "NoSuchTransaction"),
     (errors.DiskFull, 14031, "OutOfDiskSpace"),
     (errors.ShutDown, 91, "ShutdownInProgress"),
+    # a failed sync stops the member (its outcome unknown): drivers look for
+    # another primary and retry what is safe to retry, as after a shutdown
+    (errors.DiskFailed, 91, "ShutdownInProgress"),
+    (errors.StaleRead, 133, "FailedToSatisfyReadPreference"),
+    (errors.OplogTrimmed, 286, "ChangeStreamHistoryLost"),
+    (errors.LimitExceeded, 96, "OperationFailed"),  # errmsg names the Limits field
+    (errors.RetryRecorded, 225, "TransactionTooOld"),
+    (errors.ConnectionFailure, 6, "HostUnreachable"),  # retryable, as a lost connection
 ]
 
 
