@@ -141,6 +141,37 @@ def test_errors_have_mongodb_codes(client):
     assert c.find_one({"_id": 9}) == {"_id": 9, "s": "text", "n": 1, "arr": [1]}
 
 
+
+def test_bad_numbers_in_commands_are_the_senders_errors(client):
+    """Counts that are not whole numbers (NaN, infinity, 1.5, a string), a
+    negative batch size, a list of index names holding a document, ``$mod``
+    of NaN and a ``$ifNull`` of nothing: each refused with MongoDB's code,
+    none an ``InternalError`` (1) as a command fuzzer found them, and nothing
+    is half done (a list of index names with one unknown drops none)."""
+    db = client.nums
+    db.c.insert_many([{"_id": i, "a": i} for i in range(5)])
+    db.c.create_index("a")
+    nan, inf = float("nan"), float("inf")
+    for cmd, code in (({"find": "c", "limit": inf}, 2), ({"find": "c", "skip": nan}, 2),
+                      ({"find": "c", "limit": 1.5}, 2), ({"find": "c", "limit": "x"}, 14),
+                      ({"find": "c", "batchSize": inf}, 2), ({"find": "c", "batchSize": -1}, 51024),
+                      ({"count": "c", "skip": inf}, 2), ({"count": "c", "limit": nan}, 2),
+                      ({"getMore": bson.Int64(1), "collection": "c", "batchSize": inf}, 2),
+                      ({"collStats": "c", "scale": inf}, 2), ({"dbStats": 1, "scale": inf}, 2),
+                      ({"createIndexes": "c", "indexes": [{"key": {"z": 1}, "name": "z",
+                                                           "expireAfterSeconds": nan}]}, 2),
+                      ({"dropIndexes": "c", "index": [{}]}, 14),
+                      ({"dropIndexes": "c", "index": ["a_1", "nope"]}, 27),
+                      ({"find": "c", "filter": {"a": {"$mod": [nan, 1]}}}, 2),
+                      ({"aggregate": "c", "pipeline": [{"$project": {"r": {"$ifNull": []}}}],
+                        "cursor": {}}, 1257300)):
+        with pytest.raises(OperationFailure) as ei:
+            db.command(cmd)
+        assert ei.value.code == code, (cmd, ei.value.details)
+    assert "a_1" in db.c.index_information()  # the refused list dropped nothing
+    assert db.command({"find": "c", "limit": 2.0, "skip": bson.Int64(1)})["cursor"][
+        "firstBatch"] == [{"_id": 1, "a": 1}, {"_id": 2, "a": 2}]
+
 def test_indexes_and_namespaces(client):
     db = client.shop
     db.create_collection("orders")

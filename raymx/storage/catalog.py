@@ -21,7 +21,7 @@ from typing import Callable
 
 from bson.regex import Regex
 
-from raymx.storage import codec, errors, oplog, query
+from raymx.storage import codec, errors, numbers, oplog, query
 from raymx.storage.gtid import GTID
 from raymx.storage.keys import encode_key
 from raymx.storage.limits import DEFAULT, Limits
@@ -156,8 +156,7 @@ def check_expire(expire_after_s, key: list[list]):
     0 to 2**31 - 1, on one field other than ``_id``, as MongoDB's."""
     if expire_after_s is None:
         return None
-    if isinstance(expire_after_s, bool) or not isinstance(expire_after_s, (int, float)) \
-            or expire_after_s != int(expire_after_s) or not 0 <= expire_after_s < 2**31:
+    if not numbers.whole(expire_after_s) or not 0 <= expire_after_s < 2**31:
         raise errors.InvalidOperation(f"expireAfterSeconds must be a whole number of seconds "
                                       f"from 0 to 2147483647, not {expire_after_s!r:.40}")
     if len(key) != 1 or key[0][0] == "_id":

@@ -30,6 +30,12 @@ def is_int(v) -> bool:
     return t is int or t is Int64
 
 
+def whole(v) -> bool:
+    """An integer, or a double with no fraction (not NaN or infinite): what
+    MongoDB takes where it wants a count (a limit, a skip, seconds)."""
+    return is_int(v) or (type(v) is float and v.is_integer())
+
+
 def widened(out, *args):
     """An integer result ``out`` of ``args`` as MongoDB types it: a long
     (``Int64``) when one of them was a long (a plain int's width follows

@@ -296,6 +296,9 @@ def _mod(what: str, arg: Any) -> OpPred:
     truncated toward zero, leaves that remainder, as MongoDB's."""
     if not isinstance(arg, _ARRAY) or len(arg) != 2 or not all(_number_of(x) for x in arg):
         raise InvalidFilter(f"{what} needs [divisor, remainder], two numbers")
+    if not all(math.isfinite(x) for x in arg):
+        raise InvalidFilter(f"{what}: the divisor and remainder must be finite numbers, not "
+                            f"{arg!r:.60}")
     div, rem = math.trunc(arg[0]), math.trunc(arg[1])
     if div == 0:
         raise InvalidFilter(f"{what}: the divisor cannot be 0")

@@ -487,7 +487,7 @@ def sort_fields(spec: dict) -> list[list]:
 
 
 def _nonneg(v, stage: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
+    if not numbers.whole(v) or v < 0:
         raise _err(f"invalid argument to {stage} stage: expected a non-negative integer", 15956)
     return int(v)
 

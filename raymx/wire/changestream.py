@@ -18,7 +18,7 @@ from bson import Binary, Int64, Timestamp
 from raymx import errors
 from raymx.storage.changes import parse_token
 from raymx.wire import aggregate, oplog_view
-from raymx.wire.errors import CommandError
+from raymx.wire.errors import CommandError, integer
 
 _IDS = itertools.count(1)
 CURSOR_BASE = 1 << 62  # above the member's own cursor ids
@@ -205,7 +205,7 @@ class Streams:
         if its limit is reached)."""
         svc = self.d.service
         t = oplog_view.Tailer(svc.e, cmd, flt, cmd.get("projection"))
-        docs = t.batch(svc.e, svc.oplog_end(), int(cmd.get("batchSize") or FIRST_BATCH),
+        docs = t.batch(svc.e, svc.oplog_end(), integer(cmd, "batchSize") or FIRST_BATCH,
                        svc.member_id)
         cid = 0 if t.done() else self._add(t)
         return {"cursor": {"firstBatch": docs, "id": Int64(cid), "ns": ns}}
@@ -215,7 +215,7 @@ class Streams:
         waits up to ``maxTimeMS`` (1 s by default, 60 s at most) for entries
         to be written, looking every ``TAIL_POLL_S``."""
         svc = self.d.service
-        n = min(int(cmd.get("batchSize") or oplog_view.TAIL_BATCH), oplog_view.TAIL_BATCH)
+        n = min(integer(cmd, "batchSize") or oplog_view.TAIL_BATCH, oplog_view.TAIL_BATCH)
         wait_ms = min(cmd.get("maxTimeMS") or WAIT_MS_DEFAULT, WAIT_MS_MAX)
         deadline = time.monotonic() + wait_ms / 1000
         while True:
@@ -280,8 +280,8 @@ class Streams:
         wait = cmd.get("maxTimeMS") or WAIT_MS_DEFAULT
         req = {"op": "watch", "after": list(s.token), "namespaces": s.namespaces,
                "wait_ms": int(wait)}
-        if cmd.get("batchSize"):
-            req["batch"] = int(cmd["batchSize"])
+        if integer(cmd, "batchSize"):
+            req["batch"] = integer(cmd, "batchSize")
         try:
             res = self.d.call(req, conn.state)
         except errors.OplogTrimmed as e:

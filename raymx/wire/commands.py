@@ -107,7 +107,7 @@ class Dispatcher:
             except Exception:  # the store is closing (the member stops): answer without it
                 pass
             return out
-        if isinstance(e, (TypeError, ValueError, AttributeError, KeyError)):
+        if isinstance(e, (TypeError, ValueError, AttributeError, KeyError, OverflowError)):
             # a field of the wrong type or shape (int("x"), a number where a
             # document belongs): the sender's mistake, said with a code
             log.info("%s: bad argument: %r", name, e)
@@ -487,8 +487,9 @@ def _drop_database(d: Dispatcher, cmd: dict, conn) -> dict:
 
 def _scale(cmd: dict) -> int:
     sc = cmd.get("scale", 1)
-    if isinstance(sc, bool) or not isinstance(sc, (int, float)) or sc < 1:
-        raise CommandError(f"scale has to be a number >= 1, not {sc!r:.40}", 2, "BadValue")
+    if isinstance(sc, bool) or not isinstance(sc, (int, float)) or not 1 <= sc < float("inf"):
+        raise CommandError(f"scale has to be a finite number >= 1, not {sc!r:.40}", 2,
+                           "BadValue")
     return int(sc)
 
 

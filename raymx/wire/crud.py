@@ -30,8 +30,8 @@ from raymx.storage.gtid import GTID
 from raymx.storage.projection import project
 from raymx.client import composite
 from raymx.wire import aggregate, oplog_view
-from raymx.wire.errors import (CommandError, bad_value, is_statement_error, write_concern_error,
-                               write_error)
+from raymx.wire.errors import (CommandError, bad_value, integer, is_statement_error,
+                               write_concern_error, write_error)
 
 
 def ns_of(cmd: dict, name: str) -> str:
@@ -550,7 +550,7 @@ def _find(d, cmd: dict, conn):
                            "FailedToParse")
     if cmd.get("hint"):
         yield blocking(check_hint, d, cmd, conn, ns)
-    limit = int(cmd.get("limit") or 0)
+    limit = integer(cmd, "limit")
     single = bool(cmd.get("singleBatch")) or limit < 0
     limit = abs(limit)
     flt = _plain(cmd.get("filter") or {})
@@ -564,7 +564,7 @@ def _find(d, cmd: dict, conn):
     if ns == oplog_view.NS and aggregate.plain_filter(flt) \
             and not pipelines.computed_projection(cmd.get("projection")):
         out = yield blocking(oplog_view.find, d.service.e, flt, _plain(cmd.get("sort")),
-                             int(cmd.get("skip") or 0), limit, _plain(cmd.get("projection")))
+                             integer(cmd, "skip"), limit, _plain(cmd.get("projection")))
         return _results(d, conn, ns, out, len(out) if single else cmd.get("batchSize"), {})
     if ns in pipelines.SYSTEM:
         return (yield blocking(lambda: pipelines.find_computed(
@@ -572,12 +572,12 @@ def _find(d, cmd: dict, conn):
     if not aggregate.plain_filter(flt) or pipelines.computed_projection(cmd.get("projection")):
         # $expr or computed fields: the port's expressions, over a scan
         return (yield blocking(pipelines.find_computed, d, cmd, conn, ns, flt, limit, single))
-    batch = cmd.get("batchSize")
+    batch = _batch_size(cmd)
     req = {"op": "find", "ns": ns, "filter": flt,
            "projection": _plain(cmd.get("projection")) or None, "sort": _sort(cmd.get("sort")),
-           "skip": int(cmd.get("skip") or 0), "limit": limit, **read_fields(cmd)}
+           "skip": integer(cmd, "skip"), "limit": limit, **read_fields(cmd)}
     if batch:
-        req["batch"] = int(batch)
+        req["batch"] = batch
     elif limit:
         req["batch"] = limit
     res = yield from _run(d, req, cmd, conn)
@@ -604,6 +604,15 @@ def _results(d, conn, ns: str, out: list, batch: int | None, seen: dict) -> dict
                        **_at(seen)}}
 
 
+def _batch_size(cmd: dict) -> int:
+    """A find's or getMore's ``batchSize`` (0: the default), never negative."""
+    n = integer(cmd, "batchSize")
+    if n < 0:
+        raise CommandError(f"BatchSize value must be non-negative, but received: {n}", 51024,
+                           "Location51024")
+    return n
+
+
 def _get_more(d, cmd: dict, conn):
     cid = cmd.get("getMore")
     coll = cmd.get("collection")
@@ -613,8 +622,8 @@ def _get_more(d, cmd: dict, conn):
     if d.streams.owns(int(cid)):
         return (yield blocking(d.streams.get_more, int(cid), cmd, conn))
     req = {"op": "getMore", "cursor": int(cid)}
-    if cmd.get("batchSize"):
-        req["batch"] = int(cmd["batchSize"])
+    if _batch_size(cmd):
+        req["batch"] = _batch_size(cmd)
     try:
         res = yield call(req, conn.state)
     except errors.InvalidOperation as e:
@@ -672,8 +681,8 @@ def _count(d, cmd: dict, conn):
     else:
         n = (yield from _run(d, {"op": "count", "ns": ns, "filter": flt, **read_fields(cmd)},
                              cmd, conn))["value"]
-    n = max(0, n - int(cmd.get("skip") or 0))
-    lim = abs(int(cmd.get("limit") or 0))
+    n = max(0, n - integer(cmd, "skip"))
+    lim = abs(integer(cmd, "limit"))
     return {"n": min(n, lim) if lim else n}
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from raymx import errors
+from raymx.storage import numbers
 
 log = logging.getLogger("raymx.wire")
 
@@ -92,6 +93,25 @@ def command_not_found(name: str) -> CommandError:
     hint = _INSTEAD.get(name.lower())
     return CommandError(f"no such command: '{name}'" + (f"; {hint}" if hint else ""), 59,
                         "CommandNotFound")
+
+
+def integer(cmd: dict, field: str) -> int:
+    """A command's count field (``limit``, ``skip``, ``batchSize``; 0 when
+    absent or null): an int, a long or a double with no fraction, as MongoDB's
+    parser takes; anything else refused naming the field (``int()`` of it
+    read "x" as an error of the server's, NaN and infinity too)."""
+    v = cmd.get(field)
+    if v is None:
+        return 0
+    if numbers.whole(v):
+        return int(v)
+    where = f"BSON field '{next(iter(cmd))}.{field}'"
+    if numbers.is_number(v):
+        raise CommandError(f"{where} must be an integer, not {v!r:.40}", 2, "BadValue")
+    kind = {str: "string", list: "array", dict: "object", bool: "bool"}.get(type(v),
+                                                                        type(v).__name__)
+    raise CommandError(f"{where} is the wrong type '{kind}', expected a number", 14,
+                       "TypeMismatch")
 
 
 def bad_value(msg: str) -> CommandError:

@@ -159,6 +159,8 @@ def _op(op: str, x, doc, root, variables=None):
                         variables)
     if op == "$ifNull":
         vals = _args(x, doc, root, variables=variables)
+        if len(vals) < 2:
+            raise _err(f"$ifNull needs at least two arguments, had: {len(vals)}", 1257300)
         return next((v for v in vals[:-1] if v is not None and v is not MISSING), vals[-1])
     if op == "$and":
         return all(_truthy(v) for v in _args(x, doc, root, variables=variables))

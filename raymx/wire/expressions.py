@@ -82,7 +82,7 @@ def _string(v, op: str) -> str:
 
 
 def _int_arg(v, op: str, what: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
+    if not numbers.whole(v):
         raise _err(f"{op}'s {what} must be an integer, not {v!r:.40}", 34448)
     return int(v)
 

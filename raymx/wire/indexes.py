@@ -92,6 +92,14 @@ def drop_indexes(d: Dispatcher, cmd: dict, conn) -> dict:
             raise CommandError(f"can't find index with key: {which}", 27, "IndexNotFound")
     elif isinstance(which, list):
         names = which
+        bad = [n for n in names if not isinstance(n, str)]
+        if bad:
+            raise CommandError(f"dropIndexes: a list of index names holds {bad[0]!r:.60}, "
+                               "not a name (a string)", 14, "TypeMismatch")
+        have = {x["name"] for x in ixs}
+        missing = [n for n in names if n not in have]
+        if missing:  # as MongoDB: none of the list is dropped
+            raise CommandError(f"index not found with name [{missing[0]}]", 27, "IndexNotFound")
     else:
         raise bad_value("dropIndexes needs 'index': a name, a key document, a list or '*'")
     for n in names:

@@ -37,7 +37,7 @@ from raymx.storage.gtid import GTID
 from raymx.storage.keys import prefix_end
 from raymx.storage.projection import project
 from raymx.storage.query import compile_filter
-from raymx.wire.errors import CommandError
+from raymx.wire.errors import CommandError, integer
 
 NS = "local.oplog.rs"
 FIND_MAX = 100_000  # entries one find may return (its cursor holds them)
@@ -177,9 +177,9 @@ class Tailer:
     ``TAIL_LOOK`` entries, so one far behind catches up over several."""
 
     def __init__(self, engine, cmd: dict, flt: dict, projection):
-        if cmd.get("singleBatch") or int(cmd.get("limit") or 0) < 0:
+        if cmd.get("singleBatch") or integer(cmd, "limit") < 0:
             raise CommandError("a tailable cursor cannot be a single batch", 2, "BadValue")
-        if int(cmd.get("skip") or 0):
+        if integer(cmd, "skip"):
             raise CommandError(f"a tailable cursor on {NS} takes no skip: filter on ts", 2,
                                "BadValue")
         if _order(cmd.get("sort")) != 1:
@@ -188,7 +188,7 @@ class Tailer:
         self.flt, self.projection = flt, projection
         self.match = compile_filter(flt or {})
         self.await_data = bool(cmd.get("awaitData"))
-        self.left = int(cmd.get("limit") or 0) or None  # None: no limit
+        self.left = integer(cmd, "limit") or None  # None: no limit
         self.pos: GTID | None = None  # the last entry looked at (None: none yet)
         # where the first batch starts: a tailer resuming at the last ts it
         # saw starts at once, however long the oplog (None: the oldest)

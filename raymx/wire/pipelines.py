@@ -16,7 +16,7 @@ from raymx.storage.keys import encode_key
 from raymx.wire import aggregate, rs_status
 from raymx.wire.crud import (_atomically, _docs, _plain, _results, _sort, check_hint, ns_of,
                              read_fields, scan, storage_stats)
-from raymx.wire.errors import CommandError
+from raymx.wire.errors import CommandError, integer
 
 
 # MongoDB's system collections that tools read (mongosh's
@@ -286,7 +286,7 @@ def find_computed(d, cmd: dict, conn, ns: str, flt: dict, limit: int, single: bo
     if cmd.get("sort"):
         pipeline.append({"$sort": dict(_plain(cmd["sort"]))})
     if cmd.get("skip"):
-        pipeline.append({"$skip": int(cmd["skip"])})
+        pipeline.append({"$skip": integer(cmd, "skip")})
     if limit:
         pipeline.append({"$limit": limit})
     if cmd.get("projection"):
