@@ -133,7 +133,7 @@ def test_point_reads_run_on_the_port_thread_and_others_on_the_readers(port):
     finally:
         blocker.set()
     assert svc.port_reads == before + len(ids) + 4
-    with pytest.raises(errors.InvalidFilter):  # a bad request is answered, the port serves on
+    with pytest.raises(errors.InvalidInput):  # a bad request is answered, the port serves on
         find({"_id": 1}, skip=-1)
     last, _ = svc.e.last()
     before = svc.port_reads

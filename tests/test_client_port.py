@@ -107,6 +107,33 @@ def test_errors_cross_as_the_same_classes_and_pipelining(port):
     c.close()
 
 
+
+def test_requests_of_the_wrong_form_are_refused_naming_the_field(port):
+    """Fields the member takes for granted, sent in another form by a client
+    that is not raymx's driver (a request fuzzer found each as an "internal
+    error": a list where a cursor id or index name belongs, NaN as a batch,
+    a number as a namespace, an empty namespace to create): InvalidOperation
+    or InvalidName naming what is wrong, nothing stored, the connection
+    serving on."""
+    p, _ = port
+    c = Connection("127.0.0.1", p.port, SECRET)
+    c.request({"op": "insert", "ns": "a.b", "docs": [{"_id": 1, "a": 1}]})
+    for req, says in (({"op": "getMore", "cursor": [1]}, "cursor must be"),
+                      ({"op": "killCursors", "cursors": None}, "cursors must be"),
+                      ({"op": "find", "ns": "a.b", "batch": float("nan")}, "batch must be"),
+                      ({"op": "find", "ns": "a.b", "projection": [{}]}, "projection must be"),
+                      ({"op": "watch", "after": [0, 0], "wait_ms": "x"}, "wait_ms must be"),
+                      ({"op": "dropIndex", "ns": "a.b", "name": [1]}, "name must be"),
+                      ({"op": "createCollection", "ns": 5}, "ns must be"),
+                      ({"op": "createCollection", "ns": ""}, "")):
+        with pytest.raises(errors.InvalidInput) as ei:
+            c.request(req)
+        assert says in str(ei.value) and "internal" not in str(ei.value), req
+    assert c.request({"op": "find", "ns": "a.b", "projection": ["a"]})["docs"] == [
+        {"_id": 1, "a": 1}]
+    assert c.request({"op": "listCollections"})["value"] == ["a.b"]
+    c.close()
+
 def test_packed_documents_are_checked_and_stored_as_sent(port):
     """The driver's form: each document its own msgpack binary. Bad ones get
     the statement's error (the connection stays); good ones are stored byte

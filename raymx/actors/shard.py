@@ -274,6 +274,7 @@ class ShardService(ReadPath, TrimPath, SessionPath, PortPath):
     def handle(self, req: dict, reply: Reply, conn: dict) -> None:
         """Route one request. ``conn`` is per-connection state (cursors, sessions)."""
         op = req.get("op")
+        client_limits.check_shape(req)  # InvalidOperation naming the field
         client_limits.check_nesting(req, self.limits)  # InvalidFilter / InvalidUpdate
         if op in PACKED_OPS and "packed" in req:
             req = self._receive_insert(req, reply, conn)

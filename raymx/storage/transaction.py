@@ -453,6 +453,7 @@ class Transaction(Reader):
 
     def create_collection(self, ns: str) -> bool:
         def run():
+            split_ns(ns, self.e.limits)
             if self.coll(ns) is not None:
                 return False
             self._coll_for_write(ns)

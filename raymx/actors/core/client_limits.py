@@ -7,6 +7,9 @@ Connections themselves are counted by the client port
 """
 from __future__ import annotations
 
+import math
+
+from raymx.storage import numbers
 from raymx.storage.errors import (InvalidFilter, InvalidOperation, InvalidUpdate,
                                   LimitExceeded, ProtocolError)
 from raymx.storage.gtid import GTID
@@ -32,6 +35,54 @@ def nesting_over(v, most: int) -> bool:
             if type(y) in _CONTAINERS:
                 stack.append((y, d + 1))
     return False
+
+
+def _count(v) -> bool:
+    return numbers.whole(v) and v >= 0
+
+
+def _ms(v) -> bool:
+    return type(v) in (int, float) and not v < 0 and math.isfinite(v)
+
+
+def _ids(v) -> bool:
+    return type(v) is list and all(numbers.is_int(x) for x in v)
+
+
+_NONE = type(None)
+
+# the request fields whose form the member's code takes for granted: the
+# types that pass as they are, the test for any other value, and what a
+# refusal says the field must be (None stands for absent, except for
+# namespaces); checked before a request is routed
+_SHAPES = {
+    "ns": ({str}, lambda v: False, "a namespace string"),
+    "to": ({str}, lambda v: False, "a namespace string"),
+    "name": ({str, _NONE}, lambda v: False, "an index name (a string)"),
+    "cursor": ({int, _NONE}, numbers.is_int, "a cursor id (an integer)"),
+    "cursors": ((), _ids, "a list of cursor ids (integers)"),
+    "batch": ({_NONE}, _count, "a non-negative integer"),
+    "skip": ({_NONE}, _count, "a non-negative integer"),
+    "limit": ({int, _NONE}, numbers.whole, "an integer"),
+    "wait_ms": ({_NONE}, _ms, "a non-negative number of milliseconds"),
+    "max_time_ms": ({_NONE}, _ms, "a non-negative number of milliseconds"),
+    "projection": ({dict, _NONE}, lambda v: type(v) is list and all(type(x) is str for x in v),
+                   "a document or a list of field paths"),
+    "namespaces": ({_NONE}, lambda v: type(v) is list and all(type(x) is str for x in v),
+                   "a list of namespace strings"),
+}
+_SHAPES = {k: (frozenset(as_is), test, what) for k, (as_is, test, what) in _SHAPES.items()}
+
+
+def check_shape(req: dict) -> None:
+    """Refuse a request whose fields the member cannot take as they are (a
+    cursor id that is a list, a batch of NaN, a namespace that is a number),
+    naming the field: before, such a request reached code that assumed the
+    form and came back as an internal error."""
+    for k, v in req.items():
+        shape = _SHAPES.get(k)
+        if shape is not None and type(v) not in shape[0] and not shape[1](v):
+            raise InvalidOperation(f"{req.get('op')}: {k} must be {shape[2]}, not {v!r:.60}")
 
 
 def check_nesting(req: dict, limits: Limits) -> None:
