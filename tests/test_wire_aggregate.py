@@ -692,3 +692,16 @@ def test_sort_array_sorts_values_or_documents_by_fields():
     for bad in ({"input": "$v", "sortBy": 2}, {"input": "$v"}, {"input": 5, "sortBy": 1}):
         with pytest.raises(CommandError):
             aggregate.run(iter([doc]), [{"$project": {"x": {"$sortArray": bad}}}])
+
+
+def test_a_range_too_large_to_build_is_refused_not_built():
+    """``$range: [0, 2**62]`` once held the port's thread building a list
+    until memory ran out (a one-expression denial of service); past
+    ``RANGE_MAX`` values it is refused at once, as MongoDB's 64 MiB bound."""
+    from raymx.wire import expressions
+    n = expressions.RANGE_MAX
+    assert run([{"$match": {"_id": 0}}, {"$project": {"_id": 0, "n": {"$size": {
+        "$range": [0, n]}}}}]) == [{"n": n}]
+    with pytest.raises(CommandError) as ei:
+        run([{"$project": {"r": {"$range": [0, 2**62]}}}])
+    assert ei.value.code == 146

@@ -467,7 +467,14 @@ def _range(x, ev, name="$range"):
     step = _int_arg(vals[2], name, "step") if len(vals) > 2 else 1
     if step == 0:
         raise _err("$range requires a non-zero step value", 34449)
-    return list(range(start, end, step))
+    out = range(start, end, step)
+    if len(out) > RANGE_MAX:  # as MongoDB's 64 MiB bound: refused, not built
+        raise CommandError(f"$range would make {len(out)} values, over the limit of "
+                           f"{RANGE_MAX} (it is built in memory)", 146, "ExceededMemoryLimit")
+    return list(out)
+
+
+RANGE_MAX = 1 << 22  # values of one $range (MongoDB bounds its bytes at 64 MiB)
 
 
 def _array_end(x, ev, name="$first"):
