@@ -705,3 +705,15 @@ def test_a_range_too_large_to_build_is_refused_not_built():
     with pytest.raises(CommandError) as ei:
         run([{"$project": {"r": {"$range": [0, 2**62]}}}])
     assert ei.value.code == 146
+
+
+def test_pow_of_a_huge_exponent_is_a_double_not_a_computation():
+    """``$pow: [7, 2**62]`` once computed the exact integer (held the thread
+    for good); past a long the result is a double, as MongoDB's, and a double
+    past its range is infinite."""
+    def pow_(a, b):
+        return run([{"$match": {"_id": 0}}, {"$project": {"_id": 0, "r": {"$pow": [a, b]}}}])[0]["r"]
+    assert pow_(2, 62) == 2**62 and isinstance(pow_(2, 62), int)
+    assert pow_(2, 63) == 2.0**63 and isinstance(pow_(2, 63), float)
+    assert pow_(7, 2**62) == float("inf") and pow_(-3, 2**62 + 1) == float("-inf")
+    assert pow_(1.5, 2**62) == float("inf") and pow_(-1, 2**62) == 1

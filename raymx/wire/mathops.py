@@ -88,7 +88,14 @@ def _pow(x, ev, name="$pow"):
     a, b = _number(a, name), _number(b, name)
     if a == 0 and b < 0:
         raise _err("$pow cannot take a base of 0 and a negative exponent", 28764)
-    out = a ** b
+    if numbers.is_int(a) and numbers.is_int(b) and b > 0 and abs(a) > 1 \
+            and b * math.log2(abs(a)) >= 63:
+        a = float(a)  # past a long: a double, as MongoDB's (never a huge exact int)
+    try:
+        out = a ** b
+    except OverflowError:  # a double past its range: infinite, signed as the result
+        odd = numbers.is_int(b) or (isinstance(b, float) and b.is_integer())
+        return -math.inf if a < 0 and odd and int(b) % 2 else math.inf
     return out if isinstance(out, (int, float)) else float("nan")
 
 
