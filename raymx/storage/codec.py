@@ -20,7 +20,6 @@ from raymx.storage.errors import CorruptEntry, DocumentTooLarge, InvalidDocument
 
 _SCALARS = (type(None), bool, int, float, str, bytes) + types.STORED
 _EXT = types.ext_hook
-_unpackb = functools.partial(msgpack.unpackb, ext_hook=_EXT)
 _I64_MIN, _U64_MAX = -(1 << 63), (1 << 64) - 1
 
 
@@ -197,8 +196,10 @@ def unpack_documents(rows, max_bytes: int, first: int = 0) -> PackedDocuments:
         i, n = next((i, len(r)) for i, r in enumerate(rows) if len(r) > max_bytes)
         raise DocumentTooLarge(f"document {first + i} of the batch is {n} bytes, over the "
                                f"limit of {max_bytes}", size=n, limit=max_bytes)
-    try:
-        docs = list(map(_unpackb, rows))
+    try:  # a comprehension passing ext_hook itself: a functools.partial copies
+        # its keywords into a new dict at every call (0.1-0.3 us more a document)
+        ub, ext = msgpack.unpackb, _EXT
+        docs = [ub(r, ext_hook=ext) for r in rows]
     except Exception:
         docs = []
         for i, r in enumerate(rows):

@@ -26,7 +26,6 @@ see ``LMDBStore``.
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import os
 from typing import Callable
@@ -212,12 +211,12 @@ class _Txn(_TxnBase):
         return [bytes(log[j + 1]) for j in range(0, len(log), 3) if log[j] == i]
 
     def putter(self, db, overwrite=True):
-        put = functools.partial(self._t.put, db=self._s._dbs[db], overwrite=overwrite)
+        put, dbh = self._t.put, self._s._dbs[db]  # (no partial: it copies its keywords a call)
         store, i, note = self._s, _DB_INDEX[db], self._note
 
         def put_row(key, value):
             try:
-                done = put(key, value)
+                done = put(key, value, db=dbh, overwrite=overwrite)
             except lmdb.Error as e:
                 raise _refusal(store, e, "put") from e
             if done:
