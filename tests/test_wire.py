@@ -13,7 +13,7 @@ from pymongo.errors import (DuplicateKeyError, OperationFailure, WriteError)
 from raymx.storage.limits import Limits
 from raymx.wire import framing
 from raymx.wire.server import WirePort
-from tests.port_helpers import SECRET, busy_writer, serving
+from tests.port_helpers import SECRET, serving
 
 
 @pytest.fixture
@@ -139,7 +139,6 @@ def test_errors_have_mongodb_codes(client):
         c.replace_one({"_id": 9}, {"_id": 11, "n": 0})
     assert ei.value.code == 66
     assert c.find_one({"_id": 9}) == {"_id": 9, "s": "text", "n": 1, "arr": [1]}
-
 
 
 def test_bad_numbers_in_commands_are_the_senders_errors(client):
@@ -283,7 +282,6 @@ def test_lookup_sample_facet_through_pymongo(client):
     assert ei.value.code == 40322
 
 
-
 def test_documents_stage_as_mongodb(client):
     """``$documents`` (MongoDB 5.1): a database's aggregate over documents of
     its own, and the foreign side of a ``$unionWith`` or ``$lookup`` with no
@@ -417,80 +415,6 @@ def test_a_collation_other_than_simple_is_refused_not_ignored(client):
     assert c.count_documents({}) == 2  # nothing written or deleted
 
 
-def test_a_snapshot_session_reads_one_snapshot(client):
-    """pymongo's snapshot sessions: the first read answers its point
-    (``atClusterTime``), and the session's later reads read there, whatever
-    was written since."""
-    c = client.db.get_collection("snap", write_concern=pymongo.WriteConcern("majority"))
-    c.insert_many([{"_id": 1}, {"_id": 2}])
-    with client.start_session(snapshot=True) as s:
-        assert [d["_id"] for d in c.find({}, session=s)] == [1, 2]
-        at = s._snapshot_time
-        assert isinstance(at, bson.Timestamp)
-        c.insert_one({"_id": 3})
-        c.delete_one({"_id": 1})
-        assert sorted(d["_id"] for d in c.find({}, session=s)) == [1, 2]  # the same snapshot
-        assert [d["_id"] for d in c.aggregate([{"$sort": {"_id": -1}}], session=s)] == [2, 1]
-        assert c.count_documents({}, session=s) == 2
-    assert [d["_id"] for d in c.find({})] == [2, 3]
-    with pytest.raises(OperationFailure, match="atClusterTime"):
-        client.db.command("find", "snap", readConcern={"level": "majority", "atClusterTime": at})
-
-
-def test_transaction(client):
-    c = client.db.t
-    with client.start_session() as s:
-        with s.start_transaction():
-            c.insert_one({"_id": "a"}, session=s)
-            c.update_one({"_id": "a"}, {"$set": {"v": 1}}, session=s)
-            assert c.find_one({"_id": "a"}, session=s) == {"_id": "a", "v": 1}
-            assert c.find_one({"_id": "a"}) is None  # not visible outside before commit
-    assert c.find_one({"_id": "a"}) == {"_id": "a", "v": 1}
-    with client.start_session() as s:
-        s.start_transaction()
-        c.insert_one({"_id": "b"}, session=s)
-        s.abort_transaction()
-    assert c.find_one({"_id": "b"}) is None
-
-
-def test_a_transaction_creates_collections_and_indexes_and_refuses_other_commands(client):
-    """As MongoDB 4.4+: create and createIndexes run inside the transaction
-    (visible at its commit, gone at its abort); a command a transaction may
-    not hold (listCollections, drop...) is refused with
-    OperationNotSupportedInTransaction and aborts it. Before, such a command
-    ran outside the transaction (a create committed at once, an abort kept
-    it) and the transaction was never begun or left for dead."""
-    db = client.txddl
-    db.keep.insert_one({"_id": 1})
-    with client.start_session() as s:
-        s.start_transaction()
-        db.create_collection("made", session=s, check_exists=False)
-        db.made.insert_one({"_id": 1}, session=s)
-        out = db.command("createIndexes", "made", indexes=[
-            {"key": {"u": 1}, "name": "u_1", "unique": True}], session=s)
-        assert out["numIndexesAfter"] == out["numIndexesBefore"] + 1
-        assert "made" not in db.list_collection_names()  # not before the commit
-        s.commit_transaction()
-    assert db.made.find_one() == {"_id": 1} and "u_1" in db.made.index_information()
-    with client.start_session() as s:
-        s.start_transaction()
-        db.command("create", "gone", session=s)
-        s.abort_transaction()
-    assert "gone" not in db.list_collection_names()
-    for refused in (lambda s: db.list_collection_names(session=s),
-                    lambda s: db.drop_collection("keep", session=s)):
-        with client.start_session() as s:
-            s.start_transaction()
-            db.keep.insert_one({"_id": 2}, session=s)
-            with pytest.raises(OperationFailure) as ei:
-                refused(s)
-            assert ei.value.code == 263
-            with pytest.raises(OperationFailure) as ei:  # the transaction was aborted
-                s.commit_transaction()
-            assert ei.value.code == 251
-    assert list(db.keep.find()) == [{"_id": 1}]
-
-
 def test_secondary_refuses_writes_with_not_writable_primary(served):
     p, svc = served
     svc.step_down()
@@ -546,122 +470,6 @@ def test_bad_messages_get_error_documents(served):
         s.close()
 
 
-def test_retryable_write_is_applied_once(client):
-    """A retried write (same lsid and txnNumber) gets the first answer back,
-    nothing applied twice; an older txnNumber is refused."""
-    db = client.db
-    # pymongo's own retryable writes take this path
-    db.r.insert_one({"_id": 2})
-    db.r.find_one_and_update({"_id": 2}, {"$set": {"x": 1}})
-    with client.start_session() as s:
-        cmd = {"insert": "r", "documents": [{"_id": 1, "v": 1}], "txnNumber": bson.Int64(50)}
-        first = db.command(dict(cmd), session=s)
-        again = db.command(dict(cmd), session=s)
-        assert first["n"] == again["n"] == 1
-        upd = {"update": "r", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"v": 1}}}],
-               "txnNumber": bson.Int64(60)}
-        assert db.command(dict(upd), session=s)["nModified"] == 1
-        assert db.command(dict(upd), session=s)["nModified"] == 1
-        assert db.r.find_one({"_id": 1}) == {"_id": 1, "v": 2}
-        with pytest.raises(OperationFailure) as ei:
-            db.command(dict(cmd, txnNumber=bson.Int64(40)), session=s)
-        assert ei.value.code == 225
-        # several statements: one member transaction with the record
-        many = {"insert": "r", "documents": [{"_id": 10}, {"_id": 11}],
-                "txnNumber": bson.Int64(70)}
-        assert db.command(dict(many), session=s)["n"] == db.command(dict(many), session=s)["n"]
-        assert db.r.count_documents({"_id": {"$gte": 10}}) == 2
-        s._server_session.mark_dirty()  # its numbers were forged: pymongo must not reuse it
-    assert db.r.count_documents({}) == 4
-
-
-def test_a_retry_racing_its_first_attempt_is_applied_once(served, client):
-    """A driver that gives up on an attempt (a socket timeout) sends the same
-    write again (same lsid and txnNumber) while the first is still queued for
-    the writer: both read no record, both reach the member. The member checks
-    the record in the write's own transaction, so the second is not applied
-    again and is answered from the record. Before, the counter went up twice
-    (the nemesis' bank check found it: 434 increments for 433 acknowledged)."""
-    import threading
-    _, svc = served
-    db = client.db
-    db.race.insert_one({"_id": 1, "v": 0})
-    with client.start_session() as s:
-        upd = {"update": "race", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"v": 1}}}],
-               "txnNumber": bson.Int64(7)}
-        blocker = busy_writer(svc)  # both attempts wait for the writer
-        outs, errs = [], []
-
-        def attempt():
-            try:
-                outs.append(db.command(dict(upd), session=s))
-            except Exception as e:  # noqa: BLE001 - reported below
-                errs.append(e)
-        threads = [threading.Thread(target=attempt) for _ in range(2)]
-        for t in threads:
-            t.start()
-        time.sleep(0.5)  # both sent and queued behind the held writer
-        blocker.set()
-        for t in threads:
-            t.join(10)
-        s._server_session.mark_dirty()  # its numbers were forged: pymongo must not reuse it
-    assert not errs, errs
-    assert [o["nModified"] for o in outs] == [1, 1]
-    assert db.race.find_one({"_id": 1}) == {"_id": 1, "v": 1}
-
-
-def test_mongodb_types_through_pymongo(client):
-    """datetime, ObjectId, Decimal128, UUID: stored natively, indexed, queried,
-    sorted and aggregated; _ids pymongo generates are ObjectIds."""
-    import datetime
-    import uuid
-
-    from bson import Decimal128, ObjectId
-    c = client.db.typed
-    t0 = datetime.datetime(2026, 11, 25, 6, 0, 0, 123000)
-    ids = c.insert_many([{"at": t0 + datetime.timedelta(hours=i), "price": Decimal128(f"{i}.25"),
-                          "u": uuid.UUID(int=i), "k": i % 2} for i in range(6)]).inserted_ids
-    assert all(isinstance(i, ObjectId) for i in ids)
-    doc = c.find_one({"_id": ids[2]})
-    assert doc == {"_id": ids[2], "at": t0 + datetime.timedelta(hours=2),
-                   "price": Decimal128("2.25"), "u": uuid.UUID(int=2), "k": 0}
-    c.create_index("at")
-    c.create_index("u", unique=True)
-    late = c.find({"at": {"$gte": t0 + datetime.timedelta(hours=4)}}).sort("at", -1)
-    assert [d["_id"] for d in late] == [ids[5], ids[4]]
-    assert [d["_id"] for d in c.find().sort("_id", 1)] == sorted(ids)
-    with pytest.raises(DuplicateKeyError):
-        c.insert_one({"u": uuid.UUID(int=3)})
-    got = list(c.aggregate([{"$group": {"_id": "$k", "first": {"$min": "$at"},
-                                        "n": {"$sum": 1}}}, {"$sort": {"_id": 1}}]))
-    assert got == [{"_id": 0, "first": t0, "n": 3},
-                   {"_id": 1, "first": t0 + datetime.timedelta(hours=1), "n": 3}]
-    assert c.find_one({"price": Decimal128("5.25")})["_id"] == ids[5]
-    with pytest.raises(WriteError, match="scope"):  # a Code with a scope: not stored
-        c.insert_one({"b": bson.Code("f", {"x": 1})})
-
-
-
-def test_a_subtype_4_binary_that_is_no_uuid_is_stored_as_it_is(served):
-    """Binary subtype 4 of other than 16 bytes is no UUID: MongoDB stores it as
-    it is, and so does raymx (it used to refuse the whole message as invalid
-    BSON); a real UUID in the same message still becomes one."""
-    import uuid
-
-    from bson.binary import UUID_SUBTYPE, Binary
-    odd = Binary(b"\x00\x01", UUID_SUBTYPE)
-    real = Binary.from_uuid(uuid.UUID(int=99))
-    with pymongo.MongoClient(uri(served[0]).replace("&uuidRepresentation=standard", ""),
-                             serverSelectionTimeoutMS=10_000) as cl:
-        c = cl.db.odd
-        c.insert_many([{"_id": "odd", "b": odd, "u": real}, {"_id": "odd2", "b": [odd]}])
-        c.insert_one({"_id": "one", "b": odd})  # the body section, not a sequence
-        assert c.find_one({"_id": "odd"}) == {"_id": "odd", "b": odd, "u": real}
-        assert c.find_one({"u": real})["_id"] == "odd"
-        assert [d["_id"] for d in c.find({"b": odd}).sort("_id", 1)] == ["odd", "odd2", "one"]
-    with pymongo.MongoClient(uri(served[0]), serverSelectionTimeoutMS=10_000) as std:
-        assert std.db.odd.find_one({"_id": "odd"}, {"u": 1}) == {"_id": "odd", "u": uuid.UUID(int=99)}
-
 def test_unsatisfiable_write_concern_and_unacknowledged_writes(client):
     """w=2 on a one-member set cannot be met: as MongoDB, the write stays and
     its writeConcernError is 100 UnsatisfiableWriteConcern at once (pymongo
@@ -700,40 +508,6 @@ def test_query_and_update_operators_through_pymongo(client):
     c.update_one({"_id": 3}, {"$set": {"v": 1}, "$setOnInsert": {"new": True}}, upsert=True)
     c.update_one({"_id": 3}, {"$set": {"v": 2}, "$setOnInsert": {"new": False}}, upsert=True)
     assert c.find_one({"_id": 3}) == {"_id": 3, "v": 2, "new": True}
-
-
-def test_dbrefs_round_trip_and_are_found_through_pymongo(client):
-    from bson.dbref import DBRef
-    c = client.db.refs
-    refs = [DBRef("users", 7), DBRef("users", 8, "app", note="x")]
-    c.insert_many([{"_id": i, "owner": r} for i, r in enumerate(refs)])
-    assert [d["owner"] for d in c.find().sort("_id", 1)] == refs
-    assert [d["_id"] for d in c.find({"owner": refs[1]})] == [1]
-    assert [d["_id"] for d in c.find({"owner.$id": 7})] == [0]
-    c.update_one({"_id": 0}, {"$set": {"owner": DBRef("users", 9)}})
-    assert c.find_one({"owner": DBRef("users", 9)})["_id"] == 0
-
-
-def test_binary_subtypes_and_legacy_uuids_round_trip_through_pymongo(served, client):
-    """A pymongo with ``uuidRepresentation=pythonLegacy`` (as older
-    applications run) sends UUIDs as binary subtype 3: stored as such and
-    read back as the same UUIDs; any other subtype keeps its subtype."""
-    import uuid
-    from bson.binary import Binary
-    legacy = pymongo.MongoClient(uri(served[0]).replace("standard", "pythonLegacy"),
-                                 serverSelectionTimeoutMS=10_000)
-    try:
-        u = uuid.uuid4()
-        legacy.db.bins.insert_one({"_id": u, "md5": Binary(b"\x01" * 16, 5),
-                                   "mine": Binary(b"x", 0x80)})
-        got = legacy.db.bins.find_one({"_id": u})
-        assert got == {"_id": u, "md5": Binary(b"\x01" * 16, 5), "mine": Binary(b"x", 0x80)}
-        raw = client.db.bins.find_one({})  # a standard client sees the stored subtype 3
-        assert raw["_id"] == Binary(u.bytes, 3) and raw["md5"].subtype == 5
-        assert client.db.bins.count_documents({"mine": Binary(b"x", 0x80)}) == 1
-        assert client.db.bins.count_documents({"mine": b"x"}) == 0
-    finally:
-        legacy.close()
 
 
 BAD_COMMANDS = [

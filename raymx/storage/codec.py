@@ -204,7 +204,7 @@ def unpack_documents(rows, max_bytes: int, first: int = 0) -> PackedDocuments:
         docs = []
         for i, r in enumerate(rows):
             try:
-                docs.append(msgpack.unpackb(r, ext_hook=_EXT))
+                docs.append(unpack_document(r))
             except Exception as e:
                 raise InvalidDocument(f"document {first + i} of the batch is not one msgpack "
                                       f"map with string keys: {e}") from None
