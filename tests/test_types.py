@@ -106,6 +106,7 @@ def test_cross_type_order_is_mongodbs():
     keys = [encode_key(v) for v in ordered]
     assert keys == sorted(keys)
     assert encode_key(Decimal128("2")) == encode_key(2) == encode_key(2.0) == encode_key(Int64(2))
+    assert encode_key(Decimal128("2.50")) == encode_key(Decimal128("2.5")) == encode_key(2.5)
     assert encode_key(Regex("a", "i")) == encode_key(Regex("a", re.I)) != encode_key(Regex("a"))
 
 
@@ -215,6 +216,126 @@ def test_index_query_sort_and_unique(engine):
         engine.insert_many(NS, [{"u": uuid.UUID(int=4)}])
     # dates never match a number (type brackets, as MongoDB)
     assert engine.find(NS, {"at": {"$gt": 0}}) == []
+
+
+# around the double 0.1 (0.1000000000000000055511151231257827021...): three
+# values MongoDB tells apart, which a key by the nearest double merged
+BELOW, ABOVE = Decimal128("0.1"), Decimal128("0.1000000000000000055511151231257828")
+
+
+def test_decimal128_keys_are_exact_as_mongodbs_comparisons():
+    """Numbers order and compare by their exact values, a Decimal128 among the
+    doubles and integers (random values of every magnitude, and the
+    neighbours of each: the decimal of a double, half a step past an
+    integer beyond 2**53), and a key ends where the next field's begins."""
+    import decimal
+    import math
+    import random
+    from fractions import Fraction
+
+    from raymx.storage.keys import value_end
+    rnd = random.Random(7)
+    vals = [0.1, BELOW, ABOVE, Decimal128("-0.1"), -0.1, Decimal128("1E-6176"),
+            Decimal128("-9.999999999999999999999999999999999E+6144"), Decimal128("Infinity")]
+    for _ in range(1500):
+        n = rnd.randrange(-(1 << 63), 1 << 64)
+        f = rnd.uniform(-1e6, 1e6) * rnd.choice([1, 1e-300, 1e250])
+        vals += [n, f, Decimal128(f"{n}.5"), Decimal128(repr(f)), math.nextafter(f, math.inf),
+                 Decimal128(decimal.Decimal(repr(f)) + decimal.Decimal("1E-24")),
+                 Decimal128(f"{rnd.randrange(1, 10 ** 34)}E{rnd.randrange(-6176, 6111)}")]
+    def value(v):
+        x = v.to_decimal() if type(v) is Decimal128 else decimal.Decimal(v)
+        return Fraction(x) if x.is_finite() else Fraction(10) ** 7000 * (1 if x > 0 else -1)
+
+    exact = [(encode_key(v), value(v), v) for v in vals]
+    ordered = sorted(exact, key=lambda x: x[0])
+    for (k1, x1, v1), (k2, x2, v2) in zip(ordered, ordered[1:]):
+        assert x1 < x2 or (x1 == x2 and k1 == k2), (v1, v2)
+    for k, x, v in exact[:400]:  # a number's keys, whatever follows, stay below value_end
+        assert k + b"\x7f" < value_end(k, k)
+        assert all((k2 >= value_end(k, k)) == (x2 > x) for k2, x2, _ in exact[-300:])
+    assert encode_key(BELOW) < encode_key(0.1) < encode_key(ABOVE)
+    assert encode_key(Decimal128("NaN")) == encode_key(Decimal128("sNaN")) == encode_key(math.nan)
+
+
+@pytest.mark.parametrize("indexed", [False, True])
+def test_decimals_a_double_cannot_tell_apart_are_distinct_values(engine, indexed):
+    """As in MongoDB: a double matches only what equals it exactly, so 0.1
+    finds the double and neither decimal around it; ranges bounded by the
+    double keep the decimals on their side (the index bounds too); a unique
+    index and the _id hold each value once."""
+    engine.insert_many(NS, [{"_id": 1, "v": 0.1}, {"_id": 2, "v": BELOW},
+                            {"_id": 3, "v": ABOVE}, {"_id": 4, "v": Decimal128("0.10")}])
+    if indexed:
+        with engine.begin() as tx:
+            tx.create_index(NS, "v")
+    ids = lambda flt: sorted(d["_id"] for d in engine.find(NS, flt))  # noqa: E731
+    assert ids({"v": 0.1}) == [1]
+    assert ids({"v": BELOW}) == ids({"v": Decimal128("0.1000")}) == [2, 4]
+    assert ids({"v": {"$gt": 0.1}}) == [3] and ids({"v": {"$gte": 0.1}}) == [1, 3]
+    assert ids({"v": {"$lt": 0.1}}) == [2, 4] and ids({"v": {"$lte": 0.1}}) == [1, 2, 4]
+    assert ids({"v": {"$gt": BELOW, "$lt": ABOVE}}) == [1]
+    assert ids({"v": {"$in": [0.1, ABOVE]}}) == [1, 3]
+    assert [d["_id"] for d in engine.find(NS, sort=[["v", 1], ["_id", 1]])] == [2, 4, 1, 3]
+    with engine.begin() as tx:
+        tx.create_index(NS + "u", "v", unique=True)
+    engine.insert_many(NS + "u", [{"v": 0.1}, {"v": BELOW}, {"v": ABOVE}])
+    with pytest.raises(errors.DuplicateKey):
+        engine.insert_many(NS + "u", [{"v": Decimal128("0.100")}])
+    engine.insert_many(NS + "i", [{"_id": BELOW}, {"_id": ABOVE}, {"_id": 0.1}])
+    assert engine.find(NS + "i", {"_id": ABOVE}) == [{"_id": ABOVE}]
+    with pytest.raises(errors.DuplicateKey):
+        engine.insert_many(NS + "i", [{"_id": Decimal128("0.10")}])
+
+
+def test_a_store_of_format_1_gets_exact_decimal_keys_when_opened(tmp_path):
+    """A store written when a Decimal128 was keyed by its nearest double:
+    opened now, its documents move to the exact keys and the indexes of
+    their collections are built again, so what it holds is what the same
+    writes make today; the decimal-free collection and the term stay."""
+    from raymx.storage import keys
+    from raymx.storage.catalog import CollInfo
+    from raymx.storage.engine import FORMAT
+    from raymx.storage.lmdb_store import LMDBStore
+    docs = [{"_id": BELOW, "v": ABOVE, "w": [1, {"d": BELOW}]}, {"_id": 2, "v": 0.1},
+            {"_id": 3, "v": BELOW}, {"_id": 7, "v": Decimal128("2.5"), "w": 1}]
+
+    def write(e):
+        with e.begin() as tx:
+            tx.create_index(NS, "v")
+            tx.create_index(NS, [("w", 1), ("v", -1)])
+        e.insert_many(NS, docs)
+        e.insert_many("db.plain", [{"_id": i, "x": i} for i in range(5)])
+        e.set_term(3)
+
+    s = LMDBStore(str(tmp_path / "old"), map_bytes=1 << 26)
+    write(Engine(s))
+    old_key = lambda v: keys._num(float(v.to_decimal())) if type(v) is Decimal128 \
+        else encode_key(v)  # noqa: E731 (format 1's key of a top-level value)
+    with s.write() as t:  # the rows as format 1 wrote them
+        c = CollInfo.from_record(NS, t.get("catalog", NS.encode()))
+        for k, v in list(t.scan("docs", c.prefix, keys.prefix_end(c.prefix))):
+            t.delete("docs", k)
+            t.put("docs", c.prefix + old_key(codec.unpack_document(v)["_id"]), v)
+        ix = c.indexes["v_1"]
+        for k, pk in list(t.scan("index", ix.prefix, keys.prefix_end(ix.prefix))):
+            t.delete("index", k)
+        for d in docs:
+            t.put("index", ix.prefix + old_key(d["v"]) + old_key(d["_id"]),
+                  old_key(d["_id"]))
+        t.put("meta", b"format", codec.pack(1))
+    s.close()
+    s = LMDBStore(str(tmp_path / "old"), map_bytes=1 << 26)
+    e = Engine(s)
+    assert e.find(NS, {"_id": BELOW})[0]["v"] == ABOVE  # format 1 keyed it as 0.1
+    assert [d["_id"] for d in e.find(NS, {"v": {"$gt": 0.1}}, sort=[["v", 1]])] == [BELOW, 7]
+    assert [d["_id"] for d in e.find(NS, {"v": {"$lte": 0.1}}, sort=[["v", 1]])] == [3, 2]
+    now = Engine(MemoryStore())
+    write(now)
+    assert e.snapshot_state() == now.snapshot_state() and e.term == 3
+    with s.read() as t:
+        assert codec.unpack(t.get("meta", b"format")) == FORMAT
+    s.close()
 
 
 def test_oplog_replays_the_types_on_another_member(engine):

@@ -35,6 +35,21 @@ def test_mongodb_types_through_pymongo(client):
     assert got == [{"_id": 0, "first": t0, "n": 3},
                    {"_id": 1, "first": t0 + datetime.timedelta(hours=1), "n": 3}]
     assert c.find_one({"price": Decimal128("5.25")})["_id"] == ids[5]
+    # MongoDB's exact comparison of a decimal with a double (its jstests'
+    # double_decimal_compare): 5.01 finds the double only, NumberDecimal("5.01")
+    # both decimals, with an index or without
+    c = client.db.decimals
+    c.insert_many([{"_id": "d", "a": 5.01}, {"_id": "n", "a": Decimal128("5.01")},
+                   {"_id": "n0", "a": Decimal128("5.0100")},
+                   {"_id": "big", "a": Decimal128("12345678901234567.89")},
+                   {"_id": "big2", "a": Decimal128("12345678901234567.88")}])
+    for _ in range(2):
+        assert [d["_id"] for d in c.find({"a": 5.01})] == ["d"]
+        assert sorted(d["_id"] for d in c.find({"a": Decimal128("5.01")})) == ["n", "n0"]
+        assert [d["_id"] for d in c.find({"a": {"$gt": Decimal128("12345678901234567.88")}})] \
+            == ["big"]
+        c.create_index("a")
+    c.create_index("a", name="a_u", unique=True, partialFilterExpression={"a": {"$gt": 10}})
     with pytest.raises(WriteError, match="scope"):  # a Code with a scope: not stored
         c.insert_one({"b": bson.Code("f", {"x": 1})})
 

@@ -30,7 +30,7 @@ from raymx import errors
 from raymx.storage import codec, query
 from raymx.storage.engine import Engine, Reader, _applied_in, split_ns
 from raymx.storage.gtid import GTID, ZERO
-from raymx.storage.keys import T_ARR, encode_key, prefix_end
+from raymx.storage.keys import T_ARR, encode_key, prefix_end, value_end
 from raymx.storage.reader import _MULTIKEY, _range_bounds
 
 _PK_LEN = 4  # collection id prefix of a docs key
@@ -228,7 +228,7 @@ class SnapshotReader:
             # (extract_bounds): here both sides bound the scan
             ib = query.extract_bounds(flt, multikey=False)[path]
         if ib.points is not None:
-            ranges = [[ix.prefix + v, prefix_end(ix.prefix + v)]
+            ranges = [[ix.prefix + v, value_end(ix.prefix + v, v)]
                       for v in sorted({encode_key(v) for v in ib.points})]
         else:
             ranges = [list(_range_bounds(ix.prefix, ib))]

@@ -30,6 +30,7 @@ imports from here stay importable from here (``__all__``).
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable, Iterator
 
@@ -39,11 +40,11 @@ from raymx.storage.catalog import (
     TrimResult, WriteResult, _applied_in, _pk, entry_chunks, entry_inline, index_name,
     new_id, normalize_index_key, split_ns)
 from raymx.storage.gtid import GTID, ZERO
-from raymx.storage.keys import prefix_end
+from raymx.storage.keys import encode_key, prefix_end
 from raymx.storage.limits import DEFAULT, Limits
 from raymx.storage.overlay import Overlay
 from raymx.storage.reader import Reader
-from raymx.storage.transaction import Transaction, WriteGroup
+from raymx.storage.transaction import Transaction, WriteGroup, _index_entries
 
 OPLOG_PAGE_MAX = 10_000  # entries in one page of rs.oplog (Engine.oplog_page)
 
@@ -54,6 +55,52 @@ __all__ = ["Engine", "Reader", "Transaction", "WriteGroup", "CollInfo", "IndexIn
            "RangeRecord", "Stats", "TrimResult", "WriteResult", "RANGE_KEY", "entry_chunks",
            "entry_inline", "index_name", "new_id", "normalize_index_key", "split_ns",
            "_applied_in", "_pk"]
+
+
+FORMAT = 2  # meta b"format": 2 since Decimal128 keys are exact (keys.py)
+_DECIMAL_EXT = b"\xd8\x03"  # msgpack's fixext 16 of extension 3, a stored Decimal128
+log = logging.getLogger(__name__)
+
+
+def upgrade_keys(t) -> None:
+    """Bring a store written under an older ``format`` up to ``FORMAT``, in
+    write transaction ``t`` (an engine's opening, a snapshot's end).
+
+    Format 1 keyed a Decimal128 by its nearest double, so decimals that no
+    double tells apart (Decimal128("0.1") and 0.1, or two 20-digit amounts)
+    shared one key. Their keys are exact now: every document holding a
+    decimal (found by its extension's bytes; a false hit costs a decode) whose
+    ``_id`` key changed moves to its new key, and every index of a collection
+    with such a document is built again. Nothing replicated changes: keys are
+    each member's own."""
+    b = t.get("meta", b"format")
+    fmt = codec.unpack(b) if b is not None else FORMAT
+    if fmt >= FORMAT:
+        return
+    moved = rebuilt = 0
+    for k, rec in list(t.scan("catalog")):
+        c = CollInfo.from_record(k.decode(), rec)
+        rows = list(t.scan("docs", c.prefix, prefix_end(c.prefix)))
+        if not any(_DECIMAL_EXT in v for _, v in rows):
+            continue
+        for key, v in rows:
+            if _DECIMAL_EXT in v:
+                pk = encode_key(codec.unpack_document(v)["_id"])
+                if c.prefix + pk != key:
+                    t.delete("docs", key)
+                    t.put("docs", c.prefix + pk, v)
+                    moved += 1
+        for ix in c.indexes.values():  # entries of the exact keys, checked once already
+            for old in [k2 for k2, _ in t.scan("index", ix.prefix, prefix_end(ix.prefix))]:
+                t.delete("index", old)
+            for key, v in t.scan("docs", c.prefix, prefix_end(c.prefix)):
+                for _, entry in _index_entries(ix, codec.unpack_document(v), key[4:]):
+                    t.put("index", entry, key[4:])
+            rebuilt += 1
+    t.put("meta", b"format", codec.pack(FORMAT))
+    if moved or rebuilt:
+        log.warning("store format %d -> %d: %d document(s) moved to exact Decimal128 keys, "
+                    "%d index(es) rebuilt", fmt, FORMAT, moved, rebuilt)
 
 
 class Engine:
@@ -74,8 +121,10 @@ class Engine:
         self.index_uses: dict[tuple[str, str], int] = {}
         with store.write() as t:
             if t.get("meta", b"format") is None:
-                t.put("meta", b"format", codec.pack(1))
+                t.put("meta", b"format", codec.pack(FORMAT))
                 t.put("meta", b"term", codec.pack(0))
+            else:
+                upgrade_keys(t)
 
     def note_index(self, ns: str, name: str) -> None:
         """A query's plan uses index ``name`` of ``ns`` (a count, not a lock)."""

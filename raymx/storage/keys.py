@@ -10,9 +10,9 @@ msgpack lacks):
     < UUIDs < ObjectIds < booleans < dates < timestamps < regexes < code
     < MaxKey
 
-Within a type: numbers numerically (1 == 1.0 == Decimal128("1"); a Decimal128 is
-placed by its nearest double, so decimals closer than a double tells apart
-share a key), strings by UTF-8 bytes, maps field by field (name, then value,
+Within a type: numbers numerically and exactly (1 == 1.0 == Decimal128("1") ==
+Decimal128("1.00"), but Decimal128("0.1") != 0.1, whose double is
+0.1000000000000000055511151231257827..., as in MongoDB), strings by UTF-8 bytes, maps field by field (name, then value,
 in stored order), arrays element by element (a prefix sorts first), binary
 bytewise (other subtypes by subtype, then bytewise), UUIDs and ObjectIds by
 their bytes (an ObjectId's start is its creation time), false < true, dates
@@ -100,6 +100,59 @@ def _num(v) -> bytes:
     return out
 
 
+# A Decimal128 that no double or integer equals sorts between the two keyed
+# numbers around it: the key of the greatest one below it (a double, or in
+# [2**53, 2**64) the integer below it), then DEC_MARK, above every byte a value's
+# encoding starts with (so above that number followed by anything), then the
+# decimal itself (see _decimal_key). A number's key followed by DEC_MARK
+# therefore bounds the keys equal to it from above (``value_end``).
+DEC_MARK = 0xFF
+_H = struct.Struct(">H")
+_DEC_BIAS = 0x4000  # adjusted exponents of Decimal128: -6176 .. 6144
+
+
+def _decimal_key(v: Decimal128) -> bytes:
+    x = v.to_decimal()
+    if x.is_nan():
+        return NAN_KEY
+    if x.is_infinite():
+        return _num(float(x))
+    if x == x.to_integral_value():
+        n = int(x)
+        if -(1 << 63) <= n < (1 << 64):
+            return encode_key(n)
+    f = float(x)  # the nearest double (correctly rounded)
+    if x == f:    # Decimal and float compare exactly
+        return _num(f)
+    if _EXACT <= x.copy_abs() and -(1 << 63) <= math.floor(x) < (1 << 64):
+        base = encode_key(math.floor(x))  # doubles here are integers: the int below
+    else:
+        base = _num(f if f < x else math.nextafter(f, -math.inf))
+    # x itself, ordered among the decimals of this bucket (all of one sign): the
+    # adjusted exponent, then the digits without trailing zeros ("1.20" and
+    # "1.2" are one value), ended below every digit; negatives with every byte
+    # complemented, so a larger magnitude sorts lower
+    sign, digits, exp = x.as_tuple()
+    digits = list(digits)
+    while digits[-1] == 0:
+        digits.pop()
+        exp += 1
+    tail = _H.pack(exp + len(digits) - 1 + _DEC_BIAS) + bytes(0x30 + d for d in digits) + b"\x00"
+    if sign:
+        tail = bytes(0xFF - b for b in tail)
+    return base + bytes((DEC_MARK,)) + tail
+
+
+def value_end(k: bytes, vk: bytes) -> bytes | None:
+    """The smallest key above every key that is ``k`` (ending with the value
+    key ``vk``) followed by more: for a number no decimal extends, ``k`` with
+    DEC_MARK (the decimals just above that number stay outside), else
+    ``prefix_end(k)``."""
+    if vk[0] == T_NUM and (len(vk) == 9 or (len(vk) == 17 and vk[9] != DEC_MARK)):
+        return k + bytes((DEC_MARK,))
+    return prefix_end(k)
+
+
 # small integers are most index keys (ages, counts, flags): encode them once
 _SMALL_INTS = {i: _num(i) for i in range(-1024, 4096)}
 
@@ -148,7 +201,7 @@ def encode_key(v) -> bytes:
         ms = millis(v) if t is not DatetimeMS else int(v)
         return _TAG_Q.pack(T_DATE, (ms + (1 << 63)) & _FLIP)
     if t is Decimal128:
-        return _num(float(v.to_decimal()))
+        return _decimal_key(v)
     if t is uuid.UUID:
         return _UUID_TAG + v.bytes
     if t is Binary:  # subtype 0 is bytes, 4 of 16 bytes a UUID, as stored

@@ -14,7 +14,7 @@ from bson import ObjectId
 from raymx.storage import codec, errors, oplog, query
 from raymx.storage.catalog import CollInfo, Stats, _applied_in, split_ns
 from raymx.storage.gtid import GTID, ZERO
-from raymx.storage.keys import encode_key, prefix_end
+from raymx.storage.keys import encode_key, prefix_end, value_end
 from raymx.storage.projection import nested_as_paths, project
 
 if TYPE_CHECKING:
@@ -48,11 +48,13 @@ def _range_bounds(prefix: bytes, b: query.Bounds):
     start = prefix + tag
     stop = prefix + bytes((tag[0] + 1,))
     if lo is not None:
-        k = prefix + encode_key(lo[0])
-        start = k if lo[1] else (prefix_end(k) or stop)
+        vk = encode_key(lo[0])
+        k = prefix + vk
+        start = k if lo[1] else (value_end(k, vk) or stop)
     if hi is not None:
-        k = prefix + encode_key(hi[0])
-        stop = (prefix_end(k) or stop) if hi[1] else k
+        vk = encode_key(hi[0])
+        k = prefix + vk
+        stop = (value_end(k, vk) or stop) if hi[1] else k
     return start, stop
 
 
@@ -167,7 +169,7 @@ class Reader:
             if ib.points is not None:
                 ranges = []
                 for v in sorted({encode_key(v) for v in ib.points}):
-                    ranges.append((ix.prefix + v, prefix_end(ix.prefix + v)))
+                    ranges.append((ix.prefix + v, value_end(ix.prefix + v, v)))
             else:
                 ranges = [_range_bounds(ix.prefix, ib)]
             seen = set()

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from raymx.storage import codec, errors, oplog
 from raymx.storage.catalog import RANGE_KEY, RangeRecord, _applied_in, entry_chunks
-from raymx.storage.engine import Engine
+from raymx.storage.engine import Engine, upgrade_keys
 from raymx.storage.gtid import GTID, ZERO
 
 SNAPSHOT_DBS = ("docs", "index")
@@ -233,6 +233,7 @@ def finish_load(engine: Engine, info: dict, checksums: dict, loaded: dict | None
                 r.terms.append([g.term, g.seq])  # the boundary is before g; g is the first held
             r.majority = None if info["majority"] is None else GTID(*info["majority"])
             t.put("range", RANGE_KEY, r.pack())
+        upgrade_keys(t)  # rows copied from a member of an older format
         t.delete("meta", b"initial_sync")
     engine._tail = None
     engine.sync()
