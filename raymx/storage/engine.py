@@ -44,7 +44,7 @@ from raymx.storage.keys import encode_key, prefix_end
 from raymx.storage.limits import DEFAULT, Limits
 from raymx.storage.overlay import Overlay
 from raymx.storage.reader import Reader
-from raymx.storage.transaction import Transaction, WriteGroup, _index_entries
+from raymx.storage.transaction import Transaction, WriteGroup, _delete_range, _index_entries
 
 OPLOG_PAGE_MAX = 10_000  # entries in one page of rs.oplog (Engine.oplog_page)
 
@@ -80,20 +80,19 @@ def upgrade_keys(t) -> None:
     moved = rebuilt = 0
     for k, rec in list(t.scan("catalog")):
         c = CollInfo.from_record(k.decode(), rec)
-        rows = list(t.scan("docs", c.prefix, prefix_end(c.prefix)))
-        if not any(_DECIMAL_EXT in v for _, v in rows):
+        end = prefix_end(c.prefix)
+        held = [(key, v) for key, v in t.scan("docs", c.prefix, end) if _DECIMAL_EXT in v]
+        if not held:
             continue
-        for key, v in rows:
-            if _DECIMAL_EXT in v:
-                pk = encode_key(codec.unpack_document(v)["_id"])
-                if c.prefix + pk != key:
-                    t.delete("docs", key)
-                    t.put("docs", c.prefix + pk, v)
-                    moved += 1
+        for key, v in held:
+            pk = encode_key(codec.unpack_document(v)["_id"])
+            if c.prefix + pk != key:
+                t.delete("docs", key)
+                t.put("docs", c.prefix + pk, v)
+                moved += 1
         for ix in c.indexes.values():  # entries of the exact keys, checked once already
-            for old in [k2 for k2, _ in t.scan("index", ix.prefix, prefix_end(ix.prefix))]:
-                t.delete("index", old)
-            for key, v in t.scan("docs", c.prefix, prefix_end(c.prefix)):
+            _delete_range(t, "index", ix.prefix)
+            for key, v in t.scan("docs", c.prefix, end):
                 for _, entry in _index_entries(ix, codec.unpack_document(v), key[4:]):
                     t.put("index", entry, key[4:])
             rebuilt += 1
