@@ -192,6 +192,35 @@ def _archive_files(path):
     return sorted(n for n in os.listdir(path) if n.startswith("seg-"))
 
 
+def test_a_time_is_found_past_segments_of_no_ops_only(tmp_path):
+    """A segment of a new term's no-op entries only has no rows, so no commit
+    times: finding where a time starts in the archive (a wire change stream's
+    ``startAtOperationTime``) passes over it instead of failing (it raised a
+    TypeError, an InternalError to pymongo), and an archive that starts at
+    seq 1 with one is no lost history."""
+    import pyarrow.parquet as pq
+
+    from raymx.actors.archiving import Archive
+    from raymx.spark_bridge import convert
+    noop = [{"op": "n"}]
+    ins = lambda i: [{"op": "i", "ns": "d.c", "post": {"_id": i}}]  # noqa: E731
+    runs = [[(1, 1000, noop)], [(2, 2000, ins(1)), (3, 3000, ins(2))], [(4, 4000, noop)],
+            [(5, 5000, ins(3))]]
+    idx = A.empty_index()
+    for run in runs:
+        first, last = GTID(1, run[0][0]), GTID(1, run[-1][0])
+        tb = convert.changes_rows([(GTID(1, s).to_bytes(), ms, ops) for s, ms, ops in run])
+        name = A.segment_name(first, last)
+        pq.write_table(tb, tmp_path / name)
+        idx = A.append(idx, first, last, tb.num_rows, name, 1)
+    assert [s["rows"] for s in idx["segments"]] == [0, 2, 0, 1]
+    (tmp_path / A.INDEX).write_bytes(A.dump_index(idx))
+    arch = Archive({"uri": str(tmp_path)})
+    assert [arch.at(ms) for ms in (500, 2000, 2500, 3500, 5000)] == \
+        [GTID(1, 2), GTID(1, 2), GTID(1, 3), GTID(1, 5), GTID(1, 5)]
+    assert arch.at(6000) is None
+
+
 def test_a_replica_set_archives_before_it_trims_and_streams_read_through(
         ray_session, tmp_path):
     arch = tmp_path / "archive"

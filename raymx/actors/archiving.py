@@ -333,7 +333,8 @@ class Archive:
         after ``ms`` with history before it lost."""
         import pyarrow.compute as pc
         self._open(f"the time {ms} ms")
-        segs = self.idx["segments"]
+        # a segment of no-op entries only (a new term's) has no rows, no times
+        segs = [s for s in self.idx["segments"] if s["rows"]]
 
         def ts_us(seg):
             return self._segment_table(seg).column("ts").cast("int64")
@@ -347,11 +348,11 @@ class Archive:
             else:
                 hi = mid
         tb, col = self._segment_table(segs[lo]), ts_us(segs[lo])
-        if lo == 0 and col[0].as_py() >= ms * 1000 and segs[0]["first"][1] > 1:
+        first = self.idx["segments"][0]["first"]
+        if lo == 0 and col[0].as_py() >= ms * 1000 and first[1] > 1:
             raise errors.OplogTrimmed(
-                f"the archive's oldest entry {GTID(*segs[0]['first'])} is newer than the time "
-                "asked for, and the entries before it were trimmed",
-                oldest=list(segs[0]["first"]))
+                f"the archive's oldest entry {GTID(*first)} is newer than the time "
+                "asked for, and the entries before it were trimmed", oldest=list(first))
         seqs = tb.column("seq")
         if seq is not None:
             i = pc.index(seqs, seq).as_py()
