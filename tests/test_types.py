@@ -288,17 +288,18 @@ def test_decimals_a_double_cannot_tell_apart_are_distinct_values(engine, indexed
         engine.insert_many(NS + "i", [{"_id": Decimal128("0.10")}])
 
 
-def test_a_store_of_format_1_gets_exact_decimal_keys_when_opened(tmp_path):
-    """A store written when a Decimal128 was keyed by its nearest double:
-    opened now, its documents move to the exact keys and the indexes of
-    their collections are built again, so what it holds is what the same
-    writes make today; the decimal-free collection and the term stay."""
+def test_a_store_of_format_1_gets_the_keys_of_today_when_opened(tmp_path):
+    """A store written when a Decimal128 was keyed by its nearest double and
+    a map's fields by name before type: opened now, its documents move to
+    their new keys and its indexes are built again, so what it holds is what
+    the same writes make today, and the term stays."""
     from raymx.storage import keys
     from raymx.storage.catalog import CollInfo
     from raymx.storage.engine import FORMAT
     from raymx.storage.lmdb_store import LMDBStore
     docs = [{"_id": BELOW, "v": ABOVE, "w": [1, {"d": BELOW}]}, {"_id": 2, "v": 0.1},
-            {"_id": 3, "v": BELOW}, {"_id": 7, "v": Decimal128("2.5"), "w": 1}]
+            {"_id": 3, "v": BELOW}, {"_id": 7, "v": Decimal128("2.5"), "w": 1},
+            {"_id": {"s": "x", "n": 1}, "v": {"b": 1, "a": "s"}}, {"_id": {"n": 1}, "v": {"a": "s"}}]
 
     def write(e):
         with e.begin() as tx:
@@ -308,10 +309,18 @@ def test_a_store_of_format_1_gets_exact_decimal_keys_when_opened(tmp_path):
         e.insert_many("db.plain", [{"_id": i, "x": i} for i in range(5)])
         e.set_term(3)
 
+    def old_key(v):  # format 1's keys
+        if type(v) is Decimal128:
+            return keys._num(float(v.to_decimal()))
+        if type(v) is dict:
+            return bytes((keys.T_MAP,)) + b"".join(
+                keys._escaped(keys.T_STR, k.encode()) + old_key(x) for k, x in v.items()) + keys.END
+        if type(v) is list:
+            return bytes((keys.T_ARR,)) + b"".join(map(old_key, v)) + keys.END
+        return encode_key(v)
+
     s = LMDBStore(str(tmp_path / "old"), map_bytes=1 << 26)
     write(Engine(s))
-    old_key = lambda v: keys._num(float(v.to_decimal())) if type(v) is Decimal128 \
-        else encode_key(v)  # noqa: E731 (format 1's key of a top-level value)
     with s.write() as t:  # the rows as format 1 wrote them
         c = CollInfo.from_record(NS, t.get("catalog", NS.encode()))
         for k, v in list(t.scan("docs", c.prefix, keys.prefix_end(c.prefix))):
@@ -321,21 +330,35 @@ def test_a_store_of_format_1_gets_exact_decimal_keys_when_opened(tmp_path):
         for k, pk in list(t.scan("index", ix.prefix, keys.prefix_end(ix.prefix))):
             t.delete("index", k)
         for d in docs:
-            t.put("index", ix.prefix + old_key(d["v"]) + old_key(d["_id"]),
-                  old_key(d["_id"]))
+            t.put("index", ix.prefix + old_key(d["v"]) + old_key(d["_id"]), old_key(d["_id"]))
         t.put("meta", b"format", codec.pack(1))
+    assert old_key(docs[4]["_id"]) != encode_key(docs[4]["_id"])
     s.close()
     s = LMDBStore(str(tmp_path / "old"), map_bytes=1 << 26)
     e = Engine(s)
     assert e.find(NS, {"_id": BELOW})[0]["v"] == ABOVE  # format 1 keyed it as 0.1
-    assert [d["_id"] for d in e.find(NS, {"v": {"$gt": 0.1}}, sort=[["v", 1]])] == [BELOW, 7]
-    assert [d["_id"] for d in e.find(NS, {"v": {"$lte": 0.1}}, sort=[["v", 1]])] == [3, 2]
+    assert e.find(NS, {"_id": {"s": "x", "n": 1}})[0]["v"] == {"b": 1, "a": "s"}
+    assert [d["_id"] for d in e.find(NS, {"v": {"$gt": 0.1, "$lt": 5}}, sort=[["v", 1]])] \
+        == [BELOW, 7]
+    assert [d["_id"] for d in e.find(NS, {"v": {"$type": "object"}}, sort=[["v", 1]])] \
+        == [{"s": "x", "n": 1}, {"n": 1}]
     now = Engine(MemoryStore())
     write(now)
     assert e.snapshot_state() == now.snapshot_state() and e.term == 3
     with s.read() as t:
         assert codec.unpack(t.get("meta", b"format")) == FORMAT
     s.close()
+
+
+def test_maps_compare_by_each_fields_type_then_name_then_value():
+    """MongoDB's order of objects: field by field, the values' types first,
+    then the names, then the values; a prefix first."""
+    ordered = [{}, {"b": 1}, {"b": 1, "a": None}, {"b": 1, "a": 5}, {"z": 0}, {"a": "x"},
+               {"a": {"b": 1}}, {"a": [1]}, {"c": True}]
+    keys = [encode_key(v) for v in ordered]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    assert encode_key({"a": 1.0, "b": Int64(2)}) == encode_key({"a": 1, "b": 2})
+    assert encode_key({"a\x00b": 1}) > encode_key({"a": 1})
 
 
 def test_oplog_replays_the_types_on_another_member(engine):

@@ -50,6 +50,14 @@ def test_mongodb_types_through_pymongo(client):
             == ["big"]
         c.create_index("a")
     c.create_index("a", name="a_u", unique=True, partialFilterExpression={"a": {"$gt": 10}})
+    # objects compare field by field: the values' types, then the names, then the values
+    o = client.db.objects
+    o.insert_many([{"_id": 1, "o": {"a": "x"}}, {"_id": 2, "o": {"b": 1}},
+                   {"_id": 3, "o": {"b": 1, "a": None}}])
+    for _ in range(2):
+        assert [d["_id"] for d in o.find().sort("o", 1)] == [2, 3, 1]
+        assert [d["_id"] for d in o.find({"o": {"$gt": {"b": 1}}}).sort("_id", 1)] == [1, 3]
+        o.create_index("o")
     with pytest.raises(WriteError, match="scope"):  # a Code with a scope: not stored
         c.insert_one({"b": bson.Code("f", {"x": 1})})
 

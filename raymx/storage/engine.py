@@ -57,8 +57,7 @@ __all__ = ["Engine", "Reader", "Transaction", "WriteGroup", "CollInfo", "IndexIn
            "_applied_in", "_pk"]
 
 
-FORMAT = 2  # meta b"format": 2 since Decimal128 keys are exact (keys.py)
-_DECIMAL_EXT = b"\xd8\x03"  # msgpack's fixext 16 of extension 3, a stored Decimal128
+FORMAT = 2  # meta b"format": the key encoding's version (keys.py)
 log = logging.getLogger(__name__)
 
 
@@ -68,38 +67,41 @@ def upgrade_keys(t) -> None:
 
     Format 1 keyed a Decimal128 by its nearest double, so decimals that no
     double tells apart (Decimal128("0.1") and 0.1, or two 20-digit amounts)
-    shared one key. Their keys are exact now: every document holding a
-    decimal (found by its extension's bytes; a false hit costs a decode) whose
-    ``_id`` key changed moves to its new key, and every index of a collection
-    with such a document is built again. Nothing replicated changes: keys are
-    each member's own."""
+    shared one key, and ordered a map's fields by name before their values'
+    types (MongoDB compares the types first). Every document
+    whose ``_id`` key changed moves to its new key, and every index is built
+    again (one pass over the documents per index, once). Nothing replicated
+    changes: keys are each member's own."""
     b = t.get("meta", b"format")
     fmt = codec.unpack(b) if b is not None else FORMAT
     if fmt >= FORMAT:
         return
-    moved = rebuilt = 0
+    moved = rebuilt = docs = 0
     for k, rec in list(t.scan("catalog")):
         c = CollInfo.from_record(k.decode(), rec)
         end = prefix_end(c.prefix)
-        held = [(key, v) for key, v in t.scan("docs", c.prefix, end) if _DECIMAL_EXT in v]
-        if not held:
-            continue
-        for key, v in held:
+        moves = []
+        for key, v in t.scan("docs", c.prefix, end):
+            docs += 1
             pk = encode_key(codec.unpack_document(v)["_id"])
             if c.prefix + pk != key:
-                t.delete("docs", key)
-                t.put("docs", c.prefix + pk, v)
-                moved += 1
-        for ix in c.indexes.values():  # entries of the exact keys, checked once already
+                moves.append((key, c.prefix + pk, v))
+        for key, new, v in moves:
+            t.delete("docs", key)
+        for key, new, v in moves:
+            t.put("docs", new, v)
+        moved += len(moves)
+        for ix in c.indexes.values():  # entries of the new keys, checked once already
             _delete_range(t, "index", ix.prefix)
             for key, v in t.scan("docs", c.prefix, end):
                 for _, entry in _index_entries(ix, codec.unpack_document(v), key[4:]):
                     t.put("index", entry, key[4:])
             rebuilt += 1
     t.put("meta", b"format", codec.pack(FORMAT))
-    if moved or rebuilt:
-        log.warning("store format %d -> %d: %d document(s) moved to exact Decimal128 keys, "
-                    "%d index(es) rebuilt", fmt, FORMAT, moved, rebuilt)
+    if docs:
+        log.warning("store format %d -> %d (exact Decimal128 keys, maps in MongoDB's order): "
+                    "%d of %d document(s) moved to their new keys, %d index(es) rebuilt",
+                    fmt, FORMAT, moved, docs, rebuilt)
 
 
 class Engine:
