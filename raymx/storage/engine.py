@@ -68,9 +68,9 @@ def upgrade_keys(t) -> None:
     Format 1 keyed a Decimal128 by its nearest double, so decimals that no
     double tells apart (Decimal128("0.1") and 0.1, or two 20-digit amounts)
     shared one key, and ordered a map's fields by name before their values'
-    types (MongoDB compares the types first). Every document
-    whose ``_id`` key changed moves to its new key, and every index is built
-    again (one pass over the documents per index, once). Nothing replicated
+    types (MongoDB compares the types first). Every document whose ``_id``
+    key changed moves to its new key, and every index is built again (one
+    more pass over each collection's documents, once). Nothing replicated
     changes: keys are each member's own."""
     b = t.get("meta", b"format")
     fmt = codec.unpack(b) if b is not None else FORMAT
@@ -86,17 +86,21 @@ def upgrade_keys(t) -> None:
             pk = encode_key(codec.unpack_document(v)["_id"])
             if c.prefix + pk != key:
                 moves.append((key, c.prefix + pk, v))
-        for key, new, v in moves:
+        for key, new, v in moves:  # every old key goes before a new one is written
             t.delete("docs", key)
         for key, new, v in moves:
             t.put("docs", new, v)
         moved += len(moves)
-        for ix in c.indexes.values():  # entries of the new keys, checked once already
+        if not c.indexes:
+            continue
+        for ix in c.indexes.values():
             _delete_range(t, "index", ix.prefix)
-            for key, v in t.scan("docs", c.prefix, end):
-                for _, entry in _index_entries(ix, codec.unpack_document(v), key[4:]):
+        for key, v in t.scan("docs", c.prefix, end):  # one decode a document, every index
+            d = codec.unpack_document(v)
+            for ix in c.indexes.values():  # entries of the new keys, checked once already
+                for _, entry in _index_entries(ix, d, key[4:]):
                     t.put("index", entry, key[4:])
-            rebuilt += 1
+        rebuilt += len(c.indexes)
     t.put("meta", b"format", codec.pack(FORMAT))
     if docs:
         log.warning("store format %d -> %d (exact Decimal128 keys, maps in MongoDB's order): "

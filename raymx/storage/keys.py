@@ -12,10 +12,11 @@ msgpack lacks):
 
 Within a type: numbers numerically and exactly (1 == 1.0 == Decimal128("1") ==
 Decimal128("1.00"), but Decimal128("0.1") != 0.1, whose double is
-0.1000000000000000055511151231257827..., as in MongoDB), strings by UTF-8 bytes, maps field by field in stored
-order (each field by its value's type, then its name, then its value, as
-MongoDB compares objects; a map that is a prefix of another first), arrays element by element (a prefix sorts first), binary
-bytewise (other subtypes by subtype, then bytewise), UUIDs and ObjectIds by
+0.1000000000000000055511151231257827..., as in MongoDB), strings by UTF-8
+bytes, maps field by field in stored order (each field by its value's type,
+then its name, then its value, as MongoDB compares objects; a map that is a
+prefix of another first), arrays element by element (a prefix sorts first),
+binary bytewise (other subtypes by subtype, then bytewise), UUIDs and ObjectIds by
 their bytes (an ObjectId's start is its creation time), false < true, dates
 by their milliseconds since 1970 UTC, timestamps by time then increment,
 regexes by pattern then flags, code by its text.
@@ -191,8 +192,7 @@ def encode_key(v) -> bytes:
             if type(k) is not str:
                 raise InvalidDocument(f"map key {k!r} is not a string")
             vk = encode_key(x)  # its type bracket, its name, its value (MongoDB's order)
-            parts.append(vk[:1] + k.encode("utf-8", "surrogatepass").replace(b"\x00", b"\x00\xff")
-                         + b"\x00\x00")
+            parts.append(_escaped(vk[0], k.encode("utf-8", "surrogatepass")))
             parts.append(vk)
         parts.append(END)
         return b"".join(parts)
