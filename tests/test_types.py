@@ -289,8 +289,8 @@ def test_decimals_a_double_cannot_tell_apart_are_distinct_values(engine, indexed
 
 
 def test_a_store_of_format_1_gets_the_keys_of_today_when_opened(tmp_path):
-    """A store written when a Decimal128 was keyed by its nearest double and
-    a map's fields by name before type: opened now, its documents move to
+    """A store written when a Decimal128 was keyed by its nearest double, a
+    map's fields by name before type and binary bytewise by subtype bracket: opened now, its documents move to
     their new keys and its indexes are built again, so what it holds is what
     the same writes make today, and the term stays."""
     from raymx.storage import keys
@@ -299,7 +299,8 @@ def test_a_store_of_format_1_gets_the_keys_of_today_when_opened(tmp_path):
     from raymx.storage.lmdb_store import LMDBStore
     docs = [{"_id": BELOW, "v": ABOVE, "w": [1, {"d": BELOW}]}, {"_id": 2, "v": 0.1},
             {"_id": 3, "v": BELOW}, {"_id": 7, "v": Decimal128("2.5"), "w": 1},
-            {"_id": {"s": "x", "n": 1}, "v": {"b": 1, "a": "s"}}, {"_id": {"n": 1}, "v": {"a": "s"}}]
+            {"_id": {"s": "x", "n": 1}, "v": {"b": 1, "a": "s"}}, {"_id": {"n": 1}, "v": {"a": "s"}},
+            {"_id": b"\x01\x02", "v": uuid.UUID(int=5)}, {"_id": b"\xff", "v": b"\x00\x00"}]
 
     def write(e):
         with e.begin() as tx:
@@ -317,6 +318,10 @@ def test_a_store_of_format_1_gets_the_keys_of_today_when_opened(tmp_path):
                 keys._escaped(keys.T_STR, k.encode()) + old_key(x) for k, x in v.items()) + keys.END
         if type(v) is list:
             return bytes((keys.T_ARR,)) + b"".join(map(old_key, v)) + keys.END
+        if type(v) is bytes:
+            return keys._escaped(keys.T_BIN, v)
+        if type(v) is uuid.UUID:
+            return b"\x54" + v.bytes
         return encode_key(v)
 
     s = LMDBStore(str(tmp_path / "old"), map_bytes=1 << 26)
@@ -338,6 +343,9 @@ def test_a_store_of_format_1_gets_the_keys_of_today_when_opened(tmp_path):
     e = Engine(s)
     assert e.find(NS, {"_id": BELOW})[0]["v"] == ABOVE  # format 1 keyed it as 0.1
     assert e.find(NS, {"_id": {"s": "x", "n": 1}})[0]["v"] == {"b": 1, "a": "s"}
+    assert e.find(NS, {"_id": b"\x01\x02"})[0]["v"] == uuid.UUID(int=5)
+    assert [d["_id"] for d in e.find(NS, {"v": {"$type": "binData"}}, sort=[["v", 1]])] \
+        == [b"\xff", b"\x01\x02"]  # by length first: 2 bytes < a UUID's 16
     assert [d["_id"] for d in e.find(NS, {"v": {"$gt": 0.1, "$lt": 5}}, sort=[["v", 1]])] \
         == [BELOW, 7]
     assert [d["_id"] for d in e.find(NS, {"v": {"$type": "object"}}, sort=[["v", 1]])] \
@@ -348,6 +356,27 @@ def test_a_store_of_format_1_gets_the_keys_of_today_when_opened(tmp_path):
     with s.read() as t:
         assert codec.unpack(t.get("meta", b"format")) == FORMAT
     s.close()
+
+
+def test_binary_compares_as_bindata_by_length_then_subtype_then_bytes(engine):
+    """MongoDB's BinData order, UUIDs (subtype 4) among them: the length
+    first, then the subtype, then the bytes; a range on binary reaches every
+    subtype (one type bracket, as in MongoDB)."""
+    from bson.binary import Binary
+    ordered = [b"", b"\xff", Binary(b"\x00", 3), Binary(b"\x00", 128), b"\x00\x00",
+               b"\x00" * 15 + b"\xff", uuid.UUID(int=0), uuid.UUID(int=1), Binary(b"\x00" * 16, 5),
+               b"\x00" * 17]
+    ks = [encode_key(v) for v in ordered]
+    assert ks == sorted(ks) and len(set(ks)) == len(ks)
+    assert encode_key(Binary(b"ab", 0)) == encode_key(b"ab")
+    assert encode_key(Binary(uuid.UUID(int=7).bytes, 4)) == encode_key(uuid.UUID(int=7))
+    engine.insert_many(NS, [{"_id": i, "b": v} for i, v in enumerate(ordered)])
+    for indexed in (False, True):
+        got = [d["_id"] for d in engine.find(NS, {"b": {"$gt": b"\x00\x00"}}, sort=[["b", 1]])]
+        assert got == [5, 6, 7, 8, 9]
+        if not indexed:
+            with engine.begin() as tx:
+                tx.create_index(NS, "b")
 
 
 def test_maps_compare_by_each_fields_type_then_name_then_value():

@@ -58,6 +58,14 @@ def test_mongodb_types_through_pymongo(client):
         assert [d["_id"] for d in o.find().sort("o", 1)] == [2, 3, 1]
         assert [d["_id"] for d in o.find({"o": {"$gt": {"b": 1}}}).sort("_id", 1)] == [1, 3]
         o.create_index("o")
+    # BinData by length, then subtype, then bytes; UUIDs among them
+    from bson.binary import Binary
+    b = client.db.bins
+    b.insert_many([{"_id": 1, "b": uuid.UUID(int=1)}, {"_id": 2, "b": Binary(b"\x00\x00", 0)},
+                   {"_id": 3, "b": Binary(b"\xff", 5)}, {"_id": 4, "b": Binary(b"\xff", 0)}])
+    assert [d["_id"] for d in b.find().sort("b", 1)] == [4, 3, 2, 1]
+    assert [d["_id"] for d in b.find({"b": {"$gte": Binary(b"\x00\x00", 0)}}).sort("_id", 1)] \
+        == [1, 2]
     with pytest.raises(WriteError, match="scope"):  # a Code with a scope: not stored
         c.insert_one({"b": bson.Code("f", {"x": 1})})
 

@@ -67,10 +67,12 @@ def upgrade_keys(t) -> None:
 
     Format 1 keyed a Decimal128 by its nearest double, so decimals that no
     double tells apart (Decimal128("0.1") and 0.1, or two 20-digit amounts)
-    shared one key, and ordered a map's fields by name before their values'
-    types (MongoDB compares the types first). Every document whose ``_id``
-    key changed moves to its new key, and every index is built again (one
-    more pass over each collection's documents, once). Nothing replicated
+    shared one key, ordered a map's fields by name before their values'
+    types (MongoDB compares the types first), and keyed binary bytewise in a
+    bracket per kind (MongoDB's BinData order is length, subtype, bytes).
+    Every document whose ``_id`` key changed moves to its new key, and every
+    index is built again (one more pass over each collection's documents,
+    once). Nothing replicated
     changes: keys are each member's own."""
     b = t.get("meta", b"format")
     fmt = codec.unpack(b) if b is not None else FORMAT
@@ -103,7 +105,7 @@ def upgrade_keys(t) -> None:
         rebuilt += len(c.indexes)
     t.put("meta", b"format", codec.pack(FORMAT))
     if docs:
-        log.warning("store format %d -> %d (exact Decimal128 keys, maps in MongoDB's order): "
+        log.warning("store format %d -> %d (exact Decimal128 keys, MongoDB's order of maps and binary): "
                     "%d of %d document(s) moved to their new keys, %d index(es) rebuilt",
                     fmt, FORMAT, moved, docs, rebuilt)
 

@@ -6,8 +6,8 @@ comparison operators. The order across types (MongoDB's, minus the types
 msgpack lacks):
 
     MinKey < null/missing < numbers (int, Int64, float and Decimal128
-    together) < strings < maps < arrays < binary < binary of other subtypes
-    < UUIDs < ObjectIds < booleans < dates < timestamps < regexes < code
+    together) < strings < maps < arrays < binary (every subtype, UUIDs
+    too) < ObjectIds < booleans < dates < timestamps < regexes < code
     < MaxKey
 
 Within a type: numbers numerically and exactly (1 == 1.0 == Decimal128("1") ==
@@ -16,10 +16,11 @@ Decimal128("1.00"), but Decimal128("0.1") != 0.1, whose double is
 bytes, maps field by field in stored order (each field by its value's type,
 then its name, then its value, as MongoDB compares objects; a map that is a
 prefix of another first), arrays element by element (a prefix sorts first),
-binary bytewise (other subtypes by subtype, then bytewise), UUIDs and ObjectIds by
-their bytes (an ObjectId's start is its creation time), false < true, dates
-by their milliseconds since 1970 UTC, timestamps by time then increment,
-regexes by pattern then flags, code by its text.
+binary as MongoDB's BinData (by length, then subtype, then bytes: a UUID is
+16 bytes of subtype 4), ObjectIds by their bytes (an ObjectId's start is its
+creation time), false < true, dates by their milliseconds since 1970 UTC,
+timestamps by time then increment, regexes by pattern then flags, code by
+its text.
 
 Every encoding is self-delimiting (strings and binary escape 0x00 and end with
 0x00 0x00; maps and arrays end with 0x00, below every type tag), so the
@@ -56,9 +57,7 @@ T_NUM = 0x10
 T_STR = 0x20
 T_MAP = 0x30
 T_ARR = 0x40
-T_BIN = 0x50
-T_BINX = 0x52  # binary of another subtype than 0 (generic) and 4 (UUID)
-T_UUID = 0x54
+T_BIN = 0x50  # every binary subtype (MongoDB's BinData), UUIDs too
 T_OID = 0x58
 T_BOOL = 0x60
 T_DATE = 0x70
@@ -81,7 +80,7 @@ NAN_KEY = _NUM_TAG + bytes(8)  # every NaN's key (a query's comparisons treat it
 _FLIP = (1 << 64) - 1
 _TAG_Q = struct.Struct(">BQ")
 _TAG_D = struct.Struct(">Bd")
-_OID_TAG, _UUID_TAG = bytes((T_OID,)), bytes((T_UUID,))
+_OID_TAG = bytes((T_OID,))
 
 
 def _num(v) -> bytes:
@@ -159,6 +158,13 @@ def value_end(k: bytes, vk: bytes) -> bytes | None:
 _SMALL_INTS = {i: _num(i) for i in range(-1024, 4096)}
 
 
+_BIN_HEAD = struct.Struct(">BIB")  # T_BIN, length, subtype: self-delimiting, no escapes
+
+
+def _binary_key(subtype: int, b: bytes) -> bytes:
+    return _BIN_HEAD.pack(T_BIN, len(b), subtype) + b
+
+
 def _escaped(tag: int, b: bytes) -> bytes:
     return bytes((tag,)) + b.replace(b"\x00", b"\x00\xff") + b"\x00\x00"
 
@@ -185,7 +191,7 @@ def encode_key(v) -> bytes:
     if t is str:
         return _escaped(T_STR, v.encode("utf-8", "surrogatepass"))
     if t is bytes or t is bytearray or t is memoryview:
-        return _escaped(T_BIN, bytes(v))
+        return _binary_key(0, bytes(v))
     if t is dict:
         parts = [bytes((T_MAP,))]
         for k, x in v.items():
@@ -206,11 +212,10 @@ def encode_key(v) -> bytes:
     if t is Decimal128:
         return _decimal_key(v)
     if t is uuid.UUID:
-        return _UUID_TAG + v.bytes
+        return _binary_key(4, v.bytes)
     if t is Binary:  # subtype 0 is bytes, 4 of 16 bytes a UUID, as stored
         v = stored_binary(v)
-        return _escaped(T_BINX, bytes((v.subtype,)) + v) if type(v) is Binary \
-            else encode_key(v)
+        return _binary_key(v.subtype, bytes(v)) if type(v) is Binary else encode_key(v)
     if t is DBRef:  # stored as its map
         return encode_key(as_map(v))
     if t is Int64:
