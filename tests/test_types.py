@@ -288,11 +288,14 @@ def test_decimals_a_double_cannot_tell_apart_are_distinct_values(engine, indexed
         engine.insert_many(NS + "i", [{"_id": Decimal128("0.10")}])
 
 
-def test_a_store_of_format_1_gets_the_keys_of_today_when_opened(tmp_path):
+@pytest.mark.parametrize("old_format", [1, 2])
+def test_a_store_of_an_older_format_gets_the_keys_of_today_when_opened(tmp_path, old_format):
     """A store written when a Decimal128 was keyed by its nearest double, a
-    map's fields by name before type and binary bytewise by subtype bracket: opened now, its documents move to
-    their new keys and its indexes are built again, so what it holds is what
-    the same writes make today, and the term stays."""
+    map's fields by name before type and binary bytewise by subtype bracket
+    (format 1; format 2 kept only the binary keys) and marked with either
+    format: opened now, its documents move to their new keys and its indexes
+    are built again, so what it holds is what the same writes make today,
+    and the term stays."""
     from raymx.storage import keys
     from raymx.storage.catalog import CollInfo
     from raymx.storage.engine import FORMAT
@@ -336,7 +339,7 @@ def test_a_store_of_format_1_gets_the_keys_of_today_when_opened(tmp_path):
             t.delete("index", k)
         for d in docs:
             t.put("index", ix.prefix + old_key(d["v"]) + old_key(d["_id"]), old_key(d["_id"]))
-        t.put("meta", b"format", codec.pack(1))
+        t.put("meta", b"format", codec.pack(old_format))
     assert old_key(docs[4]["_id"]) != encode_key(docs[4]["_id"])
     s.close()
     s = LMDBStore(str(tmp_path / "old"), map_bytes=1 << 26)

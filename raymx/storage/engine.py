@@ -57,7 +57,7 @@ __all__ = ["Engine", "Reader", "Transaction", "WriteGroup", "CollInfo", "IndexIn
            "_applied_in", "_pk"]
 
 
-FORMAT = 2  # meta b"format": the key encoding's version (keys.py)
+FORMAT = 3  # meta b"format": the key encoding's version (keys.py)
 log = logging.getLogger(__name__)
 
 
@@ -67,13 +67,13 @@ def upgrade_keys(t) -> None:
 
     Format 1 keyed a Decimal128 by its nearest double, so decimals that no
     double tells apart (Decimal128("0.1") and 0.1, or two 20-digit amounts)
-    shared one key, ordered a map's fields by name before their values'
-    types (MongoDB compares the types first), and keyed binary bytewise in a
-    bracket per kind (MongoDB's BinData order is length, subtype, bytes).
-    Every document whose ``_id`` key changed moves to its new key, and every
-    index is built again (one more pass over each collection's documents,
-    once). Nothing replicated
-    changes: keys are each member's own."""
+    shared one key, and ordered a map's fields by name before their values'
+    types (MongoDB compares the types first). Formats 1 and 2 keyed binary
+    bytewise in a bracket per kind (MongoDB's BinData order is length,
+    subtype, bytes). Every document whose ``_id`` key changed moves to its
+    new key, and every index is built again (one more pass over each
+    collection's documents, once). Nothing replicated changes: keys are each
+    member's own."""
     b = t.get("meta", b"format")
     fmt = codec.unpack(b) if b is not None else FORMAT
     if fmt >= FORMAT:

@@ -22,8 +22,9 @@ creation time), false < true, dates by their milliseconds since 1970 UTC,
 timestamps by time then increment, regexes by pattern then flags, code by
 its text.
 
-Every encoding is self-delimiting (strings and binary escape 0x00 and end with
-0x00 0x00; maps and arrays end with 0x00, below every type tag), so the
+Every encoding is self-delimiting (strings escape 0x00 and end with 0x00
+0x00, binary starts with its length; maps and arrays end with 0x00, below
+every type tag), so the
 concatenation of several encodings (a compound index key) still sorts field by
 field and a prefix scan finds all keys that start with given values.
 """
