@@ -8,6 +8,7 @@ import pymongo
 import pytest
 from bson import Decimal128, Timestamp
 from pymongo import ReadPreference, WriteConcern
+from pymongo.read_preferences import SecondaryPreferred
 
 import raymx
 
@@ -57,6 +58,17 @@ def test_pymongo_discovers_the_set_and_follows_a_failover(ray_session, tmp_path)
         assert conf["_id"] == "wire3" and conf["version"] >= 1
         assert sorted(m["host"] for m in conf["members"]) == sorted(names.values())
         assert all(m["votes"] == 1 and m["priority"] > 0 for m in conf["members"])
+        # hello's lastWrite (what drivers' maxStalenessSeconds reads: pymongo's
+        # server selection fails where a member has no lastWriteDate)
+        lw = c.admin.command("hello")["lastWrite"]
+        assert lw["opTime"]["ts"] >= top and lw["lastWriteDate"] >= by[old]["optimeDate"]
+        assert lw["majorityOpTime"]["ts"] <= lw["opTime"]["ts"]
+        assert lw["majorityWriteDate"] <= lw["lastWriteDate"]
+        wait_until(lambda: all(sd.last_write_date for sd in
+                               c.topology_description.server_descriptions().values()),
+                   timeout_s=30)
+        stale = coll.with_options(read_preference=SecondaryPreferred(max_staleness=90))
+        assert stale.find_one({"_id": "native"}) == {"_id": "native"}
 
         # the stream has a client of its own with a shorter server selection:
         # its first getMore after the failover waits that long for the dead

@@ -401,12 +401,7 @@ class OplogShard:
         s = self.service.status()
         r = self.engine.range()
         applied = r.last_applied or ZERO
-
-        def ts(g):  # commit time of an entry, for lag in seconds
-            return None if g is None or g == ZERO else \
-                codec.unpack(t.get("oplog", g.to_bytes()))["ts"]
-        with self.engine.store.read() as t:
-            last_ts, applied_ts = ts(r.last), ts(applied)
+        last_ts, applied_ts = self.engine.commit_times(r.last, applied)  # for lag in seconds
         s.update({"id": self.member_id, "role": self.role, "state": self.core.state(),
                   "initial_sync": self.load_progress,
                   "host": f"{self.port.host}:{self.port.port}", "pid": os.getpid(),

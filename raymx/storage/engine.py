@@ -266,6 +266,16 @@ class Engine:
         with self.store.read() as t:
             return _applied_in(t) or ZERO
 
+    def commit_times(self, *gs: GTID | None) -> list[int | None]:
+        """Each entry's commit time (ms since 1970): None for None, ZERO or
+        an entry no longer in the oplog."""
+        with self.store.read() as t:
+            out = []
+            for g in gs:
+                b = None if g is None or g == ZERO else t.get("oplog", g.to_bytes())
+                out.append(None if b is None else codec.entry_ts(b))
+            return out
+
     def oplog_info(self) -> dict:
         """Size (LMDB pages of oplog and oplog.refs), entries, first/last GTID and times."""
         with self.store.read() as t:

@@ -264,6 +264,7 @@ def _hello(d: Dispatcher, cmd: dict, conn) -> dict:
         out["hidden"] = True  # drivers leave it out of the set's servers
     if writable:  # drivers order primaries by (electionId, setVersion): the term
         out["electionId"] = ObjectId(b"\x7f\xff\xff\xff" + int(svc.gm.term).to_bytes(8, "big"))
+    out["lastWrite"] = rs_status.last_write(svc)
     if "saslSupportedMechs" in cmd:
         out["saslSupportedMechs"] = [MECHANISM]
     if "client" in cmd and isinstance(cmd["client"], dict):

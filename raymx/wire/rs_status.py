@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from bson import Int64
 
-from raymx.storage.gtid import GTID
+from raymx.storage.gtid import GTID, ZERO
 from raymx.wire import crud
 from raymx.wire.errors import CommandError
 
@@ -33,6 +33,21 @@ def _optime(g, ts_ms) -> dict:
     op = {"ts": crud.operation_time(g), "t": Int64(g.term)}
     return {"optime": op, "optimeDurable": op, "optimeDate": date, "optimeDurableDate": date,
             "lastAppliedWallTime": date, "lastDurableWallTime": date}
+
+
+def last_write(svc) -> dict:
+    """``hello``'s ``lastWrite``: the newest entry applied here and the
+    newest majority-committed one known here (no later than it), as
+    MongoDB's opTimes with their commit times. Drivers' ``maxStalenessSeconds``
+    compares each secondary's ``lastWriteDate`` with the primary's (pymongo
+    fails its server selection on a member without one)."""
+    applied = svc.e.applied_point()
+    maj = svc.majority_known or ZERO
+    maj = min(maj, applied)
+    applied_ms, maj_ms = svc.e.commit_times(applied, maj)
+    a, m = _optime(applied, applied_ms), _optime(maj, maj_ms)
+    return {"opTime": a["optime"], "lastWriteDate": a["optimeDate"],
+            "majorityOpTime": m["optime"], "majorityWriteDate": m["optimeDate"]}
 
 
 def _learn_names(d: Dispatcher, members) -> dict[int, str]:
