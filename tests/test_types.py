@@ -289,7 +289,8 @@ def test_decimals_a_double_cannot_tell_apart_are_distinct_values(engine, indexed
 
 
 @pytest.mark.parametrize("old_format", [1, 2])
-def test_a_store_of_an_older_format_gets_the_keys_of_today_when_opened(tmp_path, old_format):
+def test_a_store_of_an_older_format_gets_the_keys_of_today_when_opened(tmp_path, old_format,
+                                                                      caplog, monkeypatch):
     """A store written when a Decimal128 was keyed by its nearest double, a
     map's fields by name before type and binary bytewise by subtype bracket
     (format 1; format 2 kept only the binary keys) and marked with either
@@ -343,7 +344,14 @@ def test_a_store_of_an_older_format_gets_the_keys_of_today_when_opened(tmp_path,
     assert old_key(docs[4]["_id"]) != encode_key(docs[4]["_id"])
     s.close()
     s = LMDBStore(str(tmp_path / "old"), map_bytes=1 << 26)
-    e = Engine(s)
+    from raymx.storage import engine as engine_mod
+    monkeypatch.setattr(engine_mod, "UPGRADE_PROGRESS_S", 0.0)  # every progress point logs
+    with caplog.at_level("WARNING", logger="raymx.storage.engine"):
+        e = Engine(s)
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith(f"store format {old_format} -> {FORMAT}: re-keying 13 document(s)")
+    assert f"store format {old_format} -> {FORMAT}: rebuilding the indexes of {NS}, 0 of 8 " \
+        "document(s)" in said  # long work shows its progress
     assert e.find(NS, {"_id": BELOW})[0]["v"] == ABOVE  # format 1 keyed it as 0.1
     assert e.find(NS, {"_id": {"s": "x", "n": 1}})[0]["v"] == {"b": 1, "a": "s"}
     assert e.find(NS, {"_id": b"\x01\x02"})[0]["v"] == uuid.UUID(int=5)

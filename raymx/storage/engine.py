@@ -58,6 +58,7 @@ __all__ = ["Engine", "Reader", "Transaction", "WriteGroup", "CollInfo", "IndexIn
 
 
 FORMAT = 3  # meta b"format": the key encoding's version (keys.py)
+UPGRADE_PROGRESS_S = 5.0  # a format upgrade's progress line at most this often
 log = logging.getLogger(__name__)
 
 
@@ -78,13 +79,26 @@ def upgrade_keys(t) -> None:
     fmt = codec.unpack(b) if b is not None else FORMAT
     if fmt >= FORMAT:
         return
+    total = t.db_stat("docs")[0]
+    shown = [time.monotonic()]
+
+    def progress(step: str, done: int, of: int) -> None:  # at most every UPGRADE_PROGRESS_S
+        if time.monotonic() - shown[0] >= UPGRADE_PROGRESS_S:
+            shown[0] = time.monotonic()
+            log.warning("store format %d -> %d: %s, %d of %d document(s)", fmt, FORMAT, step,
+                        done, of)
+    if total:
+        log.warning("store format %d -> %d: re-keying %d document(s) and rebuilding their "
+                    "indexes (once)", fmt, FORMAT, total)
     moved = rebuilt = docs = 0
     for k, rec in list(t.scan("catalog")):
         c = CollInfo.from_record(k.decode(), rec)
         end = prefix_end(c.prefix)
-        moves = []
+        moves, before = [], docs
         for key, v in t.scan("docs", c.prefix, end):
             docs += 1
+            if not docs & 1023:
+                progress("re-keying", docs, total)
             pk = encode_key(codec.unpack_document(v)["_id"])
             if c.prefix + pk != key:
                 moves.append((key, c.prefix + pk, v))
@@ -97,7 +111,9 @@ def upgrade_keys(t) -> None:
             continue
         for ix in c.indexes.values():
             _delete_range(t, "index", ix.prefix)
-        for key, v in t.scan("docs", c.prefix, end):  # one decode a document, every index
+        for i, (key, v) in enumerate(t.scan("docs", c.prefix, end)):  # one decode, every index
+            if not i & 1023:
+                progress(f"rebuilding the indexes of {c.ns}", i, docs - before)
             d = codec.unpack_document(v)
             for ix in c.indexes.values():  # entries of the new keys, checked once already
                 for _, entry in _index_entries(ix, d, key[4:]):
