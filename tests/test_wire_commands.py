@@ -189,6 +189,16 @@ def test_explain_says_how_a_read_reads(client):
     assert ex["executionStats"]["nReturned"] == 3
     assert ex["executionStats"]["totalDocsExamined"] == 100
     assert c.find({"_id": 5}).explain()["queryPlanner"]["winningPlan"]["stage"] == "IDHACK"
+    # a sort an index holds in order: read backward from it, no SORT stage, and
+    # only the first run of equal keys is examined (its ties go in _id order)
+    ex = c.find({"a": {"$lte": 4}}).sort("a", -1).limit(3).explain()
+    w = ex["queryPlanner"]["winningPlan"]
+    assert w["stage"] == "LIMIT" and w["inputStage"]["stage"] == "FETCH"
+    assert w["inputStage"]["inputStage"]["indexName"] == "a_1"
+    assert w["inputStage"]["inputStage"]["direction"] == "backward"
+    assert ex["executionStats"]["totalDocsExamined"] == 10
+    assert [d["_id"] for d in c.find({"a": {"$lte": 4}}).sort("a", -1).limit(3)] == [4, 14, 24]
+    assert [d["_id"] for d in c.find().sort("$natural", -1).limit(2)] == [99, 98]
     ex = client.t.command("explain", {"count": "explained", "query": {"a": 1}})
     assert ex["executionStats"]["nReturned"] == 10
     ex = client.t.command("aggregate", "explained", pipeline=[{"$match": {"a": 2}},

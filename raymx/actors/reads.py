@@ -310,7 +310,7 @@ class ReadPath:
                                       req.get("sort"), req.get("skip") or 0,
                                       req.get("limit") or 0, stats=st))
             return {"value": {"plan": st.plan, "examined": st.examined, "returned": n,
-                              "ms": (time.monotonic() - t0) * 1000}}
+                              "in_order": st.in_order, "ms": (time.monotonic() - t0) * 1000}}
         if op == "revertPlan":
             return {"value": r.revert_plan(_gtid_in(req.get("target"), "target"))}
         if op in ("listIndexes", "indexStats"):

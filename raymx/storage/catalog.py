@@ -330,4 +330,5 @@ class Stats:
     def __init__(self, check=None):
         self.examined = 0
         self.plan = None
+        self.in_order = None  # "forward" / "backward": the plan's scan gave the sort's order
         self.check = check

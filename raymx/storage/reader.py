@@ -7,6 +7,7 @@ from the oplog's pre-images, and what a revert would undo.
 """
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING, Iterator
 
 from bson import ObjectId
@@ -14,7 +15,7 @@ from bson import ObjectId
 from raymx.storage import codec, errors, oplog, query
 from raymx.storage.catalog import CollInfo, Stats, _applied_in, split_ns
 from raymx.storage.gtid import GTID, ZERO
-from raymx.storage.keys import encode_key, prefix_end, value_end
+from raymx.storage.keys import T_ARR, encode_key, prefix_end, value_end
 from raymx.storage.projection import nested_as_paths, project
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ class _NotId:
 
 
 _MULTIKEY = _NotId()
+_ARRAYS, _ABOVE_ARRAYS = bytes((T_ARR,)), bytes((T_ARR + 1,))  # the array bracket of keys
 
 # _id values an equality finds with one B-tree lookup, and whose equality
 # with the stored _id, type for type, is the filter's match
@@ -56,6 +58,15 @@ def _range_bounds(prefix: bytes, b: query.Bounds):
         k = prefix + vk
         stop = (value_end(k, vk) or stop) if hi[1] else k
     return start, stop
+
+
+def _examine(stats: Stats, d: dict) -> dict:
+    """Count ``d`` as examined (a read's time limit is checked every
+    ``CHECK_EVERY``)."""
+    stats.examined += 1
+    if stats.check is not None and not stats.examined & (stats.CHECK_EVERY - 1):
+        stats.check()
+    return d
 
 
 class Reader:
@@ -259,9 +270,16 @@ class Reader:
         if projection is not None:
             project({}, projection, flt)  # validate before doing any work
         keyf = query.sort_key(sort) if sort else None
-        docs: Iterator[dict] = (d for _, d in self.matching(ns, flt, stats))
-        if keyf is not None:
-            docs = iter(sorted(docs, key=keyf))
+        stats = stats if stats is not None else Stats()
+        ordered = self._in_sort_order(ns, flt, sort, stats) if keyf is not None else None
+        if ordered is not None:  # a scan that reads them in the sort's order: no sort
+            match = query.compile_filter(flt)
+            docs: Iterator[dict] = (d for d in ordered if match(d))
+        else:
+            docs = (d for _, d in self.matching(ns, flt, stats))
+            if keyf is not None:  # the first skip + limit of the sorted order, kept so
+                docs = iter(heapq.nsmallest(skip + limit, docs, key=keyf) if limit
+                            else sorted(docs, key=keyf))
         n = 0
         for i, d in enumerate(docs):
             if i < skip:
@@ -270,6 +288,80 @@ class Reader:
             n += 1
             if limit and n >= limit:
                 return
+
+    def _in_sort_order(self, ns: str, flt, sort, stats: Stats) -> Iterator[dict] | None:
+        """The candidates for ``flt`` (to be matched still) in the order of
+        ``sort``, the order ``sorted(key=query.sort_key(sort))`` gives, from a
+        scan that holds them so: the documents by ``_id`` (a sort on ``_id``),
+        or a one-field index that holds every document and no array at its
+        field (a sort on that field, then maybe ``_id``, one direction); then
+        a ``find(...).sort(...).limit(n)`` reads about n documents. None where
+        no such scan exists, where the filter bounds another indexed field or
+        names points (that plan reads fewer documents, then sorts them), or as
+        of an older point."""
+        fields = query._sort_spec(sort)
+        d = fields[0][1]
+        paths = [".".join(p) for p, x in fields if x == d]
+        if self.point is not None or len(paths) != len(fields) or len(paths) > 2 \
+                or (len(paths) == 2 and paths[1] != "_id"):
+            return None
+        c = self.coll(ns)
+        if c is None:
+            return None
+        bounds = query.extract_bounds(flt, multikey=_MULTIKEY)
+        indexed = {"_id", *(ix.key[0][0] for ix in c.indexes.values() if ix.every_document)}
+        if any(p in indexed and (b.points is not None or p != paths[0])
+               for p, b in bounds.items()):
+            return None  # the filter's own plan reads fewer documents, or as few
+        reverse, direction = d == -1, "backward" if d == -1 else "forward"
+        if paths[0] == "_id":
+            if len(paths) > 1:
+                return None
+            b = bounds.get("_id")
+            start, stop = _range_bounds(c.prefix, b) if b is not None else (
+                c.prefix, prefix_end(c.prefix))
+            stats.plan, stats.in_order = "IXSCAN _id_", direction
+            self.e.note_index(ns, "_id_")
+            return (_examine(stats, codec.unpack_document(v))
+                    for _, v in self.t.scan("docs", start, stop, reverse))
+        ix = next((ix for ix in c.indexes.values() if len(ix.key) == 1 and ix.every_document
+                   and ix.key[0][0] == paths[0]), None)
+        if ix is None or next(iter(self.t.scan("index", ix.prefix + _ARRAYS,
+                                               ix.prefix + _ABOVE_ARRAYS)), None) is not None:
+            return None  # an array's entries (each element, the whole) are not its sort place
+        b = bounds.get(paths[0])
+        start, stop = _range_bounds(ix.prefix, b) if b is not None else (
+            ix.prefix, prefix_end(ix.prefix))
+        stats.plan, stats.in_order = f"IXSCAN {ix.name}", direction
+        self.e.note_index(ns, ix.name)
+        return self._by_index(c, ix, start, stop, reverse, len(paths) == 1, stats)
+
+    def _by_index(self, c: CollInfo, ix, start: bytes, stop: bytes, reverse: bool,
+                  ties_by_id: bool, stats: Stats) -> Iterator[dict]:
+        """The documents of index ``ix``'s entries in [start, stop), once each
+        (a value reached through an array of subdocuments has several), in
+        key order; ``ties_by_id``: each run of one key in ``_id`` order, also
+        when ``reverse`` (as a stable sort by that key leaves them)."""
+        seen, run, run_key, n = set(), [], None, len(ix.prefix)
+        runs = reverse and ties_by_id
+        for entry, pk in self.t.scan("index", start, stop, reverse):
+            if pk in seen:
+                continue
+            seen.add(pk)
+            if runs:  # a new key ends the run before it: no document read past it
+                k = entry[n:len(entry) - len(pk)]
+                if k != run_key:
+                    yield from reversed(run)
+                    run, run_key = [], k
+            d = self._get_pk(c, pk)
+            if d is None:
+                continue
+            _examine(stats, d)
+            if runs:
+                run.append(d)
+            else:
+                yield d
+        yield from reversed(run)
 
     def count(self, ns: str, flt=None, stats: Stats | None = None) -> int:
         return sum(1 for _ in self.matching(ns, flt, stats))

@@ -242,10 +242,11 @@ def explain(d, cmd: dict, conn) -> dict:
                                                       conn.state)["value"]}
         winning = {"stage": "FETCH", "inputStage": {
             "stage": "IXSCAN", "indexName": name,
-            "keyPattern": {p: dr for p, dr in keys.get(name, [["_id", 1]])}}}
+            "keyPattern": {p: dr for p, dr in keys.get(name, [["_id", 1]])},
+            "direction": got.get("in_order") or "forward"}}
     else:
         winning = {"stage": plan, **({"direction": "forward"} if plan == "COLLSCAN" else {})}
-    if req.get("sort"):
+    if req.get("sort") and not got.get("in_order"):  # else the index scan gave the order
         winning = {"stage": "SORT", "sortPattern": dict(inner["sort"]), "inputStage": winning}
     if req.get("limit"):
         winning = {"stage": "LIMIT", "limitAmount": req["limit"], "inputStage": winning}
