@@ -199,6 +199,18 @@ def test_explain_says_how_a_read_reads(client):
     assert ex["executionStats"]["totalDocsExamined"] == 10
     assert [d["_id"] for d in c.find({"a": {"$lte": 4}}).sort("a", -1).limit(3)] == [4, 14, 24]
     assert [d["_id"] for d in c.find().sort("$natural", -1).limit(2)] == [99, 98]
+    # an aggregate's leading $match and $sort go to the member the same way
+    pipe = [{"$match": {"a": {"$lte": 4}}}, {"$sort": {"a": -1}}, {"$skip": 1}, {"$limit": 2}]
+    ex = client.t.command("aggregate", "explained", pipeline=pipe, explain=True)
+    w = ex["queryPlanner"]["winningPlan"]
+    assert w["stage"] == "LIMIT" and w["limitAmount"] == 3
+    assert w["inputStage"]["inputStage"]["direction"] == "backward"
+    assert ex["executionStats"]["totalDocsExamined"] == 10
+    assert [d["_id"] for d in c.aggregate(pipe)] == [14, 24]
+    pipe = [{"$sort": {"b": 1}}, {"$limit": 2}, {"$project": {"b": 1}}]  # b: no index
+    assert list(c.aggregate(pipe)) == [{"_id": 0, "b": 0}, {"_id": 1, "b": 1}]
+    ex = client.t.command("aggregate", "explained", pipeline=pipe, explain=True)
+    assert ex["queryPlanner"]["winningPlan"]["inputStage"]["stage"] == "SORT"
     ex = client.t.command("explain", {"count": "explained", "query": {"a": 1}})
     assert ex["executionStats"]["nReturned"] == 10
     ex = client.t.command("aggregate", "explained", pipeline=[{"$match": {"a": 2}},

@@ -486,6 +486,21 @@ def sort_fields(spec: dict) -> list[list]:
     return out
 
 
+def leading_limit(pipeline: list) -> int | None:
+    """How many documents the stages at ``pipeline``'s start pass on at most
+    (``$skip`` then ``$limit``, ``$limit`` alone), None if no limit starts it."""
+    skip = 0
+    for stage in pipeline[:2]:
+        name, arg = next(iter(stage.items()))
+        if name == "$skip" and not skip:
+            skip = _nonneg(arg, "$skip")
+        elif name == "$limit":
+            return skip + _nonneg(arg, "$limit") or None
+        else:
+            return None
+    return None
+
+
 def _nonneg(v, stage: str) -> int:
     if not numbers.whole(v) or v < 0:
         raise _err(f"invalid argument to {stage} stage: expected a non-negative integer", 15956)

@@ -647,14 +647,17 @@ def _kill_cursors(d, cmd: dict, conn):
             "cursorsAlive": [], "cursorsUnknown": []}
 
 
-def scan(d, cmd: dict, conn, ns: str, flt, projection=None, sort=None, seen=None):
-    """Every matching document (a find and its getMores). ``seen``: a dict
-    that gets the first answer's snapshot point (``at``), if any."""
+def scan(d, cmd: dict, conn, ns: str, flt, projection=None, sort=None, limit=None,
+         seen=None):
+    """Every matching document (a find and its getMores; the first ``limit``
+    only, if given, from a collection). ``seen``: a dict that gets the first
+    answer's snapshot point (``at``), if any."""
     if ns == oplog_view.NS:  # an aggregate, a distinct, a computed find of the oplog
         yield from oplog_view.docs(d.service.e, flt, sort, projection)
         return
     res = d.drive(_run(d, {"op": "find", "ns": ns, "filter": flt or {},
-                           "projection": projection, "sort": sort, **read_fields(cmd)},
+                           "projection": projection, "sort": sort,
+                           **({"limit": limit} if limit else {}), **read_fields(cmd)},
                        cmd, conn))
     if seen is not None and "at" not in seen:
         seen["at"] = res.get("at")

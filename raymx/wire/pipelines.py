@@ -13,7 +13,7 @@ import bson
 
 from raymx.actors import reads
 from raymx.storage.keys import encode_key
-from raymx.wire import aggregate, rs_status
+from raymx.wire import aggregate, oplog_view, rs_status
 from raymx.wire.crud import (_atomically, _docs, _plain, _results, _sort, check_hint, ns_of,
                              read_fields, scan, storage_stats)
 from raymx.wire.errors import CommandError, integer
@@ -83,9 +83,16 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
             pipeline[1:]
     elif pipeline and "$match" in pipeline[0] and aggregate.plain_filter(pipeline[0]["$match"]):
         flt, pipeline = pipeline[0]["$match"], pipeline[1:]  # pushed down to the member
+    sort, most = None, None
+    if source is None and ns != oplog_view.NS and pipeline and "$sort" in pipeline[0]:
+        # pushed down too: the member reads in that order where an index holds
+        # it, and keeps only the first skip + limit where a $limit follows
+        sort, pipeline = aggregate.sort_fields(pipeline[0]["$sort"]), pipeline[1:]
+        most = aggregate.leading_limit(pipeline)
     seen = {}
     return _pipeline_results(d, cmd, conn, ns, pipeline, source if source is not None
-                             else scan(d, cmd, conn, ns, flt, seen=seen), seen)
+                             else scan(d, cmd, conn, ns, flt, sort=sort, limit=most, seen=seen),
+                             seen)
 
 
 def _pipeline_results(d, cmd: dict, conn, ns: str, pipeline: list, source, seen: dict) -> dict:
@@ -221,9 +228,14 @@ def explain(d, cmd: dict, conn) -> dict:
     if kind == "aggregate":
         stages = _plain(_docs(inner.get("pipeline"), "pipeline"))
         aggregate.check(stages)
-        flt = stages[0]["$match"] if stages and "$match" in stages[0] \
-            and aggregate.plain_filter(stages[0]["$match"]) else {}
+        matched = bool(stages) and "$match" in stages[0] \
+            and aggregate.plain_filter(stages[0]["$match"])
+        flt = stages[0]["$match"] if matched else {}
         req = {"filter": flt}
+        rest = stages[1:] if matched else stages
+        if rest and "$sort" in rest[0] and ns != oplog_view.NS:  # as aggregate_command does
+            req["sort"] = aggregate.sort_fields(rest[0]["$sort"])
+            req["limit"] = aggregate.leading_limit(rest[1:]) or 0
     else:
         flt = _plain(inner.get(_EXPLAINED[kind]) or {})
         if not aggregate.plain_filter(flt):
@@ -247,7 +259,8 @@ def explain(d, cmd: dict, conn) -> dict:
     else:
         winning = {"stage": plan, **({"direction": "forward"} if plan == "COLLSCAN" else {})}
     if req.get("sort") and not got.get("in_order"):  # else the index scan gave the order
-        winning = {"stage": "SORT", "sortPattern": dict(inner["sort"]), "inputStage": winning}
+        winning = {"stage": "SORT", "sortPattern": dict(inner.get("sort") or req["sort"]),
+                   "inputStage": winning}
     if req.get("limit"):
         winning = {"stage": "LIMIT", "limitAmount": req["limit"], "inputStage": winning}
     return {"explainVersion": "1",
