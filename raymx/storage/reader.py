@@ -292,13 +292,15 @@ class Reader:
     def _in_sort_order(self, ns: str, flt, sort, stats: Stats) -> Iterator[dict] | None:
         """The candidates for ``flt`` (to be matched still) in the order of
         ``sort``, the order ``sorted(key=query.sort_key(sort))`` gives, from a
-        scan that holds them so: the documents by ``_id`` (a sort on ``_id``),
-        or a one-field index that holds every document and no array at its
-        field (a sort on that field, then maybe ``_id``, one direction); then
-        a ``find(...).sort(...).limit(n)`` reads about n documents. None where
-        no such scan exists, where the filter bounds another indexed field or
-        names points (that plan reads fewer documents, then sorts them), or as
-        of an older point."""
+        scan that holds them so; then a ``find(...).sort(...).limit(n)`` reads
+        about n documents. The scans: the documents by ``_id`` (a sort on
+        ``_id``); an index that holds every document, whose last field is the
+        sort's (a sort on that field, then maybe ``_id``, one direction),
+        whose other fields the filter sets to one value each, and which holds
+        no array at the sort's field there. None where no such scan exists,
+        where the filter bounds another indexed field or names points on the
+        sort's field (that plan reads fewer documents, then sorts them), or
+        as of an older point."""
         fields = query._sort_spec(sort)
         d = fields[0][1]
         paths = [".".join(p) for p, x in fields if x == d]
@@ -309,47 +311,59 @@ class Reader:
         if c is None:
             return None
         bounds = query.extract_bounds(flt, multikey=_MULTIKEY)
-        indexed = {"_id", *(ix.key[0][0] for ix in c.indexes.values() if ix.every_document)}
-        if any(p in indexed and (b.points is not None or p != paths[0])
+        reverse, direction = d == -1, "backward" if d == -1 else "forward"
+        ix, eq = None, []
+        if paths[0] != "_id":
+            fit = [(len(x.key), x) for x in c.indexes.values() if x.every_document
+                   and x.key[-1][0] == paths[0] and all(
+                       p in bounds and bounds[p].points is not None
+                       and len(bounds[p].points) == 1 for p, _ in x.key[:-1])]
+            if not fit:
+                return None
+            ix = max(fit, key=lambda f: f[0])[1]  # the most fields the filter sets
+            eq = [p for p, _ in ix.key[:-1]]
+        indexed = {"_id", *(x.key[0][0] for x in c.indexes.values() if x.every_document)}
+        if any(p in indexed and p not in eq and (b.points is not None or p != paths[0])
                for p, b in bounds.items()):
             return None  # the filter's own plan reads fewer documents, or as few
-        reverse, direction = d == -1, "backward" if d == -1 else "forward"
-        if paths[0] == "_id":
+        b = bounds.get(paths[0])
+        if ix is None:  # by _id
             if len(paths) > 1:
                 return None
-            b = bounds.get("_id")
             start, stop = _range_bounds(c.prefix, b) if b is not None else (
                 c.prefix, prefix_end(c.prefix))
             stats.plan, stats.in_order = "IXSCAN _id_", direction
             self.e.note_index(ns, "_id_")
             return (_examine(stats, codec.unpack_document(v))
                     for _, v in self.t.scan("docs", start, stop, reverse))
-        ix = next((ix for ix in c.indexes.values() if len(ix.key) == 1 and ix.every_document
-                   and ix.key[0][0] == paths[0]), None)
-        if ix is None or next(iter(self.t.scan("index", ix.prefix + _ARRAYS,
-                                               ix.prefix + _ABOVE_ARRAYS)), None) is not None:
+        vks = [encode_key(bounds[p].points[0]) for p in eq]
+        head = ix.prefix + b"".join(vks)
+        if next(iter(self.t.scan("index", head + _ARRAYS, head + _ABOVE_ARRAYS)), None) \
+                is not None:
             return None  # an array's entries (each element, the whole) are not its sort place
-        b = bounds.get(paths[0])
-        start, stop = _range_bounds(ix.prefix, b) if b is not None else (
-            ix.prefix, prefix_end(ix.prefix))
+        if b is not None:
+            start, stop = _range_bounds(head, b)
+        else:
+            start, stop = head, value_end(head, vks[-1]) if vks else prefix_end(head)
         stats.plan, stats.in_order = f"IXSCAN {ix.name}", direction
         self.e.note_index(ns, ix.name)
-        return self._by_index(c, ix, start, stop, reverse, len(paths) == 1, stats)
+        return self._by_index(c, len(head), start, stop, reverse, len(paths) == 1, stats)
 
-    def _by_index(self, c: CollInfo, ix, start: bytes, stop: bytes, reverse: bool,
+    def _by_index(self, c: CollInfo, head: int, start: bytes, stop: bytes, reverse: bool,
                   ties_by_id: bool, stats: Stats) -> Iterator[dict]:
-        """The documents of index ``ix``'s entries in [start, stop), once each
-        (a value reached through an array of subdocuments has several), in
-        key order; ``ties_by_id``: each run of one key in ``_id`` order, also
-        when ``reverse`` (as a stable sort by that key leaves them)."""
-        seen, run, run_key, n = set(), [], None, len(ix.prefix)
+        """The documents of the index entries in [start, stop), once each (a
+        value reached through an array of subdocuments has several), in key
+        order; ``ties_by_id``: each run of one key (the entry's bytes after
+        the first ``head``, to its primary key) in ``_id`` order, also when
+        ``reverse`` (as a stable sort by that key leaves them)."""
+        seen, run, run_key = set(), [], None
         runs = reverse and ties_by_id
         for entry, pk in self.t.scan("index", start, stop, reverse):
             if pk in seen:
                 continue
             seen.add(pk)
             if runs:  # a new key ends the run before it: no document read past it
-                k = entry[n:len(entry) - len(pk)]
+                k = entry[head:len(entry) - len(pk)]
                 if k != run_key:
                     yield from reversed(run)
                     run, run_key = [], k
