@@ -211,6 +211,11 @@ def test_explain_says_how_a_read_reads(client):
     assert list(c.aggregate(pipe)) == [{"_id": 0, "b": 0}, {"_id": 1, "b": 1}]
     ex = client.t.command("aggregate", "explained", pipeline=pipe, explain=True)
     assert ex["queryPlanner"]["winningPlan"]["inputStage"]["stage"] == "SORT"
+    for bad, code in (([{"$sort": {}}], 15973), ([{"$sort": [["b", 1]]}], 15973),
+                      ([{"$sort": {"b": 1}}, {"$limit": 0}], 15958)):
+        with pytest.raises(OperationFailure) as e:
+            list(c.aggregate(bad))
+        assert e.value.code == code  # a bad $sort (or limit) is named, pushed down or not
     ex = client.t.command("explain", {"count": "explained", "query": {"a": 1}})
     assert ex["executionStats"]["nReturned"] == 10
     ex = client.t.command("aggregate", "explained", pipeline=[{"$match": {"a": 2}},

@@ -121,8 +121,8 @@ def upgrade_keys(t) -> None:
         rebuilt += len(c.indexes)
     t.put("meta", b"format", codec.pack(FORMAT))
     if docs:
-        log.warning("store format %d -> %d (exact Decimal128 keys, MongoDB's order of maps and binary): "
-                    "%d of %d document(s) moved to their new keys, %d index(es) rebuilt",
+        log.warning("store format %d -> %d (exact Decimal128 keys, MongoDB's order of maps and "
+                    "binary): %d of %d document(s) moved to their new keys, %d index(es) rebuilt",
                     fmt, FORMAT, moved, docs, rebuilt)
 
 

@@ -84,9 +84,11 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
     elif pipeline and "$match" in pipeline[0] and aggregate.plain_filter(pipeline[0]["$match"]):
         flt, pipeline = pipeline[0]["$match"], pipeline[1:]  # pushed down to the member
     sort, most = None, None
-    if source is None and ns != oplog_view.NS and pipeline and "$sort" in pipeline[0]:
+    if source is None and ns != oplog_view.NS and pipeline and "$sort" in pipeline[0] \
+            and isinstance(pipeline[0]["$sort"], dict) and pipeline[0]["$sort"]:
         # pushed down too: the member reads in that order where an index holds
-        # it, and keeps only the first skip + limit where a $limit follows
+        # it, and keeps only the first skip + limit where a $limit follows (a
+        # bad $sort stays, for its stage to say what is wrong)
         sort, pipeline = aggregate.sort_fields(pipeline[0]["$sort"]), pipeline[1:]
         most = aggregate.leading_limit(pipeline)
     seen = {}
@@ -233,7 +235,8 @@ def explain(d, cmd: dict, conn) -> dict:
         flt = stages[0]["$match"] if matched else {}
         req = {"filter": flt}
         rest = stages[1:] if matched else stages
-        if rest and "$sort" in rest[0] and ns != oplog_view.NS:  # as aggregate_command does
+        if rest and "$sort" in rest[0] and isinstance(rest[0]["$sort"], dict) \
+                and rest[0]["$sort"] and ns != oplog_view.NS:  # as aggregate_command does
             req["sort"] = aggregate.sort_fields(rest[0]["$sort"])
             req["limit"] = aggregate.leading_limit(rest[1:]) or 0
     else:
