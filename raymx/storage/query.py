@@ -643,7 +643,8 @@ def _with_value(doc: dict, parts: list[str], value: Any) -> dict:
 _INVERT = bytes(range(255, -1, -1))
 
 
-def _sort_spec(spec: Any) -> list[tuple[list[str], int]]:
+def sort_spec(spec: Any) -> list[tuple[list[str], int]]:
+    """A sort as [(path parts, 1 | -1), ...], or InvalidFilter naming what is wrong."""
     if isinstance(spec, str):
         spec = [(spec, 1)]
     elif isinstance(spec, dict):
@@ -674,7 +675,7 @@ def sort_key(spec: Any) -> Callable[[dict], tuple]:
     the complemented key, which reverses the order because encodings are
     prefix-free (self-delimiting).
     """
-    fields = _sort_spec(spec)
+    fields = sort_spec(spec)
 
     def key(doc: dict) -> tuple:
         out = []
@@ -708,4 +709,4 @@ def sorted_values(arr: list, spec: Any) -> list | None:
 
 
 __all__ = ["MISSING", "Bounds", "compile_filter", "extract_bounds", "get_path", "index_keys",
-           "matched_element", "reach", "sort_key", "sorted_values"]
+           "matched_element", "reach", "sort_key", "sort_spec", "sorted_values"]

@@ -301,7 +301,7 @@ class Reader:
         where the filter bounds another indexed field or names points on the
         sort's field (that plan reads fewer documents, then sorts them), or
         as of an older point."""
-        fields = query._sort_spec(sort)
+        fields = query.sort_spec(sort)
         d = fields[0][1]
         paths = [".".join(p) for p, x in fields if x == d]
         if self.point is not None or len(paths) != len(fields) or len(paths) > 2 \
