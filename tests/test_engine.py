@@ -85,6 +85,20 @@ def test_secondary_index_is_used_and_built_for_existing_data(engine):
     assert st.plan == "COLLSCAN" and st.examined == 500
 
 
+def test_a_count_without_a_filter_reads_only_the_keys(engine):
+    engine.insert_many(NS, [{"_id": i, "a": i % 2} for i in range(300)])
+    st = Stats()
+    r = engine.reader()
+    try:
+        assert r.count(NS, {}, st) == 300 and st.plan == "RECORD_STORE_FAST_COUNT"
+        assert r.count(NS, None) == 300 and r.count("db.none", {}) == 0
+        assert r.count(NS, {"a": 1}) == 150
+        with pytest.raises(errors.InvalidName):
+            r.count("nodot", {})
+    finally:
+        r.t.abort()
+
+
 def test_find_projection_sort_skip_limit(engine):
     engine.insert_many(NS, [{"_id": i, "a": {"b": 10 - i}, "x": i} for i in range(10)])
     got = list(engine.reader().find(NS, {"a.b": {"$gt": 3}}, projection={"a.b": 1},

@@ -173,6 +173,47 @@ def test_sparse_and_partial_indexes_through_pymongo(client):
     assert e.value.code == 197  # an option raymx does not have is refused, named
 
 
+def test_count_documents_is_counted_by_the_member(client):
+    """pymongo's ``count_documents`` pipeline ($match, maybe $skip and
+    $limit, {$group: {_id: 1, n: {$sum: 1}}}) is answered by the member's
+    count, the same numbers as the pipeline run in the port; in a
+    transaction too; any other $group still runs in the port."""
+    from raymx.wire.aggregate import count_shape
+    c = client.t.counted
+    assert c.count_documents({}) == 0  # no collection: zero, as MongoDB
+    c.insert_many([{"_id": i, "a": i % 3} for i in range(50)])
+    assert c.count_documents({}) == 50 and c.count_documents({"a": 1}) == 17
+    assert c.count_documents({}, skip=45) == 5 and c.count_documents({}, skip=60) == 0
+    assert c.count_documents({"a": {"$gte": 1}}, skip=3, limit=10) == 10
+    assert c.count_documents({}, limit=7) == 7
+    assert list(c.aggregate([{"$group": {"_id": "x", "k": {"$sum": 1}}}])) == [
+        {"_id": "x", "k": 50}]
+    assert list(c.aggregate([{"$match": {"a": 9}},
+                             {"$group": {"_id": 1, "n": {"$sum": 1}}}])) == []
+    assert list(c.aggregate([{"$group": {"_id": None, "n": {"$sum": 2}}}])) == [
+        {"_id": None, "n": 100}]
+    assert list(c.aggregate([{"$group": {"_id": "$a", "n": {"$sum": 1}}}, {"$sort": {"_id": 1}}])) \
+        == [{"_id": 0, "n": 17}, {"_id": 1, "n": 17}, {"_id": 2, "n": 16}]
+    assert count_shape([{"$group": {"_id": 1, "n": {"$sum": 1}}}]) == (0, 0, 1, "n")
+    assert count_shape([{"$skip": 2}, {"$limit": 3}, {"$group": {"_id": 1, "n": {"$sum": 1}}}]) \
+        == (2, 3, 1, "n")
+    for other in ([{"$group": {"_id": "$a", "n": {"$sum": 1}}}],
+                  [{"$group": {"_id": 1, "n": {"$sum": True}}}],
+                  [{"$limit": 0}, {"$group": {"_id": 1, "n": {"$sum": 1}}}],
+                  [{"$group": {"_id": 1, "n": {"$sum": 1}}}, {"$project": {"n": 1}}]):
+        assert count_shape(other) is None
+    with pytest.raises(OperationFailure) as e:  # a bad stage still says what is wrong
+        list(c.aggregate([{"$limit": 0}, {"$group": {"_id": 1, "n": {"$sum": 1}}}]))
+    assert e.value.code == 15958
+    with client.start_session() as s:  # a transaction counts its own writes
+        with s.start_transaction():
+            c.insert_one({"_id": 100, "a": 1}, session=s)
+            assert c.count_documents({}, session=s) == 51
+            assert c.count_documents({"a": 1}, session=s) == 18
+            s.abort_transaction()
+    assert c.count_documents({}) == 50
+
+
 def test_explain_says_how_a_read_reads(client):
     c = client.t.explained
     c.insert_many([{"_id": i, "a": i % 10, "b": i} for i in range(100)])

@@ -22,6 +22,7 @@ from bson import Int64
 from raymx.storage import numbers, query
 from raymx.storage.projection import nested_as_paths, project
 from raymx.wire import grouping
+from raymx.wire.errors import CommandError
 from raymx.wire.evaluation import (MISSING, _err, _set_path, _truthy, cluster_time, evaluate,
                                    now)
 
@@ -499,6 +500,35 @@ def leading_limit(pipeline: list) -> int | None:
         else:
             return None
     return None
+
+
+def count_shape(pipeline: list) -> tuple | None:
+    """(skip, limit, group _id, field) when ``pipeline`` only counts what
+    reaches it: an optional ``$skip``, an optional ``$limit``, then ``{$group:
+    {_id: <constant>, field: {$sum: 1}}}`` (pymongo's ``count_documents``);
+    else None (also where a stage is wrong: running it says how)."""
+    skip = limit = i = 0
+    try:
+        if i < len(pipeline) and "$skip" in pipeline[i]:
+            skip, i = _nonneg(pipeline[i]["$skip"], "$skip"), i + 1
+        if i < len(pipeline) and "$limit" in pipeline[i]:
+            limit, i = _nonneg(pipeline[i]["$limit"], "$limit"), i + 1
+            if not limit:
+                return None
+    except CommandError:
+        return None
+    if i != len(pipeline) - 1 or "$group" not in pipeline[i]:
+        return None
+    g = pipeline[i]["$group"]
+    if not isinstance(g, dict) or len(g) != 2 or "_id" not in g:
+        return None
+    gid = g["_id"]
+    (name, acc), = ((k, v) for k, v in g.items() if k != "_id")
+    if isinstance(gid, (dict, list)) or (isinstance(gid, str) and gid.startswith("$")) \
+            or not isinstance(acc, dict) or list(acc) != ["$sum"] or type(acc["$sum"]) is not int \
+            or acc["$sum"] != 1 or name.startswith("$") or "." in name:
+        return None
+    return skip, limit, gid, name
 
 
 def _nonneg(v, stage: str) -> int:

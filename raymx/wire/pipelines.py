@@ -14,8 +14,8 @@ import bson
 from raymx.actors import reads
 from raymx.storage.keys import encode_key
 from raymx.wire import aggregate, oplog_view, rs_status
-from raymx.wire.crud import (_atomically, _docs, _plain, _results, _sort, check_hint, ns_of,
-                             read_fields, scan, storage_stats)
+from raymx.wire.crud import (_atomically, _docs, _plain, _results, _run, _sort, check_hint,
+                             ns_of, read_fields, scan, storage_stats)
 from raymx.wire.errors import CommandError, integer
 
 
@@ -83,6 +83,16 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
             pipeline[1:]
     elif pipeline and "$match" in pipeline[0] and aggregate.plain_filter(pipeline[0]["$match"]):
         flt, pipeline = pipeline[0]["$match"], pipeline[1:]  # pushed down to the member
+    counted = aggregate.count_shape(pipeline) if source is None and ns != oplog_view.NS \
+        and (cmd.get("readConcern") or {}).get("level") != "snapshot" else None
+    if counted is not None and not counted[1]:
+        # count_documents: the member counts, and sends no document (with a
+        # limit, the documents stream instead and the count stops at it)
+        skip, _, gid, name = counted
+        n = d.drive(_run(d, {"op": "count", "ns": ns, "filter": flt, **read_fields(cmd)},
+                         cmd, conn))["value"]
+        n = max(0, n - skip)
+        source, pipeline = ([{"_id": gid, name: n}] if n else []), []
     sort, most = None, None
     if source is None and ns != oplog_view.NS and pipeline and "$sort" in pipeline[0] \
             and isinstance(pipeline[0]["$sort"], dict) and pipeline[0]["$sort"]:
