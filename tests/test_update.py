@@ -29,6 +29,31 @@ def changed(update, doc=None) -> dict:
     return {**diff, **{k: "-" for k in doc if k not in out}}
 
 
+def test_one_statement_parses_a_plain_update_once_and_positional_ones_per_document():
+    """A statement's documents share the steps of an update without
+    positional paths (checked once); each document still gets its own
+    values and errors, and positional paths are resolved per document."""
+    from raymx.storage.update import Positional
+    from raymx.errors import UpdateBadValue
+    pos = Positional({})
+    u = {"$inc": {"n": 2}, "$set": {"s.t": 1}}
+    assert apply_update({"_id": 1, "n": 1}, u, positional=pos) == {"_id": 1, "n": 3,
+                                                                    "s": {"t": 1}}
+    assert pos.plan is not None and pos.plan[0] is u
+    assert apply_update({"_id": 2}, u, positional=pos) == {"_id": 2, "n": 2, "s": {"t": 1}}
+    with pytest.raises(InvalidUpdate, match="non-number"):  # this document's own error
+        apply_update({"_id": 3, "n": "x"}, u, positional=pos)
+    v = {"$set": {"n": 0}}  # another update with the same statement: parsed for itself
+    assert apply_update({"_id": 4, "n": 1}, v, positional=pos) == {"_id": 4, "n": 0}
+    pos = Positional({}, [{"e": {"$gt": 1}}])
+    w = {"$inc": {"a.$[e]": 10}}
+    assert apply_update({"_id": 1, "a": [1, 2]}, w, positional=pos)["a"] == [1, 12]
+    assert apply_update({"_id": 2, "a": [3, 0, 5]}, w, positional=pos)["a"] == [13, 0, 15]
+    assert pos.plan is None
+    with pytest.raises(UpdateBadValue):
+        apply_update({"_id": 3}, w, positional=pos)
+
+
 def test_is_operator_update():
     assert is_operator_update({"$set": {"a": 1}}) and is_operator_update({"a": 1, "$inc": {}})
     assert not any(map(is_operator_update, [{"a": 1}, {}, [1], "$set"]))

@@ -95,6 +95,9 @@ class Positional:
         self.flt, self.array_filters = flt, array_filters
         self._filters: dict | None = None
         self._match: Callable[[dict], bool] | None = None
+        # (update, its steps) once an update without positional paths was
+        # checked: the same for every document, so not parsed again
+        self.plan: tuple[dict, list] | None = None
 
     def filters(self) -> dict[str, Callable[[Any], bool]]:
         if self._filters is None:
@@ -556,11 +559,14 @@ def apply_update(doc: dict, update: dict, inserting: bool = False, flt: dict | N
         raise InvalidUpdate(f"an update must be a dict, got {type(update).__name__}")
     if not update:
         raise InvalidUpdate("the update is empty")
+    pos = positional or Positional(flt, array_filters)
+    if pos.plan is not None and pos.plan[0] is update:
+        return _applied(doc, inserting, pos.plan[1])
     if not is_operator_update(update):
         return _replace(doc, update)
     steps = []
     touched: list[tuple[list[str], str]] = []
-    pos = positional or Positional(flt, array_filters)
+    plain = True  # no positional path: the same steps for every document
     filters, used = pos.filters(), set()
     for op, args in update.items():
         if not isinstance(op, str) or not op.startswith("$"):
@@ -576,6 +582,7 @@ def apply_update(doc: dict, update: dict, inserting: bool = False, flt: dict | N
             if op == "$rename" and any(p.startswith("$") for p in parts + _split(op, arg)):
                 raise InvalidUpdate(f"$rename {path!r}: positional operators are not allowed",
                                     operator=op, field=path)
+            plain = plain and not any(p.startswith("$") for p in parts)
             for parts in _positional(doc, op, path, parts, pos, used):
                 touched.append((parts, f"{path!r} ({op})"))
                 if op == "$rename":
@@ -589,6 +596,13 @@ def apply_update(doc: dict, update: dict, inserting: bool = False, flt: dict | N
     for (a, wa), (b, wb) in zip(touched, touched[1:]):
         if b[:len(a)] == a:  # sorted, so any prefix pair also shows up as a neighbour pair
             raise ConflictingUpdateOperators(f"updating {wb} conflicts with {wa}")
+    if plain and positional is not None:
+        positional.plan = (update, steps)
+    return _applied(doc, inserting, steps)
+
+
+def _applied(doc: dict, inserting: bool, steps: list) -> dict:
+    """``doc`` after an update's checked ``steps`` (op, path, parts, arg)."""
     d = _Cow(doc)
     d.inserting = bool(inserting)
     for op, path, parts, arg in steps:
