@@ -308,26 +308,27 @@ class Reader:
                 or (len(paths) == 2 and paths[1] != "_id"):
             return None
         c = self.coll(ns)
-        if c is None:
+        by_id = paths[0] == "_id"
+        ends = [] if c is None or by_id else [
+            x for x in c.indexes.values() if x.every_document and x.key[-1][0] == paths[0]]
+        if c is None or not (by_id or ends):  # decided before the filter's bounds are read
             return None
         bounds = query.extract_bounds(flt, multikey=_MULTIKEY)
         reverse, direction = d == -1, "backward" if d == -1 else "forward"
         ix, eq = None, []
-        if paths[0] != "_id":
-            fit = [(len(x.key), x) for x in c.indexes.values() if x.every_document
-                   and x.key[-1][0] == paths[0] and all(
-                       p in bounds and bounds[p].points is not None
-                       and len(bounds[p].points) == 1 for p, _ in x.key[:-1])]
+        if not by_id:
+            fit = [x for x in ends if all(p in bounds and bounds[p].points is not None
+                                          and len(bounds[p].points) == 1 for p, _ in x.key[:-1])]
             if not fit:
                 return None
-            ix = max(fit, key=lambda f: f[0])[1]  # the most fields the filter sets
+            ix = max(fit, key=lambda x: len(x.key))  # the most fields the filter sets
             eq = [p for p, _ in ix.key[:-1]]
         indexed = {"_id", *(x.key[0][0] for x in c.indexes.values() if x.every_document)}
         if any(p in indexed and p not in eq and (b.points is not None or p != paths[0])
                for p, b in bounds.items()):
             return None  # the filter's own plan reads fewer documents, or as few
         b = bounds.get(paths[0])
-        if ix is None:  # by _id
+        if by_id:
             if len(paths) > 1:
                 return None
             start, stop = _range_bounds(c.prefix, b) if b is not None else (

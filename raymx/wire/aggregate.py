@@ -487,19 +487,28 @@ def sort_fields(spec: dict) -> list[list]:
     return out
 
 
-def leading_limit(pipeline: list) -> int | None:
-    """How many documents the stages at ``pipeline``'s start pass on at most
-    (``$skip`` then ``$limit``, ``$limit`` alone), None if no limit starts it."""
-    skip = 0
-    for stage in pipeline[:2]:
-        name, arg = next(iter(stage.items()))
-        if name == "$skip" and not skip:
-            skip = _nonneg(arg, "$skip")
-        elif name == "$limit":
-            return skip + _nonneg(arg, "$limit") or None
-        else:
-            return None
-    return None
+def _skip_limit(pipeline: list) -> tuple[int, int | None, int]:
+    """(skip, limit or None, stages read) of an optional ``$skip`` then an
+    optional ``$limit`` at ``pipeline``'s start; a bad argument raises the
+    stage's own error."""
+    skip, limit, i = 0, None, 0
+    if i < len(pipeline) and "$skip" in pipeline[i]:
+        skip, i = _nonneg(pipeline[i]["$skip"], "$skip"), i + 1
+    if i < len(pipeline) and "$limit" in pipeline[i]:
+        limit, i = _nonneg(pipeline[i]["$limit"], "$limit"), i + 1
+    return skip, limit, i
+
+
+def sort_pushdown(pipeline: list) -> tuple[list, int | None] | None:
+    """(sort fields, how many documents the stages after it pass on at most,
+    or None) when ``pipeline`` starts with a ``$sort`` the member can read in
+    order (a non-empty document: a bad one stays, for its stage to say what
+    is wrong); else None."""
+    if not pipeline or not isinstance(pipeline[0].get("$sort"), dict) \
+            or not pipeline[0]["$sort"]:
+        return None
+    skip, limit, _ = _skip_limit(pipeline[1:])
+    return sort_fields(pipeline[0]["$sort"]), (skip + limit if limit else None)
 
 
 def count_shape(pipeline: list) -> tuple | None:
@@ -507,17 +516,11 @@ def count_shape(pipeline: list) -> tuple | None:
     reaches it: an optional ``$skip``, an optional ``$limit``, then ``{$group:
     {_id: <constant>, field: {$sum: 1}}}`` (pymongo's ``count_documents``);
     else None (also where a stage is wrong: running it says how)."""
-    skip = limit = i = 0
     try:
-        if i < len(pipeline) and "$skip" in pipeline[i]:
-            skip, i = _nonneg(pipeline[i]["$skip"], "$skip"), i + 1
-        if i < len(pipeline) and "$limit" in pipeline[i]:
-            limit, i = _nonneg(pipeline[i]["$limit"], "$limit"), i + 1
-            if not limit:
-                return None
+        skip, limit, i = _skip_limit(pipeline)
     except CommandError:
         return None
-    if i != len(pipeline) - 1 or "$group" not in pipeline[i]:
+    if limit == 0 or i != len(pipeline) - 1 or "$group" not in pipeline[i]:
         return None
     g = pipeline[i]["$group"]
     if not isinstance(g, dict) or len(g) != 2 or "_id" not in g:
@@ -528,7 +531,7 @@ def count_shape(pipeline: list) -> tuple | None:
             or not isinstance(acc, dict) or list(acc) != ["$sum"] or type(acc["$sum"]) is not int \
             or acc["$sum"] != 1 or name.startswith("$") or "." in name:
         return None
-    return skip, limit, gid, name
+    return skip, limit or 0, gid, name
 
 
 def _nonneg(v, stage: str) -> int:

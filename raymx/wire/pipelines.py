@@ -93,14 +93,13 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
                          cmd, conn))["value"]
         n = max(0, n - skip)
         source, pipeline = ([{"_id": gid, name: n}] if n else []), []
-    sort, most = None, None
-    if source is None and ns != oplog_view.NS and pipeline and "$sort" in pipeline[0] \
-            and isinstance(pipeline[0]["$sort"], dict) and pipeline[0]["$sort"]:
-        # pushed down too: the member reads in that order where an index holds
-        # it, and keeps only the first skip + limit where a $limit follows (a
-        # bad $sort stays, for its stage to say what is wrong)
-        sort, pipeline = aggregate.sort_fields(pipeline[0]["$sort"]), pipeline[1:]
-        most = aggregate.leading_limit(pipeline)
+    # a leading $sort is pushed down too: the member reads in that order where
+    # an index holds it, and keeps only the first skip + limit of a $limit after
+    pushed = aggregate.sort_pushdown(pipeline) if source is None and ns != oplog_view.NS \
+        else None
+    sort, most = pushed or (None, None)
+    if pushed is not None:
+        pipeline = pipeline[1:]
     seen = {}
     return _pipeline_results(d, cmd, conn, ns, pipeline, source if source is not None
                              else scan(d, cmd, conn, ns, flt, sort=sort, limit=most, seen=seen),
@@ -244,11 +243,10 @@ def explain(d, cmd: dict, conn) -> dict:
             and aggregate.plain_filter(stages[0]["$match"])
         flt = stages[0]["$match"] if matched else {}
         req = {"filter": flt}
-        rest = stages[1:] if matched else stages
-        if rest and "$sort" in rest[0] and isinstance(rest[0]["$sort"], dict) \
-                and rest[0]["$sort"] and ns != oplog_view.NS:  # as aggregate_command does
-            req["sort"] = aggregate.sort_fields(rest[0]["$sort"])
-            req["limit"] = aggregate.leading_limit(rest[1:]) or 0
+        pushed = aggregate.sort_pushdown(stages[1:] if matched else stages) \
+            if ns != oplog_view.NS else None  # as aggregate_command pushes it
+        if pushed is not None:
+            req["sort"], req["limit"] = pushed[0], pushed[1] or 0
     else:
         flt = _plain(inner.get(_EXPLAINED[kind]) or {})
         if not aggregate.plain_filter(flt):

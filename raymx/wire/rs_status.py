@@ -42,8 +42,7 @@ def last_write(svc) -> dict:
     compares each secondary's ``lastWriteDate`` with the primary's (pymongo
     fails its server selection on a member without one)."""
     applied = svc.e.applied_point()
-    maj = svc.majority_known or ZERO
-    maj = min(maj, applied)
+    maj = min(svc.majority_known or ZERO, applied)
     applied_ms, maj_ms = svc.e.commit_times(applied, maj)
     a, m = _optime(applied, applied_ms), _optime(maj, maj_ms)
     return {"opTime": a["optime"], "lastWriteDate": a["optimeDate"],

@@ -1,0 +1,195 @@
+"""Query plans over the engine: the one-lookup _id read, index scans,
+sorted reads in an index's order (what they examine, and that they answer
+what sorting every match answers) and counts without a filter."""
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from raymx import errors
+from raymx.storage.engine import Engine, Stats
+from raymx.storage.store import MemoryStore
+
+NS = "app.users"
+
+
+def test_an_id_point_lookup_answers_what_the_general_plan_answers(engine):
+    """``{"_id": v}`` skips compiling the filter and deriving bounds; where the
+    stored _id is another type that sorts equal (1.0 for 1) or a NaN, only the
+    general plan can tell, and it does."""
+    from bson import ObjectId
+    oid = ObjectId()
+    stored = [1.0, 2, "x", b"\x00b", oid, float("nan"), True, 7.5]
+    engine.insert_many(NS, [{"_id": v, "n": i} for i, v in enumerate(stored)])
+    rd = engine.reader()
+    for v in [1, 1.0, 2, 2.0, "x", "y", b"\x00b", oid, ObjectId(), float("nan"), 1 << 70,
+              True, 7.5]:
+        st = Stats()
+        try:
+            want = list(rd.find(NS, {"_id": {"$eq": v}}))
+        except errors.RaymxError as e:
+            with pytest.raises(type(e)):
+                list(rd.find(NS, {"_id": v}, stats=st))
+            continue
+        got = list(rd.find(NS, {"_id": v}, stats=st))
+        assert [d["n"] for d in got] == [d["n"] for d in want], v
+        assert st.plan == "IDHACK" and st.examined == len(got)
+    assert list(rd.find("app.none", {"_id": 1})) == []
+    # in a write transaction, its own writes
+    tx = engine.begin()
+    tx.insert(NS, [{"_id": 99, "n": 99}])
+    assert list(tx.find(NS, {"_id": 99})) == [{"_id": 99, "n": 99}]
+    tx.abort()
+    assert list(engine.reader().find(NS, {"_id": 99})) == []
+
+
+def test_secondary_index_is_used_and_built_for_existing_data(engine):
+    engine.insert_many(NS, [{"_id": i, "age": i % 50, "city": f"c{i % 7}"} for i in range(500)])
+    with engine.begin() as tx:
+        tx.create_index(NS, "age")
+        tx.create_index(NS, [("city", 1), ("age", -1)])
+    st = Stats()
+    got = list(engine.reader().find(NS, {"age": 7}, stats=st))
+    assert len(got) == 10 and st.plan == "IXSCAN age_1" and st.examined == 10
+    st = Stats()
+    got = list(engine.reader().find(NS, {"age": {"$gte": 48}}, stats=st))
+    assert len(got) == 20 and st.examined == 20
+    st = Stats()
+    got = list(engine.reader().find(NS, {"city": {"$in": ["c1", "c2"]}, "age": {"$lt": 3}}, stats=st))
+    assert st.plan.startswith("IXSCAN") and st.examined < 200
+    assert sorted(d["_id"] for d in got) == sorted(
+        i for i in range(500) if i % 7 in (1, 2) and i % 50 < 3)
+    st = Stats()
+    assert engine.count(NS, {"nope": 1}) == 0
+    list(engine.reader().find(NS, {"nope": 1}, stats=st))
+    assert st.plan == "COLLSCAN" and st.examined == 500
+
+
+def test_a_count_without_a_filter_reads_only_the_keys(engine):
+    engine.insert_many(NS, [{"_id": i, "a": i % 2} for i in range(300)])
+    st = Stats()
+    r = engine.reader()
+    try:
+        assert r.count(NS, {}, st) == 300 and st.plan == "RECORD_STORE_FAST_COUNT"
+        assert r.count(NS, None) == 300 and r.count("db.none", {}) == 0
+        assert r.count(NS, {"a": 1}) == 150
+        with pytest.raises(errors.InvalidName):
+            r.count("nodot", {})
+    finally:
+        r.t.abort()
+
+
+def test_find_projection_sort_skip_limit(engine):
+    engine.insert_many(NS, [{"_id": i, "a": {"b": 10 - i}, "x": i} for i in range(10)])
+    got = list(engine.reader().find(NS, {"a.b": {"$gt": 3}}, projection={"a.b": 1},
+                                    sort=[("a.b", 1)], skip=1, limit=2))
+    assert got == [{"_id": 5, "a": {"b": 5}}, {"_id": 4, "a": {"b": 6}}]
+
+
+_SORT_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from(
+    [0.5, -1.5, 2.0, float("inf")]), st.text("ab", max_size=2), st.binary(max_size=1))
+_SORT_VALUES = st.one_of(_SORT_SCALARS, st.lists(_SORT_SCALARS, max_size=3),
+                         st.dictionaries(st.sampled_from("cd"), _SORT_SCALARS, max_size=2))
+
+
+@given(st.lists(st.tuples(st.booleans(), _SORT_VALUES, _SORT_VALUES,
+                          st.lists(st.dictionaries(st.just("c"), _SORT_SCALARS, max_size=1),
+                                   max_size=2), st.sampled_from([None, 0, 1, [0, 1], "x"])),
+                max_size=14),
+       st.booleans(),
+       st.sampled_from([[("a", 1)], [("a", -1)], [("a", -1), ("_id", -1)], [("a", 1), ("_id", 1)],
+                        [("_id", 1)], [("_id", -1)], [("b.c", 1)], [("b.c", -1)],
+                        [("a", 1), ("_id", -1)], [("s", -1)], [("a", 1), ("b.c", 1)]]),
+       st.sampled_from([None, {}, {"a": {"$gt": 0}}, {"a": {"$lte": "b"}}, {"_id": {"$gte": 3}},
+                        {"_id": {"$lt": 9}, "a": {"$ne": None}}, {"b.c": {"$gte": 1}},
+                        {"a": {"$in": [1, "a"]}}, {"s": {"$exists": True}}, {"x": 1},
+                        {"e": 1}, {"e": 0, "a": {"$gt": 0}}, {"e": {"$in": [1]}, "b.c": 1},
+                        {"e": "x", "_id": {"$gt": 2}}, {"e": {"$in": [0, 1]}}]),
+       st.integers(0, 3), st.integers(0, 5))
+def test_sorted_finds_read_in_index_order_as_a_sort_would_order_them(
+        rows, arrays_ok, sort, flt, skip, limit):
+    """A sort on _id, or on the last field of an index whose other fields
+    the filter sets, where it holds no array, reads the documents in order
+    from that scan (forward or backward) and stops after skip + limit, ties
+    in _id order; any other sort sorts the
+    matches (only the first skip + limit kept), ties in the order its plan
+    read them. Both give what sorting every match gives."""
+    from raymx.storage.query import compile_filter, sort_key
+    e = Engine(MemoryStore())
+    with e.begin() as tx:
+        tx.create_index(NS, "a")
+        tx.create_index(NS, "b.c")
+        tx.create_index(NS, "s", sparse=True)  # not every document: never the sort's scan
+        tx.create_index(NS, [("e", 1), ("a", -1)])  # a sort on a where the filter sets e
+        tx.create_index(NS, [("e", 1), ("b.c", 1)])
+    docs = []
+    for i, (has_a, a, c, b, ev) in enumerate(rows):
+        if not arrays_ok:
+            a = a if not isinstance(a, list) else len(a)
+            b = [x for x in b if not isinstance(x.get("c"), list)]
+        d = {"_id": (i * 7) % 15}
+        if has_a:
+            d["a"] = a
+        if b:
+            d["b"] = b
+        if i % 3 == 0:
+            d["s"] = c if not isinstance(c, list) else None
+        if ev is not None:  # MongoDB indexes no document with two arrays in one index
+            d["e"] = 1 if isinstance(ev, list) and (b or isinstance(d.get("a"), list)) else ev
+        docs.append(d)
+    docs = list({d["_id"]: d for d in docs}.values())
+    e.insert_many(NS, docs)
+    m = compile_filter(flt)
+    want = sorted(filter(m, sorted(docs, key=lambda d: d["_id"])), key=sort_key(sort))
+    want = want[skip:skip + limit] if limit else want[skip:]
+    stats = Stats()
+    r = e.reader()
+    try:
+        got = list(r.find(NS, flt, sort=sort, skip=skip, limit=limit, stats=stats))
+    finally:
+        r.t.abort()
+    key = sort_key(sort)
+    assert [key(d) for d in got] == [key(d) for d in want], stats.plan
+    if stats.in_order:  # ties in _id order
+        assert [d["_id"] for d in got] == [d["_id"] for d in want], stats.plan
+    elif not skip and not limit:  # ties in the order of the filter's plan
+        assert sorted(d["_id"] for d in got) == sorted(d["_id"] for d in want)
+    if limit and sort in ([("_id", 1)], [("_id", -1)]) and flt in (None, {}):
+        assert stats.plan == "IXSCAN _id_" and stats.examined == min(len(docs), skip + limit)
+
+
+def test_a_sort_on_an_indexed_field_reads_only_what_it_returns(engine):
+    """``find().sort(field, -1).limit(n)`` over an index (the newest n, as
+    applications ask) reads n documents, not the collection, on LMDB too;
+    an array at that field makes it sort every match instead, still right."""
+    engine.insert_many(NS, [{"_id": i, "ts": i % 100, "k": i % 2} for i in range(1000)])
+    with engine.begin() as tx:
+        tx.create_index(NS, "ts")
+
+    def newest(flt, n, sort=(("ts", -1),)):
+        st = Stats()
+        r = engine.reader()
+        try:
+            return [(d["ts"], d["_id"]) for d in r.find(NS, flt, sort=list(sort), limit=n,
+                                                        stats=st)], st
+        finally:
+            r.t.abort()
+    got, st = newest(None, 3)
+    assert got == [(99, 99), (99, 199), (99, 299)]  # ties in _id order, as a sort leaves them
+    assert st.plan == "IXSCAN ts_1" and st.examined == 10  # the run of ts 99, then stop
+    got, st = newest({"ts": {"$lt": 50}, "k": 1}, 2, (("ts", -1), ("_id", -1)))
+    assert got == [(49, 949), (49, 849)] and st.examined == 2
+    got, st = newest({}, 2, (("_id", -1),))
+    assert got == [(99, 999), (98, 998)] and st.examined == 2
+    with engine.begin() as tx:  # the newest of one kind: the filter sets the first field
+        tx.create_index(NS, [("k", 1), ("ts", -1)])
+    got, st = newest({"k": 0}, 3)
+    assert got == [(98, 98), (98, 198), (98, 298)]
+    assert st.plan == "IXSCAN k_1_ts_-1" and st.examined == 10
+    got, st = newest({"k": 1, "ts": {"$lte": 51}}, 2, (("ts", 1), ("_id", 1)))
+    assert got == [(1, 1), (1, 101)] and st.examined == 2
+    got, st = newest({"k": {"$in": [0, 1]}}, 2)  # two values: read them all, then sort
+    assert got == [(99, 99), (99, 199)] and st.examined == 1000
+    engine.insert_many(NS, [{"_id": 5000, "ts": [7, 500]}])
+    got, st = newest(None, 2)
+    assert got == [([7, 500], 5000), (99, 99)] and st.plan == "COLLSCAN"
+    assert st.examined == 1001
