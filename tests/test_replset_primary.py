@@ -24,6 +24,8 @@ def test_crud_through_the_driver(replset):
     assert users.update_one({"_id": "new"}, {"$set": {"x": 1}}, upsert=True).upserted_id == "new"
     assert users.replace_one({"_id": "new"}, {"y": 2}).modified_count == 1
     assert users.find_one({"_id": "new"}) == {"_id": "new", "y": 2}
+    assert users.replace_one({"_id": "new"}, {}).modified_count == 1  # as MongoDB: _id alone
+    assert users.find_one({"_id": "new"}) == {"_id": "new"}
     assert users.delete_one({"_id": "new"}).deleted_count == 1
     assert users.delete_many({"age": {"$gte": 100}}).deleted_count == 13
     got = users.find({"age": {"$in": [1, 2]}}, projection={"name": 1}, sort=[("_id", -1)], limit=3)
@@ -32,6 +34,9 @@ def test_crud_through_the_driver(replset):
     users.drop_index("age_1")
     with pytest.raises(errors.IndexNotFound):
         users.drop_index("age_1")
+    users.create_index([("age", 1), ("name", -1)])
+    users.drop_index([("age", 1), ("name", -1)])  # by its key, as pymongo's
+    assert [i["name"] for i in users.list_indexes()] == ["_id_"]
     with pytest.raises(errors.DuplicateKey):
         users.insert_one({"_id": 1})
     with pytest.raises(errors.InvalidDocument):

@@ -140,7 +140,7 @@ def test_field_order_is_kept_and_new_fields_appended():
 
 
 @pytest.mark.parametrize("update, message", [
-    ([("$set", {})], "must be a dict"), ({}, "empty"), ({"$set": {"a": 1}, "b": 2}, "mix"),
+    ([("$set", {})], "must be a dict"), ({"$set": {"a": 1}, "b": 2}, "mix"),
     ({"$foo": {"a": 1}}, r"unknown update operator \$foo"),
     ({"$set": [("a", 1)]}, r"\$set needs a dict"),
     ({"$set": {"": 1}}, "non-empty"), ({"$set": {1: 1}}, "non-empty string"),
@@ -210,6 +210,7 @@ def test_replacement_keeps_id_first():
     assert list(up({"b": 1, "_id": 1.0})) == ["_id", "b"] and up({"b": 1, "_id": 1.0})["_id"] == 1
     assert list(up({"b": 1, "_id": 3}, {"x": 1})) == ["_id", "b"]  # no _id yet: the replacement's
     assert up({"b": 1}, {}) == {"b": 1}
+    assert up({}) == {"_id": 1} and up({}, {"x": 1}) == {}  # MongoDB's update {}: _id alone
     r = {"a": {"b": [1]}}
     out = up(r)
     r["a"]["b"].append(2)

@@ -309,6 +309,25 @@ def test_statement_fields_raymx_does_not_know_fail_the_command_instead_of_being_
     assert r["n"] == 3 and sorted(d["_id"] for d in co.find({"c": 1})) == [1, 4, 7]
 
 
+def test_an_empty_replacement_leaves_the_id_and_a_multi_replacement_is_refused(client):
+    """MongoDB takes ``u: {}`` as a replacement by the document's ``_id``
+    alone (raymx refused it as an empty update); a replacement with ``multi``
+    is refused whole, as MongoDB parses it (raymx replaced every match)."""
+    co = client.repl.c
+    co.insert_many([{"_id": i, "a": i} for i in range(3)])
+    r = co.replace_one({"_id": 1}, {})
+    assert (r.matched_count, r.modified_count) == (1, 1) and co.find_one({"_id": 1}) == {"_id": 1}
+    assert co.find_one_and_replace({"_id": 2}, {}, return_document=ReturnDocument.AFTER) == \
+        {"_id": 2}
+    r = co.replace_one({"_id": 7}, {}, upsert=True)
+    assert r.upserted_id == 7 and co.find_one({"_id": 7}) == {"_id": 7}
+    r = client.repl.command("update", "c", updates=[{"q": {}, "u": {"b": 1}, "multi": True}])
+    (err,) = r["writeErrors"]
+    assert err["code"] == 9 and r["n"] == 0, r
+    assert err["errmsg"] == "multi update is not supported for replacement-style update"
+    assert co.count_documents({"b": 1}) == 0 and co.find_one({"_id": 0}) == {"_id": 0, "a": 0}
+
+
 def test_a_retried_commit_is_answered_from_the_session_s_record_not_run_again(tmp_path):
     """A commitTransaction the driver sends again after a lost answer (here
     or on the next primary) is answered ok from the record the commit wrote

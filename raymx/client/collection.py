@@ -13,7 +13,7 @@ from raymx.client.options import (ReadConcern, ReadPreference, ReturnDocument, W
 from raymx.client.results import (BulkWriteResult, DeleteResult, InsertManyResult,
                                   InsertOneResult, ReplaceManyResult, UpdateResult,
                                   _gtid)
-from raymx.storage import codec
+from raymx.storage import catalog, codec
 from raymx.storage.limits import DEFAULT as DEFAULT_LIMITS
 from raymx.storage.projection import project
 
@@ -252,7 +252,13 @@ class Collection:
             req["partial"] = partial_filter_expression
         return self._write(req, _wc_fields(self.write_concern, wc))["value"]
 
-    def drop_index(self, name: str, **wc) -> None:
+    def drop_index(self, index_or_name, **wc) -> None:
+        """As pymongo's: an index's name (a string), or the key it was
+        created with (``[("a", 1), ("b", -1)]``, ``{"a": 1}``), which names
+        the index ``create_index`` gave that key by default."""
+        name = index_or_name
+        if not isinstance(name, str):
+            name = catalog.index_name(catalog.normalize_index_key(name))
         self._write({"op": "dropIndex", "name": name}, _wc_fields(self.write_concern, wc))
 
     def drop(self, **wc) -> bool:

@@ -415,6 +415,9 @@ class Transaction(Reader):
         if not replace and not upd.is_operator_update(update):
             raise errors.InvalidUpdate("update_one/update_many need $ operators "
                                        "(use replace_one to replace a document)")
+        if replace and multi and not computed:  # MongoDB's rule, and its words
+            raise errors.InvalidUpdate("multi update is not supported for replacement-style "
+                                       "update")
         lim = self.e.limits.document_bytes_max
         res = WriteResult()
         hits, c = self._hits(ns, flt, multi)

@@ -557,13 +557,11 @@ def apply_update(doc: dict, update: dict, inserting: bool = False, flt: dict | N
     """
     if not isinstance(update, dict):
         raise InvalidUpdate(f"an update must be a dict, got {type(update).__name__}")
-    if not update:
-        raise InvalidUpdate("the update is empty")
     pos = positional or Positional(flt, array_filters)
     if pos.plan is not None and pos.plan[0] is update:
         return _applied(doc, inserting, pos.plan[1])
-    if not is_operator_update(update):
-        return _replace(doc, update)
+    if not is_operator_update(update):  # an empty one too: MongoDB's update {} replaces
+        return _replace(doc, update)   # the document by its _id alone
     steps = []
     touched: list[tuple[list[str], str]] = []
     plain = True  # no positional path: the same steps for every document
