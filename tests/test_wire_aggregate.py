@@ -544,6 +544,47 @@ def test_set_window_fields_running_totals_moving_averages_ranks_and_shift():
         aggregate.run(iter(docs), [{"$setWindowFields": {"output": {"r": {"$rank": {}}}}}])
 
 
+def test_range_windows_over_dates_with_a_unit_and_current_as_a_position():
+    """A rolling window in time (``range`` with ``unit``, as MongoDB 5's) was
+    refused as a bad window. The bounds are the current date moved as
+    ``$dateAdd`` moves it (a month is a calendar month); "current" is the
+    current document's position, not its value, so a tie after it is not
+    in its window; a range needs one ascending sort field of numbers, or of
+    dates with a unit, and each refusal names what is wrong."""
+    import datetime
+    day = datetime.timedelta(days=1)
+    t0 = datetime.datetime(2026, 1, 30)
+    docs = [{"_id": i, "t": t0 + k * day, "v": v} for i, (k, v) in enumerate(
+        [(0, 1), (1, 2), (1, 4), (3, 8), (31, 16), (59, 32)])]
+    out = aggregate.run(iter(docs), [{"$setWindowFields": {"sortBy": {"t": 1}, "output": {
+        "week": {"$sum": "$v", "window": {"range": [-2, 0], "unit": "day"}},
+        "upto": {"$sum": "$v", "window": {"range": [-1, "current"], "unit": "day"}},
+        "month": {"$sum": "$v", "window": {"range": [-1, 0], "unit": "month"}},
+        "hours": {"$count": {}, "window": {"range": [-48, 48], "unit": "hour"}}}}}])
+    assert [d["week"] for d in out] == [1, 7, 7, 14, 16, 32]
+    assert [d["upto"] for d in out] == [1, 3, 7, 8, 16, 32]  # the tie at _id 2: not in _id 1's
+    # a month back from Mar 2 is Feb 2 (its 8 in), from Mar 30 Feb 28 (only 16 and 32)
+    assert [d["month"] for d in out] == [1, 7, 7, 15, 24, 48]
+    assert [d["hours"] for d in out] == [3, 4, 4, 3, 1, 1]  # Feb 2 is 48 h after Jan 31
+    nums = [{"_id": i, "x": x} for i, x in enumerate([1, 2, 2, 3])]
+    out = aggregate.run(iter(nums), [{"$setWindowFields": {"sortBy": {"x": 1}, "output": {
+        "c": {"$count": {}, "window": {"range": ["current", 1]}}}}}])
+    assert [d["c"] for d in out] == [3, 3, 2, 1]
+    for window, sort, code, words in (
+            ({"range": [-1, 0]}, {"t": 1}, 5429414, "be a number, but it was datetime "
+                                                    r"\(a range over dates needs a unit\)"),
+            ({"range": [-1, 0], "unit": "day"}, {"v": 1}, 5429513, "be a date, but it was int"),
+            ({"range": [-1, 0], "unit": "fortnight"}, {"t": 1}, 9, "unknown time unit"),
+            ({"range": [-1, 0], "unit": "day"}, {"t": -1}, 5339901, "ascending"),
+            ({"range": [-1, 0]}, {"t": 1, "v": 1}, 5339902, "exactly one field"),
+            ({"documents": [-1, 0], "unit": "day"}, {"t": 1}, 5371600, "a window is"),
+            ({"range": [-1]}, {"t": 1}, 5371601, "must be \\[lower, upper\\]")):
+        with pytest.raises(CommandError, match=words) as ei:
+            aggregate.run(iter(docs), [{"$setWindowFields": {"sortBy": sort, "output": {
+                "s": {"$sum": "$v", "window": window}}}}])
+        assert ei.value.code == code, (window, ei.value)
+
+
 def test_fill_and_the_gap_filling_window_functions_as_mongodb():
     """$fill (MongoDB 5.3) and $locf/$linearFill: a null or missing value is
     filled per partition in sortBy order; linear interpolation along the

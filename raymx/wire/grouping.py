@@ -359,32 +359,84 @@ def _field_names(stage: str, fs, code: int) -> list:
     return fs
 
 
-def _window_bounds(w, i: int, n: int, sort_vals: list | None) -> tuple[int, int]:
-    """[lo, hi) of the documents in window ``w`` around position ``i`` of ``n``."""
+def _window(w, n: int, sort_vals: list | None, descending: bool):
+    """The bounds of window ``w`` over a partition of ``n`` documents: a
+    function of a position ``i`` giving [lo, hi) of the documents in its
+    window. ``documents: [lo, hi]`` counts positions; ``range: [lo, hi]``
+    (an ascending sort on one field) takes the documents whose sort value
+    lies within the current one's plus lo and plus hi (numbers; with
+    ``unit``, dates moved by that many of the unit, as ``$dateAdd``).
+    Either end may be "unbounded", or "current": the current document's
+    position, as MongoDB's (not its value)."""
     if w is None:
-        return 0, n
-    if not isinstance(w, dict) or len(w) != 1 or next(iter(w)) not in ("documents", "range"):
-        raise _err("a window is {documents: [lo, hi]} or {range: [lo, hi]}", 5371600)
-    kind, (lo, hi) = next(iter(w.items()))
+        return lambda i: (0, n)
+    kinds = set(w) if isinstance(w, dict) else set()
+    if kinds not in ({"documents"}, {"range"}, {"range", "unit"}):
+        raise _err("a window is {documents: [lo, hi]} or {range: [lo, hi], unit: <unit>}",
+                   5371600)
+    kind = "documents" if "documents" in kinds else "range"
+    bounds = w[kind]
+    if not isinstance(bounds, list) or len(bounds) != 2 or not all(
+            b in ("current", "unbounded") or (numbers.is_number(b) and not isinstance(b, bool))
+            for b in bounds):
+        raise _err(f"a window's {kind} must be [lower, upper], each a number, \"current\" or "
+                   "\"unbounded\"", 5371601)
+    lo, hi = bounds
     if kind == "documents":
-        a = 0 if lo == "unbounded" else i if lo == "current" else i + int(lo)
-        b = n if hi == "unbounded" else i + 1 if hi == "current" else i + int(hi) + 1
-        return max(a, 0), min(b, n)
+        if any(numbers.is_number(b) and b != int(b) for b in bounds):
+            raise _err("a documents window's bounds must be whole numbers", 5371601)
+
+        def positions(i):
+            a = 0 if lo == "unbounded" else i if lo == "current" else i + int(lo)
+            b = n if hi == "unbounded" else i + 1 if hi == "current" else i + int(hi) + 1
+            return max(a, 0), min(b, n)
+        return positions
     if sort_vals is None:
-        raise _err("a range window needs sortBy on one numeric field", 5339902)
-    x = sort_vals[i]
-    a = 0 if lo == "unbounded" else next((k for k in range(n) if sort_vals[k] >= (
-        x if lo == "current" else x + lo)), n)
-    b = n if hi == "unbounded" else next((k for k in range(n - 1, -1, -1) if sort_vals[k] <= (
-        x if hi == "current" else x + hi)), -1) + 1
-    return a, b
+        raise _err("a range window needs a sortBy of exactly one field", 5339902)
+    if descending:
+        raise _err("a range window needs an ascending sortBy", 5339901)
+    unit = w.get("unit")
+    if unit is not None:
+        if unit not in _UNITS and unit not in _MONTHS:
+            raise _err(f"unknown time unit value: {unit!r:.40}", 9)
+        if any(numbers.is_number(b) and b != int(b) for b in bounds):
+            raise _err("a range window with a unit needs whole-number bounds", 5429411)
+    bad = [x for x in sort_vals if not (isinstance(x, datetime.datetime) if unit is not None
+                                        else numbers.is_number(x))]
+    if bad:
+        hint = " (a range over dates needs a unit)" if unit is None and isinstance(
+            bad[0], datetime.datetime) else ""
+        raise _err(f"Invalid range: Expected the sortBy field to be a "
+                   f"{'number' if unit is None else 'date'}, but it was "
+                   f"{_type_name(bad[0])}{hint}", 5429414 if unit is None else 5429513)
+    if any(isinstance(x, Decimal128) for x in sort_vals):
+        sort_vals = [numbers.as_float(x) for x in sort_vals]
+
+    def moved(x, by):
+        if unit is None:
+            return x + by
+        by = int(by)
+        return x + by * _UNITS[unit] if unit in _UNITS else _add_months(x, by * _MONTHS[unit])
+
+    def values(i):  # in sort order, each window is one run, found by bisection
+        x = sort_vals[i]
+        a = 0 if lo == "unbounded" else i if lo == "current" else \
+            bisect.bisect_left(sort_vals, moved(x, lo))
+        b = n if hi == "unbounded" else i + 1 if hi == "current" else \
+            bisect.bisect_right(sort_vals, moved(x, hi))
+        return a, b
+    return values
+
+
+def _type_name(x) -> str:
+    return "missing" if x is MISSING else "null" if x is None else type(x).__name__
 
 
 def set_window_fields(docs, spec: dict, variables=None):
     """``$setWindowFields``: per partition (``partitionBy``), in ``sortBy``
     order, each output field is an accumulator over a window of documents
-    (``documents`` positions or a numeric ``range`` of the sort field; the
-    whole partition by default), ``$rank``/``$denseRank``/``$documentNumber``,
+    (``documents`` positions or a ``range`` of the sort field's values,
+    numbers or dates with a ``unit``; the whole partition by default), ``$rank``/``$denseRank``/``$documentNumber``,
     ``$shift``, or a gap filled by ``$locf`` (the last value before it) or
     ``$linearFill`` (interpolated along the one sort field)."""
     if not isinstance(spec, dict) or not isinstance(spec.get("output"), dict) \
@@ -445,8 +497,9 @@ def set_window_fields(docs, spec: dict, variables=None):
             else:
                 vals = [1 if op == "$count" else evaluate(arg, d, None, variables)
                         for d in part]
+                bounds = _window(w, n, sort_vals, one is not None and sort_by[one] == -1)
                 for i in range(n):
-                    lo, hi = _window_bounds(w, i, n, sort_vals)
+                    lo, hi = bounds(i)
                     acc = _Acc(op)
                     for v in vals[lo:hi]:
                         acc.add(v)
