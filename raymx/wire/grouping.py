@@ -389,7 +389,8 @@ def _window(w, n: int, sort_vals: list | None, descending: bool):
         def positions(i):
             a = 0 if lo == "unbounded" else i if lo == "current" else i + int(lo)
             b = n if hi == "unbounded" else i + 1 if hi == "current" else i + int(hi) + 1
-            return max(a, 0), min(b, n)
+            a = min(max(a, 0), n)
+            return a, min(max(b, a), n)  # an empty window past either end: [a, a)
         return positions
     if sort_vals is None:
         raise _err("a range window needs a sortBy of exactly one field", 5339902)
@@ -498,11 +499,17 @@ def set_window_fields(docs, spec: dict, variables=None):
                 vals = [1 if op == "$count" else evaluate(arg, d, None, variables)
                         for d in part]
                 bounds = _window(w, n, sort_vals, one is not None and sort_by[one] == -1)
+                acc, was = None, None  # a window that only grows feeds one accumulator
                 for i in range(n):
                     lo, hi = bounds(i)
-                    acc = _Acc(op)
-                    for v in vals[lo:hi]:
+                    if was == (lo, hi):  # the same window (the whole partition): its value
+                        col.append(copy.deepcopy(col[-1]))
+                        continue
+                    if was is None or lo != was[0] or hi < was[1]:
+                        acc, was = _Acc(op), (lo, lo)
+                    for v in vals[was[1]:hi]:
                         acc.add(v)
+                    was = (lo, hi)
                     col.append(acc.result())
             results[field] = col
         for i, d in enumerate(part):
