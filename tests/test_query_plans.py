@@ -193,3 +193,65 @@ def test_a_sort_on_an_indexed_field_reads_only_what_it_returns(engine):
     got, st = newest(None, 2)
     assert got == [([7, 500], 5000), (99, 99)] and st.plan == "COLLSCAN"
     assert st.examined == 1001
+
+
+_DISTINCT_VALUES = st.one_of(
+    st.none(), st.integers(-2, 2), st.sampled_from([1.0, 0.5, -0.0, float("nan")]),
+    st.text("ab", max_size=2), st.sampled_from(["missing"]),
+    st.dictionaries(st.sampled_from("cd"), st.integers(0, 1), max_size=2),
+    st.lists(st.integers(0, 2), max_size=2))
+
+
+@given(st.lists(st.tuples(_DISTINCT_VALUES, _DISTINCT_VALUES), max_size=16), st.booleans())
+def test_distinct_read_off_an_index_equals_distinct_over_every_document(rows, sub):
+    """With a one-field index on the key that holds no array, distinct reads
+    one document per value (the index's DISTINCT_SCAN) instead of every
+    document; its values, their order and which of equal values (1, 1.0)
+    answers are what the documents give, null only when a document holds
+    it (not for the documents without the field)."""
+    key = "s.c" if sub else "a"
+    docs = []
+    for i, (a, c) in enumerate(rows):
+        d = {"_id": i}
+        if a != "missing":
+            d["a"] = a
+        if c != "missing":
+            d["s"] = {"c": c}
+        docs.append(d)
+    plain, indexed = Engine(MemoryStore()), Engine(MemoryStore())
+    for e in (plain, indexed):
+        if docs:
+            e.insert_many(NS, docs)
+    with indexed.begin() as tx:
+        tx.create_index(NS, key)
+    want = plain.reader().distinct(NS, key)
+    st_ = Stats()
+    r = indexed.reader()
+    got = r.distinct(NS, key, None, st_)
+    assert repr(got) == repr(want)  # the same values of the same types (NaN == NaN by repr)
+    has_array = any(isinstance(query_value, list) for a, c in rows
+                    for query_value in ([a] if not sub else [c]))
+    if not has_array:
+        assert st_.plan == f"DISTINCT_SCAN {key}_1"
+        assert st_.examined <= len(docs)
+    assert repr(r.distinct(NS, key, {"_id": {"$gte": 0}})) == repr(want)  # a filter
+
+
+def test_distinct_reads_one_document_per_value_and_refuses_a_too_large_answer(tmp_path):
+    from raymx.storage.limits import Limits
+    from raymx.storage.lmdb_store import LMDBStore
+    e = Engine(LMDBStore(str(tmp_path / "m")), Limits(document_bytes_max=64 * 1024,
+                                                      frame_bytes_max=1 << 20))
+    e.insert_many(NS, [{"_id": i, "k": i % 5, "u": str(i) * 40} for i in range(3000)])
+    with e.begin() as tx:
+        tx.create_index(NS, "k")
+    st_ = Stats()
+    assert e.reader().distinct(NS, "k", None, st_) == [0, 1, 2, 3, 4]
+    assert st_.plan == "DISTINCT_SCAN k_1" and st_.examined == 5
+    st_ = Stats()
+    assert e.reader().distinct(NS, "k", {"k": {"$gt": 2}}, st_) == [3, 4]
+    assert st_.examined == 1200  # a filter: the matching documents, through its plan
+    with pytest.raises(errors.InvalidOperation, match="distinct too big.*\\$group"):
+        e.reader().distinct(NS, "u")
+    with pytest.raises(errors.InvalidFilter, match="non-empty string"):
+        e.reader().distinct(NS, "")

@@ -1,8 +1,8 @@
 """How reads are planned through the MongoDB wire port, with the real
 pymongo: explain's plans (an index scan in the sort's order, no SORT stage,
 what is examined), an aggregate's $match and $sort pushed down to the
-member, and count_documents counted by the member (a member served in
-process)."""
+member, count_documents counted by the member and distinct read off an
+index (a member served in process)."""
 
 import pytest
 from pymongo.errors import OperationFailure
@@ -49,6 +49,33 @@ def test_count_documents_is_counted_by_the_member(client):
             assert c.count_documents({"a": 1}, session=s) == 18
             s.abort_transaction()
     assert c.count_documents({}) == 50
+
+
+def test_distinct_is_answered_by_the_member_off_an_index(client):
+    """pymongo's ``distinct`` is the member's: with a one-field index on the
+    key and no filter, one document per value (explain: DISTINCT_SCAN under
+    PROJECTION_COVERED, as MongoDB's), with a filter over its matches, in a
+    transaction with its own writes; arrays count each element."""
+    c = client.t.distinct
+    c.insert_many([{"_id": i, "k": i % 4, "t": ["x", "y"] if i % 2 else "z"}
+                   for i in range(400)] + [{"_id": 400, "k": None}, {"_id": 401}])
+    c.create_index("k")
+    assert c.distinct("k") == [None, 0, 1, 2, 3]
+    assert c.distinct("k", {"_id": {"$lt": 2}}) == [0, 1]
+    assert c.distinct("t") == ["x", "y", "z"] and c.distinct("nope") == []
+    ex = client.t.command("explain", {"distinct": "distinct", "key": "k"})
+    plan = ex["queryPlanner"]["winningPlan"]
+    assert plan["stage"] == "PROJECTION_COVERED"
+    assert plan["inputStage"]["stage"] == "DISTINCT_SCAN"
+    assert plan["inputStage"]["indexName"] == "k_1"
+    assert ex["executionStats"]["totalDocsExamined"] == 5  # one per value, not 402
+    assert ex["executionStats"]["nReturned"] == 5
+    with client.start_session() as s:
+        with s.start_transaction():
+            c.insert_one({"_id": 500, "k": 9}, session=s)
+            assert c.distinct("k", session=s) == [None, 0, 1, 2, 3, 9]
+            s.abort_transaction()
+    assert c.distinct("k") == [None, 0, 1, 2, 3]
 
 
 def test_explain_says_how_a_read_reads(client):

@@ -157,7 +157,7 @@ class ReadPath:
                 if rc == "snapshot":
                     out["at"] = gtid_out(point)  # the session reads there again
                 cid = out["cursor"] if op == "find" else None
-                if rc == "linearizable" and op in ("find", "count"):
+                if rc == "linearizable" and op in ("find", "count", "distinct"):
                     if not cid:  # all read: no snapshot held while a majority confirms
                         r.t.abort()  # (it would hold back a remap of the map meanwhile)
                     try:  # after reading: a deposed primary never answers
@@ -278,7 +278,7 @@ class ReadPath:
 
     def _read_in(self, r: Reader, req: dict, conn: dict):
         op = req["op"]
-        limit = time_limit(req) if op in ("count", "find") else None
+        limit = time_limit(req) if op in ("count", "find", "distinct") else None
         with limit or contextlib.nullcontext():
             return self._read_in_checked(r, req, Stats(read_check(limit, conn)))
 
@@ -286,6 +286,8 @@ class ReadPath:
         op = req["op"]
         if op == "count":
             return {"value": r.count(req["ns"], req.get("filter"), stats)}
+        if op == "distinct":
+            return {"value": r.distinct(req["ns"], req.get("key"), req.get("filter"), stats)}
         if op == "find":  # inside a transaction: one batch, no cursor
             docs, size = [], 0
             for d in r.find(req["ns"], req.get("filter"), req.get("projection"), req.get("sort"),
@@ -304,11 +306,14 @@ class ReadPath:
             return {"value": r.coll_stats(req["ns"])}
         if op == "validate":
             return {"value": r.validate(req["ns"])}
-        if op == "explain":  # a find run to its end: how it read, what it examined
-            st, t0 = Stats(), time.monotonic()
-            n = sum(1 for _ in r.find(req["ns"], req.get("filter"), req.get("projection"),
-                                      req.get("sort"), req.get("skip") or 0,
-                                      req.get("limit") or 0, stats=st))
+        if op == "explain":  # a find (or a distinct: ``key``) run to its end: how it
+            st, t0 = Stats(), time.monotonic()  # read, what it examined
+            if req.get("key") is not None:
+                n = len(r.distinct(req["ns"], req["key"], req.get("filter"), st))
+            else:
+                n = sum(1 for _ in r.find(req["ns"], req.get("filter"), req.get("projection"),
+                                          req.get("sort"), req.get("skip") or 0,
+                                          req.get("limit") or 0, stats=st))
             return {"value": {"plan": st.plan, "examined": st.examined, "returned": n,
                               "in_order": st.in_order, "ms": (time.monotonic() - t0) * 1000}}
         if op == "revertPlan":

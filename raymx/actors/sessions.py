@@ -120,7 +120,7 @@ class SessionPath:
                 res = run_statement(s.tx, req)
                 self._lock_written(s)
                 reply(ok=result_out(res))
-            elif op in ("find", "count"):
+            elif op in ("find", "count", "distinct"):
                 reply(ok=self._read_in(s.tx, req, s.conn))
             else:
                 reply(err=errors.InvalidOperation(f"{op!r} is not allowed in a transaction"))

@@ -17,7 +17,7 @@ WRITE_OPS = {"insert", "replaceMany", "update", "delete", "createIndex", "dropIn
              "setIndexExpiry", "dropCollection", "createCollection", "renameCollection",
              "revertTo"}
 PACKED_OPS = ("insert", "replaceMany")  # their documents arrive packed, maybe in parts
-READ_OPS = {"find", "getMore", "killCursors", "count", "listCollections", "listIndexes",
+READ_OPS = {"find", "getMore", "killCursors", "count", "distinct", "listCollections", "listIndexes",
             "indexStats", "revertPlan", "collStats", "explain", "validate"}
 TXN_OPS = {"txnBegin", "txnCommit", "txnAbort"}
 

@@ -17,7 +17,7 @@ from raymx.client.results import _gtid
 from raymx.storage.gtid import GTID
 
 
-_READ_OPS = {"find", "getMore", "count", "listCollections", "listIndexes", "killCursors",
+_READ_OPS = {"find", "getMore", "count", "distinct", "listCollections", "listIndexes", "killCursors",
              "collStats"}
 
 

@@ -341,8 +341,9 @@ class Collection:
         values."""
         if not isinstance(key, str) or not key:
             raise TypeError(f"distinct: key must be a non-empty str, not {key!r:.40}")
-        with self.find(filter, {key: 1}, read_concern=read_concern) as c:
-            return composite.distinct_values(c, key)
+        req = {"op": "distinct", "ns": self.full_name, "key": key,
+               "filter": {} if filter is None else filter}
+        return self._read(req, read_concern)["value"]
 
     # findAndModify: the member has no request for it; its find and update or
     # delete run in one member transaction (raymx/client/composite.py, as the

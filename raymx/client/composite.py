@@ -3,8 +3,6 @@ has; one piece of code shared by the native driver (``Collection.distinct``,
 ``Collection.find_one_and_*``) and the MongoDB wire port (``distinct``,
 ``findAndModify`` in raymx/wire/crud.py), so both answer alike.
 
-- ``distinct_values``: the distinct values of a path over documents (a find
-  with the path projected), in raymx's order of values (MongoDB's);
 - ``find_and_modify``: find the first match (in ``sort`` order), then update,
   replace or delete that document by its ``_id``: the member's ``find``,
   ``update`` and ``delete`` requests inside one member transaction (the
@@ -13,24 +11,9 @@ has; one piece of code shared by the native driver (``Collection.distinct``,
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable
 
-from raymx.storage import query
-from raymx.storage.keys import encode_key
 from raymx.storage.update import upsert_seed
-
-
-def distinct_values(docs: Iterable[dict], key: str) -> list:
-    """The distinct values at ``key`` (a dotted path; arrays count each
-    element, as MongoDB's ``distinct``), in the order of values."""
-    seen: dict = {}
-    for doc in docs:
-        for v in query.reach(doc, key):
-            if v is query.MISSING:
-                continue
-            for x in (v if isinstance(v, list) else [v]):
-                seen.setdefault(encode_key(x), x)
-    return [seen[k] for k in sorted(seen)]
 
 
 def is_replacement(update) -> bool:

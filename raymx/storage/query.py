@@ -491,6 +491,24 @@ def index_keys(doc: Any, path: str) -> list[bytes]:
     return sorted(set(_fanned(reach(doc, path))[1]))
 
 
+def distinct_values(docs, key: str) -> list:
+    """The distinct values at ``key`` (a dotted path; arrays count each
+    element, as MongoDB's ``distinct``) over ``docs``, in the order of
+    values; of values that sort equal (1 and 1.0), the first seen."""
+    seen: dict = {}
+    for doc in docs:
+        for x in spread(doc, key):
+            seen.setdefault(encode_key(x), x)
+    return [seen[k] for k in sorted(seen)]
+
+
+def spread(doc: Any, key: str) -> list:
+    """The values ``distinct`` takes from ``doc`` at ``key``: each value
+    reached, an array's elements instead of the array."""
+    return [x for v in reach(doc, key) if v is not MISSING
+            for x in (v if isinstance(v, _ARRAY) else [v])]
+
+
 def array_paths(doc: Any, path: str) -> set[str]:
     """The prefixes of dotted ``path`` (the whole path included) at which
     ``doc`` holds an array: {"a"} for ``{"a": [{"b": 1}]}`` and "a.b", an

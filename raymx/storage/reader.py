@@ -391,6 +391,62 @@ class Reader:
                 1 for _ in self.t.scan_keys("docs", c.prefix, prefix_end(c.prefix)))
         return sum(1 for _ in self.matching(ns, flt, stats))
 
+    def distinct(self, ns: str, key: str, flt=None, stats: Stats | None = None) -> list:
+        """The distinct values at ``key`` among the documents matching ``flt``
+        (``query.distinct_values``: an array's elements count, MongoDB's
+        order). With no filter and a one-field index on ``key`` that holds
+        every document and no array, read off the index: one document per
+        value (MongoDB's DISTINCT_SCAN), not every document. The answer
+        travels in one frame: more than ``document_bytes_max`` of values is
+        refused, as MongoDB's 16 MB cap."""
+        if not isinstance(key, str) or not key:
+            raise errors.InvalidFilter(f"distinct: the key must be a non-empty string, not "
+                                       f"{key!r:.40}")
+        stats = stats if stats is not None else Stats()
+        vals = self._distinct_by_index(ns, key, flt, stats)
+        if vals is None:
+            vals = query.distinct_values((d for _, d in self.matching(ns, flt, stats)), key)
+        if len(codec.pack(vals)) > self.e.limits.document_bytes_max:
+            raise errors.InvalidOperation(
+                f"distinct too big: the values of {key!r} exceed "
+                f"{self.e.limits.document_bytes_max:,} bytes; use an aggregate "
+                f"([{{$group: {{_id: '${key}'}}}}]), whose answer comes in batches")
+        return vals
+
+    def _distinct_by_index(self, ns: str, key: str, flt, stats: Stats) -> list | None:
+        if flt or self.point is not None:
+            return None
+        query.compile_filter(flt)  # a filter of the wrong type says so
+        split_ns(ns, self.e.limits)
+        c = self.coll(ns)
+        ix = None if c is None else next(
+            (x for x in c.indexes.values()
+             if x.every_document and len(x.key) == 1 and x.key[0][0] == key), None)
+        if ix is None or next(iter(self.t.scan(
+                "index", ix.prefix + _ARRAYS, ix.prefix + _ABOVE_ARRAYS)), None) is not None:
+            return None  # an array's entries (the whole, each element) are not its values
+        stats.plan = f"DISTINCT_SCAN {ix.name}"
+        self.e.note_index(ns, ix.name)
+        out, start, stop = [], ix.prefix, prefix_end(ix.prefix)
+        while start is not None:
+            entry = next(iter(self.t.scan("index", start, stop)), None)
+            if entry is None:
+                break
+            k, pk = entry
+            vk = k[len(ix.prefix):len(k) - len(pk)]
+            start = value_end(ix.prefix + vk, vk)  # past this value's entries
+            # the value as the first document under its key holds it; null's
+            # key also holds the documents without the field, which have none
+            for _, pk in self.t.scan("index", k, start):
+                d = self._get_pk(c, pk)
+                if d is None:
+                    continue
+                got = [x for x in query.spread(_examine(stats, d), key) if encode_key(x) == vk]
+                if got:
+                    out.append(got[0])
+                    break
+        return out
+
     def coll_stats(self, ns: str) -> dict:
         """``ns``'s documents and their stored bytes, and each index's entries
         and key bytes (``_id_``: the documents' keys), read without decoding

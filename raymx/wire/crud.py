@@ -24,6 +24,7 @@ from bson import Int64
 
 from raymx import errors
 from raymx.actors.statements import RETRY_NS  # lsid -> the last retryable write's record
+from raymx.storage import query
 from raymx.storage import update as update_mod
 from raymx.storage.keys import encode_key
 from raymx.storage.gtid import GTID
@@ -695,8 +696,13 @@ def _distinct(d, cmd: dict, conn) -> dict:
     key = cmd.get("key")
     if not isinstance(key, str) or not key:
         raise CommandError("distinct needs a string 'key'", 14, "TypeMismatch")
-    docs = scan(d, cmd, conn, ns, _plain(cmd.get("query") or {}), {key: 1})
-    return {"values": composite.distinct_values(docs, key)}
+    flt = _plain(cmd.get("query") or {})
+    if ns == oplog_view.NS:  # the oplog's view is read as it streams (scan)
+        docs = yield blocking(lambda: list(scan(d, cmd, conn, ns, flt, {key: 1})))
+        return {"values": query.distinct_values(docs, key)}
+    return {"values": (yield from _run(d, {"op": "distinct", "ns": ns, "key": key,
+                                           "filter": flt, **read_fields(cmd)},
+                                       cmd, conn))["value"]}
 
 
 def _atomically(d, cmd: dict, work):

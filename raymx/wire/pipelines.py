@@ -253,20 +253,23 @@ def explain(d, cmd: dict, conn) -> dict:
             raise CommandError("explain: a filter with $expr is computed in the port and not "
                                "explained", 2, "BadValue")
         req = {"filter": flt}
+        if kind == "distinct":
+            req["key"] = inner.get("key")
         if kind == "find":
             req.update(projection=_plain(inner.get("projection")) or None,
                        sort=_sort(inner.get("sort")), skip=int(inner.get("skip") or 0),
                        limit=abs(int(inner.get("limit") or 0)))
     got = d.call({"op": "explain", "ns": ns, **req, **read_fields(inner)}, conn.state)["value"]
     plan = got["plan"] or "EOF"
-    if plan.startswith("IXSCAN "):
-        name = plan.split(" ", 1)[1]
+    stage, _, name = plan.partition(" ")
+    if stage in ("IXSCAN", "DISTINCT_SCAN"):  # a distinct's: one document per value
         keys = {x["name"]: x["key"] for x in d.call({"op": "listIndexes", "ns": ns},
                                                       conn.state)["value"]}
-        winning = {"stage": "FETCH", "inputStage": {
-            "stage": "IXSCAN", "indexName": name,
-            "keyPattern": {p: dr for p, dr in keys.get(name, [["_id", 1]])},
-            "direction": got.get("in_order") or "forward"}}
+        winning = {"stage": "FETCH" if stage == "IXSCAN" else "PROJECTION_COVERED",
+                   "inputStage": {
+                       "stage": stage, "indexName": name,
+                       "keyPattern": {p: dr for p, dr in keys.get(name, [["_id", 1]])},
+                       "direction": got.get("in_order") or "forward"}}
     else:
         winning = {"stage": plan, **({"direction": "forward"} if plan == "COLLSCAN" else {})}
     if req.get("sort") and not got.get("in_order"):  # else the index scan gave the order
@@ -281,7 +284,7 @@ def explain(d, cmd: dict, conn) -> dict:
                                "executionTimeMillis": int(got["ms"]),
                                "totalDocsExamined": got["examined"],
                                "totalKeysExamined": got["examined"]
-                               if plan.startswith(("IXSCAN", "IDHACK")) else 0},
+                               if stage in ("IXSCAN", "IDHACK", "DISTINCT_SCAN") else 0},
             "serverInfo": {"host": d.port.address, "version": _version(), "gitVersion": "raymx"},
             "command": inner}
 
