@@ -63,6 +63,10 @@ def test_coll_mod_sets_an_index_s_ttl_as_mongodb_s(served, client):
         == [[("dropIndexes", None), ("createIndexes", 3600)],
             [("dropIndexes", None), ("createIndexes", 60)]]
     assert client.cm.command("collMod", "c", changeStreamPreAndPostImages={"enabled": True})
+    client.cm.create_collection("imaged", changeStreamPreAndPostImages={"enabled": True})
+    assert "imaged" in client.cm.list_collection_names()  # at create too: always on here
+    with pytest.raises(OperationFailure, match="must be {enabled: <bool>}"):
+        client.cm.create_collection("imaged2", changeStreamPreAndPostImages=True)
     for kw, code, words in (({"validator": {"b": 1}}, 2, "validators are not served"),
                             ({"index": {"name": "b_1", "hidden": True}}, 2, "hidden indexes"),
                             ({"index": {"name": "nope", "expireAfterSeconds": 5}}, 27,

@@ -458,7 +458,8 @@ def _list_collections(d: Dispatcher, cmd: dict, conn) -> dict:
 
 
 _CREATE_OPTIONS = {"create", "$db", "lsid", "writeConcern", "$readPreference", "$clusterTime",
-                   "txnNumber", "autocommit", "startTransaction", "comment"}
+                   "txnNumber", "autocommit", "startTransaction", "comment",
+                   "changeStreamPreAndPostImages"}  # always on here, as collMod says
 
 
 def _create(d: Dispatcher, cmd: dict, conn) -> dict:
@@ -466,6 +467,10 @@ def _create(d: Dispatcher, cmd: dict, conn) -> dict:
     if other:
         raise CommandError(f"create: option(s) {', '.join(other)} are not supported by "
                            "raymx", 2, "BadValue")
+    images = cmd.get("changeStreamPreAndPostImages", {"enabled": True})
+    if not isinstance(images, dict) or set(images) != {"enabled"} \
+            or not isinstance(images["enabled"], bool):
+        raise bad_value("create: changeStreamPreAndPostImages must be {enabled: <bool>}")
     d.drive(crud._run(d, {"op": "createCollection", "ns": crud.ns_of(cmd, "create"),
                              **crud.wc_fields(cmd)}, cmd, conn))
     return {}
