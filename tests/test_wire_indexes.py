@@ -31,6 +31,34 @@ def test_a_hint_naming_no_index_fails_as_in_mongodb(client):
     assert co.count_documents({}) == 5  # the connection serves on
 
 
+def test_a_hint_chooses_the_plan_as_in_mongodb(client):
+    """A hinted find reads through that index (it was only checked): in the
+    index's order, the index read whole where the filter does not bound its
+    field, explain naming it; ``$natural`` reads the documents in stored
+    order either way; a sparse index hinted gives what it holds, as
+    MongoDB's; a count takes the hint too; a sort is done over what the
+    hinted plan read."""
+    co = client.hints.p
+    co.insert_many([{"_id": i, "a": (7 * i) % 10, "b": i % 3} for i in range(10)]
+                   + [{"_id": 10, "b": 0}])
+    co.create_index("a")
+    co.create_index("b", sparse=True)
+    by_a = [d["_id"] for d in co.find({}).hint("a_1")]  # the missing a (null) first
+    assert by_a == [10] + sorted(range(10), key=lambda i: (7 * i) % 10)
+    assert [d["_id"] for d in co.find({"b": 0}).hint([("a", 1)])] == [10, 0, 3, 6, 9]
+    assert [d["_id"] for d in co.find().hint([("$natural", -1)])] == list(range(10, -1, -1))
+    assert [d["_id"] for d in co.find({"a": {"$gt": 5}}).hint("_id_")] == [1, 4, 7, 8]
+    ex = co.find({"b": 1}).hint("a_1").explain()
+    scan = ex["queryPlanner"]["winningPlan"]["inputStage"]
+    assert scan["stage"] == "IXSCAN" and scan["indexName"] == "a_1"
+    assert ex["executionStats"]["totalDocsExamined"] == 11  # the whole index, then the filter
+    co.create_index("c", sparse=True)  # no document has c: the index holds none
+    assert list(co.find().hint("c_1")) == [] and co.count_documents({}, hint="c_1") == 0
+    assert co.count_documents({"b": {"$gte": 0}}, hint="a_1") == 11
+    assert [d["_id"] for d in co.find().sort("_id", -1).limit(3).hint("a_1")] == [10, 9, 8]
+    assert co.find_one({"_id": 3}, hint="a_1") == {"_id": 3, "a": 1, "b": 0}
+
+
 def test_coll_mod_sets_an_index_s_ttl_as_mongodb_s(served, client):
     """``collMod`` with ``index: {keyPattern | name, expireAfterSeconds}``
     makes an index a TTL index or changes its expiry (the answer names the

@@ -285,13 +285,14 @@ class ReadPath:
     def _read_in_checked(self, r: Reader, req: dict, stats: Stats):
         op = req["op"]
         if op == "count":
-            return {"value": r.count(req["ns"], req.get("filter"), stats)}
+            return {"value": r.count(req["ns"], req.get("filter"), stats, req.get("hint"))}
         if op == "distinct":
             return {"value": r.distinct(req["ns"], req.get("key"), req.get("filter"), stats)}
         if op == "find":  # inside a transaction: one batch, no cursor
             docs, size = [], 0
             for d in r.find(req["ns"], req.get("filter"), req.get("projection"), req.get("sort"),
-                            req.get("skip") or 0, req.get("limit") or 0, stats):
+                            req.get("skip") or 0, req.get("limit") or 0, stats,
+                            req.get("hint")):
                 size += len(codec.pack(d))
                 if size > self._batch_bytes() and docs:
                     raise errors.InvalidOperation(
@@ -313,7 +314,7 @@ class ReadPath:
             else:
                 n = sum(1 for _ in r.find(req["ns"], req.get("filter"), req.get("projection"),
                                           req.get("sort"), req.get("skip") or 0,
-                                          req.get("limit") or 0, stats=st))
+                                          req.get("limit") or 0, st, req.get("hint")))
             return {"value": {"plan": st.plan, "examined": st.examined, "returned": n,
                               "in_order": st.in_order, "ms": (time.monotonic() - t0) * 1000}}
         if op == "revertPlan":
@@ -334,12 +335,12 @@ class ReadPath:
     def _find(self, r: Reader, req: dict, conn: dict) -> dict:
         if not (req.get("projection") or req.get("sort") or req.get("skip")) \
                 and type(req.get("limit", 0)) is int and req.get("limit", 0) >= 0:
-            hits = r.by_id(req["ns"], req.get("filter"))
+            hits = r.by_id(req["ns"], req.get("filter")) if req.get("hint") is None else None
             if hits is not None:  # a point read: no query plan, no cursor
                 return {"cursor": 0, "docs": [d for _, d in hits]}
         limit, stats = time_limit(req), Stats()
         it = r.find(req["ns"], req.get("filter"), req.get("projection"), req.get("sort"),
-                    req.get("skip") or 0, req.get("limit") or 0, stats)
+                    req.get("skip") or 0, req.get("limit") or 0, stats, req.get("hint"))
         c = _Cursor(next(self._ids), r, it, limit, stats)
         return self._table_if_open(c, self._batch(c, req.get("batch"), conn))
 

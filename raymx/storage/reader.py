@@ -147,55 +147,88 @@ class Reader:
         b = self.t.get("docs", c.prefix + pk)
         return None if b is None else codec.unpack_document(b)
 
-    def _candidates(self, c: CollInfo, flt, stats: Stats) -> Iterator[tuple[bytes, dict]]:
+    def _candidates(self, c: CollInfo, flt, stats: Stats, hint=None
+                    ) -> Iterator[tuple[bytes, dict]]:
+        """(pk, doc) of the documents a filter's plan reads (to be matched):
+        by ``_id`` where the filter bounds it, else through the index its
+        bounds fit best (points before ranges, a unique one-field index
+        first), else every document. ``hint`` (an index's name, ``"_id_"``
+        or ``{"$natural": 1 | -1}``) takes that plan, as MongoDB's: an index
+        the filter does not bound is read whole, in its order (a sparse or
+        partial one only has what it holds, as in MongoDB)."""
+        if hint is not None and not isinstance(hint, str) and not (
+                isinstance(hint, dict) and list(hint) == ["$natural"]
+                and hint["$natural"] in (1, -1)):
+            raise errors.InvalidOperation(f"a hint is an index's name or {{$natural: 1 | -1}}, "
+                                          f"not {hint!r:.100}")
         bounds = query.extract_bounds(flt, multikey=_MULTIKEY)
         b = bounds.get("_id")
+        if hint == "_id_" or (hint is None and b is not None):
+            yield from self._through_ids(c, b, stats)
+            return
+        ix = ib = None
+        if hint is None:
+            best = None
+            for x in c.indexes.values():
+                xb = bounds.get(x.key[0][0])
+                if xb is None or not x.every_document:
+                    continue
+                score = (xb.points is not None, x.unique and len(x.key) == 1)
+                if best is None or score > best[0]:
+                    best = (score, x, xb)
+            if best is not None:
+                _, ix, ib = best
+        elif not isinstance(hint, dict):
+            ix = c.indexes.get(hint)
+            if ix is None:
+                raise errors.InvalidOperation(f"hint provided does not correspond to an "
+                                              f"existing index: {hint!r:.200}")
+            ib = bounds.get(ix.key[0][0])
+        if ix is not None:
+            yield from self._through_index(c, ix, ib, stats)
+            return
+        stats.plan = "COLLSCAN"
+        reverse = isinstance(hint, dict) and hint.get("$natural") == -1
+        for k, v in self.t.scan("docs", c.prefix, prefix_end(c.prefix), reverse):
+            yield k[4:], codec.unpack_document(v)
+
+    def _through_ids(self, c: CollInfo, b, stats: Stats) -> Iterator[tuple[bytes, dict]]:
+        """The documents whose ``_id`` is within bounds ``b`` (None: all), in order."""
+        self.e.note_index(c.ns, "_id_")
         if b is not None and b.points is not None:
             stats.plan = "IDHACK"
-            self.e.note_index(c.ns, "_id_")
             for pk in sorted({encode_key(v) for v in b.points}):
                 d = self._get_pk(c, pk)
                 if d is not None:
                     yield pk, d
             return
-        if b is not None:
-            stats.plan = "IXSCAN _id_"
-            self.e.note_index(c.ns, "_id_")
-            start, stop = _range_bounds(c.prefix, b)
-            for k, v in self.t.scan("docs", start, stop):
-                yield k[4:], codec.unpack_document(v)
-            return
-        best = None
-        for ix in c.indexes.values():
-            ib = bounds.get(ix.key[0][0])
-            if ib is None or not ix.every_document:
-                continue
-            score = (ib.points is not None, ix.unique and len(ix.key) == 1)
-            if best is None or score > best[0]:
-                best = (score, ix, ib)
-        if best is not None:
-            _, ix, ib = best
-            stats.plan = f"IXSCAN {ix.name}"
-            self.e.note_index(c.ns, ix.name)
-            if ib.points is not None:
-                ranges = []
-                for v in sorted({encode_key(v) for v in ib.points}):
-                    ranges.append((ix.prefix + v, value_end(ix.prefix + v, v)))
-            else:
-                ranges = [_range_bounds(ix.prefix, ib)]
-            seen = set()
-            for start, stop in ranges:
-                for _, pk in self.t.scan("index", start, stop):
-                    if pk in seen:
-                        continue
-                    seen.add(pk)
-                    d = self._get_pk(c, pk)
-                    if d is not None:
-                        yield pk, d
-            return
-        stats.plan = "COLLSCAN"
-        for k, v in self.t.scan("docs", c.prefix, prefix_end(c.prefix)):
+        stats.plan = "IXSCAN _id_"
+        start, stop = _range_bounds(c.prefix, b) if b is not None else (
+            c.prefix, prefix_end(c.prefix))
+        for k, v in self.t.scan("docs", start, stop):
             yield k[4:], codec.unpack_document(v)
+
+    def _through_index(self, c: CollInfo, ix, ib, stats: Stats) -> Iterator[tuple[bytes, dict]]:
+        """The documents of index ``ix``'s entries within bounds ``ib`` on its
+        first field (None: the whole index), each once, in the index's order."""
+        stats.plan = f"IXSCAN {ix.name}"
+        self.e.note_index(c.ns, ix.name)
+        if ib is None:
+            ranges = [(ix.prefix, prefix_end(ix.prefix))]
+        elif ib.points is not None:
+            ranges = [(ix.prefix + v, value_end(ix.prefix + v, v))
+                      for v in sorted({encode_key(v) for v in ib.points})]
+        else:
+            ranges = [_range_bounds(ix.prefix, ib)]
+        seen = set()
+        for start, stop in ranges:
+            for _, pk in self.t.scan("index", start, stop):
+                if pk in seen:
+                    continue
+                seen.add(pk)
+                d = self._get_pk(c, pk)
+                if d is not None:
+                    yield pk, d
 
     def by_id(self, ns: str, flt, stats: Stats | None = None) -> list | None:
         """(pk, doc) matching ``flt`` by one lookup, when ``flt`` is exactly
@@ -206,10 +239,12 @@ class Reader:
             return self._id_point(ns, flt["_id"], stats if stats is not None else Stats())
         return None
 
-    def matching(self, ns: str, flt, stats: Stats | None = None) -> Iterator[tuple[bytes, dict]]:
-        """(pk, doc) of every document matching ``flt``, in plan order."""
+    def matching(self, ns: str, flt, stats: Stats | None = None, hint=None
+                 ) -> Iterator[tuple[bytes, dict]]:
+        """(pk, doc) of every document matching ``flt``, in plan order
+        (``hint``: that plan, see ``_candidates``)."""
         stats = stats if stats is not None else Stats()
-        hits = self.by_id(ns, flt, stats)
+        hits = self.by_id(ns, flt, stats) if hint is None else None
         if hits is not None:  # certain: no filter to compile, no bounds to derive
             yield from hits
             return
@@ -220,7 +255,7 @@ class Reader:
             stats.plan = "EOF"
             return
         check, every = stats.check, stats.CHECK_EVERY - 1
-        for pk, d in self._candidates(c, flt, stats):
+        for pk, d in self._candidates(c, flt, stats, hint):
             if ov and pk in ov:
                 continue  # changed after the point: its image then is matched below
             stats.examined += 1
@@ -262,7 +297,9 @@ class Reader:
         return [(pk, d)]
 
     def find(self, ns: str, flt=None, projection=None, sort=None, skip: int = 0,
-             limit: int = 0, stats: Stats | None = None) -> Iterator[dict]:
+             limit: int = 0, stats: Stats | None = None, hint=None) -> Iterator[dict]:
+        """``hint``: the plan to read by (``_candidates``); a sort is then
+        done over what it reads, not by an index holding the sort's order."""
         if not isinstance(skip, int) or skip < 0 or not isinstance(limit, int) or limit < 0:
             raise errors.InvalidFilter("skip and limit must be non-negative integers")
         if isinstance(projection, dict):  # sub-objects as dotted paths once, not per document
@@ -271,12 +308,13 @@ class Reader:
             project({}, projection, flt)  # validate before doing any work
         keyf = query.sort_key(sort) if sort else None
         stats = stats if stats is not None else Stats()
-        ordered = self._in_sort_order(ns, flt, sort, stats) if keyf is not None else None
+        ordered = self._in_sort_order(ns, flt, sort, stats) \
+            if keyf is not None and hint is None else None
         if ordered is not None:  # a scan that reads them in the sort's order: no sort
             match = query.compile_filter(flt)
             docs: Iterator[dict] = (d for d in ordered if match(d))
         else:
-            docs = (d for _, d in self.matching(ns, flt, stats))
+            docs = (d for _, d in self.matching(ns, flt, stats, hint))
             if keyf is not None:  # the first skip + limit of the sorted order, kept so
                 docs = iter(heapq.nsmallest(skip + limit, docs, key=keyf) if limit
                             else sorted(docs, key=keyf))
@@ -378,10 +416,11 @@ class Reader:
                 yield d
         yield from reversed(run)
 
-    def count(self, ns: str, flt=None, stats: Stats | None = None) -> int:
-        """The documents matching ``flt``; with no filter, counted by their
-        keys alone (nothing decoded), as stored or as of ``at``."""
-        if not flt and self.point is None:
+    def count(self, ns: str, flt=None, stats: Stats | None = None, hint=None) -> int:
+        """The documents matching ``flt``; with no filter (and no hint),
+        counted by their keys alone (nothing decoded), as stored or as of
+        ``at``."""
+        if not flt and self.point is None and hint is None:
             query.compile_filter(flt)  # a filter of the wrong type says so
             split_ns(ns, self.e.limits)
             c = self.coll(ns)
@@ -389,7 +428,7 @@ class Reader:
                 stats.plan = "RECORD_STORE_FAST_COUNT"
             return 0 if c is None else sum(
                 1 for _ in self.t.scan_keys("docs", c.prefix, prefix_end(c.prefix)))
-        return sum(1 for _ in self.matching(ns, flt, stats))
+        return sum(1 for _ in self.matching(ns, flt, stats, hint))
 
     def distinct(self, ns: str, key: str, flt=None, stats: Stats | None = None) -> list:
         """The distinct values at ``key`` among the documents matching ``flt``

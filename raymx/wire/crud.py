@@ -503,26 +503,33 @@ _FIND_REFUSED = {
 }
 
 
-def check_hint(d, cmd: dict, conn, ns: str) -> None:
-    """A ``hint`` naming an index (by name or key pattern) that the existing
-    collection ``ns`` does not have fails, as MongoDB's planner refuses it
-    (it was ignored). ``$natural`` and a collection that does not exist
-    pass. Blocking: call it only when the command has a hint."""
+def check_hint(d, cmd: dict, conn, ns: str):
+    """The member's hint for the command's ``hint`` (an index's name or key
+    pattern, or ``{$natural: 1 | -1}``): the index's name, or the
+    ``$natural`` order; None when the collection does not exist. An index the
+    collection does not have fails, as MongoDB's planner refuses it.
+    Blocking: call it only when the command has a hint."""
     hint = cmd["hint"]
     if isinstance(hint, dict) and "$natural" in hint:
-        return
+        if len(hint) != 1 or hint["$natural"] not in (1, -1):
+            raise CommandError("$natural hint must be {$natural: 1} or {$natural: -1}", 2,
+                               "BadValue")
+        return {"$natural": int(hint["$natural"])}
     ixs = d.call({"op": "listIndexes", "ns": ns}, conn.state)["value"]
     if isinstance(hint, str):
-        found = any(ix["name"] == hint for ix in ixs)
+        found = [ix["name"] for ix in ixs if ix["name"] == hint]
     elif isinstance(hint, dict):
         want = [[k, v] for k, v in hint.items()]
-        found = any([[k, v] for k, v in ix["key"]] == want for ix in ixs)
+        found = [ix["name"] for ix in ixs if [[k, v] for k, v in ix["key"]] == want]
     else:
         raise CommandError("hint must be an index name or a key pattern", 2, "BadValue")
-    if not found and ns in d.call({"op": "listCollections"}, conn.state)["value"]:
+    if found:
+        return found[0]
+    if ns in d.call({"op": "listCollections"}, conn.state)["value"]:
         raise CommandError("error processing query: planner returned error :: caused by :: "
                            f"hint provided does not correspond to an existing index: "
                            f"{hint!r:.200}", 2, "BadValue")
+    return None
 
 
 def check_objects(cmd: dict, fields: tuple) -> None:
@@ -549,8 +556,7 @@ def _find(d, cmd: dict, conn):
     if cmd.get("awaitData") and not cmd.get("tailable"):
         raise CommandError("Cannot set 'awaitData' without also setting 'tailable'", 9,
                            "FailedToParse")
-    if cmd.get("hint"):
-        yield blocking(check_hint, d, cmd, conn, ns)
+    hint = (yield blocking(check_hint, d, cmd, conn, ns)) if cmd.get("hint") else None
     limit = integer(cmd, "limit")
     single = bool(cmd.get("singleBatch")) or limit < 0
     limit = abs(limit)
@@ -577,6 +583,8 @@ def _find(d, cmd: dict, conn):
     req = {"op": "find", "ns": ns, "filter": flt,
            "projection": _plain(cmd.get("projection")) or None, "sort": _sort(cmd.get("sort")),
            "skip": integer(cmd, "skip"), "limit": limit, **read_fields(cmd)}
+    if hint is not None:  # the plan to read by, as MongoDB's
+        req["hint"] = hint
     if batch:
         req["batch"] = batch
     elif limit:
@@ -649,16 +657,18 @@ def _kill_cursors(d, cmd: dict, conn):
 
 
 def scan(d, cmd: dict, conn, ns: str, flt, projection=None, sort=None, limit=None,
-         seen=None):
+         seen=None, hint=None):
     """Every matching document (a find and its getMores; the first ``limit``
     only, if given, from a collection). ``seen``: a dict that gets the first
-    answer's snapshot point (``at``), if any."""
+    answer's snapshot point (``at``), if any; ``hint``: the member's plan
+    (``check_hint``)."""
     if ns == oplog_view.NS:  # an aggregate, a distinct, a computed find of the oplog
         yield from oplog_view.docs(d.service.e, flt, sort, projection)
         return
     res = d.drive(_run(d, {"op": "find", "ns": ns, "filter": flt or {},
                            "projection": projection, "sort": sort,
-                           **({"limit": limit} if limit else {}), **read_fields(cmd)},
+                           **({"limit": limit} if limit else {}),
+                           **({} if hint is None else {"hint": hint}), **read_fields(cmd)},
                        cmd, conn))
     if seen is not None and "at" not in seen:
         seen["at"] = res.get("at")
@@ -677,13 +687,13 @@ def scan(d, cmd: dict, conn, ns: str, flt, projection=None, sort=None, limit=Non
 def _count(d, cmd: dict, conn):
     ns = ns_of(cmd, "count")
     check_objects(cmd, ("query",))
-    if cmd.get("hint"):
-        yield blocking(check_hint, d, cmd, conn, ns)
+    hint = (yield blocking(check_hint, d, cmd, conn, ns)) if cmd.get("hint") else None
     flt = _plain(cmd.get("query") or {})
     if ns == oplog_view.NS:  # counted as it streams (scan)
         n = yield blocking(lambda: sum(1 for _ in scan(d, cmd, conn, ns, flt)))
     else:
-        n = (yield from _run(d, {"op": "count", "ns": ns, "filter": flt, **read_fields(cmd)},
+        n = (yield from _run(d, {"op": "count", "ns": ns, "filter": flt, **read_fields(cmd),
+                                 **({} if hint is None else {"hint": hint})},
                              cmd, conn))["value"]
     n = max(0, n - integer(cmd, "skip"))
     lim = abs(integer(cmd, "limit"))

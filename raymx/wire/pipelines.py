@@ -71,8 +71,8 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
                                         "pipeline": cmd.get("pipeline"), "$db": cmd.get("$db")},
                             "$db": cmd.get("$db")}, conn)
     aggregate.check(pipeline)
-    if cmd.get("hint"):
-        check_hint(d, cmd, conn, ns)
+    hint = check_hint(d, cmd, conn, ns) if cmd.get("hint") else None
+    hinted = {} if hint is None else {"hint": hint}  # the source's plan, as MongoDB's
     flt, source = {}, None
     if ns in SYSTEM:
         source = system_docs(d, conn, ns)
@@ -89,8 +89,8 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
         # count_documents: the member counts, and sends no document (with a
         # limit, the documents stream instead and the count stops at it)
         skip, _, gid, name = counted
-        n = d.drive(_run(d, {"op": "count", "ns": ns, "filter": flt, **read_fields(cmd)},
-                         cmd, conn))["value"]
+        n = d.drive(_run(d, {"op": "count", "ns": ns, "filter": flt, **read_fields(cmd),
+                             **hinted}, cmd, conn))["value"]
         n = max(0, n - skip)
         source, pipeline = ([{"_id": gid, name: n}] if n else []), []
     # a leading $sort is pushed down too: the member reads in that order where
@@ -102,7 +102,8 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
         pipeline = pipeline[1:]
     seen = {}
     return _pipeline_results(d, cmd, conn, ns, pipeline, source if source is not None
-                             else scan(d, cmd, conn, ns, flt, sort=sort, limit=most, seen=seen),
+                             else scan(d, cmd, conn, ns, flt, sort=sort, limit=most, seen=seen,
+                                       hint=hint),
                              seen)
 
 
@@ -253,6 +254,10 @@ def explain(d, cmd: dict, conn) -> dict:
             raise CommandError("explain: a filter with $expr is computed in the port and not "
                                "explained", 2, "BadValue")
         req = {"filter": flt}
+        if kind != "distinct" and inner.get("hint"):
+            hint = check_hint(d, inner, conn, ns)
+            if hint is not None:
+                req["hint"] = hint
         if kind == "distinct":
             req["key"] = inner.get("key")
         if kind == "find":
