@@ -45,6 +45,23 @@ def test_crud_through_the_driver(replset):
     c.close()
 
 
+def test_the_native_driver_s_hint_chooses_the_plan(replset):
+    """``find(hint=...)``, ``Cursor.hint`` and ``count_documents(hint=...)``
+    as pymongo's: by name or key, the index's order; ``$natural`` backward;
+    a key no index has is refused by the member."""
+    co = replset.client()["hints"]["c"]
+    co.insert_many([{"_id": i, "a": (3 * i) % 7} for i in range(7)])
+    co.create_index([("a", -1)], name="a_desc")
+    want = sorted(range(7), key=lambda i: (3 * i) % 7)  # the keys' stored (ascending) order
+    assert [d["_id"] for d in co.find(hint="a_desc")] == want
+    assert [d["_id"] for d in co.find().hint([("a", -1)])] == want
+    assert [d["_id"] for d in co.find({"a": {"$lt": 3}}).hint({"a": -1})] == [0, 5, 3]
+    assert [d["_id"] for d in co.find().hint([("$natural", -1)])] == list(range(6, -1, -1))
+    assert co.count_documents({"a": {"$gte": 0}}, hint=[("a", -1)]) == 7
+    with pytest.raises(errors.InvalidOperation, match="hint provided does not correspond"):
+        list(co.find().hint([("a", 1)]))
+
+
 def test_cursor_streams_large_results_in_batches(replset):
     coll = replset.client()["big"]["docs"]
     for k in range(5):

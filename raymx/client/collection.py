@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from raymx import errors
 from raymx.client import bulk, composite
-from raymx.client.cursor import Cursor, _check_count, sort_spec
+from raymx.client.cursor import Cursor, _check_count, hint_spec, sort_spec
 from raymx.client.options import (ReadConcern, ReadPreference, ReturnDocument, WriteConcern,
                                   _wc_fields)
 from raymx.client.results import (BulkWriteResult, DeleteResult, InsertManyResult,
@@ -295,12 +295,15 @@ class Collection:
     def find(self, filter=None, projection=None, skip: int = 0, limit: int = 0, *,
              sort=None, batch_size: int = 0,
              read_concern: "ReadConcern | str | None" = None,
-             max_time_ms: int | None = None) -> Cursor:
+             max_time_ms: int | None = None, hint=None) -> Cursor:
         """A ``Cursor`` over the matching documents; the arguments in pymongo's
         order (``filter, projection, skip, limit``; ``sort`` by name).
         ``max_time_ms``: the time the member may spend on its batches in all
-        (``ExecutionTimeout`` past it), as pymongo's."""
+        (``ExecutionTimeout`` past it), as pymongo's; ``hint``: the index to
+        read through (``Cursor.hint``)."""
         c = Cursor(self, filter, projection, sort, skip, limit, batch_size, read_concern)
+        if hint is not None:
+            c.hint(hint)
         return c if max_time_ms is None else c.max_time_ms(max_time_ms)
 
     def find_one(self, filter=None, *args, **kwargs):
@@ -324,10 +327,13 @@ class Collection:
         return doc
 
     def count_documents(self, filter=None, read_concern: "ReadConcern | str | None" = None,
-                        max_time_ms: int | None = None) -> int:
+                        max_time_ms: int | None = None, hint=None) -> int:
+        """``hint``: the index to count through (``Cursor.hint``)."""
         req = {"op": "count", "ns": self.full_name, "filter": {} if filter is None else filter}
         if max_time_ms is not None:
             req["max_time_ms"] = _check_count("max_time_ms", max_time_ms)
+        if hint is not None:
+            req["hint"] = hint_spec(hint)
         return self._read(req, read_concern)["value"]
 
     def estimated_document_count(self, read_concern: "ReadConcern | str | None" = None) -> int:

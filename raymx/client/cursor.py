@@ -6,10 +6,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from raymx import errors
+from raymx.storage import catalog
 
 if TYPE_CHECKING:
     from raymx.client.collection import Collection
     from raymx.client.connection import Connection
+
+
+def hint_spec(index):
+    """A hint as the member takes it: an index's name, its key as ``[[path,
+    1 | -1], ...]``, or ``{"$natural": 1 | -1}`` (``Cursor.hint``)."""
+    if isinstance(index, (list, tuple)) and len(index) == 1 \
+            and tuple(index[0])[:1] == ("$natural",):
+        return {"$natural": index[0][1]}
+    if isinstance(index, str) or (isinstance(index, dict) and "$natural" in index):
+        return index
+    return catalog.normalize_index_key(index)
 
 
 class Cursor:
@@ -59,6 +71,14 @@ class Cursor:
 
     def batch_size(self, n: int) -> "Cursor":
         return self._option("batch", _check_count("batch_size", n))
+
+    def hint(self, index) -> "Cursor":
+        """Read through this index, as pymongo's: its name (a string), its
+        key (``[("a", 1), ("b", -1)]``, ``{"a": 1}``) or ``[("$natural", 1 |
+        -1)]`` (the documents in stored order); a sort is
+        then done over what it reads. One the collection does not have is
+        refused when the query is sent."""
+        return self._option("hint", hint_spec(index))
 
     def max_time_ms(self, ms: int | None) -> "Cursor":
         """The time the member may spend on this cursor's batches in all

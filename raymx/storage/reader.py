@@ -152,15 +152,19 @@ class Reader:
         """(pk, doc) of the documents a filter's plan reads (to be matched):
         by ``_id`` where the filter bounds it, else through the index its
         bounds fit best (points before ranges, a unique one-field index
-        first), else every document. ``hint`` (an index's name, ``"_id_"``
-        or ``{"$natural": 1 | -1}``) takes that plan, as MongoDB's: an index
+        first), else every document. ``hint`` (an index's name or key, as
+        ``[[path, 1 | -1], ...]``, or ``{"$natural": 1 | -1}``) takes that
+        plan, as MongoDB's: an index
         the filter does not bound is read whole, in its order (a sparse or
         partial one only has what it holds, as in MongoDB)."""
-        if hint is not None and not isinstance(hint, str) and not (
+        if isinstance(hint, list):  # an index's key: the index with it
+            hint = "_id_" if hint == [["_id", 1]] else next(
+                (x.name for x in c.indexes.values() if x.key == hint), hint)
+        if hint is not None and not isinstance(hint, (str, list)) and not (
                 isinstance(hint, dict) and list(hint) == ["$natural"]
                 and hint["$natural"] in (1, -1)):
-            raise errors.InvalidOperation(f"a hint is an index's name or {{$natural: 1 | -1}}, "
-                                          f"not {hint!r:.100}")
+            raise errors.InvalidOperation(f"a hint is an index's name or key, or {{$natural: "
+                                          f"1 | -1}}, not {hint!r:.100}")
         bounds = query.extract_bounds(flt, multikey=_MULTIKEY)
         b = bounds.get("_id")
         if hint == "_id_" or (hint is None and b is not None):
@@ -179,7 +183,7 @@ class Reader:
             if best is not None:
                 _, ix, ib = best
         elif not isinstance(hint, dict):
-            ix = c.indexes.get(hint)
+            ix = c.indexes.get(hint) if isinstance(hint, str) else None
             if ix is None:
                 raise errors.InvalidOperation(f"hint provided does not correspond to an "
                                               f"existing index: {hint!r:.200}")
