@@ -154,9 +154,9 @@ class Reader:
         bounds fit best (points before ranges, a unique one-field index
         first), else every document. ``hint`` (an index's name or key, as
         ``[[path, 1 | -1], ...]``, or ``{"$natural": 1 | -1}``) takes that
-        plan, as MongoDB's: an index
-        the filter does not bound is read whole, in its order (a sparse or
-        partial one only has what it holds, as in MongoDB)."""
+        plan, as MongoDB's: an index the filter does not bound is read whole,
+        in its keys' order (a sparse or partial one only has what it holds,
+        as in MongoDB)."""
         if isinstance(hint, list):  # an index's key: the index with it
             hint = "_id_" if hint == [["_id", 1]] else next(
                 (x.name for x in c.indexes.values() if x.key == hint), hint)
