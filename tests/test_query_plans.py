@@ -255,3 +255,79 @@ def test_distinct_reads_one_document_per_value_and_refuses_a_too_large_answer(tm
         e.reader().distinct(NS, "u")
     with pytest.raises(errors.InvalidFilter, match="non-empty string"):
         e.reader().distinct(NS, "")
+
+
+_CMP_VALUES = st.one_of(st.none(), st.integers(-2, 2), st.sampled_from([0.5, 1.0, -0.0]),
+                        st.text("ab", max_size=2))
+_CMP_FIELD = st.one_of(_CMP_VALUES, st.just("missing"), st.lists(_CMP_VALUES, max_size=2))
+
+
+def _cmp_condition():
+    return st.one_of(
+        _CMP_VALUES, st.fixed_dictionaries({"$in": st.lists(_CMP_VALUES, max_size=3)}),
+        st.builds(lambda op, v: {op: v}, st.sampled_from(["$gt", "$gte", "$lt", "$lte"]),
+                  _CMP_VALUES),
+        st.builds(lambda lo, hi: {"$gte": lo, "$lt": hi}, st.integers(-2, 2), st.integers(-2, 3)),
+        st.fixed_dictionaries({"$exists": st.booleans()}), st.fixed_dictionaries(
+            {"$ne": _CMP_VALUES}))
+
+
+@given(st.lists(st.tuples(_CMP_FIELD, _CMP_FIELD, _CMP_FIELD), max_size=14),
+       st.dictionaries(st.sampled_from(["a", "b", "c"]), _cmp_condition(), max_size=3),
+       st.sampled_from([[("a", 1), ("b", 1), ("c", 1)], [("b", -1), ("a", 1)],
+                        [("a", 1), ("c", -1)], [("a", 1)], [("c", 1)]]))
+def test_a_compound_index_narrows_by_each_field_the_filter_bounds(rows, flt, key):
+    """A filter that sets a compound index's leading fields to points (one,
+    or an $in) and bounds the next by a range reads only those key ranges
+    (it read every entry of the first field's value), a range with both ends
+    keeps both where no array is under it (it kept the low end alone), and
+    finds what a collection scan finds: arrays, missing fields and numbers
+    of each type included."""
+    docs = []
+    for i, vals in enumerate(rows):
+        d, arrays = {"_id": i}, 0
+        for f, v in zip("abc", vals):
+            if isinstance(v, list):  # one array a document (parallel ones cannot be indexed)
+                arrays += 1
+                v = v if arrays == 1 else (v[0] if v else None)
+            if v != "missing":
+                d[f] = v
+        docs.append(d)
+    plain, indexed = Engine(MemoryStore()), Engine(MemoryStore())
+    for e in (plain, indexed):
+        if docs:
+            e.insert_many(NS, docs)
+    with indexed.begin() as tx:
+        tx.create_index(NS, key)
+    want = sorted(d["_id"] for d in plain.find(NS, flt))
+    st_ = Stats()
+    got = sorted(d["_id"] for d in indexed.reader().find(NS, flt, stats=st_))
+    assert got == want, (flt, st_.plan)
+
+
+def test_a_time_range_of_one_user_reads_only_its_entries(engine):
+    engine.insert_many(NS, [{"_id": i, "user": i % 10, "ts": i} for i in range(2000)])
+    with engine.begin() as tx:
+        tx.create_index(NS, [("user", 1), ("ts", 1)])
+        tx.create_index(NS, "user")
+    st_ = Stats()
+    got = list(engine.reader().find(NS, {"user": 3, "ts": {"$gte": 1000, "$lt": 1100}},
+                                    stats=st_))
+    assert [d["_id"] for d in got] == list(range(1003, 1100, 10))
+    assert st_.plan == "IXSCAN user_1_ts_1" and st_.examined == 10  # not the user's 200
+    st_ = Stats()
+    got = list(engine.reader().find(NS, {"user": {"$in": [1, 2]}, "ts": {"$lt": 40}},
+                                    stats=st_))
+    assert sorted(d["_id"] for d in got) == [1, 2, 11, 12, 21, 22, 31, 32]
+    assert st_.examined == 8
+    assert list(engine.reader().find(NS, {"user": {"$in": []}, "ts": 5})) == []
+    with engine.begin() as tx:
+        tx.create_index(NS, "ts")
+    st_ = Stats()  # a one-field index: both ends of the range, no array under them
+    assert len(list(engine.reader().find(NS, {"ts": {"$gt": 10, "$lte": 20}}, stats=st_))) == 10
+    assert st_.examined == 10
+    engine.insert_many(NS, [{"_id": "arr", "user": 3, "ts": [1005, 5000]}])
+    st_ = Stats()  # an array under the range: its low end only, as for any array
+    got = list(engine.reader().find(NS, {"user": 3, "ts": {"$gte": 1000, "$lt": 1100}},
+                                    stats=st_))
+    assert len(got) == 11 and st_.examined == 101  # the 100 scalars from 1000 on, the array

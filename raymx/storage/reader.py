@@ -60,6 +60,25 @@ def _range_bounds(prefix: bytes, b: query.Bounds):
     return start, stop
 
 
+_RANGES_MAX = 1000  # a compound index's key ranges from points ($in x $in): at most this many
+
+
+def _bounded_fields(ix, bounds: dict) -> int:
+    """How many of index ``ix``'s leading fields ``_index_ranges`` narrows by."""
+    n, ranges = 0, 1
+    for i, (path, _) in enumerate(ix.key):
+        b = bounds.get(path)
+        if b is None:
+            break
+        if b.points is None:
+            return n + 1
+        ranges *= len(b.points)
+        if i and ranges > _RANGES_MAX:  # the first field's points are each a range anyway
+            break
+        n += 1
+    return n
+
+
 def _examine(stats: Stats, d: dict) -> dict:
     """Count ``d`` as examined (a read's time limit is checked every
     ``CHECK_EVERY``)."""
@@ -170,26 +189,26 @@ class Reader:
         if hint == "_id_" or (hint is None and b is not None):
             yield from self._through_ids(c, b, stats)
             return
-        ix = ib = None
+        ix = None
         if hint is None:
             best = None
             for x in c.indexes.values():
                 xb = bounds.get(x.key[0][0])
                 if xb is None or not x.every_document:
                     continue
-                score = (xb.points is not None, x.unique and len(x.key) == 1)
+                score = (xb.points is not None, _bounded_fields(x, bounds),
+                         x.unique and len(x.key) == 1)
                 if best is None or score > best[0]:
-                    best = (score, x, xb)
+                    best = (score, x)
             if best is not None:
-                _, ix, ib = best
+                ix = best[1]
         elif not isinstance(hint, dict):
             ix = c.indexes.get(hint) if isinstance(hint, str) else None
             if ix is None:
                 raise errors.InvalidOperation(f"hint provided does not correspond to an "
                                               f"existing index: {hint!r:.200}")
-            ib = bounds.get(ix.key[0][0])
         if ix is not None:
-            yield from self._through_index(c, ix, ib, stats)
+            yield from self._through_index(c, ix, bounds, flt, stats)
             return
         stats.plan = "COLLSCAN"
         reverse = isinstance(hint, dict) and hint.get("$natural") == -1
@@ -212,20 +231,14 @@ class Reader:
         for k, v in self.t.scan("docs", start, stop):
             yield k[4:], codec.unpack_document(v)
 
-    def _through_index(self, c: CollInfo, ix, ib, stats: Stats) -> Iterator[tuple[bytes, dict]]:
-        """The documents of index ``ix``'s entries within bounds ``ib`` on its
-        first field (None: the whole index), each once, in the index's order."""
+    def _through_index(self, c: CollInfo, ix, bounds: dict, flt, stats: Stats
+                       ) -> Iterator[tuple[bytes, dict]]:
+        """The documents of index ``ix``'s entries within the filter's
+        ``bounds`` (``_index_ranges``), each once, in the index's order."""
         stats.plan = f"IXSCAN {ix.name}"
         self.e.note_index(c.ns, ix.name)
-        if ib is None:
-            ranges = [(ix.prefix, prefix_end(ix.prefix))]
-        elif ib.points is not None:
-            ranges = [(ix.prefix + v, value_end(ix.prefix + v, v))
-                      for v in sorted({encode_key(v) for v in ib.points})]
-        else:
-            ranges = [_range_bounds(ix.prefix, ib)]
         seen = set()
-        for start, stop in ranges:
+        for start, stop in self._index_ranges(ix, bounds, flt):
             for _, pk in self.t.scan("index", start, stop):
                 if pk in seen:
                     continue
@@ -233,6 +246,40 @@ class Reader:
                 d = self._get_pk(c, pk)
                 if d is not None:
                     yield pk, d
+
+    def _index_ranges(self, ix, bounds: dict, flt) -> list[tuple[bytes, bytes | None]]:
+        """The key ranges of index ``ix`` that hold every entry a document
+        matching ``flt`` (its ``bounds``) has: the leading fields the filter
+        sets to points narrow them one field after another (a range per
+        combination of points, at most ``_RANGES_MAX``), then a field it
+        bounds by a range narrows each once more; the first field it does
+        not bound ends them. No bound on the first field: the whole index.
+
+        Sound for arrays as the one-field bounds are (``extract_bounds``'
+        multikey rules: of a range, only its low end, since different
+        elements may meet each end): a document's entries are the cross
+        product of its fields' keys, so one that matches has an entry within
+        each field's bounds. A range on a top-level field keeps both ends
+        where one probe of the array bracket under the range's head finds no
+        array there (no document with those points holds one at that field)."""
+        heads = [(ix.prefix, None)]  # (key so far, the last point's value key)
+        for path, _ in ix.key[:_bounded_fields(ix, bounds)]:
+            b = bounds[path]
+            if b.points is None:
+                exact = None
+                if b.high is None and "." not in path:
+                    exact = query.extract_bounds(flt, multikey=False).get(path)
+                    exact = exact if exact is not None and exact.high is not None else None
+                return [_range_bounds(h, exact if exact is not None and next(iter(
+                    self.t.scan("index", h + _ARRAYS, h + _ABOVE_ARRAYS)), None) is None
+                    else b) for h, _ in heads]
+            vks = sorted({encode_key(v) for v in b.points})
+            heads = [(h + vk, vk) for h, _ in heads for vk in vks]
+        if not heads:  # $in: [] matches nothing
+            return []
+        if heads[0][1] is None:
+            return [(ix.prefix, prefix_end(ix.prefix))]
+        return [(h, value_end(h, vk)) for h, vk in heads]
 
     def by_id(self, ns: str, flt, stats: Stats | None = None) -> list | None:
         """(pk, doc) matching ``flt`` by one lookup, when ``flt`` is exactly
