@@ -331,3 +331,50 @@ def test_a_time_range_of_one_user_reads_only_its_entries(engine):
     got = list(engine.reader().find(NS, {"user": 3, "ts": {"$gte": 1000, "$lt": 1100}},
                                     stats=st_))
     assert len(got) == 11 and st_.examined == 101  # the 100 scalars from 1000 on, the array
+
+
+@given(st.lists(st.tuples(_CMP_FIELD, _CMP_FIELD, _CMP_FIELD), max_size=14),
+       st.lists(st.dictionaries(st.sampled_from(["a", "b", "c", "_id"]), _cmp_condition(),
+                                min_size=1, max_size=2), min_size=2, max_size=3),
+       st.dictionaries(st.sampled_from(["c"]), _cmp_condition(), max_size=1))
+def test_an_or_of_indexed_clauses_reads_each_clause_s_plan(rows, clauses, rest):
+    """A top-level $or whose every clause an index (or _id) serves reads each
+    clause's plan, each document once (MongoDB's OR stage; it scanned the
+    collection), and finds what a collection scan finds."""
+    docs = []
+    for i, vals in enumerate(rows):
+        d, arrays = {"_id": i}, 0
+        for f, v in zip("abc", vals):
+            if isinstance(v, list):
+                arrays += 1
+                v = v if arrays == 1 else (v[0] if v else None)
+            if v != "missing":
+                d[f] = v
+        docs.append(d)
+    flt = {"$or": clauses, **rest}
+    plain, indexed = Engine(MemoryStore()), Engine(MemoryStore())
+    for e in (plain, indexed):
+        if docs:
+            e.insert_many(NS, docs)
+    with indexed.begin() as tx:
+        tx.create_index(NS, "a")
+        tx.create_index(NS, [("b", 1), ("a", -1)])
+    want = sorted(d["_id"] for d in plain.find(NS, flt))
+    got = [d["_id"] for d in indexed.find(NS, flt)]
+    assert sorted(got) == want and len(set(got)) == len(got), flt
+
+
+def test_an_or_reads_only_what_its_clauses_plans_read(engine):
+    engine.insert_many(NS, [{"_id": i, "a": i % 100, "b": i % 7} for i in range(1400)])
+    with engine.begin() as tx:
+        tx.create_index(NS, "a")
+        tx.create_index(NS, "b")
+    st_ = Stats()
+    got = list(engine.reader().find(NS, {"$or": [{"a": 5}, {"b": 3, "a": {"$lt": 10}},
+                                                  {"_id": {"$in": [0, 5]}}]}, stats=st_))
+    want = {i for i in range(1400) if i % 100 == 5 or (i % 7 == 3 and i % 100 < 10)} | {0}
+    assert {d["_id"] for d in got} == want and len(got) == len(want)
+    assert st_.plan == "OR" and st_.examined < 14 + 200 + 2 + 5  # not the 1,400 documents
+    st_ = Stats()  # a clause no index serves: one collection scan
+    assert len(list(engine.reader().find(NS, {"$or": [{"a": 5}, {"c": 1}]}, stats=st_))) == 14
+    assert st_.plan == "COLLSCAN"

@@ -63,6 +63,21 @@ def _range_bounds(prefix: bytes, b: query.Bounds):
 _RANGES_MAX = 1000  # a compound index's key ranges from points ($in x $in): at most this many
 
 
+def _best_index(c: CollInfo, bounds: dict):
+    """The index whose plan the filter's ``bounds`` fit best (points on its
+    first field before a range, then the more fields it narrows by, then a
+    unique one-field index), among those holding every document; or None."""
+    best = None
+    for x in c.indexes.values():
+        xb = bounds.get(x.key[0][0])
+        if xb is None or not x.every_document:
+            continue
+        score = (xb.points is not None, _bounded_fields(x, bounds), x.unique and len(x.key) == 1)
+        if best is None or score > best[0]:
+            best = (score, x)
+    return None if best is None else best[1]
+
+
 def _bounded_fields(ix, bounds: dict) -> int:
     """How many of index ``ix``'s leading fields ``_index_ranges`` narrows by."""
     n, ranges = 0, 1
@@ -191,17 +206,12 @@ class Reader:
             return
         ix = None
         if hint is None:
-            best = None
-            for x in c.indexes.values():
-                xb = bounds.get(x.key[0][0])
-                if xb is None or not x.every_document:
-                    continue
-                score = (xb.points is not None, _bounded_fields(x, bounds),
-                         x.unique and len(x.key) == 1)
-                if best is None or score > best[0]:
-                    best = (score, x)
-            if best is not None:
-                ix = best[1]
+            ix = _best_index(c, bounds)
+            if ix is None:
+                plans = self._or_plans(c, flt)
+                if plans is not None:
+                    yield from self._through_or(c, plans, stats)
+                    return
         elif not isinstance(hint, dict):
             ix = c.indexes.get(hint) if isinstance(hint, str) else None
             if ix is None:
@@ -214,6 +224,37 @@ class Reader:
         reverse = isinstance(hint, dict) and hint.get("$natural") == -1
         for k, v in self.t.scan("docs", c.prefix, prefix_end(c.prefix), reverse):
             yield k[4:], codec.unpack_document(v)
+
+    def _or_plans(self, c: CollInfo, flt) -> list | None:
+        """For a filter with a top-level ``$or`` none of whose other conditions
+        an index serves: each clause's plan (``_id`` bounds, or its best index
+        and bounds), when every clause has one; else None (a collection scan)."""
+        clauses = flt.get("$or") if type(flt) is dict else None
+        if type(clauses) is not list or len(clauses) < 2:
+            return None
+        plans = []
+        for clause in clauses:
+            cb = query.extract_bounds(clause, multikey=_MULTIKEY)
+            x = None if cb.get("_id") is not None else _best_index(c, cb)
+            if cb.get("_id") is None and x is None:
+                return None  # a clause only a scan serves: one scan for all of them
+            plans.append((x, cb, clause))
+        return plans
+
+    def _through_or(self, c: CollInfo, plans: list, stats: Stats
+                    ) -> Iterator[tuple[bytes, dict]]:
+        """Each ``$or`` clause's plan in turn, each document once (MongoDB's
+        OR stage): every match of the filter matches a clause, so its plan
+        reads it."""
+        stats.plan = "OR"
+        seen, sub = set(), Stats()
+        for x, cb, clause in plans:
+            it = self._through_ids(c, cb["_id"], sub) if x is None else \
+                self._through_index(c, x, cb, clause, sub)
+            for pk, d in it:
+                if pk not in seen:
+                    seen.add(pk)
+                    yield pk, d
 
     def _through_ids(self, c: CollInfo, b, stats: Stats) -> Iterator[tuple[bytes, dict]]:
         """The documents whose ``_id`` is within bounds ``b`` (None: all), in order."""
