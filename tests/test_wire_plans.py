@@ -63,6 +63,10 @@ def test_distinct_is_answered_by_the_member_off_an_index(client):
     assert c.distinct("k") == [None, 0, 1, 2, 3]
     assert c.distinct("k", {"_id": {"$lt": 2}}) == [0, 1]
     assert c.distinct("t") == ["x", "y", "z"] and c.distinct("nope") == []
+    # an $expr is the port's, for distinct and count as for find (the member refused it)
+    assert c.distinct("k", {"$expr": {"$lt": ["$_id", 3]}}) == [0, 1, 2]
+    assert c.count_documents({"$expr": {"$gte": ["$_id", 398]}}) == 4
+    assert client.t.command("count", "distinct", query={"$expr": {"$eq": ["$k", 1]}})["n"] == 100
     ex = client.t.command("explain", {"distinct": "distinct", "key": "k"})
     plan = ex["queryPlanner"]["winningPlan"]
     assert plan["stage"] == "PROJECTION_COVERED"

@@ -684,6 +684,15 @@ def scan(d, cmd: dict, conn, ns: str, flt, projection=None, sort=None, limit=Non
             d.call({"op": "killCursors", "cursors": [cid]}, conn.state)
 
 
+def _port_matched(d, cmd: dict, conn, ns: str, flt) -> list:
+    """The documents of ``ns`` matching ``flt``, a filter the port evaluates
+    (``$expr``: its aggregation expressions) over a scan. Blocking."""
+    if aggregate.plain_filter(flt):
+        return list(scan(d, cmd, conn, ns, flt))
+    return aggregate.run(scan(d, cmd, conn, ns, {}), [{"$match": flt}], None, None,
+                         pipelines.port_limit(cmd, conn))
+
+
 def _count(d, cmd: dict, conn):
     ns = ns_of(cmd, "count")
     check_objects(cmd, ("query",))
@@ -691,6 +700,8 @@ def _count(d, cmd: dict, conn):
     flt = _plain(cmd.get("query") or {})
     if ns == oplog_view.NS:  # counted as it streams (scan)
         n = yield blocking(lambda: sum(1 for _ in scan(d, cmd, conn, ns, flt)))
+    elif not aggregate.plain_filter(flt):  # $expr: the port's, over a scan
+        n = yield blocking(lambda: len(_port_matched(d, cmd, conn, ns, flt)))
     else:
         n = (yield from _run(d, {"op": "count", "ns": ns, "filter": flt, **read_fields(cmd),
                                  **({} if hint is None else {"hint": hint})},
@@ -707,8 +718,9 @@ def _distinct(d, cmd: dict, conn) -> dict:
     if not isinstance(key, str) or not key:
         raise CommandError("distinct needs a string 'key'", 14, "TypeMismatch")
     flt = _plain(cmd.get("query") or {})
-    if ns == oplog_view.NS:  # the oplog's view is read as it streams (scan)
-        docs = yield blocking(lambda: list(scan(d, cmd, conn, ns, flt, {key: 1})))
+    if ns == oplog_view.NS or not aggregate.plain_filter(flt):
+        # the oplog's view is read as it streams; an $expr is the port's, over a scan
+        docs = yield blocking(lambda: _port_matched(d, cmd, conn, ns, flt))
         return {"values": query.distinct_values(docs, key)}
     return {"values": (yield from _run(d, {"op": "distinct", "ns": ns, "key": key,
                                            "filter": flt, **read_fields(cmd)},
