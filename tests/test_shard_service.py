@@ -356,3 +356,41 @@ def test_a_majority_read_after_a_gtid_waits_until_the_majority_point_holds_it(me
     assert ask(svc, dict(read, after_timeout_ms=5000))["ok"]["docs"] == [{"_id": 1}]
     # a local read after g needs g applied only
     assert ask(svc, dict(read, readConcern="local"))["ok"]["docs"] == [{"_id": 1}]
+
+
+def test_a_cursor_s_batches_are_cut_by_the_documents_stored_sizes(tmp_path):
+    """An unsorted find's batches are sized by each document's stored bytes
+    (re-packing every document to size it took about a quarter of a large
+    read's time); a sorted one's, whose documents a sort holds back, are
+    packed again. Either way each batch fits ``cursor_batch_bytes`` as the
+    documents are sent (projected ones are smaller), and the cursor gives
+    every document once, in order."""
+    import datetime
+    from raymx.actors.reads import _Cursor
+    from raymx.storage import codec
+    from raymx.storage.catalog import Stats
+    lim = Limits(cursor_batch_bytes=64 * 1024)
+    e = Engine(LMDBStore(str(tmp_path / "m"), map_bytes=1 << 28), lim)
+    svc = ShardService(e, lim)
+    try:
+        at = datetime.datetime(2026, 1, 1)
+        e.insert_many("b.c", [{"_id": i, "at": at, "n": i * 0.5, "s": "x" * (i * 97 % 5000)}
+                              for i in range(400)])
+        for sort, proj, sized in ((None, None, True), ([["_id", -1]], None, False),
+                                  (None, {"s": 1}, True)):
+            r, st = e.reader(), Stats()
+            c = _Cursor(1, r, r.find("b.c", {}, proj, sort, 0, 0, st), None, st)
+            seen, batches = [], 0
+            while True:
+                out = svc._batch_checked(c, 0)
+                sizes = [len(codec.pack(d)) for d in out["docs"]]
+                assert len(sizes) == 1 or sum(sizes) <= svc._batch_bytes()
+                seen += [d["_id"] for d in out["docs"]]
+                batches += 1
+                if not out["cursor"]:
+                    break
+            r.t.abort()
+            assert seen == (list(range(399, -1, -1)) if sort else list(range(400)))
+            assert st.sized is sized and batches >= (8 if proj is None else 1)
+    finally:
+        svc.close()

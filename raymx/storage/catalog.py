@@ -331,4 +331,7 @@ class Stats:
         self.examined = 0
         self.plan = None
         self.in_order = None  # "forward" / "backward": the plan's scan gave the sort's order
+        # the documents come one by one as decoded (no sort holds them back), so
+        # the reader's ``stored_bytes`` is the size of the last one as stored
+        self.sized = False
         self.check = check

@@ -117,6 +117,7 @@ class Reader:
         self.t = txn
         self.point: GTID | None = None  # answer as of this GTID (None: as stored)
         self._ov: dict[str, dict | None] = {}
+        self.stored_bytes = 0  # the last document decoded, as stored (``Stats.sized``)
 
     def at(self, point: GTID | None) -> "Reader":
         """Answer as of ``point`` (None, or at/after this snapshot: as stored)."""
@@ -179,7 +180,12 @@ class Reader:
 
     def _get_pk(self, c: CollInfo, pk: bytes):
         b = self.t.get("docs", c.prefix + pk)
-        return None if b is None else codec.unpack_document(b)
+        return None if b is None else self._doc(b)
+
+    def _doc(self, b: bytes) -> dict:
+        """The document stored as ``b``, its size noted (``stored_bytes``)."""
+        self.stored_bytes = len(b)
+        return codec.unpack_document(b)
 
     def _candidates(self, c: CollInfo, flt, stats: Stats, hint=None
                     ) -> Iterator[tuple[bytes, dict]]:
@@ -223,7 +229,7 @@ class Reader:
         stats.plan = "COLLSCAN"
         reverse = isinstance(hint, dict) and hint.get("$natural") == -1
         for k, v in self.t.scan("docs", c.prefix, prefix_end(c.prefix), reverse):
-            yield k[4:], codec.unpack_document(v)
+            yield k[4:], self._doc(v)
 
     def _or_plans(self, c: CollInfo, flt) -> list | None:
         """For a filter with a top-level ``$or`` none of whose other conditions
@@ -270,7 +276,7 @@ class Reader:
         start, stop = _range_bounds(c.prefix, b) if b is not None else (
             c.prefix, prefix_end(c.prefix))
         for k, v in self.t.scan("docs", start, stop):
-            yield k[4:], codec.unpack_document(v)
+            yield k[4:], self._doc(v)
 
     def _through_index(self, c: CollInfo, ix, bounds: dict, flt, stats: Stats
                        ) -> Iterator[tuple[bytes, dict]]:
@@ -360,7 +366,7 @@ class Reader:
                 stats.examined += 1
                 if check is not None and not stats.examined & every:
                     check()
-                d = codec.unpack_document(b)
+                d = self._doc(b)
                 if match(d):
                     yield pk, d
 
@@ -402,6 +408,7 @@ class Reader:
         stats = stats if stats is not None else Stats()
         ordered = self._in_sort_order(ns, flt, sort, stats) \
             if keyf is not None and hint is None else None
+        stats.sized = keyf is None  # each document yielded as decoded, or smaller (projected)
         if ordered is not None:  # a scan that reads them in the sort's order: no sort
             match = query.compile_filter(flt)
             docs: Iterator[dict] = (d for d in ordered if match(d))
@@ -465,7 +472,7 @@ class Reader:
                 c.prefix, prefix_end(c.prefix))
             stats.plan, stats.in_order = "IXSCAN _id_", direction
             self.e.note_index(ns, "_id_")
-            return (_examine(stats, codec.unpack_document(v))
+            return (_examine(stats, self._doc(v))
                     for _, v in self.t.scan("docs", start, stop, reverse))
         vks = [encode_key(bounds[p].points[0]) for p in eq]
         head = ix.prefix + b"".join(vks)
