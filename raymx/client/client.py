@@ -17,8 +17,8 @@ from raymx.client.results import _gtid
 from raymx.storage.gtid import GTID
 
 
-_READ_OPS = {"find", "getMore", "count", "distinct", "listCollections", "listIndexes", "killCursors",
-             "collStats"}
+_READ_OPS = {"find", "getMore", "count", "distinct", "listCollections", "listIndexes",
+             "killCursors", "collStats"}
 
 
 class Client:

@@ -437,9 +437,10 @@ def set_window_fields(docs, spec: dict, variables=None):
     """``$setWindowFields``: per partition (``partitionBy``), in ``sortBy``
     order, each output field is an accumulator over a window of documents
     (``documents`` positions or a ``range`` of the sort field's values,
-    numbers or dates with a ``unit``; the whole partition by default), ``$rank``/``$denseRank``/``$documentNumber``,
-    ``$shift``, or a gap filled by ``$locf`` (the last value before it) or
-    ``$linearFill`` (interpolated along the one sort field)."""
+    numbers or dates with a ``unit``; the whole partition by default),
+    ``$rank``/``$denseRank``/``$documentNumber``, ``$shift``, or a gap filled
+    by ``$locf`` (the last value before it) or ``$linearFill`` (interpolated
+    along the one sort field)."""
     if not isinstance(spec, dict) or not isinstance(spec.get("output"), dict) \
             or set(spec) - {"partitionBy", "sortBy", "output"}:
         raise _err("$setWindowFields needs output (and may take partitionBy, sortBy)", 40415)
