@@ -2,7 +2,7 @@
 sorted reads in an index's order (what they examine, and that they answer
 what sorting every match answers) and counts without a filter."""
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from raymx import errors
@@ -105,6 +105,8 @@ _SORT_VALUES = st.one_of(_SORT_SCALARS, st.lists(_SORT_SCALARS, max_size=3),
                         {"e": 1}, {"e": 0, "a": {"$gt": 0}}, {"e": {"$in": [1]}, "b.c": 1},
                         {"e": "x", "_id": {"$gt": 2}}, {"e": {"$in": [0, 1]}}]),
        st.integers(0, 3), st.integers(0, 5))
+@example(rows=[(False, None, None, [{"c": 1}], None), (False, None, None, [{}, {"c": 1}], None)],
+         arrays_ok=False, sort=[("b.c", 1)], flt={"b.c": {"$gte": 1}}, skip=0, limit=0)
 def test_sorted_finds_read_in_index_order_as_a_sort_would_order_them(
         rows, arrays_ok, sort, flt, skip, limit):
     """A sort on _id, or on the last field of an index whose other fields

@@ -465,6 +465,12 @@ class Reader:
                for p, b in bounds.items()):
             return None  # the filter's own plan reads fewer documents, or as few
         b = bounds.get(paths[0])
+        if b is not None and "." in paths[0]:
+            # an array along the path leaves no array entry to probe for, and a
+            # document's place is its least (greatest, backward) key, which the
+            # filter's bounds may leave out while another of its keys matches:
+            # {b: [{}, {c: 1}]} sorts by b.c as null, yet {b.c: {$gte: 1}} finds it
+            return None
         if by_id:
             if len(paths) > 1:
                 return None
