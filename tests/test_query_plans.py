@@ -197,6 +197,34 @@ def test_a_sort_on_an_indexed_field_reads_only_what_it_returns(engine):
     assert st.examined == 1001
 
 
+def _plain_and_indexed(docs: list, *keys) -> tuple[Engine, Engine]:
+    """Two engines holding ``docs``: one with no index, one with ``keys``'."""
+    plain, indexed = Engine(MemoryStore()), Engine(MemoryStore())
+    for e in (plain, indexed):
+        if docs:
+            e.insert_many(NS, docs)
+    with indexed.begin() as tx:
+        for key in keys:
+            tx.create_index(NS, key)
+    return plain, indexed
+
+
+def _one_array_docs(rows) -> list[dict]:
+    """Documents of fields a, b, c from ``rows`` ("missing": no field), with
+    at most one array each (an index holds no document with two)."""
+    docs = []
+    for i, vals in enumerate(rows):
+        d, arrays = {"_id": i}, 0
+        for f, v in zip("abc", vals):
+            if isinstance(v, list):
+                arrays += 1
+                v = v if arrays == 1 else (v[0] if v else None)
+            if v != "missing":
+                d[f] = v
+        docs.append(d)
+    return docs
+
+
 _DISTINCT_VALUES = st.one_of(
     st.none(), st.integers(-2, 2), st.sampled_from([1.0, 0.5, -0.0, float("nan")]),
     st.text("ab", max_size=2), st.sampled_from(["missing"]),
@@ -220,12 +248,7 @@ def test_distinct_read_off_an_index_equals_distinct_over_every_document(rows, su
         if c != "missing":
             d["s"] = {"c": c}
         docs.append(d)
-    plain, indexed = Engine(MemoryStore()), Engine(MemoryStore())
-    for e in (plain, indexed):
-        if docs:
-            e.insert_many(NS, docs)
-    with indexed.begin() as tx:
-        tx.create_index(NS, key)
+    plain, indexed = _plain_and_indexed(docs, key)
     want = plain.reader().distinct(NS, key)
     st_ = Stats()
     r = indexed.reader()
@@ -285,22 +308,7 @@ def test_a_compound_index_narrows_by_each_field_the_filter_bounds(rows, flt, key
     keeps both where no array is under it (it kept the low end alone), and
     finds what a collection scan finds: arrays, missing fields and numbers
     of each type included."""
-    docs = []
-    for i, vals in enumerate(rows):
-        d, arrays = {"_id": i}, 0
-        for f, v in zip("abc", vals):
-            if isinstance(v, list):  # one array a document (parallel ones cannot be indexed)
-                arrays += 1
-                v = v if arrays == 1 else (v[0] if v else None)
-            if v != "missing":
-                d[f] = v
-        docs.append(d)
-    plain, indexed = Engine(MemoryStore()), Engine(MemoryStore())
-    for e in (plain, indexed):
-        if docs:
-            e.insert_many(NS, docs)
-    with indexed.begin() as tx:
-        tx.create_index(NS, key)
+    plain, indexed = _plain_and_indexed(_one_array_docs(rows), key)
     want = sorted(d["_id"] for d in plain.find(NS, flt))
     st_ = Stats()
     got = sorted(d["_id"] for d in indexed.reader().find(NS, flt, stats=st_))
@@ -343,24 +351,8 @@ def test_an_or_of_indexed_clauses_reads_each_clause_s_plan(rows, clauses, rest):
     """A top-level $or whose every clause an index (or _id) serves reads each
     clause's plan, each document once (MongoDB's OR stage; it scanned the
     collection), and finds what a collection scan finds."""
-    docs = []
-    for i, vals in enumerate(rows):
-        d, arrays = {"_id": i}, 0
-        for f, v in zip("abc", vals):
-            if isinstance(v, list):
-                arrays += 1
-                v = v if arrays == 1 else (v[0] if v else None)
-            if v != "missing":
-                d[f] = v
-        docs.append(d)
     flt = {"$or": clauses, **rest}
-    plain, indexed = Engine(MemoryStore()), Engine(MemoryStore())
-    for e in (plain, indexed):
-        if docs:
-            e.insert_many(NS, docs)
-    with indexed.begin() as tx:
-        tx.create_index(NS, "a")
-        tx.create_index(NS, [("b", 1), ("a", -1)])
+    plain, indexed = _plain_and_indexed(_one_array_docs(rows), "a", [("b", 1), ("a", -1)])
     want = sorted(d["_id"] for d in plain.find(NS, flt))
     got = [d["_id"] for d in indexed.find(NS, flt)]
     assert sorted(got) == want and len(set(got)) == len(got), flt
