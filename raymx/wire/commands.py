@@ -23,7 +23,7 @@ from bson import Int64, ObjectId
 from raymx import errors
 from raymx.actors.reads import INTERRUPT
 from raymx.storage.query import compile_filter
-from raymx.wire import crud, framing, indexes, oplog_view, rs_status, sessions
+from raymx.wire import crud, framing, indexes, oplog_view, queries, rs_status, sessions
 from raymx.wire.auth import MECHANISM, USER, Scram
 from raymx.wire.changestream import Streams
 from raymx.wire.errors import CommandError, bad_value, command_not_found, error_doc
@@ -355,7 +355,7 @@ def _db_hash(d: Dispatcher, cmd: dict, conn) -> dict:
     hashes = {}
     for c in colls:
         h = hashlib.md5()
-        for doc in crud.scan(d, cmd, conn, f"{db}.{c}", {}):
+        for doc in queries.scan(d, cmd, conn, f"{db}.{c}", {}):
             h.update(bson.encode(doc, codec_options=framing.CODEC))
         hashes[c] = h.hexdigest()
     whole = hashlib.md5()

@@ -2,7 +2,8 @@
 reads (``aggregate.py``), its result through a cursor, a last ``$out`` or
 ``$merge`` written in one member transaction, and how a read reads; and a
 ``find`` the port computes as a pipeline (``$expr``, computed fields). Steps
-and helpers are ``crud.py``'s, which imports this module last.
+and helpers are ``crud.py``'s, which imports this module last, and reads
+``queries.py``'s (referred to when called: it imports this module).
 """
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import bson
 
 from raymx.actors import reads
 from raymx.storage.keys import encode_key
-from raymx.wire import aggregate, oplog_view, rs_status
-from raymx.wire.crud import (_atomically, _docs, _plain, _results, _run, _sort, check_hint,
-                             ns_of, read_fields, scan, storage_stats)
+from raymx.wire import aggregate, oplog_view, queries, rs_status
+from raymx.wire.crud import (_atomically, _docs, _plain, _run, _sort, ns_of, read_fields,
+                             storage_stats)
 from raymx.wire.errors import CommandError, integer
 
 
@@ -53,7 +54,7 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
         out = aggregate.run(iter(commands._current_op(d, cmd, conn)["inprog"]),
                             _plain(pipeline[1:]), variables=aggregate.let_of(cmd),
                             limit=port_limit(cmd, conn))
-        return _results(d, conn, ns, out, None, {})
+        return queries._results(d, conn, ns, out, None, {})
     documents = aggregate.starts_with_documents(pipeline)
     if cmd.get("aggregate") == 1 and documents:  # a pipeline over its own documents
         return _pipeline_results(d, cmd, conn, f"{cmd.get('$db')}.$cmd.aggregate",
@@ -71,8 +72,7 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
                                         "pipeline": cmd.get("pipeline"), "$db": cmd.get("$db")},
                             "$db": cmd.get("$db")}, conn)
     aggregate.check(pipeline)
-    hint = check_hint(d, cmd, conn, ns) if cmd.get("hint") else None
-    hinted = {} if hint is None else {"hint": hint}  # the source's plan, as MongoDB's
+    hint = queries.check_hint(d, cmd, conn, ns) if cmd.get("hint") else None  # the source's plan
     flt, source = {}, None
     if ns in SYSTEM:
         source = system_docs(d, conn, ns)
@@ -90,7 +90,7 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
         # limit, the documents stream instead and the count stops at it)
         skip, _, gid, name = counted
         n = d.drive(_run(d, {"op": "count", "ns": ns, "filter": flt, **read_fields(cmd),
-                             **hinted}, cmd, conn))["value"]
+                             **queries.hint_field(hint)}, cmd, conn))["value"]
         n = max(0, n - skip)
         source, pipeline = ([{"_id": gid, name: n}] if n else []), []
     # a leading $sort is pushed down too: the member reads in that order where
@@ -102,8 +102,8 @@ def aggregate_command(d, cmd: dict, conn) -> dict:
         pipeline = pipeline[1:]
     seen = {}
     return _pipeline_results(d, cmd, conn, ns, pipeline, source if source is not None
-                             else scan(d, cmd, conn, ns, flt, sort=sort, limit=most, seen=seen,
-                                       hint=hint),
+                             else queries.scan(d, cmd, conn, ns, flt, sort=sort, limit=most,
+                                               seen=seen, hint=hint),
                              seen)
 
 
@@ -117,7 +117,7 @@ def _pipeline_results(d, cmd: dict, conn, ns: str, pipeline: list, source, seen:
     final = pipeline.pop() if pipeline and next(iter(pipeline[-1])) in aggregate.OUTPUTS \
         else None
     out = aggregate.run(iter(source), pipeline,
-                        lambda coll: scan(d, cmd, conn, f"{db}.{coll}", {}),
+                        lambda coll: queries.scan(d, cmd, conn, f"{db}.{coll}", {}),
                         aggregate.let_of(cmd), port_limit(cmd, conn))
     if final is not None:  # $out / $merge: written, and an empty cursor answers
         _write_output(d, cmd, db, final, out)
@@ -129,7 +129,7 @@ def _pipeline_results(d, cmd: dict, conn, ns: str, pipeline: list, source, seen:
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 0):
         raise CommandError(f"cursor.batchSize must be a non-negative integer, not {batch!r}",
                            2, "BadValue")
-    return _results(d, conn, ns, out, batch, seen)
+    return queries._results(d, conn, ns, out, batch, seen)
 
 
 def _write_output(d, cmd: dict, db: str, stage: dict, docs: list) -> None:
@@ -255,9 +255,7 @@ def explain(d, cmd: dict, conn) -> dict:
                                "explained", 2, "BadValue")
         req = {"filter": flt}
         if kind != "distinct" and inner.get("hint"):
-            hint = check_hint(d, inner, conn, ns)
-            if hint is not None:
-                req["hint"] = hint
+            req.update(queries.hint_field(queries.check_hint(d, inner, conn, ns)))
         if kind == "distinct":
             req["key"] = inner.get("key")
         if kind == "find":
@@ -325,8 +323,8 @@ def find_computed(d, cmd: dict, conn, ns: str, flt: dict, limit: int, single: bo
     if cmd.get("projection"):
         pipeline.append({"$project": _plain(cmd["projection"])})
     rest, seen = {k: v for k, v in flt.items() if k != "$expr"}, {}
-    out = aggregate.run(iter(source) if source is not None else scan(
+    out = aggregate.run(iter(source) if source is not None else queries.scan(
         d, cmd, conn, ns, rest if aggregate.plain_filter(rest) else {}, seen=seen),
         pipeline, variables=aggregate.let_of(cmd), limit=port_limit(cmd, conn))
-    return _results(d, conn, ns, out,
+    return queries._results(d, conn, ns, out,
                     len(out) if single else (cmd.get("batchSize") or limit or None), seen)
