@@ -606,3 +606,54 @@ def test_mongodb_uri_for_every_driver_and_for_pymongo_uuids():
     assert mongodb_uri("rs0", topo, driver="pymongo") == anyone + "&uuidRepresentation=standard"
     with pytest.raises(ValueError, match="driver 'java'"):
         mongodb_uri("rs0", topo, driver="java")
+
+
+def test_gridfs_files_through_pymongo(client):
+    """pymongo's GridFS and GridFSBucket over the wire port: chunked files
+    written, read whole and from an offset, versioned by name, renamed and
+    deleted with their chunks; the indexes they create; a missing file is
+    gridfs' NoFile and the connection stays usable."""
+    import io
+    import os
+
+    import gridfs
+    from gridfs.errors import NoFile
+    db = client.files
+    fs = gridfs.GridFS(db)
+    data = os.urandom(700_000)  # three 255 KiB chunks
+    first = fs.put(data, filename="a.bin", metadata={"k": 1})
+    second = fs.put(b"second", filename="a.bin")
+    assert fs.get(first).read() == data
+    assert fs.get_last_version("a.bin").read() == b"second"
+    assert fs.get_version("a.bin", 0).length == 700_000
+    assert fs.list() == ["a.bin"] and fs.find_one({"metadata.k": 1})._id == first
+    assert db.fs.chunks.count_documents({"files_id": first}) == 3
+    assert "files_id_1_n_1" in db.fs.chunks.index_information()
+    assert "filename_1_uploadDate_1" in db.fs.files.index_information()
+    fs.delete(second)
+    assert fs.get_last_version("a.bin")._id == first and not fs.exists(second)
+    assert db.fs.chunks.count_documents({"files_id": second}) == 0
+
+    b = gridfs.GridFSBucket(db, bucket_name="bk", chunk_size_bytes=1000)
+    text = b"hello world" * 500
+    fid = b.upload_from_stream("x.txt", io.BytesIO(text), metadata={"t": "x"})
+    out = io.BytesIO()
+    b.download_to_stream(fid, out)
+    assert out.getvalue() == text
+    g = b.open_download_stream(fid)
+    g.seek(4990)  # inside the fifth chunk, across into the sixth
+    assert g.read(20) == text[4990:5010]
+    with b.open_upload_stream("y.txt") as s:
+        for i in range(50):
+            s.write(b"%05d" % i * 100)
+    assert b.open_download_stream_by_name("y.txt").read()[-5:] == b"00049"
+    b.rename(fid, "z.txt")
+    assert [f.filename for f in b.find({}, sort=[("filename", 1)])] == ["y.txt", "z.txt"]
+    b.delete(s._id)
+    assert db.bk.chunks.count_documents({"files_id": s._id}) == 0
+    with pytest.raises(NoFile):
+        b.delete(s._id)
+    with pytest.raises(NoFile):
+        b.open_download_stream("nope")
+    b.upload_from_stream_with_id("myid", "w.txt", b"abc")
+    assert b.open_download_stream("myid").read() == b"abc"
