@@ -394,3 +394,36 @@ def test_a_cursor_s_batches_are_cut_by_the_documents_stored_sizes(tmp_path):
             assert st.sized is sized and batches >= (8 if proj is None else 1)
     finally:
         svc.close()
+
+
+def test_write_concern_waits_wake_no_thread_and_end_at_their_deadline(member):
+    """A write waiting for ``w`` no longer wakes the waiters' thread (a
+    futex wake and a Python thread per write, once): a later position decides
+    it on the reporting thread, one that already holds now on the caller's,
+    and only a deadline before the thread's next wake-up wakes it."""
+    from raymx import errors
+    svc, e = member()
+    svc.set_votes({0: 1, 1: 1, 2: 1})
+    g = GTID(*ask(svc, {"op": "insert", "ns": "a.w", "docs": [{"_id": 1}]})["ok"]["gtid"])
+    svc.wc.update(0, g)
+    time.sleep(0.1)  # the waiters' thread sleeps now, toward its 1 s tick
+    got = []
+
+    def answer(what):
+        got.append((what, threading.current_thread(), time.monotonic()))
+    t0 = time.monotonic()
+    svc.wc.wait(g, "majority", 150, lambda: answer("ok"), answer)
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (what, thread, at), = got
+    assert isinstance(what, errors.WriteConcernTimeout) and thread.name == "raymx-wc"
+    assert 0.14 <= at - t0 < 0.9, at - t0  # its own deadline, not the thread's next tick
+    got.clear()
+    svc.wc.wait(g, 2, None, lambda: answer("ok"), answer)
+    assert got == []  # waits: a later position decides it, on the thread that reports it
+    svc.set_positions({1: g})
+    assert [(w, t) for w, t, _ in got] == [("ok", threading.current_thread())]
+    got.clear()
+    svc.wc.wait(g, "majority", None, lambda: answer("ok"), answer)  # already holds
+    assert [(w, t) for w, t, _ in got] == [("ok", threading.current_thread())]

@@ -182,6 +182,7 @@ class WriteConcernWaiters:
         self._cond = threading.Condition()
         self.core = WriteConcernCore(svc.votes)
         self._stopped = threading.Event()
+        self._wake_ms = 0  # when the waiters' thread wakes next (0: it is awake)
         if svc.timer is None:  # else a timer per deadline (the simulation)
             threading.Thread(target=self._run, name="raymx-wc", daemon=True).start()
 
@@ -200,8 +201,12 @@ class WriteConcernWaiters:
         with self._cond:
             if not self.core.update(member, g):
                 return
-            mp = self.core.majority_point(self._svc.e.term) if self._svc.primary else None
-            done = self._sweep() if self.core.waiting else []
+            primary = self._svc.primary
+            if not primary and not self.core.waiting:
+                return
+            term = self._svc.e.term  # one read of it for both
+            mp = self.core.majority_point(term) if primary else None
+            done = self.core.sweep(self._svc.mono_ms(), term, primary) if self.core.waiting else []
         if mp is not None:  # before the acknowledgements: a majority read then sees them
             self._svc.note_majority(mp)
         self._answer(done)
@@ -221,23 +226,31 @@ class WriteConcernWaiters:
             return self.core.majority_point(term)
 
     def wait(self, g: GTID, w, wtimeout_ms, ok, fail) -> None:
+        """Answer ``ok()`` once ``g`` holds write concern ``w`` (or ``fail``):
+        a later ``update`` decides it on the thread that reports the position,
+        the deadline on the waiters' thread (woken only when it would sleep
+        past it), or now when it can already be decided."""
         deadline = None if not wtimeout_ms else self._svc.mono_ms() + int(wtimeout_ms)
         with self._cond:
             err = self.core.wait(g, w, deadline, (ok, fail))
-            self._cond.notify()
+            now = err is None and self.core.ready(g, w, self._svc.primary)
+            if deadline is not None and deadline < self._wake_ms:
+                self._cond.notify()
         if err is not None:
             return fail(err)
-        if self._svc.timer is not None:  # what the thread does when notified
-            if deadline is not None:
-                self._svc.timer(int(wtimeout_ms), self.tick)
+        if self._svc.timer is not None and deadline is not None:
+            self._svc.timer(int(wtimeout_ms), self.tick)
+        if now:
             self.tick()
 
     def _run(self):
         while not self._stopped.is_set():
             with self._cond:
-                d = self.core.next_deadline()
-                self._cond.wait(min(1.0, max(0.0, (d - self._svc.mono_ms()) / 1000))
-                                if d else 1.0)
+                d, now = self.core.next_deadline(), self._svc.mono_ms()
+                wait_s = min(1.0, max(0.0, (d - now) / 1000)) if d else 1.0
+                self._wake_ms = now + wait_s * 1000
+                self._cond.wait(wait_s)
+                self._wake_ms = 0  # awake: it reads the deadlines again before it sleeps
             try:
                 self.tick()
             except Exception:

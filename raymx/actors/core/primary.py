@@ -83,6 +83,12 @@ class WriteConcernCore:
         self.waiting.append((g, w, deadline_ms, token))
         return None
 
+    def ready(self, g: GTID, w, primary: bool) -> bool:
+        """Can a write just queued at ``g`` be decided now: its write concern
+        already holds, or its member is no longer primary? Else a position
+        that moves, its deadline or a step-down decides it (a sweep then)."""
+        return not primary or acknowledged(g, w, self.durable, self.votes)
+
     def next_deadline(self) -> int | None:
         dl = [d for _, _, d, _ in self.waiting if d is not None]
         return min(dl) if dl else None
