@@ -73,6 +73,7 @@ def client_worker(k, topo, cmd_q, res_q):
     cl = Client(lambda: topo, WriteConcern(w=1, j=True))
     coll = cl["bench"]["durable"]
     fast = coll.with_options(WriteConcern(w=1, j=False))
+    default = coll.with_options(WriteConcern())  # the driver's own: w "majority"
     rnd = random.Random(k)
     base = (k + 1) * 1_000_000_000
     i = 0
@@ -105,7 +106,7 @@ def client_worker(k, topo, cmd_q, res_q):
                 res_q.put((k, 0, [], 1, repr(e)[:300], 0.0))
             continue
         find = mode == "find"
-        c = coll if durable else fast
+        c = default if mode == "default" else coll if durable else fast
         prof = None
         if profile:
             import cProfile
@@ -342,7 +343,8 @@ class Clients:
     def run(self, n, duration, durable=True, profile=None, mode="insert", arg=None):
         """Synchronised start: every client starts at the same monotonic instant
         (CLOCK_MONOTONIC is system-wide on Linux) and stops at the same one.
-        ``mode``: "insert" (single-document inserts), "find" (``find_one`` by
+        ``mode``: "insert" (single-document inserts), "default" (the same with
+        the driver's default write concern, w "majority"), "find" (``find_one`` by
         ``_id`` among the documents this client inserted), "echo" (``arg``: the
         path of an echo server), "pg-insert" / "pg-select" (``arg``: a
         PostgreSQL DSN; the same clients through psycopg)."""
@@ -558,10 +560,10 @@ def main():
         pool = Clients(topo, max(LEVELS))
         results, raw_at, pg_res, finds, pg_finds = {}, {}, {}, {}, {}
 
-        def level(n, durable, prof=None):
+        def level(n, durable, prof=None, mode="insert"):
             """(txn/s, latencies, errors, CPU note) of n clients inserting one doc at a time."""
             c0 = proc_cpu_s(member_pid)
-            total, lat, errs = pool.run(n, DURATION_S, durable, prof)
+            total, lat, errs = pool.run(n, DURATION_S, durable, prof, mode)
             return (total / DURATION_S, lat, errs,
                     cpu_note(total, proc_cpu_s(member_pid) - c0, pool.cpu_s))
 
@@ -594,6 +596,10 @@ def main():
             for n in [n for n in TARGETS if n in LEVELS]:
                 progress(f"non-durable (j=False) inserts, {n} clients, {DURATION_S:.0f} s")
                 fast[n] = level(n, False)
+            dflt = {}  # what a user gets without choosing: w "majority" (durable too)
+            for n in [n for n in (1, 8) if n in LEVELS]:
+                progress(f"inserts with the driver's default write concern, {n} client(s)")
+                dflt[n] = level(n, True, mode="default")
             for n in LEVELS:
                 progress(f"find_one by _id, {n} client(s), {DURATION_S:.0f} s")
                 finds[n] = find_level(n)
@@ -678,6 +684,10 @@ def main():
     for n, (r, lat, errs, cpu) in fast.items():
         row(f"  {n:>2} clients, j=False (no sync: the request ceiling)", r, "txn/s",
             f"p50 {pct(lat, .5):.1f} ms; durable = {results[n][0] / r:.2f}x of it"
+            + (f", {errs} FAILED" if errs else "") + cpu)
+    for n, (r, lat, errs, cpu) in dflt.items():
+        row(f"  {n:>2} client(s), the driver's default (w: majority)", r, "txn/s",
+            f"p50 {pct(lat, .5):.1f} ms; {r / results[n][0]:.2f}x of w=1, j=True"
             + (f", {errs} FAILED" if errs else "") + cpu)
     print()
     print("durable driver txn/s : raw LMDB fsync-ed txn/s (the better of the first and the "
