@@ -475,8 +475,6 @@ def test_unsatisfiable_write_concern_and_unacknowledged_writes(client):
     its writeConcernError is 100 UnsatisfiableWriteConcern at once (pymongo
     raises WriteConcernError, not WTimeoutError: nothing timed out); w=0 is
     not answered, yet runs."""
-    import time
-
     from pymongo import WriteConcern
     from pymongo.errors import WriteConcernError, WTimeoutError
     c = client.db.wc
