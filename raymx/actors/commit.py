@@ -206,7 +206,7 @@ class WriteConcernWaiters:
                 return
             term = self._svc.e.term  # one read of it for both
             mp = self.core.majority_point(term) if primary else None
-            done = self.core.sweep(self._svc.mono_ms(), term, primary) if self.core.waiting else []
+            done = self._sweep(term) if self.core.waiting else []
         if mp is not None:  # before the acknowledgements: a majority read then sees them
             self._svc.note_majority(mp)
         self._answer(done)
@@ -267,11 +267,12 @@ class WriteConcernWaiters:
     def tick(self) -> None:
         """Answer every waiter that can be (acknowledged, timed out, deposed)."""
         with self._cond:
-            done = self._sweep()
+            done = self._sweep(self._svc.e.term)
         self._answer(done)
 
-    def _sweep(self) -> list:
-        return self.core.sweep(self._svc.mono_ms(), self._svc.e.term, self._svc.primary)
+    def _sweep(self, term: int) -> list:
+        """Under the lock: the waiters decided now, ``term`` the durable one."""
+        return self.core.sweep(self._svc.mono_ms(), term, self._svc.primary)
 
     @staticmethod
     def _answer(done: list) -> None:
