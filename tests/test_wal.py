@@ -175,7 +175,9 @@ def test_an_append_starts_its_records_write_back_before_the_sync(tmp_path):
             with s.write() as t:
                 t.put("docs", b"k%02d" % i, os.urandom(300))
             assert _dirty_pages(w.fd) == 0, f"commit {i} left its record's pages dirty"
-        s.sync()
+            s.sync()  # as a durable write does (a page still being written when the
+            # next record lands in it stays dirty until the sync: the kernel does not
+            # start a second write of a page under write-back)
     finally:
         s.close()
     assert keys_of(str(tmp_path / "m")) == {b"k%02d" % i for i in range(20)}
