@@ -157,7 +157,8 @@ def test_an_append_starts_its_records_write_back_before_the_sync(tmp_path):
     the sync that follows waits once, not twice. Seen from the page cache: a
     record's pages are no longer dirty right after its commit, before any
     sync; a page written without the call stays dirty (the kernel writes it
-    back 30 s later unless synced)."""
+    back 30 s later unless synced). Only the first record after a sync is
+    written so: records no sync follows (j=False) wait for the next sync."""
     probe = os.open(str(tmp_path / "probe"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         os.pwrite(probe, b"x" * 8192, 0)
@@ -178,9 +179,18 @@ def test_an_append_starts_its_records_write_back_before_the_sync(tmp_path):
             s.sync()  # as a durable write does (a page still being written when the
             # next record lands in it stays dirty until the sync: the kernel does not
             # start a second write of a page under write-back)
+        for i in range(20, 24):  # no sync between them (j=False writes): only the
+            with s.write() as t:  # first record after a sync is written at once
+                t.put("docs", b"k%02d" % i, os.urandom(300))
+            assert (_dirty_pages(w.fd) == 0) == (i == 20), f"commit {i}"
+        s.sync()
+        assert _dirty_pages(w.fd) == 0
+        with s.write() as t:
+            t.put("docs", b"k24", b"after the sync")
+        assert _dirty_pages(w.fd) == 0
     finally:
         s.close()
-    assert keys_of(str(tmp_path / "m")) == {b"k%02d" % i for i in range(20)}
+    assert keys_of(str(tmp_path / "m")) == {b"k%02d" % i for i in range(25)}
 
 
 def test_two_processes_writing_one_folder_then_killed_lose_nothing_acknowledged(tmp_path):
