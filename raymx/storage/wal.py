@@ -249,10 +249,11 @@ def start_writeback(fd: int, at: int, n: int) -> None:
     over their pages): the device writes a record while the LMDB commit after
     its append runs, and the sync that follows only waits for that write and
     flushes the device's cache, one I/O wait where it had two (measured:
-    ARCHITECTURE.md, "Stop 62"). Durability does not rest on it: the sync
-    covers the record whatever this did, and a write-back error is reported
-    by that ``fdatasync`` (the file's error sequence), so a failure here is
-    ignored. Without the call (not Linux) the sync writes the record itself.
+    ARCHITECTURE.md, "The log's record written while LMDB commits").
+    Durability does not rest on it: the sync covers the record whatever this
+    did, and a write-back error is reported by that ``fdatasync`` (the
+    file's error sequence), so a failure here is ignored. Without the call
+    (not Linux) the sync writes the record itself.
 
     ``Wal.append`` calls it only for the first record after a sync: where
     syncs follow appends (durable writes, one group and its sync after
