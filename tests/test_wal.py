@@ -152,9 +152,9 @@ def _dirty_pages(fd: int) -> int | None:
 
 
 def test_an_append_starts_its_records_write_back_before_the_sync(tmp_path):
-    """Each append has the kernel start writing its record to the device at
-    once (sync_file_range), so the device writes it while LMDB commits and
-    the sync that follows waits once, not twice. Seen from the page cache: a
+    """The first append after a sync has the kernel start writing its record
+    to the device at once (sync_file_range), so the device writes it while
+    LMDB commits and the sync that follows waits once, not twice. Seen from the page cache: a
     record's pages are no longer dirty right after its commit, before any
     sync; a page written without the call stays dirty (the kernel writes it
     back 30 s later unless synced). Only the first record after a sync is

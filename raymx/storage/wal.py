@@ -7,10 +7,10 @@ durable is its record here: every top-level write transaction appends, just
 before its LMDB commit and under a lock that orders writers across the
 member's processes, one record of the key/value changes it made (puts and
 deletes per sub-database). ``LMDBStore.sync()`` is one ``fdatasync`` of the
-log file, which covers every record appended before it, by any process. Each
-append also has the kernel start writing its record to the device at once
-(``start_writeback``), so the device writes it while LMDB commits and the
-sync mostly waits for the device's cache flush.
+log file, which covers every record appended before it, by any process. The
+first record appended after a sync also has the kernel start writing it to
+the device at once (``start_writeback``), so the device writes it while LMDB
+commits and the sync mostly waits for the device's cache flush.
 
 Checkpoints make the log short again. Under the same lock (no writer
 anywhere in between): ``fdatasync`` of the data file, then the meta page of
@@ -253,14 +253,7 @@ def start_writeback(fd: int, at: int, n: int) -> None:
     Durability does not rest on it: the sync covers the record whatever this
     did, and a write-back error is reported by that ``fdatasync`` (the
     file's error sequence), so a failure here is ignored. Without the call
-    (not Linux) the sync writes the record itself.
-
-    ``Wal.append`` calls it only for the first record after a sync: where
-    syncs follow appends (durable writes, one group and its sync after
-    another) that is every record; where they do not (``j=False`` writes,
-    synced by the syncer every interval) it is one record an interval, as
-    writing each record at once cost those writes 10-20% (the call's 26-31
-    us, and a device write per commit)."""
+    (not Linux) the sync writes the record itself."""
     if _SYNC_FILE_RANGE is not None:
         start = at & ~(mmap.PAGESIZE - 1)
         _SYNC_FILE_RANGE(fd, start, at + n - start, _SYNC_FILE_RANGE_WRITE)
@@ -293,9 +286,7 @@ class Wal:
         self.pin = None  # LMDB read transaction on the checkpointed state
         self.pin_gen = -1
         self.logged = 0  # bytes this process appended to the current log
-        # a sync ran since this process's last append: the next append is
-        # likely waited for (j, w > 1), so it starts its record's write at once
-        self.synced_since_append = True
+        self.synced_since_append = True  # see append
         self.want_checkpoint = False
         self._commits, self._check_every = 0, 1
         self.checkpoint_first = False  # the map was full: checkpoint before a write
@@ -468,7 +459,15 @@ class Wal:
     # ---- appends and syncs
     def append(self, txnid: int, changes: list) -> int:
         """With the lock held, before the LMDB commit: append the record;
-        returns its bytes."""
+        returns its bytes.
+
+        The first record after a sync (by this process) starts its write at
+        once (``start_writeback``): where syncs follow appends (durable
+        writes, one group and its sync after another) that is every record;
+        where they do not (``j=False`` writes, synced by the syncer every
+        interval) it is one record an interval, as writing each record at
+        once cost those writes 10-20% (the call's 26-31 us, and a device
+        write per commit)."""
         rec = encode(self.gen, txnid, changes)
         at = struct.unpack_from("<Q", self._shared, _END_AT)[0]
         try:
@@ -480,8 +479,8 @@ class Wal:
             self._void(at)
             raise OSError(28, "short write to the log (is the disk full?)")
         struct.pack_into("<Q", self._shared, _END_AT, at + n)
-        if self.synced_since_append:  # a sync follows appends here: start this one's
-            self.synced_since_append = False  # write now (see start_writeback)
+        if self.synced_since_append:
+            self.synced_since_append = False
             start_writeback(self.fd, at, n)
         self.logged += n
         if at + n >= CHECKPOINT_BYTES:
